@@ -1,0 +1,87 @@
+//! Commands that need no AWS access: `check` and `plan`.
+
+use std::io::{Read, Write};
+use std::path::Path;
+use std::process::ExitCode;
+
+use anyhow::Context;
+use serde_json::json;
+
+use super::load_spec;
+use crate::decode::decode_lambda_event;
+use crate::plan::{describe_error, plan_record};
+
+/// `check`: exit 0 and a summary when the spec is valid.
+pub fn check(path: &Path) -> ExitCode {
+    match load_spec(path) {
+        Ok(spec) => {
+            print!("{}: ok\n{}", path.display(), spec.summary());
+            ExitCode::SUCCESS
+        }
+        Err(code) => code,
+    }
+}
+
+/// `plan`: one JSON line per planned effect, per skipped record and per
+/// record that cannot be planned.
+pub fn plan(spec_path: &Path, event_path: &Path) -> anyhow::Result<ExitCode> {
+    let spec = match load_spec(spec_path) {
+        Ok(spec) => spec,
+        Err(code) => return Ok(code),
+    };
+    let mut bytes = Vec::new();
+    if event_path == Path::new("-") {
+        std::io::stdin()
+            .read_to_end(&mut bytes)
+            .context("reading the event from stdin")?;
+    } else {
+        bytes = std::fs::read(event_path)
+            .with_context(|| format!("cannot read the event file {}", event_path.display()))?;
+    }
+    let records =
+        decode_lambda_event(&bytes).with_context(|| format!("{}", event_path.display()))?;
+    let stdout = std::io::stdout();
+    let mut out = stdout.lock();
+    let (mut n_effects, mut n_failed, mut n_skipped) = (0, 0, 0);
+    for decoded in &records {
+        let record = match decoded {
+            Ok(record) => record,
+            Err(problem) => {
+                n_failed += 1;
+                let line = json!({
+                    "record": { "index": problem.index, "eventID": problem.event_id, "sequenceNumber": problem.sequence_number },
+                    "error": problem.reason,
+                });
+                writeln!(out, "{line}")?;
+                continue;
+            }
+        };
+        let record_ref = json!({ "eventID": record.event_id, "eventName": record.kind.as_str(), "sequenceNumber": record.sequence_number });
+        let plan = plan_record(&spec, record, None);
+        for effect in &plan.effects {
+            n_effects += 1;
+            let mut line = effect.to_json(&spec);
+            line["record"] = record_ref.clone();
+            writeln!(out, "{line}")?;
+        }
+        for error in &plan.errors {
+            n_failed += 1;
+            let line = json!({ "record": record_ref, "error": describe_error(&spec, error) });
+            writeln!(out, "{line}")?;
+        }
+        if let Some(skip) = &plan.skip {
+            n_skipped += 1;
+            let line = json!({ "record": record_ref, "skipped": skip.to_string() });
+            writeln!(out, "{line}")?;
+        }
+    }
+    eprintln!(
+        "{} records: {n_effects} effects, {n_skipped} skipped, {n_failed} could not be planned",
+        records.len()
+    );
+    Ok(if n_failed > 0 {
+        ExitCode::from(1)
+    } else {
+        ExitCode::SUCCESS
+    })
+}

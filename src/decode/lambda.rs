@@ -1,0 +1,132 @@
+//! Lambda's DynamoDB Streams event (`{"Records": [...]}`).
+//!
+//! The same shape is what the Streams API's GetRecords returns on the wire
+//! (less `eventSourceARN`), so `plan --event` accepts both.
+
+use aws_lambda_events::event::dynamodb::{EventRecord, StreamViewType};
+
+use super::{check, unknown_event_name, DecodeProblem, Decoded};
+use crate::record::{ChangeKind, ChangeRecord, Item, Origin, SequenceNumber, ViewType};
+
+/// The event as a whole could not be read.
+#[derive(Debug, thiserror::Error)]
+pub enum LambdaEventError {
+    /// Not JSON at all.
+    #[error("the event is not valid JSON: {0}")]
+    Json(#[from] serde_json::Error),
+    /// JSON, but not a DynamoDB Streams event.
+    #[error("the event has no `Records` array: it is not a DynamoDB Streams event")]
+    NoRecords,
+}
+
+/// Decodes a Lambda DynamoDB Streams event, record by record.
+///
+/// The whole event is first decoded in one pass (the fast path); only when
+/// that fails is each record decoded on its own to find the bad ones.
+pub fn decode_lambda_event(bytes: &[u8]) -> Result<Decoded, LambdaEventError> {
+    #[derive(serde::Deserialize)]
+    struct Fast {
+        #[serde(rename = "Records")]
+        records: Vec<EventRecord>,
+    }
+    if let Ok(fast) = serde_json::from_slice::<Fast>(bytes) {
+        return Ok(fast
+            .records
+            .into_iter()
+            .enumerate()
+            .map(|(index, record)| from_event_record(index, record, None))
+            .collect());
+    }
+    let value: serde_json::Value = serde_json::from_slice(bytes)?;
+    let Some(records) = value.get("Records").and_then(|r| r.as_array()) else {
+        return Err(LambdaEventError::NoRecords);
+    };
+    Ok(records
+        .iter()
+        .enumerate()
+        .map(|(index, raw)| decode_lambda_record(index, raw))
+        .collect())
+}
+
+/// Decodes one record of a Lambda event from JSON.
+pub fn decode_lambda_record(
+    index: usize,
+    raw: &serde_json::Value,
+) -> Result<ChangeRecord, DecodeProblem> {
+    match serde_json::from_value::<EventRecord>(raw.clone()) {
+        Ok(record) => from_event_record(index, record, Some(raw)),
+        Err(error) => Err(DecodeProblem {
+            index,
+            event_id: raw
+                .get("eventID")
+                .and_then(|v| v.as_str())
+                .map(str::to_string),
+            sequence_number: raw
+                .pointer("/dynamodb/SequenceNumber")
+                .and_then(|v| v.as_str())
+                .map(str::to_string),
+            reason: format!("the record does not fit the DynamoDB Streams record format: {error}"),
+            raw: raw.clone(),
+        }),
+    }
+}
+
+fn view_type(view: &StreamViewType) -> ViewType {
+    match view {
+        StreamViewType::NewImage => ViewType::NewImage,
+        StreamViewType::OldImage => ViewType::OldImage,
+        StreamViewType::NewAndOldImages => ViewType::NewAndOldImages,
+        _ => ViewType::KeysOnly,
+    }
+}
+
+fn non_empty(item: Item) -> Option<Item> {
+    (!item.is_empty()).then_some(item)
+}
+
+fn from_event_record(
+    index: usize,
+    record: EventRecord,
+    raw: Option<&serde_json::Value>,
+) -> Result<ChangeRecord, DecodeProblem> {
+    let problem = |record: &EventRecord, reason: String| DecodeProblem {
+        index,
+        event_id: Some(record.event_id.clone()).filter(|id| !id.is_empty()),
+        sequence_number: record.change.sequence_number.clone(),
+        reason,
+        raw: raw
+            .cloned()
+            .unwrap_or_else(|| serde_json::to_value(record).unwrap_or_default()),
+    };
+    let Some(kind) = ChangeKind::from_event_name(&record.event_name) else {
+        let reason = unknown_event_name(&record.event_name);
+        return Err(problem(&record, reason));
+    };
+    let ttl_expiry = record
+        .user_identity
+        .as_ref()
+        .is_some_and(|id| id.type_ == "Service" && id.principal_id == "dynamodb.amazonaws.com");
+    let millis = record
+        .change
+        .approximate_creation_date_time
+        .timestamp_millis();
+    let change = ChangeRecord {
+        event_id: record.event_id.clone(),
+        kind,
+        keys: record.change.keys.clone(),
+        old_image: non_empty(record.change.old_image.clone()),
+        new_image: non_empty(record.change.new_image.clone()),
+        sequence_number: SequenceNumber(record.change.sequence_number.clone().unwrap_or_default()),
+        approximate_creation_ms: (millis != 0).then_some(millis),
+        ttl_expiry,
+        view_type: record.change.stream_view_type.as_ref().map(view_type),
+        size_bytes: Some(record.change.size_bytes),
+        origin: Origin::Lambda {
+            event_source_arn: record.event_source_arn.clone(),
+        },
+    };
+    match check(&change) {
+        Ok(()) => Ok(change),
+        Err(reason) => Err(problem(&record, reason)),
+    }
+}

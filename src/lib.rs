@@ -1,0 +1,22 @@
+//! ddb-projector: a stream-driven projection and invariant worker for
+//! DynamoDB single-table designs.
+//!
+//! # Layout
+//!
+//! A change flows **decode → match → plan → apply → report**:
+//!
+//! - [`record`]: the one change-record model every stage shares.
+//! - [`decode`]: Lambda events, Streams API records and scanned items into records.
+//! - [`spec`]: spec files (one per service), compiled into a validated rule set;
+//!   matching a key to an entity lives here too.
+//! - [`plan`]: the pure planner, one module per projection kind.
+//! - `main.rs`: the `ddb-projector` command line.
+//!
+//! **Architecture Invariant:** `record`, `decode`, `spec` and `plan` do no
+//! I/O; SDK types never reach the planner.
+
+pub mod cli;
+pub mod decode;
+pub mod plan;
+pub mod record;
+pub mod spec;

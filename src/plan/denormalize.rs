@@ -1,0 +1,147 @@
+//! `denormalize`: copy attributes from the source item that satisfies a
+//! condition onto a target item.
+//!
+//! Copying deltas in event order does not converge when changes to
+//! *different* source items are processed out of order (e2 becomes primary,
+//! then e1's older "becomes primary" arrives). So the planner never plans a
+//! value: it plans a [`Op::Recompute`] of the target, and the applier reads
+//! the target and all its sources consistently and writes what
+//! [`compute_denormalized`] says, whatever the order it gets triggers in.
+
+use super::{changed, Effect, Op, PlanProblem, SourceQuery, Subject};
+use crate::record::{AttributeValue, ChangeKind, Item};
+use crate::spec::{Denormalize, EntityId, ProjectionId, ProjectionKind, RenderError, Spec};
+
+pub(super) fn plan(
+    spec: &Spec,
+    id: ProjectionId,
+    projection: &Denormalize,
+    entity: EntityId,
+    subject: &Subject<'_>,
+    effects: &mut Vec<Effect>,
+) -> Result<(), PlanProblem> {
+    let record = subject.record;
+    let relevant = if entity == projection.source {
+        match record.kind {
+            ChangeKind::Insert => {
+                record.new_image.is_none() || projection.when.holds(record.new_image.as_ref())
+            }
+            ChangeKind::Modify => changed(record, &projection.reads),
+            ChangeKind::Remove => {
+                record.old_image.is_none() || projection.when.holds(record.old_image.as_ref())
+            }
+        }
+    } else {
+        // A change to the target: a writer may have overwritten the copied
+        // attributes. The projector's own write also lands here once; its
+        // recompute finds the value right and writes nothing.
+        let copied: Vec<String> = projection
+            .copy
+            .iter()
+            .map(|(attr, _)| attr.clone())
+            .collect();
+        match record.kind {
+            ChangeKind::Insert => true,
+            ChangeKind::Modify => changed(record, &copied),
+            ChangeKind::Remove => false,
+        }
+    };
+    if !relevant {
+        return Ok(());
+    }
+    let target = &spec.entities[projection.target];
+    let source = &spec.entities[projection.source];
+    let (Some(target_key), Some(pk)) = (
+        target.render_key(&subject.vars),
+        source.pk.render(&subject.vars),
+    ) else {
+        // Compilation guarantees the variables are bound.
+        unreachable!("denormalize variables are checked when the spec is compiled");
+    };
+    let sk_prefix = source
+        .sk
+        .as_ref()
+        .map(|sk| sk.literal_prefix().to_string())
+        .filter(|prefix| !prefix.is_empty());
+    effects.push(Effect {
+        projection: id,
+        op: Op::Recompute {
+            target: target_key,
+            sources: SourceQuery { pk, sk_prefix },
+        },
+    });
+    Ok(())
+}
+
+/// Computes the target's copied attributes from the source items read by a
+/// [`SourceQuery`] (`None`: remove the attribute).
+///
+/// Items that are not of the source entity are ignored. When several
+/// sources satisfy the condition (an invariant violation), the one with the
+/// smallest sort key wins, so every worker picks the same one.
+pub fn compute_denormalized(
+    spec: &Spec,
+    projection: ProjectionId,
+    sources: &[Item],
+) -> Result<Vec<(String, Option<AttributeValue>)>, RenderError> {
+    let ProjectionKind::Denormalize(p) = &spec.projections[projection].kind else {
+        panic!("compute_denormalized called for a projection that is not a denormalize");
+    };
+    let entity = &spec.entities[p.source];
+    let mut chosen: Option<(&str, &Item)> = None;
+    for item in sources {
+        let Some(AttributeValue::S(pk)) = item.get(&spec.table.partition_key) else {
+            continue;
+        };
+        let sk = spec
+            .table
+            .sort_key
+            .as_ref()
+            .and_then(|name| match item.get(name) {
+                Some(AttributeValue::S(sk)) => Some(sk.as_str()),
+                _ => None,
+            });
+        let mut vars = Vec::new();
+        if !entity.pk.match_into(pk, &mut vars) {
+            continue;
+        }
+        if let (Some(pattern), Some(sk)) = (&entity.sk, sk) {
+            if !pattern.match_into(sk, &mut vars) {
+                continue;
+            }
+        }
+        if !p.when.holds(Some(item)) {
+            continue;
+        }
+        let order = sk.unwrap_or(pk);
+        if chosen.is_none_or(|(best, _)| order < best) {
+            chosen = Some((order, item));
+        }
+    }
+    let Some((_, item)) = chosen else {
+        return Ok(p
+            .copy
+            .iter()
+            .map(|(attr, _)| (attr.clone(), None))
+            .collect());
+    };
+    let key = spec.table.item_key(item).expect("matched above");
+    let mut vars = Vec::new();
+    entity.pk.match_into(&key.pk, &mut vars);
+    if let (Some(pattern), Some(sk)) = (&entity.sk, key.sk.as_deref()) {
+        pattern.match_into(sk, &mut vars);
+    }
+    p.copy
+        .iter()
+        .map(|(attr, template)| {
+            match template.value(&vars, Some(item)) {
+                Ok(value) => Ok((attr.clone(), Some(value))),
+                // A plain copy of an absent attribute leaves it absent.
+                Err(RenderError::Missing(_)) if template.single_var().is_some() => {
+                    Ok((attr.clone(), None))
+                }
+                Err(error) => Err(error),
+            }
+        })
+        .collect()
+}

@@ -1,0 +1,49 @@
+//! `index-keys`: derived attributes (usually GSI keys) on the changed item.
+
+use super::{Effect, Op, PlanProblem, Subject};
+use crate::record::{AttributeValue, ChangeKind};
+use crate::spec::{IndexKeys, ProjectionId};
+
+/// Plans the derived attributes for an inserted or modified item.
+///
+/// Plans nothing when the item already carries the derived values: the
+/// projector's own write comes back through the stream as a MODIFY, and
+/// this is what stops it from looping.
+pub(super) fn plan(
+    id: ProjectionId,
+    projection: &IndexKeys,
+    subject: &Subject<'_>,
+    effects: &mut Vec<Effect>,
+) -> Result<(), PlanProblem> {
+    if subject.record.kind == ChangeKind::Remove {
+        return Ok(());
+    }
+    let image = subject.new_image(subject.record.view_type)?;
+    let mut set = Vec::with_capacity(projection.set.len());
+    let mut differs = false;
+    for (attr, template) in &projection.set {
+        let value = template.render(&subject.vars, Some(image))?;
+        match image.get(attr) {
+            Some(AttributeValue::S(current)) if *current == value => {}
+            _ => differs = true,
+        }
+        set.push((attr.clone(), AttributeValue::S(value)));
+    }
+    if !differs {
+        return Ok(());
+    }
+    let expect = projection
+        .reads
+        .iter()
+        .filter_map(|name| image.get(name).map(|value| (name.clone(), value.clone())))
+        .collect();
+    effects.push(Effect {
+        projection: id,
+        op: Op::SetAttributes {
+            key: subject.key.clone(),
+            set,
+            expect,
+        },
+    });
+    Ok(())
+}

@@ -1,0 +1,413 @@
+//! Planning: a pure function from a change record to the effects it needs.
+//!
+//! **Architecture Invariant:** planning does no I/O and cannot fail as a
+//! whole. For each record it returns the effects of every interested
+//! projection, a [`Skip`] saying why nothing applies, or a [`PlanError`] per
+//! projection that could not plan (the record goes to the dead letters for
+//! that projection; other projections still apply).
+//!
+//! Effects are *states*, not deltas, wherever exactness depends on it: an
+//! index key is "this attribute equals this value while the source still
+//! reads so", a denormalized target is "recompute from a consistent read", a
+//! reverse edge or counter membership is "this marker is present/absent"
+//! and counters move only when the applier sees the marker actually change.
+//! That is what makes applying any effect twice harmless.
+
+mod denormalize;
+mod index_keys;
+mod membership;
+
+use std::fmt;
+
+use serde_json::json;
+
+pub use denormalize::compute_denormalized;
+pub use membership::shard_for;
+
+use crate::record::{
+    item_to_json, value_to_json, AttributeValue, ChangeKind, ChangeRecord, Item, ItemKey, ViewType,
+};
+use crate::spec::{Bindings, ProjectionId, ProjectionKind, RenderError, Spec};
+
+/// A projection written in Rust, registered with [`crate::spec::SpecBuilder::custom`].
+///
+/// It plans plain idempotent writes (put or delete a derived item) for
+/// records of its source entity, and must be pure like the built-in kinds.
+pub trait CustomProjection: Send + Sync + fmt::Debug {
+    /// Unique projection name.
+    fn name(&self) -> &str;
+    /// The entity whose records it plans on.
+    fn source_entity(&self) -> &str;
+    /// Plans the writes for one change; an `Err` dead-letters the record.
+    fn plan(&self, change: &EntityChange<'_>) -> Result<Vec<CustomOp>, String>;
+}
+
+/// What a custom projection sees of a change.
+#[derive(Debug)]
+pub struct EntityChange<'a> {
+    /// The record.
+    pub record: &'a ChangeRecord,
+    /// The key variables its entity pattern bound.
+    pub vars: &'a [(&'a str, &'a str)],
+}
+
+/// A write a custom projection asks for.
+#[derive(Debug, Clone, PartialEq)]
+pub enum CustomOp {
+    /// Put the whole item (key attributes included).
+    Put(Item),
+    /// Delete the item with this key.
+    Delete(ItemKey),
+}
+
+/// Where a denormalized target's source items are read from.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct SourceQuery {
+    /// The source items' partition key.
+    pub pk: String,
+    /// The literal sort key prefix of the source entity.
+    pub sk_prefix: Option<String>,
+}
+
+/// The state a membership marker (reverse edge or counter marker) must reach.
+#[derive(Debug, Clone, PartialEq)]
+pub enum MarkerState {
+    /// The marker exists with exactly this item.
+    Present(Item),
+    /// The marker does not exist.
+    Absent,
+}
+
+/// A counter shard that moves when a marker changes: +1 when it appears, -1
+/// when it goes.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct CounterShard {
+    /// The counter projection.
+    pub counter: ProjectionId,
+    /// The shard item.
+    pub key: ItemKey,
+}
+
+/// One planned write (or read-then-write).
+#[derive(Debug, Clone, PartialEq)]
+pub enum Op {
+    /// Set derived attributes on the source item itself, only while the
+    /// item still holds `expect` (a later record carries newer values).
+    SetAttributes {
+        /// The source item.
+        key: ItemKey,
+        /// Derived attribute values.
+        set: Vec<(String, AttributeValue)>,
+        /// Attribute values the derivation read.
+        expect: Vec<(String, AttributeValue)>,
+    },
+    /// Recompute a denormalized target from a consistent read of its sources.
+    Recompute {
+        /// The target item.
+        target: ItemKey,
+        /// Where its sources are.
+        sources: SourceQuery,
+    },
+    /// Bring a marker to a state; counters follow the actual transition.
+    Membership {
+        /// The marker item (a reverse edge, or a counter's own marker).
+        marker: ItemKey,
+        /// Present with attributes, or absent.
+        state: MarkerState,
+        /// Shards that count this marker.
+        counters: Vec<CounterShard>,
+    },
+    /// A custom projection's write.
+    Custom(CustomOp),
+}
+
+/// A planned effect: which projection wants which operation.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Effect {
+    /// The projection that planned it.
+    pub projection: ProjectionId,
+    /// The operation.
+    pub op: Op,
+}
+
+/// Why a record planned nothing. Not an error.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Skip {
+    /// The key is under the projector's reserved prefix (its own items).
+    Reserved,
+    /// The key matches no entity of the spec.
+    NoEntity,
+    /// The entity has no projection (or none selected).
+    NotProjected(String),
+    /// The change touched nothing any projection reads.
+    Unchanged(String),
+}
+
+impl fmt::Display for Skip {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Skip::Reserved => f.write_str("projector bookkeeping item"),
+            Skip::NoEntity => f.write_str("key matches no entity of the spec"),
+            Skip::NotProjected(entity) => write!(f, "no projection reads entity `{entity}`"),
+            Skip::Unchanged(entity) => {
+                write!(f, "change to `{entity}` touches nothing a projection reads")
+            }
+        }
+    }
+}
+
+/// Why a projection could not plan a record. The record is dead-lettered
+/// for that projection: retrying cannot help until the data or spec changes.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum PlanProblem {
+    /// A template could not be rendered from the item.
+    #[error("{0}")]
+    Render(#[from] RenderError),
+    /// The stream does not carry an image the projection needs.
+    #[error("the record has no {needed} image (stream view type {view}); this projection needs NEW_AND_OLD_IMAGES or NEW_IMAGE")]
+    MissingImage {
+        /// `new` or `old`.
+        needed: &'static str,
+        /// The view type, if known.
+        view: String,
+    },
+    /// A key attribute is missing or not a string.
+    #[error("key attribute `{0}` is missing or not a string")]
+    BadKey(String),
+    /// A custom projection refused the record.
+    #[error("{0}")]
+    Custom(String),
+}
+
+/// A projection's failure to plan one record.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PlanError {
+    /// The projection (`None` when the record fails before any projection).
+    pub projection: Option<ProjectionId>,
+    /// What went wrong.
+    pub problem: PlanProblem,
+}
+
+/// Everything planned for one record.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct RecordPlan {
+    /// Effects to apply.
+    pub effects: Vec<Effect>,
+    /// Projections that could not plan the record.
+    pub errors: Vec<PlanError>,
+    /// Why nothing was planned, when nothing was and nothing failed.
+    pub skip: Option<Skip>,
+    /// The entity the record belongs to.
+    pub entity: Option<usize>,
+}
+
+/// Which projections to plan (`None`: all). Used by backfill and redrive.
+pub type Selection<'a> = Option<&'a [ProjectionId]>;
+
+/// The source item's key, bound variables and images, shared by the kinds.
+pub(crate) struct Subject<'r> {
+    pub record: &'r ChangeRecord,
+    pub key: ItemKey,
+    pub vars: Bindings<'r>,
+}
+
+impl Subject<'_> {
+    pub(crate) fn new_image(&self, view: Option<ViewType>) -> Result<&Item, PlanProblem> {
+        self.record
+            .new_image
+            .as_ref()
+            .ok_or_else(|| PlanProblem::MissingImage {
+                needed: "new",
+                view: view.map_or("unknown", ViewType::as_str).to_string(),
+            })
+    }
+}
+
+/// Plans one record against a spec.
+pub fn plan_record(spec: &Spec, record: &ChangeRecord, selection: Selection<'_>) -> RecordPlan {
+    let mut plan = RecordPlan::default();
+    let pk_name = &spec.table.partition_key;
+    let pk = match record.keys.get(pk_name) {
+        Some(AttributeValue::S(pk)) => pk.as_str(),
+        _ => {
+            plan.errors.push(PlanError {
+                projection: None,
+                problem: PlanProblem::BadKey(pk_name.clone()),
+            });
+            return plan;
+        }
+    };
+    let sk = match &spec.table.sort_key {
+        Some(name) => match record.keys.get(name) {
+            Some(AttributeValue::S(sk)) => Some(sk.as_str()),
+            _ => {
+                plan.errors.push(PlanError {
+                    projection: None,
+                    problem: PlanProblem::BadKey(name.clone()),
+                });
+                return plan;
+            }
+        },
+        None => None,
+    };
+    if pk.starts_with(crate::spec::RESERVED_PREFIX) {
+        plan.skip = Some(Skip::Reserved);
+        return plan;
+    }
+    let mut vars = Vec::with_capacity(4);
+    let Some(entity) = spec.match_entity(pk, sk, &mut vars) else {
+        plan.skip = Some(Skip::NoEntity);
+        return plan;
+    };
+    plan.entity = Some(entity);
+    let subject = Subject {
+        record,
+        key: ItemKey {
+            pk: pk.to_string(),
+            sk: sk.map(str::to_string),
+        },
+        vars,
+    };
+    let mut any_selected = false;
+    for &id in spec.interested(entity) {
+        if selection.is_some_and(|selected| !selected.contains(&id)) {
+            continue;
+        }
+        any_selected = true;
+        let projection = &spec.projections[id];
+        let result = match &projection.kind {
+            ProjectionKind::IndexKeys(p) => index_keys::plan(id, p, &subject, &mut plan.effects),
+            ProjectionKind::Denormalize(p) => {
+                denormalize::plan(spec, id, p, entity, &subject, &mut plan.effects)
+            }
+            ProjectionKind::InverseEdge(p) => {
+                membership::plan_edge(spec, id, p, &subject, selection, &mut plan.effects)
+            }
+            ProjectionKind::Counter(p) => {
+                membership::plan_counter(spec, id, p, &subject, selection, &mut plan.effects)
+            }
+            ProjectionKind::Custom(p) => plan_custom(id, p.as_ref(), &subject, &mut plan.effects),
+        };
+        if let Err(problem) = result {
+            plan.errors.push(PlanError {
+                projection: Some(id),
+                problem,
+            });
+        }
+    }
+    if plan.effects.is_empty() && plan.errors.is_empty() {
+        let name = spec.entities[entity].name.clone();
+        plan.skip = Some(if any_selected {
+            Skip::Unchanged(name)
+        } else {
+            Skip::NotProjected(name)
+        });
+    }
+    plan
+}
+
+fn plan_custom(
+    id: ProjectionId,
+    projection: &dyn CustomProjection,
+    subject: &Subject<'_>,
+    effects: &mut Vec<Effect>,
+) -> Result<(), PlanProblem> {
+    let change = EntityChange {
+        record: subject.record,
+        vars: &subject.vars,
+    };
+    let ops = projection.plan(&change).map_err(PlanProblem::Custom)?;
+    effects.extend(ops.into_iter().map(|op| Effect {
+        projection: id,
+        op: Op::Custom(op),
+    }));
+    Ok(())
+}
+
+/// Whether any of `names` differs between the old and new image (true when
+/// an image is missing: then the change must be assumed relevant).
+pub(crate) fn changed(record: &ChangeRecord, names: &[String]) -> bool {
+    match (&record.old_image, &record.new_image) {
+        (Some(old), Some(new)) => names.iter().any(|name| old.get(name) != new.get(name)),
+        _ => true,
+    }
+}
+
+impl Effect {
+    /// The effect as one JSON object for `plan` output.
+    pub fn to_json(&self, spec: &Spec) -> serde_json::Value {
+        let projection = &spec.projections[self.projection].name;
+        let key = |key: &ItemKey| item_to_json(&spec.table.key_item(key));
+        let pairs = |list: &[(String, AttributeValue)]| {
+            serde_json::Value::Object(
+                list.iter()
+                    .map(|(k, v)| (k.clone(), value_to_json(v)))
+                    .collect(),
+            )
+        };
+        match &self.op {
+            Op::SetAttributes {
+                key: k,
+                set,
+                expect,
+            } => json!({
+                "projection": projection, "op": "set", "key": key(k),
+                "set": pairs(set), "if": pairs(expect),
+            }),
+            Op::Recompute { target, sources } => json!({
+                "projection": projection, "op": "recompute", "key": key(target),
+                "reads": {
+                    "target": key(target),
+                    "query": {
+                        "pk": sources.pk,
+                        "sk_begins_with": sources.sk_prefix,
+                        "consistent": true,
+                    }
+                },
+            }),
+            Op::Membership {
+                marker,
+                state,
+                counters,
+            } => {
+                let counters: Vec<serde_json::Value> = counters
+                    .iter()
+                    .map(|c| json!({ "counter": spec.projections[c.counter].name, "key": key(&c.key) }))
+                    .collect();
+                match state {
+                    MarkerState::Present(item) => json!({
+                        "projection": projection, "op": "put-if-changed", "key": key(marker),
+                        "item": item_to_json(item), "counters_add_1_if_new": counters,
+                    }),
+                    MarkerState::Absent => json!({
+                        "projection": projection, "op": "delete-if-exists", "key": key(marker),
+                        "counters_sub_1_if_deleted": counters,
+                    }),
+                }
+            }
+            Op::Custom(CustomOp::Put(item)) => json!({
+                "projection": projection, "op": "put",
+                "key": spec.table.item_key(item).map(|k| key(&k)), "item": item_to_json(item),
+            }),
+            Op::Custom(CustomOp::Delete(k)) => json!({
+                "projection": projection, "op": "delete", "key": key(k),
+            }),
+        }
+    }
+}
+
+/// Renders a plan problem for output, naming the projection.
+pub fn describe_error(spec: &Spec, error: &PlanError) -> String {
+    match error.projection {
+        Some(id) => format!(
+            "projection `{}`: {}",
+            spec.projections[id].name, error.problem
+        ),
+        None => error.problem.to_string(),
+    }
+}
+
+/// The change kind's effect on membership, shared by edges and counters.
+pub(crate) fn kind_is_removal(record: &ChangeRecord) -> bool {
+    record.kind == ChangeKind::Remove
+}

@@ -1,0 +1,1187 @@
+//! Spec files: one per service, compiled once into a validated rule set.
+//!
+//! A spec goes from text to [`raw::RawSpec`] (serde, mirrors the file) to
+//! [`Spec`] (templates parsed, names resolved, loops ruled out). Every
+//! problem found is reported at once, each naming the file, the part of the
+//! spec and what to change. See `projections/*.toml` for the format.
+
+pub mod builder;
+pub mod raw;
+pub mod template;
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::fmt;
+use std::path::Path;
+use std::sync::Arc;
+
+use crate::plan::CustomProjection;
+use crate::record::{AttributeValue, Item, ItemKey};
+pub use builder::SpecBuilder;
+use raw::{RawCondition, RawProjection, RawSpec};
+pub use template::{Bindings, KeyPattern, RenderError, Template, TemplateError};
+
+/// Keys starting with this prefix belong to the projector itself (dead
+/// letters, checkpoints, counter markers); they never match an entity.
+pub const RESERVED_PREFIX: &str = "_ddbp#";
+
+/// The largest shard count a counter may declare.
+pub const MAX_SHARDS: u32 = 100;
+
+/// Index of an entity in [`Spec::entities`].
+pub type EntityId = usize;
+/// Index of a projection in [`Spec::projections`].
+pub type ProjectionId = usize;
+
+/// One problem in a spec; [`SpecErrors`] carries all of them.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SpecError {
+    /// The file (or label) the spec came from.
+    pub file: String,
+    /// Which part: `table`, `entity `email``, `projection `followers``.
+    pub context: String,
+    /// What is wrong and how to fix it.
+    pub problem: String,
+}
+
+impl fmt::Display for SpecError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.context.is_empty() {
+            write!(f, "{}: {}", self.file, self.problem)
+        } else {
+            write!(f, "{}: {}: {}", self.file, self.context, self.problem)
+        }
+    }
+}
+
+/// Every problem found while loading or compiling a spec.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub struct SpecErrors(pub Vec<SpecError>);
+
+impl fmt::Display for SpecErrors {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let n = self.0.len();
+        for (i, error) in self.0.iter().enumerate() {
+            if i > 0 {
+                writeln!(f)?;
+            }
+            write!(f, "{error}")?;
+        }
+        if n > 1 {
+            write!(f, "\n({n} problems)")?;
+        }
+        Ok(())
+    }
+}
+
+/// The table a spec describes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TableSpec {
+    /// Default table name.
+    pub name: String,
+    /// Partition key attribute.
+    pub partition_key: String,
+    /// Sort key attribute, if the table has one.
+    pub sort_key: Option<String>,
+    /// TTL attribute, if any.
+    pub ttl_attribute: Option<String>,
+    /// Global secondary indexes.
+    pub gsis: Vec<Gsi>,
+}
+
+/// A global secondary index.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Gsi {
+    /// Index name.
+    pub name: String,
+    /// Partition key attribute.
+    pub partition_key: String,
+    /// Sort key attribute.
+    pub sort_key: Option<String>,
+}
+
+impl TableSpec {
+    /// The DynamoDB key of `key` in this table, as an item.
+    pub fn key_item(&self, key: &ItemKey) -> Item {
+        let mut item = Item::default();
+        item.insert(
+            self.partition_key.clone(),
+            AttributeValue::S(key.pk.clone()),
+        );
+        if let (Some(name), Some(sk)) = (&self.sort_key, &key.sk) {
+            item.insert(name.clone(), AttributeValue::S(sk.clone()));
+        }
+        item
+    }
+
+    /// The string key of an item or key map, if its key attributes are strings.
+    pub fn item_key(&self, item: &Item) -> Option<ItemKey> {
+        let pk = match item.get(&self.partition_key) {
+            Some(AttributeValue::S(pk)) => pk.clone(),
+            _ => return None,
+        };
+        let sk = match &self.sort_key {
+            Some(name) => match item.get(name) {
+                Some(AttributeValue::S(sk)) => Some(sk.clone()),
+                _ => return None,
+            },
+            None => None,
+        };
+        Some(ItemKey { pk, sk })
+    }
+
+    /// Whether `name` is one of the table's key attributes.
+    pub fn is_key_attribute(&self, name: &str) -> bool {
+        name == self.partition_key || self.sort_key.as_deref() == Some(name)
+    }
+}
+
+/// A named entity type, identified by its key patterns.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Entity {
+    /// Entity name (`email`).
+    pub name: String,
+    /// Partition key pattern.
+    pub pk: KeyPattern,
+    /// Sort key pattern (tables with a sort key).
+    pub sk: Option<KeyPattern>,
+}
+
+impl Entity {
+    /// All key variables, partition key first.
+    pub fn vars(&self) -> impl Iterator<Item = &str> {
+        self.pk
+            .vars()
+            .iter()
+            .chain(self.sk.iter().flat_map(|sk| sk.vars()))
+            .map(String::as_str)
+    }
+
+    /// Renders this entity's key from bound variables.
+    pub fn render_key(&self, bindings: &[(&str, &str)]) -> Option<ItemKey> {
+        Some(ItemKey {
+            pk: self.pk.render(bindings)?,
+            sk: match &self.sk {
+                Some(sk) => Some(sk.render(bindings)?),
+                None => None,
+            },
+        })
+    }
+}
+
+/// A condition: each attribute equals a value (all must hold).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Condition(pub Vec<(String, AttributeValue)>);
+
+impl Condition {
+    /// Whether the item satisfies the condition (`None` never does).
+    pub fn holds(&self, item: Option<&Item>) -> bool {
+        let Some(item) = item else { return false };
+        self.0
+            .iter()
+            .all(|(name, want)| item.get(name).is_some_and(|have| values_equal(have, want)))
+    }
+
+    /// Whether the condition is empty (always holds for existing items).
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+}
+
+/// Equality as DynamoDB sees it: numbers compare by value.
+pub fn values_equal(a: &AttributeValue, b: &AttributeValue) -> bool {
+    match (a, b) {
+        (AttributeValue::N(x), AttributeValue::N(y)) => {
+            x == y || matches!((x.parse::<f64>(), y.parse::<f64>()), (Ok(x), Ok(y)) if x == y)
+        }
+        _ => a == b,
+    }
+}
+
+/// Derive attributes on the changed item itself (GSI keys).
+#[derive(Debug, Clone)]
+pub struct IndexKeys {
+    /// The entity whose items get the attributes.
+    pub entity: EntityId,
+    /// Attribute to template.
+    pub set: Vec<(String, Template)>,
+    /// Item attributes (not key variables) the templates read.
+    pub reads: Vec<String>,
+}
+
+/// Copy attributes from the source item that satisfies `when` onto a target.
+#[derive(Debug, Clone)]
+pub struct Denormalize {
+    /// Source entity.
+    pub source: EntityId,
+    /// Target entity.
+    pub target: EntityId,
+    /// Which source item counts.
+    pub when: Condition,
+    /// Target attribute to template over the source item.
+    pub copy: Vec<(String, Template)>,
+    /// Source attributes that matter (condition and copies).
+    pub reads: Vec<String>,
+}
+
+/// Maintain the reverse item of a relationship.
+#[derive(Debug, Clone)]
+pub struct InverseEdge {
+    /// Edge entity.
+    pub source: EntityId,
+    /// Reverse edge entity.
+    pub target: EntityId,
+    /// Which edges get a reverse item.
+    pub when: Condition,
+    /// Target attribute to template over the source item.
+    pub copy: Vec<(String, Template)>,
+    /// Source attributes that matter (condition and copies).
+    pub reads: Vec<String>,
+}
+
+/// How a counter knows whether a source item is already counted.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Marker {
+    /// The reverse edge of this inverse-edge projection marks membership.
+    Edge(ProjectionId),
+    /// A marker item of its own under the reserved prefix.
+    Own,
+}
+
+/// A write-sharded count of source items.
+#[derive(Debug, Clone)]
+pub struct Counter {
+    /// Counted entity.
+    pub source: EntityId,
+    /// Counter variable to template over the source's key variables.
+    pub of: Vec<(String, Template)>,
+    /// Which source items count.
+    pub when: Condition,
+    /// Number of shards.
+    pub shards: u32,
+    /// How membership is recorded.
+    pub marker: Marker,
+}
+
+/// What a projection does.
+#[derive(Clone)]
+pub enum ProjectionKind {
+    /// See [`IndexKeys`].
+    IndexKeys(IndexKeys),
+    /// See [`Denormalize`].
+    Denormalize(Denormalize),
+    /// See [`InverseEdge`].
+    InverseEdge(InverseEdge),
+    /// See [`Counter`].
+    Counter(Counter),
+    /// A projection written in Rust.
+    Custom(Arc<dyn CustomProjection>),
+}
+
+impl fmt::Debug for ProjectionKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            ProjectionKind::IndexKeys(p) => p.fmt(f),
+            ProjectionKind::Denormalize(p) => p.fmt(f),
+            ProjectionKind::InverseEdge(p) => p.fmt(f),
+            ProjectionKind::Counter(p) => p.fmt(f),
+            ProjectionKind::Custom(p) => write!(f, "Custom({})", p.name()),
+        }
+    }
+}
+
+/// A compiled projection.
+#[derive(Debug, Clone)]
+pub struct Projection {
+    /// Unique name.
+    pub name: String,
+    /// What it does.
+    pub kind: ProjectionKind,
+}
+
+impl Projection {
+    /// The kind as written in spec files.
+    pub fn kind_name(&self) -> &'static str {
+        match self.kind {
+            ProjectionKind::IndexKeys(_) => "index-keys",
+            ProjectionKind::Denormalize(_) => "denormalize",
+            ProjectionKind::InverseEdge(_) => "inverse-edge",
+            ProjectionKind::Counter(_) => "counter",
+            ProjectionKind::Custom(_) => "custom",
+        }
+    }
+}
+
+/// A compiled, validated spec: the rule set the planner runs.
+#[derive(Debug, Clone)]
+pub struct Spec {
+    /// Where it was loaded from (for messages).
+    pub file: String,
+    /// The owning service.
+    pub service: String,
+    /// The table.
+    pub table: TableSpec,
+    /// Entity types.
+    pub entities: Vec<Entity>,
+    /// Projections in planning order.
+    pub projections: Vec<Projection>,
+    /// For each entity, the projections that plan on its records.
+    interested: Vec<Vec<ProjectionId>>,
+}
+
+impl Spec {
+    /// Loads and compiles a spec file.
+    pub fn from_file(path: &Path) -> Result<Spec, SpecErrors> {
+        let label = path.display().to_string();
+        let text = std::fs::read_to_string(path).map_err(|error| {
+            SpecErrors(vec![SpecError {
+                file: label.clone(),
+                context: String::new(),
+                problem: format!("cannot read the spec file: {error}"),
+            }])
+        })?;
+        Spec::from_toml(&text, &label)
+    }
+
+    /// Parses and compiles spec text; `label` names it in errors.
+    pub fn from_toml(text: &str, label: &str) -> Result<Spec, SpecErrors> {
+        let raw: RawSpec = toml::from_str(text).map_err(|error| {
+            SpecErrors(vec![SpecError {
+                file: label.to_string(),
+                context: String::new(),
+                problem: format!("invalid spec TOML: {}", error.to_string().trim_end()),
+            }])
+        })?;
+        Spec::compile(raw, label, Vec::new())
+    }
+
+    /// Compiles a raw spec plus projections written in Rust.
+    pub fn compile(
+        raw: RawSpec,
+        label: &str,
+        custom: Vec<Arc<dyn CustomProjection>>,
+    ) -> Result<Spec, SpecErrors> {
+        Compiler::new(label).compile(raw, custom)
+    }
+
+    /// The entity with this name.
+    pub fn entity_id(&self, name: &str) -> Option<EntityId> {
+        self.entities.iter().position(|e| e.name == name)
+    }
+
+    /// The projection with this name.
+    pub fn projection_id(&self, name: &str) -> Option<ProjectionId> {
+        self.projections.iter().position(|p| p.name == name)
+    }
+
+    /// The projections that plan on records of `entity`.
+    pub fn interested(&self, entity: EntityId) -> &[ProjectionId] {
+        &self.interested[entity]
+    }
+
+    /// Finds the entity whose patterns match a key, binding its variables.
+    ///
+    /// Keys under [`RESERVED_PREFIX`] never match.
+    pub fn match_entity<'a>(
+        &'a self,
+        pk: &'a str,
+        sk: Option<&'a str>,
+        out: &mut Bindings<'a>,
+    ) -> Option<EntityId> {
+        if pk.starts_with(RESERVED_PREFIX) {
+            return None;
+        }
+        for (id, entity) in self.entities.iter().enumerate() {
+            out.clear();
+            if !entity.pk.match_into(pk, out) {
+                continue;
+            }
+            let sk_ok = match (&entity.sk, sk) {
+                (Some(pattern), Some(sk)) => pattern.match_into(sk, out),
+                (None, None) => true,
+                _ => false,
+            };
+            if sk_ok {
+                return Some(id);
+            }
+        }
+        out.clear();
+        None
+    }
+
+    /// The key of a counter shard item.
+    pub fn counter_shard_key(&self, counter: &str, of_values: &[String], shard: u32) -> ItemKey {
+        let mut pk = String::with_capacity(32);
+        pk.push_str("COUNTER#");
+        pk.push_str(counter);
+        for value in of_values {
+            pk.push('#');
+            pk.push_str(value);
+        }
+        pk.push('#');
+        pk.push_str(&shard.to_string());
+        ItemKey {
+            pk,
+            sk: self.table.sort_key.as_ref().map(|_| "COUNTER".to_string()),
+        }
+    }
+
+    /// The key of a counter's own membership marker for a source item.
+    pub fn counter_marker_key(&self, counter: &str, source: &ItemKey) -> ItemKey {
+        ItemKey {
+            pk: format!("{RESERVED_PREFIX}count#{counter}#{}", source.pk),
+            sk: source.sk.clone(),
+        }
+    }
+
+    /// A short multi-line summary for `check`.
+    pub fn summary(&self) -> String {
+        let mut out = String::new();
+        let t = &self.table;
+        out.push_str(&format!(
+            "service {} - table {} (PK {}{})\n",
+            self.service,
+            t.name,
+            t.partition_key,
+            t.sort_key
+                .as_ref()
+                .map(|s| format!(", SK {s}"))
+                .unwrap_or_default()
+        ));
+        for gsi in &t.gsis {
+            out.push_str(&format!(
+                "  index {} ({}{})\n",
+                gsi.name,
+                gsi.partition_key,
+                gsi.sort_key
+                    .as_ref()
+                    .map(|s| format!(", {s}"))
+                    .unwrap_or_default()
+            ));
+        }
+        if let Some(ttl) = &t.ttl_attribute {
+            out.push_str(&format!("  ttl attribute {ttl}\n"));
+        }
+        out.push_str(&format!("{} entities\n", self.entities.len()));
+        for entity in &self.entities {
+            out.push_str(&format!(
+                "  {:<16} {} / {}\n",
+                entity.name,
+                entity.pk,
+                entity.sk.as_ref().map(|s| s.as_str()).unwrap_or("-")
+            ));
+        }
+        out.push_str(&format!("{} projections\n", self.projections.len()));
+        for projection in &self.projections {
+            out.push_str(&format!(
+                "  {:<28} {:<13} {}\n",
+                projection.name,
+                projection.kind_name(),
+                self.describe(projection)
+            ));
+        }
+        out
+    }
+
+    fn describe(&self, projection: &Projection) -> String {
+        let entity = |id: EntityId| self.entities[id].name.as_str();
+        let pairs = |list: &[(String, Template)]| {
+            list.iter()
+                .map(|(k, t)| format!("{k} = {t}"))
+                .collect::<Vec<_>>()
+                .join(", ")
+        };
+        let when = |c: &Condition| {
+            if c.is_empty() {
+                String::new()
+            } else {
+                let parts: Vec<String> =
+                    c.0.iter()
+                        .map(|(k, v)| format!("{k} = {}", crate::record::value_to_json(v)))
+                        .collect();
+                format!(" when {}", parts.join(" and "))
+            }
+        };
+        match &projection.kind {
+            ProjectionKind::IndexKeys(p) => format!("{}: {}", entity(p.entity), pairs(&p.set)),
+            ProjectionKind::Denormalize(p) => format!(
+                "{} -> {}{}: {}",
+                entity(p.source),
+                entity(p.target),
+                when(&p.when),
+                pairs(&p.copy)
+            ),
+            ProjectionKind::InverseEdge(p) => format!(
+                "{} -> {}{}{}",
+                entity(p.source),
+                entity(p.target),
+                when(&p.when),
+                if p.copy.is_empty() {
+                    String::new()
+                } else {
+                    format!(": {}", pairs(&p.copy))
+                }
+            ),
+            ProjectionKind::Counter(p) => format!(
+                "count {}{} of {} in {} shards{}",
+                entity(p.source),
+                when(&p.when),
+                pairs(&p.of),
+                p.shards,
+                match p.marker {
+                    Marker::Edge(edge) => format!(", marked by {}", self.projections[edge].name),
+                    Marker::Own => String::new(),
+                }
+            ),
+            ProjectionKind::Custom(p) => {
+                format!("{} (Rust)", entity_name_or(self, p.source_entity()))
+            }
+        }
+    }
+}
+
+fn entity_name_or<'a>(spec: &'a Spec, name: &'a str) -> &'a str {
+    spec.entity_id(name)
+        .map(|id| spec.entities[id].name.as_str())
+        .unwrap_or(name)
+}
+
+/// Suggests the closest known name, for "did you mean" hints.
+fn suggest<'a>(name: &str, known: impl Iterator<Item = &'a str>) -> String {
+    let known: Vec<&str> = known.collect();
+    let best = known
+        .iter()
+        .map(|k| (edit_distance(name, k), *k))
+        .min()
+        .filter(|(d, k)| *d <= 2.max(k.len() / 3));
+    match best {
+        Some((_, k)) => format!(" (did you mean `{k}`?)"),
+        None if known.is_empty() => " (none are declared)".to_string(),
+        None => format!(" (known: {})", known.join(", ")),
+    }
+}
+
+fn edit_distance(a: &str, b: &str) -> usize {
+    let b: Vec<char> = b.chars().collect();
+    let mut row: Vec<usize> = (0..=b.len()).collect();
+    for (i, ca) in a.chars().enumerate() {
+        let mut prev = row[0];
+        row[0] = i + 1;
+        for (j, cb) in b.iter().enumerate() {
+            let cur = row[j + 1];
+            row[j + 1] = if ca == *cb {
+                prev
+            } else {
+                1 + prev.min(row[j]).min(row[j + 1])
+            };
+            prev = cur;
+        }
+    }
+    row[b.len()]
+}
+
+struct Compiler {
+    file: String,
+    errors: Vec<SpecError>,
+}
+
+impl Compiler {
+    fn new(label: &str) -> Compiler {
+        Compiler {
+            file: label.to_string(),
+            errors: Vec::new(),
+        }
+    }
+
+    fn error(&mut self, context: impl Into<String>, problem: impl Into<String>) {
+        self.errors.push(SpecError {
+            file: self.file.clone(),
+            context: context.into(),
+            problem: problem.into(),
+        });
+    }
+
+    fn compile(
+        mut self,
+        raw: RawSpec,
+        custom: Vec<Arc<dyn CustomProjection>>,
+    ) -> Result<Spec, SpecErrors> {
+        if raw.service.trim().is_empty() {
+            self.error("", "`service` must name the service that owns the table");
+        }
+        let table = self.table(&raw);
+        let entities = self.entities(&raw, &table);
+        let mut projections = Vec::new();
+        let mut seen = HashSet::new();
+        for raw_projection in &raw.projections {
+            let name = raw_projection.name().to_string();
+            let context = format!("projection `{name}`");
+            if name.trim().is_empty() {
+                self.error(
+                    format!("{} projection", raw_projection.kind()),
+                    "`name` must not be empty",
+                );
+                continue;
+            }
+            if !seen.insert(name.clone()) {
+                self.error(
+                    &context,
+                    "duplicate projection name; names must be unique in a spec",
+                );
+                continue;
+            }
+            if let Some(kind) = self.projection(raw_projection, &context, &table, &entities) {
+                projections.push(Projection { name, kind });
+            }
+        }
+        for projection in custom {
+            let name = projection.name().to_string();
+            let context = format!("projection `{name}`");
+            if !seen.insert(name.clone()) {
+                self.error(
+                    &context,
+                    "duplicate projection name; names must be unique in a spec",
+                );
+                continue;
+            }
+            if !entities
+                .iter()
+                .any(|e| e.name == projection.source_entity())
+            {
+                let hint = suggest(
+                    projection.source_entity(),
+                    entities.iter().map(|e| e.name.as_str()),
+                );
+                self.error(
+                    &context,
+                    format!("unknown entity `{}`{hint}", projection.source_entity()),
+                );
+                continue;
+            }
+            projections.push(Projection {
+                name,
+                kind: ProjectionKind::Custom(projection),
+            });
+        }
+        self.assign_markers(&mut projections);
+        self.check_loops(&projections, &entities);
+        self.check_derived_items(&projections, &entities, &table);
+        if !self.errors.is_empty() {
+            return Err(SpecErrors(self.errors));
+        }
+        let interested = interested(&projections, &entities);
+        Ok(Spec {
+            file: self.file,
+            service: raw.service,
+            table,
+            entities,
+            projections,
+            interested,
+        })
+    }
+
+    fn table(&mut self, raw: &RawSpec) -> TableSpec {
+        let t = &raw.table;
+        if t.name.trim().is_empty() {
+            self.error("table", "`name` must not be empty");
+        }
+        if t.partition_key.trim().is_empty() {
+            self.error("table", "`partition_key` must not be empty");
+        }
+        let sort_key = Some(t.sort_key.clone()).filter(|s| !s.is_empty());
+        let mut names = HashSet::new();
+        for gsi in &t.gsis {
+            let context = format!("table index `{}`", gsi.name);
+            if !names.insert(gsi.name.clone()) {
+                self.error(&context, "duplicate index name");
+            }
+            if gsi.partition_key == t.partition_key || Some(&gsi.partition_key) == sort_key.as_ref()
+            {
+                self.error(
+                    &context,
+                    "an index key must not be one of the table's own key attributes",
+                );
+            }
+        }
+        TableSpec {
+            name: t.name.clone(),
+            partition_key: t.partition_key.clone(),
+            sort_key,
+            ttl_attribute: t.ttl_attribute.clone(),
+            gsis: t
+                .gsis
+                .iter()
+                .map(|g| Gsi {
+                    name: g.name.clone(),
+                    partition_key: g.partition_key.clone(),
+                    sort_key: g.sort_key.clone(),
+                })
+                .collect(),
+        }
+    }
+
+    fn entities(&mut self, raw: &RawSpec, table: &TableSpec) -> Vec<Entity> {
+        let mut entities = Vec::new();
+        for (name, raw_entity) in &raw.entities {
+            let context = format!("entity `{name}`");
+            let pk = match KeyPattern::parse(&raw_entity.pk) {
+                Ok(pk) => pk,
+                Err(error) => {
+                    self.error(&context, format!("pk `{}`: {error}", raw_entity.pk));
+                    continue;
+                }
+            };
+            let sk = match (&raw_entity.sk, &table.sort_key) {
+                (Some(sk), Some(_)) => match KeyPattern::parse(sk) {
+                    Ok(sk) => Some(sk),
+                    Err(error) => {
+                        self.error(&context, format!("sk `{sk}`: {error}"));
+                        continue;
+                    }
+                },
+                (None, Some(sort_key)) => {
+                    self.error(
+                        &context,
+                        format!("`sk` is required: the table has the sort key `{sort_key}`"),
+                    );
+                    continue;
+                }
+                (Some(_), None) => {
+                    self.error(&context, "`sk` given, but the table has no sort key");
+                    continue;
+                }
+                (None, None) => None,
+            };
+            let entity = Entity {
+                name: name.clone(),
+                pk,
+                sk,
+            };
+            let mut seen = HashSet::new();
+            for var in entity.vars() {
+                if !seen.insert(var) {
+                    self.error(
+                        &context,
+                        format!("variable `{{{var}}}` appears in both pk and sk"),
+                    );
+                }
+            }
+            entities.push(entity);
+        }
+        for (i, a) in entities.iter().enumerate() {
+            for b in &entities[i + 1..] {
+                let sk_overlap = match (&a.sk, &b.sk) {
+                    (Some(x), Some(y)) => x.could_overlap(y),
+                    _ => true,
+                };
+                if a.pk.could_overlap(&b.pk) && sk_overlap {
+                    self.error(
+                        format!("entity `{}`", b.name),
+                        format!(
+                            "its key patterns can match the same keys as entity `{}`; give one of them a distinct literal prefix",
+                            a.name
+                        ),
+                    );
+                }
+            }
+        }
+        entities
+    }
+
+    fn entity(
+        &mut self,
+        context: &str,
+        role: &str,
+        name: &str,
+        entities: &[Entity],
+    ) -> Option<EntityId> {
+        let found = entities.iter().position(|e| e.name == name);
+        if found.is_none() {
+            let hint = suggest(name, entities.iter().map(|e| e.name.as_str()));
+            self.error(context, format!("unknown {role} entity `{name}`{hint}"));
+        }
+        found
+    }
+
+    fn templates(
+        &mut self,
+        context: &str,
+        what: &str,
+        map: &BTreeMap<String, String>,
+        table: &TableSpec,
+    ) -> Option<Vec<(String, Template)>> {
+        let mut out = Vec::new();
+        let mut ok = true;
+        for (attr, text) in map {
+            if table.is_key_attribute(attr) {
+                self.error(context, format!("{what} `{attr}` is a table key attribute; a projection cannot change an item's key"));
+                ok = false;
+                continue;
+            }
+            match Template::parse(text) {
+                Ok(template) => out.push((attr.clone(), template)),
+                Err(error) => {
+                    self.error(context, format!("{what} `{attr}` = `{text}`: {error}"));
+                    ok = false;
+                }
+            }
+        }
+        ok.then_some(out)
+    }
+
+    fn condition(&mut self, context: &str, raw: &RawCondition) -> Condition {
+        let mut out = Vec::new();
+        for (name, value) in raw {
+            let value = match value {
+                toml::Value::Boolean(b) => AttributeValue::Bool(*b),
+                toml::Value::String(s) => AttributeValue::S(s.clone()),
+                toml::Value::Integer(i) => AttributeValue::N(i.to_string()),
+                toml::Value::Float(f) => AttributeValue::N(f.to_string()),
+                other => {
+                    self.error(
+                        context,
+                        format!(
+                            "`when.{name}` must be a string, number or boolean, not {}",
+                            other.type_str()
+                        ),
+                    );
+                    continue;
+                }
+            };
+            out.push((name.clone(), value));
+        }
+        Condition(out)
+    }
+
+    /// Checks that a target's key variables all come from the source's key.
+    fn bound_by_source(&mut self, context: &str, source: &Entity, target: &Entity) -> bool {
+        let source_vars: HashSet<&str> = source.vars().collect();
+        let unbound: Vec<&str> = target.vars().filter(|v| !source_vars.contains(v)).collect();
+        if unbound.is_empty() {
+            return true;
+        }
+        self.error(
+            context,
+            format!(
+                "target entity `{}` has key variable(s) {} that the key of source entity `{}` does not bind (it binds: {}); name the variables alike in both patterns",
+                target.name,
+                unbound.iter().map(|v| format!("`{{{v}}}`")).collect::<Vec<_>>().join(", "),
+                source.name,
+                source.vars().collect::<Vec<_>>().join(", ")
+            ),
+        );
+        false
+    }
+
+    fn projection(
+        &mut self,
+        raw: &RawProjection,
+        context: &str,
+        table: &TableSpec,
+        entities: &[Entity],
+    ) -> Option<ProjectionKind> {
+        match raw {
+            RawProjection::IndexKeys { entity, set, .. } => {
+                let entity = self.entity(context, "", entity, entities)?;
+                if set.is_empty() {
+                    self.error(
+                        context,
+                        "`set` is empty: name at least one attribute to derive",
+                    );
+                    return None;
+                }
+                let set = self.templates(context, "set", set, table)?;
+                let key_vars: HashSet<&str> = entities[entity].vars().collect();
+                let mut reads = Vec::new();
+                for (attr, template) in &set {
+                    for name in template.names() {
+                        if set.iter().any(|(a, _)| a == name) {
+                            self.error(
+                                context,
+                                format!("`{attr}` = `{template}` reads `{name}`, which this projection writes: every write would change its own input and loop"),
+                            );
+                        } else if !key_vars.contains(name) && !reads.iter().any(|r| r == name) {
+                            reads.push(name.to_string());
+                        }
+                    }
+                }
+                Some(ProjectionKind::IndexKeys(IndexKeys { entity, set, reads }))
+            }
+            RawProjection::Denormalize {
+                source,
+                target,
+                when,
+                copy,
+                ..
+            } => {
+                let source = self.entity(context, "source", source, entities);
+                let target = self.entity(context, "target", target, entities);
+                let (source, target) = (source?, target?);
+                if source == target {
+                    self.error(context, "source and target are the same entity: its output would match its own input and loop");
+                    return None;
+                }
+                if copy.is_empty() {
+                    self.error(
+                        context,
+                        "`copy` is empty: name at least one attribute to copy",
+                    );
+                    return None;
+                }
+                let bound = self.bound_by_source(context, &entities[source], &entities[target]);
+                let target_vars: HashSet<&str> = entities[target].vars().collect();
+                let unqueryable: Vec<&String> = entities[source]
+                    .pk
+                    .vars()
+                    .iter()
+                    .filter(|v| !target_vars.contains(v.as_str()))
+                    .collect();
+                if !unqueryable.is_empty() {
+                    self.error(
+                        context,
+                        format!(
+                            "the source items must be found by a query on the target's variables, but the pk of `{}` (`{}`) needs {} which the target `{}` does not have",
+                            entities[source].name,
+                            entities[source].pk,
+                            unqueryable.iter().map(|v| format!("`{{{v}}}`")).collect::<Vec<_>>().join(", "),
+                            entities[target].name
+                        ),
+                    );
+                }
+                let when = self.condition(context, when);
+                let copy = self.templates(context, "copy", copy, table)?;
+                if !bound || !unqueryable.is_empty() {
+                    return None;
+                }
+                let reads = reads_of(&when, &copy, &entities[source]);
+                Some(ProjectionKind::Denormalize(Denormalize {
+                    source,
+                    target,
+                    when,
+                    copy,
+                    reads,
+                }))
+            }
+            RawProjection::InverseEdge {
+                source,
+                target,
+                when,
+                copy,
+                ..
+            } => {
+                let source = self.entity(context, "source", source, entities);
+                let target = self.entity(context, "target", target, entities);
+                let (source, target) = (source?, target?);
+                if source == target {
+                    self.error(context, "source and target are the same entity: its output would match its own input and loop");
+                    return None;
+                }
+                let bound = self.bound_by_source(context, &entities[source], &entities[target]);
+                let when = self.condition(context, when);
+                let copy = self.templates(context, "copy", copy, table)?;
+                if !bound {
+                    return None;
+                }
+                let reads = reads_of(&when, &copy, &entities[source]);
+                Some(ProjectionKind::InverseEdge(InverseEdge {
+                    source,
+                    target,
+                    when,
+                    copy,
+                    reads,
+                }))
+            }
+            RawProjection::Counter {
+                source,
+                of,
+                when,
+                shards,
+                ..
+            } => {
+                let source = self.entity(context, "source", source, entities)?;
+                if !(1..=MAX_SHARDS).contains(shards) {
+                    self.error(
+                        context,
+                        format!("shards = {shards} is out of range: use 1 to {MAX_SHARDS}"),
+                    );
+                }
+                let when = self.condition(context, when);
+                let of = self.templates(context, "of", of, table)?;
+                let key_vars: HashSet<&str> = entities[source].vars().collect();
+                for (name, template) in &of {
+                    for read in template.names() {
+                        if !key_vars.contains(read) {
+                            self.error(
+                                context,
+                                format!(
+                                    "`of.{name}` = `{template}` reads `{read}`, which is not a key variable of `{}` (it has: {}); a counter's target must come from the source key so that removals find it",
+                                    entities[source].name,
+                                    entities[source].vars().collect::<Vec<_>>().join(", ")
+                                ),
+                            );
+                        }
+                    }
+                }
+                if !(1..=MAX_SHARDS).contains(shards) {
+                    return None;
+                }
+                Some(ProjectionKind::Counter(Counter {
+                    source,
+                    of,
+                    when,
+                    shards: *shards,
+                    marker: Marker::Own,
+                }))
+            }
+        }
+    }
+
+    /// A counter whose source has an inverse edge with the same condition
+    /// uses that edge as its membership marker (one write less per change).
+    fn assign_markers(&mut self, projections: &mut [Projection]) {
+        let edges: Vec<(ProjectionId, EntityId, Condition)> = projections
+            .iter()
+            .enumerate()
+            .filter_map(|(id, p)| match &p.kind {
+                ProjectionKind::InverseEdge(edge) => Some((id, edge.source, edge.when.clone())),
+                _ => None,
+            })
+            .collect();
+        for projection in projections.iter_mut() {
+            if let ProjectionKind::Counter(counter) = &mut projection.kind {
+                if let Some((id, _, _)) = edges
+                    .iter()
+                    .find(|(_, source, when)| *source == counter.source && *when == counter.when)
+                {
+                    counter.marker = Marker::Edge(*id);
+                }
+            }
+        }
+    }
+
+    /// Rules out projections whose writes feed back into their own inputs.
+    fn check_loops(&mut self, projections: &[Projection], entities: &[Entity]) {
+        // Edges source entity -> written entity, labelled by projection.
+        let mut graph: HashMap<EntityId, Vec<(EntityId, &str)>> = HashMap::new();
+        for projection in projections {
+            let edge = match &projection.kind {
+                ProjectionKind::Denormalize(p) => Some((p.source, p.target)),
+                ProjectionKind::InverseEdge(p) => Some((p.source, p.target)),
+                _ => None,
+            };
+            if let Some((from, to)) = edge {
+                graph
+                    .entry(from)
+                    .or_default()
+                    .push((to, projection.name.as_str()));
+            }
+        }
+        // Inverse edges and denormalized targets may themselves be sources
+        // of other projections; a cycle through them never settles.
+        let mut reported = HashSet::new();
+        for start in 0..entities.len() {
+            let mut stack = vec![(start, vec![])];
+            let mut visited = HashSet::new();
+            while let Some((node, path)) = stack.pop() {
+                for (next, name) in graph.get(&node).into_iter().flatten() {
+                    let mut path: Vec<&str> = path.clone();
+                    path.push(name);
+                    if *next == start {
+                        let mut key = path.clone();
+                        key.sort();
+                        if reported.insert(key) {
+                            self.error(
+                                format!("projection `{}`", path[0]),
+                                format!(
+                                    "projections {} form a loop through entity `{}`: each one's output is another's input, so writes would never stop",
+                                    path.iter().map(|p| format!("`{p}`")).collect::<Vec<_>>().join(" -> "),
+                                    entities[start].name
+                                ),
+                            );
+                        }
+                    } else if visited.insert(*next) {
+                        stack.push((*next, path));
+                    }
+                }
+            }
+        }
+    }
+
+    /// Counter shard items must never be mistaken for entities.
+    fn check_derived_items(
+        &mut self,
+        projections: &[Projection],
+        entities: &[Entity],
+        table: &TableSpec,
+    ) {
+        for projection in projections {
+            if let ProjectionKind::Counter(counter) = &projection.kind {
+                let mut pattern = format!(
+                    "COUNTER#{}#",
+                    projection.name.replace('{', "{{").replace('}', "}}")
+                );
+                for (name, _) in &counter.of {
+                    pattern.push_str(&format!("{{{name}}}#"));
+                }
+                pattern.push_str("{shard}");
+                let Ok(pk) = KeyPattern::parse(&pattern) else {
+                    continue;
+                };
+                let sk = KeyPattern::parse("COUNTER").expect("literal");
+                for entity in entities {
+                    let sk_overlap = match (&entity.sk, table.sort_key.is_some()) {
+                        (Some(esk), true) => esk.could_overlap(&sk),
+                        _ => true,
+                    };
+                    if entity.pk.could_overlap(&pk) && sk_overlap {
+                        self.error(
+                            format!("projection `{}`", projection.name),
+                            format!(
+                                "counter shard items (`{pattern}` / `COUNTER`) could be read as entity `{}`; give that entity a distinct literal prefix",
+                                entity.name
+                            ),
+                        );
+                    }
+                }
+            }
+        }
+    }
+}
+
+fn reads_of(when: &Condition, copy: &[(String, Template)], source: &Entity) -> Vec<String> {
+    let key_vars: HashSet<&str> = source.vars().collect();
+    let mut reads: Vec<String> = when.0.iter().map(|(name, _)| name.clone()).collect();
+    for (_, template) in copy {
+        for name in template.names() {
+            if !key_vars.contains(name) && !reads.iter().any(|r| r == name) {
+                reads.push(name.to_string());
+            }
+        }
+    }
+    reads
+}
+
+fn interested(projections: &[Projection], entities: &[Entity]) -> Vec<Vec<ProjectionId>> {
+    let mut out = vec![Vec::new(); entities.len()];
+    for (id, projection) in projections.iter().enumerate() {
+        let mut add = |entity: EntityId| {
+            if !out[entity].contains(&id) {
+                out[entity].push(id);
+            }
+        };
+        match &projection.kind {
+            ProjectionKind::IndexKeys(p) => add(p.entity),
+            ProjectionKind::Denormalize(p) => {
+                add(p.source);
+                add(p.target);
+            }
+            ProjectionKind::InverseEdge(p) => add(p.source),
+            ProjectionKind::Counter(p) => add(p.source),
+            ProjectionKind::Custom(p) => {
+                if let Some(entity) = entities.iter().position(|e| e.name == p.source_entity()) {
+                    add(entity);
+                }
+            }
+        }
+    }
+    out
+}

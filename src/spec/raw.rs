@@ -1,0 +1,166 @@
+//! The spec file as written: a serde model that mirrors the TOML.
+//!
+//! Nothing here is validated beyond its shape; [`super::compile`] turns it
+//! into a [`super::Spec`]. The same structs are what the Rust builder API
+//! fills in, so code-registered and file-registered rules compile alike.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
+/// A whole spec file: one service, one table.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawSpec {
+    /// The service that owns the table (`user-service`).
+    pub service: String,
+    /// The table and its indexes.
+    pub table: RawTable,
+    /// Entity key patterns by name.
+    #[serde(default)]
+    pub entities: BTreeMap<String, RawEntity>,
+    /// The projections, in the order they are planned.
+    #[serde(default, rename = "projections")]
+    pub projections: Vec<RawProjection>,
+}
+
+/// The `[table]` section.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawTable {
+    /// The default table name (`--table` overrides it).
+    pub name: String,
+    /// Partition key attribute name.
+    #[serde(default = "default_pk")]
+    pub partition_key: String,
+    /// Sort key attribute name; empty for a table without a sort key.
+    #[serde(default = "default_sk")]
+    pub sort_key: String,
+    /// The attribute DynamoDB's TTL reads, if any.
+    #[serde(default)]
+    pub ttl_attribute: Option<String>,
+    /// Global secondary indexes.
+    #[serde(default, rename = "gsi")]
+    pub gsis: Vec<RawGsi>,
+}
+
+fn default_pk() -> String {
+    "PK".to_string()
+}
+
+fn default_sk() -> String {
+    "SK".to_string()
+}
+
+/// One `[[table.gsi]]`.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawGsi {
+    /// Index name (`GSI1`).
+    pub name: String,
+    /// Its partition key attribute.
+    pub partition_key: String,
+    /// Its sort key attribute, if any.
+    #[serde(default)]
+    pub sort_key: Option<String>,
+}
+
+/// One `[entities.NAME]`: the key patterns that identify an entity type.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawEntity {
+    /// Partition key pattern (`USER#{userId}`).
+    pub pk: String,
+    /// Sort key pattern (`EMAIL#{emailId}`); required when the table has a sort key.
+    #[serde(default)]
+    pub sk: Option<String>,
+}
+
+/// A condition: every attribute must equal the given value.
+pub type RawCondition = BTreeMap<String, toml::Value>;
+
+/// One `[[projections]]` entry.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "kebab-case", deny_unknown_fields)]
+pub enum RawProjection {
+    /// Derive attributes (usually GSI keys) on the changed item itself.
+    IndexKeys {
+        /// Projection name, unique in the spec.
+        name: String,
+        /// The entity whose items get the attributes.
+        entity: String,
+        /// Attribute name to template.
+        set: BTreeMap<String, String>,
+    },
+    /// Copy attributes from a source item onto a target item while a condition holds.
+    Denormalize {
+        /// Projection name.
+        name: String,
+        /// The entity copied from.
+        source: String,
+        /// The entity copied onto; its key variables come from the source's.
+        target: String,
+        /// The source item that counts (`{ isPrimary = true }`).
+        #[serde(default)]
+        when: RawCondition,
+        /// Target attribute to template over the source item.
+        copy: BTreeMap<String, String>,
+    },
+    /// Maintain the reverse item of a relationship.
+    InverseEdge {
+        /// Projection name.
+        name: String,
+        /// The edge entity (`follow`).
+        source: String,
+        /// The reverse edge entity (`followed_by`).
+        target: String,
+        /// Only edges for which this holds get a reverse item.
+        #[serde(default)]
+        when: RawCondition,
+        /// Target attribute to template over the source item.
+        #[serde(default)]
+        copy: BTreeMap<String, String>,
+    },
+    /// A write-sharded count of the source items per target.
+    Counter {
+        /// Counter name (`followers`), used by `counter get`.
+        name: String,
+        /// The counted entity.
+        source: String,
+        /// The counter's own variables, from the source's key variables
+        /// (`{ userId = "{followeeId}" }`).
+        of: BTreeMap<String, String>,
+        /// Only source items for which this holds are counted.
+        #[serde(default)]
+        when: RawCondition,
+        /// Number of shards (1 to 100); hot targets want more.
+        #[serde(default = "default_shards")]
+        shards: u32,
+    },
+}
+
+fn default_shards() -> u32 {
+    4
+}
+
+impl RawProjection {
+    /// The projection's name.
+    pub fn name(&self) -> &str {
+        match self {
+            RawProjection::IndexKeys { name, .. }
+            | RawProjection::Denormalize { name, .. }
+            | RawProjection::InverseEdge { name, .. }
+            | RawProjection::Counter { name, .. } => name,
+        }
+    }
+
+    /// The kind as written in the file.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            RawProjection::IndexKeys { .. } => "index-keys",
+            RawProjection::Denormalize { .. } => "denormalize",
+            RawProjection::InverseEdge { .. } => "inverse-edge",
+            RawProjection::Counter { .. } => "counter",
+        }
+    }
+}
