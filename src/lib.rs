@@ -15,6 +15,7 @@
 //! **Architecture Invariant:** `record`, `decode`, `spec` and `plan` do no
 //! I/O; SDK types never reach the planner.
 
+pub mod apply;
 pub mod cli;
 pub mod decode;
 pub mod plan;

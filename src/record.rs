@@ -7,11 +7,11 @@
 use std::cmp::Ordering;
 use std::fmt;
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 pub use serde_dynamo::{AttributeValue, Item};
 
 /// What happened to the item.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "SCREAMING_SNAKE_CASE")]
 pub enum ChangeKind {
     /// A new item was written.
@@ -44,7 +44,7 @@ impl ChangeKind {
 }
 
 /// Which images the stream writes into each record.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "SCREAMING_SNAKE_CASE")]
 pub enum ViewType {
     /// Only the key attributes.
@@ -94,7 +94,7 @@ impl ViewType {
 ///
 /// DynamoDB sequence numbers are decimal strings of up to 40 digits; they
 /// order records of one shard. They are compared as numbers, not as text.
-#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(transparent)]
 pub struct SequenceNumber(pub String);
 
@@ -134,7 +134,7 @@ impl fmt::Display for SequenceNumber {
 }
 
 /// Where a record came from; used in dead letters and logs.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(tag = "type", rename_all = "snake_case")]
 pub enum Origin {
     /// A Lambda DynamoDB Streams event.
@@ -157,20 +157,17 @@ pub enum Origin {
 }
 
 /// One change to one item: the unit the planner and the applier work on.
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct ChangeRecord {
     /// The stream's `eventID` (for scans: `scan:<segment>:<n>`).
     pub event_id: String,
     /// Insert, modify or remove.
     pub kind: ChangeKind,
     /// The table key attributes of the changed item.
-    #[serde(serialize_with = "ser_item")]
     pub keys: Item,
     /// The item before the change, when the stream carries it.
-    #[serde(serialize_with = "ser_opt_item")]
     pub old_image: Option<Item>,
     /// The item after the change, when the stream carries it.
-    #[serde(serialize_with = "ser_opt_item")]
     pub new_image: Option<Item>,
     /// Orders the records of one item.
     pub sequence_number: SequenceNumber,
@@ -282,17 +279,6 @@ fn sorted<'a, V: 'a>(
     let mut entries: Vec<_> = entries.collect();
     entries.sort_by(|a, b| a.0.cmp(b.0));
     entries.into_iter()
-}
-
-fn ser_item<S: serde::Serializer>(item: &Item, serializer: S) -> Result<S::Ok, S::Error> {
-    item.serialize(serializer)
-}
-
-fn ser_opt_item<S: serde::Serializer>(
-    item: &Option<Item>,
-    serializer: S,
-) -> Result<S::Ok, S::Error> {
-    item.serialize(serializer)
 }
 
 #[cfg(test)]

@@ -1,0 +1,158 @@
+//! Coalescing a batch's effects by target (pure).
+//!
+//! Effects on one target keep only the last one in stream order: every
+//! effect is a state (or a recompute), so the last state is the one the
+//! earlier ones would have been overwritten by. The records that
+//! contributed are kept, because all of them are applied once it is.
+
+use std::collections::HashMap;
+
+use crate::plan::{CustomOp, Effect, Op};
+use crate::record::ItemKey;
+use crate::spec::ProjectionId;
+
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+enum Target {
+    Set(ProjectionId, ItemKey),
+    Recompute(ProjectionId, ItemKey),
+    Marker(ItemKey),
+    Custom(ProjectionId, ItemKey),
+}
+
+fn target(effect: &Effect, table: &crate::spec::TableSpec) -> Target {
+    match &effect.op {
+        Op::SetAttributes { key, .. } => Target::Set(effect.projection, key.clone()),
+        Op::Recompute { target, .. } => Target::Recompute(effect.projection, target.clone()),
+        Op::Membership { marker, .. } => Target::Marker(marker.clone()),
+        Op::Custom(CustomOp::Delete(key)) => Target::Custom(effect.projection, key.clone()),
+        Op::Custom(CustomOp::Put(item)) => Target::Custom(
+            effect.projection,
+            table.item_key(item).unwrap_or(ItemKey {
+                pk: String::new(),
+                sk: None,
+            }),
+        ),
+    }
+}
+
+/// One coalesced write and the records it stands for.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Group {
+    /// The effect to apply (the last one planned for the target).
+    pub effect: Effect,
+    /// Indexes of every record that planned an effect on the target.
+    pub contributors: Vec<usize>,
+}
+
+impl Group {
+    /// The record whose effect is applied (the last contributor).
+    pub fn last(&self) -> usize {
+        *self.contributors.last().expect("a group has a contributor")
+    }
+}
+
+/// Coalesces `(record index, effect)` pairs given in stream order.
+pub fn coalesce(
+    effects: impl IntoIterator<Item = (usize, Effect)>,
+    table: &crate::spec::TableSpec,
+) -> Vec<Group> {
+    let mut index: HashMap<Target, usize> = HashMap::new();
+    let mut groups: Vec<Group> = Vec::new();
+    for (record, effect) in effects {
+        match index.entry(target(&effect, table)) {
+            std::collections::hash_map::Entry::Occupied(slot) => {
+                let group = &mut groups[*slot.get()];
+                group.effect = effect;
+                if group.contributors.last() != Some(&record) {
+                    group.contributors.push(record);
+                }
+            }
+            std::collections::hash_map::Entry::Vacant(slot) => {
+                slot.insert(groups.len());
+                groups.push(Group {
+                    effect,
+                    contributors: vec![record],
+                });
+            }
+        }
+    }
+    groups
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::plan::MarkerState;
+    use crate::record::Item;
+
+    fn table() -> crate::spec::TableSpec {
+        crate::spec::TableSpec {
+            name: "t".into(),
+            partition_key: "PK".into(),
+            sort_key: Some("SK".into()),
+            ttl_attribute: None,
+            gsis: vec![],
+        }
+    }
+
+    fn membership(pk: &str, present: bool) -> Effect {
+        Effect {
+            projection: 0,
+            op: Op::Membership {
+                marker: ItemKey::new(pk, "M"),
+                state: if present {
+                    MarkerState::Present(Item::default())
+                } else {
+                    MarkerState::Absent
+                },
+                counters: vec![],
+            },
+        }
+    }
+
+    #[test]
+    fn the_last_state_of_a_target_wins_and_keeps_all_contributors() {
+        let groups = coalesce(
+            vec![
+                (0, membership("a", true)),
+                (1, membership("b", true)),
+                (2, membership("a", false)),
+                (3, membership("a", true)),
+            ],
+            &table(),
+        );
+        assert_eq!(groups.len(), 2);
+        assert_eq!(groups[0].contributors, vec![0, 2, 3]);
+        assert!(matches!(
+            &groups[0].effect.op,
+            Op::Membership {
+                state: MarkerState::Present(_),
+                ..
+            }
+        ));
+        assert_eq!(groups[0].last(), 3);
+        assert_eq!(groups[1].contributors, vec![1]);
+    }
+
+    #[test]
+    fn recomputes_of_one_target_run_once() {
+        let recompute = |r| {
+            (
+                r,
+                Effect {
+                    projection: 1,
+                    op: Op::Recompute {
+                        target: ItemKey::new("USER#u", "PROFILE"),
+                        sources: crate::plan::SourceQuery {
+                            pk: "USER#u".into(),
+                            sk_prefix: Some("EMAIL#".into()),
+                        },
+                    },
+                },
+            )
+        };
+        let groups = coalesce(vec![recompute(0), recompute(1), recompute(1)], &table());
+        assert_eq!(groups.len(), 1);
+        assert_eq!(groups[0].contributors, vec![0, 1]);
+    }
+}

@@ -1,0 +1,520 @@
+//! The dead-letter store: records that can never be applied, kept durably
+//! in the table itself under the reserved prefix, with the full record, the
+//! projection, the error and the attempt count.
+//!
+//! Layout (never matched by any entity, see [`crate::spec::RESERVED_PREFIX`]):
+//!
+//! - `PK = _ddbp#dlq`, `SK = <source PK>\x01<source SK>\x01<sequence number, 40 digits>\x01<projection>`:
+//!   one item per dead record and projection, sorted by source item, then
+//!   stream order, so a redrive replays each item's letters in order.
+//! - `PK = _ddbp#holds`, `SK = HOLDS`: a string set of the (projection, item)
+//!   pairs with letters, read once per batch; later records of a held pair
+//!   are dead-lettered behind the first one instead of being applied.
+
+use std::collections::{HashMap, HashSet};
+use std::time::SystemTime;
+
+use aws_sdk_dynamodb::types::{AttributeValue as Av, ReturnConsumedCapacity};
+use aws_smithy_types::date_time::Format;
+use serde::Serialize;
+
+use super::retry::{sdk, with_retries, WriteError};
+use super::{Applier, ApplyError, BatchOptions, RecordStatus};
+use crate::decode::decode_lambda_record;
+use crate::record::{ChangeRecord, ItemKey};
+use crate::spec::RESERVED_PREFIX;
+
+/// The projection name of a letter that concerns the whole record.
+pub const WHOLE_RECORD: &str = "*";
+
+/// One dead letter.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct DeadLetter {
+    /// The projection that could not apply the record (`*`: the whole record).
+    pub projection: String,
+    /// The source item, when the record's key could be read.
+    #[serde(rename = "sourceKey", serialize_with = "ser_key")]
+    pub source_key: Option<ItemKey>,
+    /// The record's sequence number.
+    #[serde(rename = "sequenceNumber")]
+    pub sequence_number: Option<String>,
+    /// The record's event id.
+    #[serde(rename = "eventId")]
+    pub event_id: Option<String>,
+    /// Why it could not be applied.
+    pub error: String,
+    /// Whether it waits behind an earlier letter of the same item.
+    pub held: bool,
+    /// How many times it was dead-lettered.
+    pub attempts: u64,
+    /// When it was first dead-lettered.
+    #[serde(rename = "firstFailedAt")]
+    pub first_failed_at: String,
+    /// When it was last dead-lettered.
+    #[serde(rename = "lastFailedAt")]
+    pub last_failed_at: String,
+    /// The record: a decoded change record, or the raw stream record when
+    /// it could not be decoded.
+    pub record: serde_json::Value,
+    /// Whether `record` is a decoded change record.
+    pub decoded: bool,
+}
+
+fn ser_key<S: serde::Serializer>(key: &Option<ItemKey>, serializer: S) -> Result<S::Ok, S::Error> {
+    match key {
+        Some(key) => serde_json::json!({ "pk": key.pk, "sk": key.sk }).serialize(serializer),
+        None => serializer.serialize_none(),
+    }
+}
+
+impl DeadLetter {
+    /// A letter for a decoded record.
+    pub fn for_record(
+        record: &ChangeRecord,
+        source_key: Option<ItemKey>,
+        projection: &str,
+        error: String,
+        held: bool,
+    ) -> DeadLetter {
+        DeadLetter {
+            projection: projection.to_string(),
+            source_key,
+            sequence_number: Some(record.sequence_number.0.clone()),
+            event_id: Some(record.event_id.clone()),
+            error,
+            held,
+            attempts: 1,
+            first_failed_at: String::new(),
+            last_failed_at: String::new(),
+            record: serde_json::to_value(record).unwrap_or_default(),
+            decoded: true,
+        }
+    }
+
+    /// A letter for a record that could not be decoded.
+    pub fn for_problem(problem: &crate::decode::DecodeProblem) -> DeadLetter {
+        DeadLetter {
+            projection: WHOLE_RECORD.to_string(),
+            source_key: None,
+            sequence_number: problem.sequence_number.clone(),
+            event_id: problem.event_id.clone(),
+            error: problem.reason.clone(),
+            held: false,
+            attempts: 1,
+            first_failed_at: String::new(),
+            last_failed_at: String::new(),
+            record: problem.raw.clone(),
+            decoded: false,
+        }
+    }
+
+    fn sort_key(&self) -> String {
+        let seq = self.sequence_number.as_deref().unwrap_or("");
+        match &self.source_key {
+            Some(key) => format!(
+                "{}\u{1}{}\u{1}{:0>40}\u{1}{}",
+                key.pk,
+                key.sk.as_deref().unwrap_or(""),
+                seq,
+                self.projection
+            ),
+            None => format!(
+                "~\u{1}{}\u{1}{:0>40}\u{1}{}",
+                self.event_id.as_deref().unwrap_or(""),
+                seq,
+                self.projection
+            ),
+        }
+    }
+
+    fn hold(&self) -> Option<String> {
+        let key = self.source_key.as_ref()?;
+        (self.projection != WHOLE_RECORD).then(|| hold_member(&self.projection, key))
+    }
+}
+
+fn hold_member(projection: &str, key: &ItemKey) -> String {
+    serde_json::json!([projection, key.pk, key.sk]).to_string()
+}
+
+fn now() -> String {
+    aws_smithy_types::DateTime::from(SystemTime::now())
+        .fmt(Format::DateTime)
+        .unwrap_or_default()
+}
+
+/// What `dlq redrive` did.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+pub struct RedriveSummary {
+    /// Letters applied and removed.
+    pub redriven: usize,
+    /// Letters that still fail (kept, attempts counted).
+    pub still_failing: usize,
+    /// Letters skipped (their projection is no longer in the spec).
+    pub skipped: usize,
+}
+
+/// Reads and writes dead letters of one table.
+#[derive(Debug, Clone)]
+pub struct DeadLetterStore {
+    client: aws_sdk_dynamodb::Client,
+    table: String,
+    pk: String,
+    sk: Option<String>,
+}
+
+const DLQ_PK: &str = "_ddbp#dlq";
+const HOLDS_PK: &str = "_ddbp#holds";
+
+impl DeadLetterStore {
+    /// The store in `table`, whose key attributes the spec names.
+    pub fn new(
+        client: aws_sdk_dynamodb::Client,
+        table: &str,
+        spec: &crate::spec::Spec,
+    ) -> DeadLetterStore {
+        debug_assert!(DLQ_PK.starts_with(RESERVED_PREFIX) && HOLDS_PK.starts_with(RESERVED_PREFIX));
+        DeadLetterStore {
+            client,
+            table: table.to_string(),
+            pk: spec.table.partition_key.clone(),
+            sk: spec.table.sort_key.clone(),
+        }
+    }
+
+    fn key(&self, pk: &str, sk: &str) -> HashMap<String, Av> {
+        let mut key = HashMap::new();
+        key.insert(self.pk.clone(), Av::S(pk.to_string()));
+        if let Some(name) = &self.sk {
+            key.insert(name.clone(), Av::S(sk.to_string()));
+        }
+        key
+    }
+
+    /// Stores letters (idempotently: the same record and projection land on
+    /// the same item, counting one more attempt) and their holds.
+    pub async fn put(
+        &self,
+        letters: &[DeadLetter],
+        max_retry: std::time::Duration,
+    ) -> Result<(), WriteError> {
+        let retries = std::sync::atomic::AtomicU64::new(0);
+        let at = now();
+        for letter in letters {
+            let key = self.key(DLQ_PK, &letter.sort_key());
+            let record = serde_json::to_string(&letter.record).unwrap_or_default();
+            let mut values = HashMap::from([
+                (":projection".to_string(), Av::S(letter.projection.clone())),
+                (":error".to_string(), Av::S(letter.error.clone())),
+                (":held".to_string(), Av::Bool(letter.held)),
+                (":record".to_string(), Av::S(record)),
+                (":decoded".to_string(), Av::Bool(letter.decoded)),
+                (":at".to_string(), Av::S(at.clone())),
+                (":one".to_string(), Av::N("1".to_string())),
+                (
+                    ":seq".to_string(),
+                    Av::S(letter.sequence_number.clone().unwrap_or_default()),
+                ),
+                (
+                    ":event".to_string(),
+                    Av::S(letter.event_id.clone().unwrap_or_default()),
+                ),
+            ]);
+            let mut update = "SET projection = :projection, #error = :error, held = :held, #record = :record, decoded = :decoded, \
+                 lastFailedAt = :at, firstFailedAt = if_not_exists(firstFailedAt, :at), sequenceNumber = :seq, eventId = :event"
+                .to_string();
+            if let Some(source) = &letter.source_key {
+                values.insert(":spk".to_string(), Av::S(source.pk.clone()));
+                values.insert(
+                    ":ssk".to_string(),
+                    Av::S(source.sk.clone().unwrap_or_default()),
+                );
+                update.push_str(", sourcePk = :spk, sourceSk = :ssk");
+            }
+            update.push_str(" ADD attempts :one");
+            with_retries("dead_letter", max_retry, &retries, || {
+                let request = self
+                    .client
+                    .update_item()
+                    .table_name(&self.table)
+                    .set_key(Some(key.clone()))
+                    .update_expression(&update)
+                    .expression_attribute_names("#error", "error")
+                    .expression_attribute_names("#record", "record")
+                    .set_expression_attribute_values(Some(values.clone()));
+                async move { request.send().await.map(|_| ()).map_err(sdk) }
+            })
+            .await?;
+            metrics::counter!("projector_dead_letters_total", "projection" => letter.projection.clone()).increment(1);
+            tracing::warn!(
+                projection = %letter.projection,
+                event_id = letter.event_id.as_deref().unwrap_or(""),
+                sequence_number = letter.sequence_number.as_deref().unwrap_or(""),
+                source = %letter.source_key.as_ref().map(|k| k.to_string()).unwrap_or_default(),
+                held = letter.held,
+                error = %letter.error,
+                "dead-lettered"
+            );
+        }
+        let holds: Vec<String> = letters.iter().filter_map(DeadLetter::hold).collect();
+        if !holds.is_empty() {
+            self.change_holds("ADD", holds, max_retry).await?;
+        }
+        Ok(())
+    }
+
+    async fn change_holds(
+        &self,
+        verb: &str,
+        members: Vec<String>,
+        max_retry: std::time::Duration,
+    ) -> Result<(), WriteError> {
+        let retries = std::sync::atomic::AtomicU64::new(0);
+        let key = self.key(HOLDS_PK, "HOLDS");
+        let members: Vec<String> = members
+            .into_iter()
+            .collect::<HashSet<_>>()
+            .into_iter()
+            .collect();
+        with_retries("holds", max_retry, &retries, || {
+            let request = self
+                .client
+                .update_item()
+                .table_name(&self.table)
+                .set_key(Some(key.clone()))
+                .update_expression(format!("{verb} held :m"))
+                .expression_attribute_values(":m", Av::Ss(members.clone()))
+                .return_consumed_capacity(ReturnConsumedCapacity::None);
+            async move { request.send().await.map(|_| ()).map_err(sdk) }
+        })
+        .await
+    }
+
+    /// The held (projection name, source item) pairs.
+    pub async fn holds(
+        &self,
+        max_retry: std::time::Duration,
+    ) -> Result<HashSet<(String, ItemKey)>, WriteError> {
+        let retries = std::sync::atomic::AtomicU64::new(0);
+        let key = self.key(HOLDS_PK, "HOLDS");
+        let output = with_retries("holds", max_retry, &retries, || {
+            let request = self
+                .client
+                .get_item()
+                .table_name(&self.table)
+                .set_key(Some(key.clone()))
+                .consistent_read(true);
+            async move { request.send().await.map_err(sdk) }
+        })
+        .await?;
+        let mut holds = HashSet::new();
+        if let Some(Av::Ss(members)) = output.item().and_then(|item| item.get("held")) {
+            for member in members {
+                if let Ok((projection, pk, sk)) =
+                    serde_json::from_str::<(String, String, Option<String>)>(member)
+                {
+                    holds.insert((projection, ItemKey { pk, sk }));
+                }
+            }
+        }
+        Ok(holds)
+    }
+
+    /// Every letter, sorted by source item and stream order.
+    pub async fn list(&self) -> Result<Vec<DeadLetter>, WriteError> {
+        let retries = std::sync::atomic::AtomicU64::new(0);
+        let mut letters = Vec::new();
+        let mut start: Option<HashMap<String, Av>> = None;
+        loop {
+            let page = with_retries(
+                "list_dead_letters",
+                std::time::Duration::from_secs(20),
+                &retries,
+                || {
+                    let request = self
+                        .client
+                        .query()
+                        .table_name(&self.table)
+                        .consistent_read(true)
+                        .key_condition_expression("#pk = :pk")
+                        .expression_attribute_names("#pk", &self.pk)
+                        .expression_attribute_values(":pk", Av::S(DLQ_PK.to_string()))
+                        .set_exclusive_start_key(start.clone());
+                    async move { request.send().await.map_err(sdk) }
+                },
+            )
+            .await?;
+            for item in page.items() {
+                letters.push(from_item(item));
+            }
+            match page.last_evaluated_key() {
+                Some(key) if !key.is_empty() => start = Some(key.clone()),
+                _ => return Ok(letters),
+            }
+        }
+    }
+
+    /// Removes letters that were applied, and their holds when no letter
+    /// of the pair is left.
+    pub async fn remove(
+        &self,
+        applied: &[DeadLetter],
+        remaining: &[DeadLetter],
+    ) -> Result<(), WriteError> {
+        let retries = std::sync::atomic::AtomicU64::new(0);
+        for letter in applied {
+            let key = self.key(DLQ_PK, &letter.sort_key());
+            with_retries(
+                "remove_dead_letter",
+                std::time::Duration::from_secs(20),
+                &retries,
+                || {
+                    let request = self
+                        .client
+                        .delete_item()
+                        .table_name(&self.table)
+                        .set_key(Some(key.clone()));
+                    async move { request.send().await.map(|_| ()).map_err(sdk) }
+                },
+            )
+            .await?;
+        }
+        let still: HashSet<String> = remaining.iter().filter_map(DeadLetter::hold).collect();
+        let released: Vec<String> = applied
+            .iter()
+            .filter_map(DeadLetter::hold)
+            .filter(|hold| !still.contains(hold))
+            .collect();
+        if !released.is_empty() {
+            self.change_holds("DELETE", released, std::time::Duration::from_secs(20))
+                .await?;
+        }
+        Ok(())
+    }
+}
+
+fn from_item(item: &HashMap<String, Av>) -> DeadLetter {
+    let s = |name: &str| match item.get(name) {
+        Some(Av::S(value)) => Some(value.clone()),
+        _ => None,
+    };
+    let b = |name: &str| matches!(item.get(name), Some(Av::Bool(true)));
+    let source_key = s("sourcePk").map(|pk| ItemKey {
+        pk,
+        sk: s("sourceSk").filter(|sk| !sk.is_empty()),
+    });
+    DeadLetter {
+        projection: s("projection").unwrap_or_default(),
+        source_key,
+        sequence_number: s("sequenceNumber").filter(|v| !v.is_empty()),
+        event_id: s("eventId").filter(|v| !v.is_empty()),
+        error: s("error").unwrap_or_default(),
+        held: b("held"),
+        attempts: match item.get("attempts") {
+            Some(Av::N(n)) => n.parse().unwrap_or(0),
+            _ => 0,
+        },
+        first_failed_at: s("firstFailedAt").unwrap_or_default(),
+        last_failed_at: s("lastFailedAt").unwrap_or_default(),
+        record: s("record")
+            .and_then(|text| serde_json::from_str(&text).ok())
+            .unwrap_or_default(),
+        decoded: b("decoded"),
+    }
+}
+
+impl Applier {
+    /// The dead-letter store of this applier's table.
+    pub fn dead_letter_store(&self) -> DeadLetterStore {
+        DeadLetterStore::new(self.client.clone(), &self.table, &self.spec)
+    }
+
+    /// Applies dead letters again (after a fix), item by item in stream
+    /// order, and removes those that succeed. An item whose letter still
+    /// fails keeps it and every later letter.
+    pub async fn redrive(
+        &self,
+        only_projection: Option<&str>,
+    ) -> Result<RedriveSummary, ApplyError> {
+        let fatal = |error: WriteError| ApplyError::Fatal {
+            table: self.table.clone(),
+            message: error.to_string(),
+        };
+        let store = self.dead_letter_store();
+        let letters = store.list().await.map_err(fatal)?;
+        let mut summary = RedriveSummary::default();
+        // Group by (projection, item), keeping stream order inside a group.
+        let mut groups: Vec<((String, Option<ItemKey>), Vec<DeadLetter>)> = Vec::new();
+        for letter in letters {
+            if only_projection.is_some_and(|p| p != letter.projection) {
+                continue;
+            }
+            let group_key = (letter.projection.clone(), letter.source_key.clone());
+            match groups
+                .iter_mut()
+                .find(|(k, _)| *k == group_key && k.1.is_some())
+            {
+                Some((_, group)) => group.push(letter),
+                None => groups.push((group_key, vec![letter])),
+            }
+        }
+        let mut remaining: Vec<DeadLetter> = Vec::new();
+        let mut applied: Vec<DeadLetter> = Vec::new();
+        for ((projection, _), group) in groups {
+            let selection = if projection == WHOLE_RECORD {
+                None
+            } else {
+                match self.spec.projection_id(&projection) {
+                    Some(id) => Some(vec![id]),
+                    None => {
+                        tracing::warn!(%projection, "dead letters of a projection the spec no longer has: kept");
+                        summary.skipped += group.len();
+                        remaining.extend(group);
+                        continue;
+                    }
+                }
+            };
+            let batch: Vec<_> = group
+                .iter()
+                .enumerate()
+                .map(|(i, letter)| {
+                    if letter.decoded {
+                        serde_json::from_value::<ChangeRecord>(letter.record.clone()).map_err(
+                            |error| crate::decode::DecodeProblem {
+                                index: i,
+                                event_id: letter.event_id.clone(),
+                                sequence_number: letter.sequence_number.clone(),
+                                reason: format!("stored record is unreadable: {error}"),
+                                raw: letter.record.clone(),
+                            },
+                        )
+                    } else {
+                        decode_lambda_record(i, &letter.record)
+                    }
+                })
+                .collect();
+            let options = BatchOptions {
+                selection,
+                redrive: true,
+                ..BatchOptions::default()
+            };
+            let outcome = self.apply_batch(&batch, &options).await?;
+            let mut failed_from = None;
+            for (i, status) in outcome.statuses.iter().enumerate() {
+                if !matches!(status, RecordStatus::Applied | RecordStatus::Skipped(_)) {
+                    failed_from = Some(i);
+                    break;
+                }
+            }
+            let cut = failed_from.unwrap_or(group.len());
+            summary.redriven += cut;
+            summary.still_failing += group.len() - cut;
+            let mut group = group;
+            let rest = group.split_off(cut);
+            applied.extend(group);
+            remaining.extend(rest);
+        }
+        store.remove(&applied, &remaining).await.map_err(fatal)?;
+        Ok(summary)
+    }
+}

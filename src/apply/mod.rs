@@ -1,0 +1,535 @@
+//! Applying planned effects to DynamoDB, exactly once in effect.
+//!
+//! A batch of decoded records goes through:
+//!
+//! 1. **plan** every record (pure, [`crate::plan`]);
+//! 2. **hold** effects of (projection, item) pairs that sit behind a dead
+//!    letter, so per-item order survives a poison record;
+//! 3. **coalesce** effects by target: the last state of a derived item in
+//!    stream order wins, recomputes of one target run once, counter deltas
+//!    on one shard are summed into one `ADD`;
+//! 4. **write**, independent targets concurrently (bounded), with retries
+//!    for throttling, 5xx, timeouts and transaction conflicts;
+//! 5. **report** a status per record: applied, skipped, dead-lettered, or
+//!    failed (transient: it must be delivered again, and every later record
+//!    of its shard with it).
+//!
+//! **Architecture Invariant:** a record is reported applied only when every
+//! effect it contributed to has been written (or found already written);
+//! dead letters are written before their records count as handled.
+
+mod coalesce;
+mod dlq;
+mod retry;
+mod writes;
+
+use std::collections::HashSet;
+use std::sync::Arc;
+use std::time::Duration;
+
+pub use dlq::{DeadLetter, DeadLetterStore, RedriveSummary};
+pub use retry::{classify, ErrorClass};
+
+use crate::decode::DecodeProblem;
+use crate::plan::{plan_record, PlanError};
+use crate::record::{ChangeRecord, ItemKey};
+use crate::spec::{ProjectionId, Spec};
+
+/// How the applier behaves.
+#[derive(Debug, Clone)]
+pub struct ApplyConfig {
+    /// Independent writes in flight at once.
+    pub concurrency: usize,
+    /// How long one write may be retried before its records count as failed.
+    pub max_retry_time: Duration,
+    /// Whether poison records go to the dead-letter store (off: they fail).
+    pub dead_letters: bool,
+}
+
+impl Default for ApplyConfig {
+    fn default() -> Self {
+        ApplyConfig {
+            concurrency: 16,
+            max_retry_time: Duration::from_secs(20),
+            dead_letters: true,
+        }
+    }
+}
+
+/// Options for one batch.
+#[derive(Debug, Clone, Default)]
+pub struct BatchOptions {
+    /// Only these projections (`None`: all).
+    pub selection: Option<Vec<ProjectionId>>,
+    /// Stop starting new writes after this instant; unfinished records fail.
+    pub deadline: Option<tokio::time::Instant>,
+    /// The records are dead letters being applied again: do not hold them.
+    pub redrive: bool,
+}
+
+/// What happened to one record of a batch.
+#[derive(Debug, Clone, PartialEq)]
+pub enum RecordStatus {
+    /// Every effect is written (or nothing needed writing).
+    Applied,
+    /// Nothing applies to the record; the reason.
+    Skipped(String),
+    /// Some projections could not apply it; it is in the dead-letter store
+    /// with these reasons and counts as handled. Its other effects applied.
+    DeadLettered(Vec<String>),
+    /// Not applied (transient). It and the records after it in its shard
+    /// must be delivered again.
+    Failed(String),
+}
+
+impl RecordStatus {
+    /// Whether the record is handled (safe to checkpoint past).
+    pub fn is_handled(&self) -> bool {
+        !matches!(self, RecordStatus::Failed(_))
+    }
+}
+
+/// Counts for one batch.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct BatchStats {
+    /// Records in the batch.
+    pub records: usize,
+    /// Effects planned (before coalescing).
+    pub effects: usize,
+    /// Write requests sent (after coalescing).
+    pub writes: usize,
+    /// Write capacity units DynamoDB reported.
+    pub write_units: f64,
+    /// Read capacity units DynamoDB reported.
+    pub read_units: f64,
+    /// Retried requests.
+    pub retries: u64,
+    /// Records dead-lettered.
+    pub dead_letters: usize,
+}
+
+impl BatchStats {
+    /// Adds another batch's counts.
+    pub fn add(&mut self, other: &BatchStats) {
+        self.records += other.records;
+        self.effects += other.effects;
+        self.writes += other.writes;
+        self.write_units += other.write_units;
+        self.read_units += other.read_units;
+        self.retries += other.retries;
+        self.dead_letters += other.dead_letters;
+    }
+}
+
+/// The result of applying a batch.
+#[derive(Debug, Clone, Default)]
+pub struct BatchOutcome {
+    /// One status per input record, in input order.
+    pub statuses: Vec<RecordStatus>,
+    /// Counts.
+    pub stats: BatchStats,
+}
+
+impl BatchOutcome {
+    /// The first record (in input order) that was not handled.
+    pub fn first_failure(&self) -> Option<usize> {
+        self.statuses.iter().position(|s| !s.is_handled())
+    }
+}
+
+/// A failure of the whole batch: the configuration is wrong, not the data.
+#[derive(Debug, thiserror::Error)]
+pub enum ApplyError {
+    /// The table does not exist, access is denied, credentials are missing...
+    #[error("cannot write to table `{table}`: {message}")]
+    Fatal {
+        /// The table.
+        table: String,
+        /// What DynamoDB or the SDK said.
+        message: String,
+    },
+}
+
+/// Writes planned effects for one table.
+#[derive(Debug, Clone)]
+pub struct Applier {
+    pub(crate) client: aws_sdk_dynamodb::Client,
+    pub(crate) spec: Arc<Spec>,
+    pub(crate) table: String,
+    pub(crate) config: ApplyConfig,
+}
+
+/// Which records one coalesced write stands for, and its outcome.
+struct Written {
+    group: coalesce::Group,
+    result: Result<(), retry::WriteError>,
+}
+
+impl Applier {
+    /// An applier writing to `table` with the rules of `spec`.
+    pub fn new(
+        client: aws_sdk_dynamodb::Client,
+        spec: Arc<Spec>,
+        table: &str,
+        config: ApplyConfig,
+    ) -> Applier {
+        Applier {
+            client,
+            spec,
+            table: table.to_string(),
+            config,
+        }
+    }
+
+    /// The spec this applier runs.
+    pub fn spec(&self) -> &Spec {
+        &self.spec
+    }
+
+    /// The table written to.
+    pub fn table(&self) -> &str {
+        &self.table
+    }
+
+    /// The DynamoDB client.
+    pub fn client(&self) -> &aws_sdk_dynamodb::Client {
+        &self.client
+    }
+
+    /// Applies a batch of records given in stream order (see the module docs).
+    pub async fn apply_batch(
+        &self,
+        batch: &[Result<ChangeRecord, DecodeProblem>],
+        options: &BatchOptions,
+    ) -> Result<BatchOutcome, ApplyError> {
+        let spec = &*self.spec;
+        let n = batch.len();
+        let fatal = |message: String| ApplyError::Fatal {
+            table: self.table.clone(),
+            message,
+        };
+        let mut letters: Vec<(usize, DeadLetter)> = Vec::new();
+        let mut failed: Vec<Option<String>> = vec![None; n];
+        let mut skips: Vec<Option<String>> = vec![None; n];
+
+        // 1. Plan.
+        let selection = options.selection.as_deref();
+        let mut plans = Vec::with_capacity(n);
+        for (i, decoded) in batch.iter().enumerate() {
+            match decoded {
+                Ok(record) => plans.push(Some(plan_record(spec, record, selection))),
+                Err(problem) => {
+                    letters.push((i, DeadLetter::for_problem(problem)));
+                    plans.push(None);
+                }
+            }
+        }
+        let n_effects: usize = plans.iter().flatten().map(|p| p.effects.len()).sum();
+
+        // 2. Hold what sits behind a dead letter.
+        let store = self.dead_letter_store();
+        let mut held: HashSet<(ProjectionId, ItemKey)> = HashSet::new();
+        if self.config.dead_letters && !options.redrive && n_effects > 0 {
+            let stored = store
+                .holds(self.config.max_retry_time)
+                .await
+                .map_err(|e| fatal(e.to_string()))?;
+            held.extend(stored.into_iter().filter_map(|(projection, key)| {
+                spec.projection_id(&projection).map(|id| (id, key))
+            }));
+        }
+        let mut effects = Vec::with_capacity(n_effects);
+        for (i, plan) in plans.iter_mut().enumerate() {
+            let (Some(plan), Ok(record)) = (plan.as_mut(), &batch[i]) else {
+                continue;
+            };
+            let source = spec.table.item_key(&record.keys);
+            for error in &plan.errors {
+                let projection = error
+                    .projection
+                    .map_or(dlq::WHOLE_RECORD, |id| spec.projections[id].name.as_str());
+                letters.push((
+                    i,
+                    DeadLetter::for_record(
+                        record,
+                        source.clone(),
+                        projection,
+                        describe(spec, error),
+                        false,
+                    ),
+                ));
+                if let (Some(id), Some(key)) = (error.projection, &source) {
+                    held.insert((id, key.clone()));
+                }
+            }
+            for effect in plan.effects.drain(..) {
+                if let Some(key) = &source {
+                    if held.contains(&(effect.projection, key.clone())) {
+                        let name = &spec.projections[effect.projection].name;
+                        if !letters
+                            .iter()
+                            .any(|(j, l)| *j == i && l.projection == *name)
+                        {
+                            letters.push((
+                                i,
+                                DeadLetter::for_record(
+                                    record,
+                                    source.clone(),
+                                    name,
+                                    "held behind an earlier dead letter of the same item and projection".to_string(),
+                                    true,
+                                ),
+                            ));
+                        }
+                        continue;
+                    }
+                }
+                effects.push((i, effect));
+            }
+            if let Some(skip) = &plan.skip {
+                skips[i] = Some(skip.to_string());
+            }
+        }
+
+        // 3. Coalesce.
+        let groups = coalesce::coalesce(effects, &spec.table);
+        let ctx = writes::Ctx::new(&self.client, &self.table, spec, &self.config);
+
+        // 4. Write: first what sources and markers need, then recomputes,
+        // which read what the first phase wrote.
+        let (recomputes, first): (Vec<_>, Vec<_>) = groups
+            .into_iter()
+            .partition(|g| matches!(g.effect.op, crate::plan::Op::Recompute { .. }));
+        let mut written = Vec::new();
+        for phase in [first, recomputes] {
+            if phase.is_empty() {
+                continue;
+            }
+            if options
+                .deadline
+                .is_some_and(|d| tokio::time::Instant::now() >= d)
+            {
+                for group in phase {
+                    written.push(Written {
+                        group,
+                        result: Err(retry::WriteError::Transient(
+                            "the invocation's deadline is near".to_string(),
+                        )),
+                    });
+                }
+                continue;
+            }
+            written.extend(self.write_phase(&ctx, phase).await);
+        }
+
+        // 5. Map write results back to records.
+        for Written { group, result } in written {
+            match result {
+                Ok(()) => {}
+                Err(retry::WriteError::Transient(message)) => {
+                    for &i in &group.contributors {
+                        failed[i].get_or_insert_with(|| message.clone());
+                    }
+                }
+                Err(retry::WriteError::Poison(message)) => {
+                    // The write of the last state failed for good: the record
+                    // that planned it is the poison one; earlier states were
+                    // superseded by it.
+                    let i = group.last();
+                    if let Ok(record) = &batch[i] {
+                        let name = spec.projections[group.effect.projection].name.as_str();
+                        letters.push((
+                            i,
+                            DeadLetter::for_record(
+                                record,
+                                spec.table.item_key(&record.keys),
+                                name,
+                                message,
+                                false,
+                            ),
+                        ));
+                    }
+                }
+                Err(retry::WriteError::Fatal(message)) => return Err(fatal(message)),
+            }
+        }
+
+        // 6. Dead letters are durable before their records count as handled.
+        if !letters.is_empty() {
+            let stored = if self.config.dead_letters {
+                let only: Vec<DeadLetter> = letters.iter().map(|(_, l)| l.clone()).collect();
+                store.put(&only, self.config.max_retry_time).await
+            } else {
+                Err(retry::WriteError::Transient(
+                    "dead letters are disabled".to_string(),
+                ))
+            };
+            if let Err(error) = stored {
+                for (i, letter) in &letters {
+                    failed[*i].get_or_insert_with(|| {
+                        format!(
+                            "{} (and storing the dead letter failed: {error})",
+                            letter.error
+                        )
+                    });
+                }
+            }
+        }
+
+        // 7. Report.
+        let mut reasons: Vec<Vec<String>> = vec![Vec::new(); n];
+        for (i, letter) in &letters {
+            reasons[*i].push(format!("{}: {}", letter.projection, letter.error));
+        }
+        let statuses: Vec<RecordStatus> = (0..n)
+            .map(|i| {
+                if let Some(message) = failed[i].take() {
+                    RecordStatus::Failed(message)
+                } else if !reasons[i].is_empty() {
+                    RecordStatus::DeadLettered(std::mem::take(&mut reasons[i]))
+                } else if let Some(skip) = skips[i].take() {
+                    RecordStatus::Skipped(skip)
+                } else {
+                    RecordStatus::Applied
+                }
+            })
+            .collect();
+        let stats = BatchStats {
+            records: n,
+            effects: n_effects,
+            writes: ctx.writes.load(std::sync::atomic::Ordering::Relaxed) as usize,
+            write_units: ctx
+                .write_micro_units
+                .load(std::sync::atomic::Ordering::Relaxed) as f64
+                / 1e6,
+            read_units: ctx
+                .read_micro_units
+                .load(std::sync::atomic::Ordering::Relaxed) as f64
+                / 1e6,
+            retries: ctx.retries.load(std::sync::atomic::Ordering::Relaxed),
+            dead_letters: statuses
+                .iter()
+                .filter(|s| matches!(s, RecordStatus::DeadLettered(_)))
+                .count(),
+        };
+        record_metrics(&statuses, &stats);
+        Ok(BatchOutcome { statuses, stats })
+    }
+
+    async fn write_phase(
+        &self,
+        ctx: &writes::Ctx<'_>,
+        groups: Vec<coalesce::Group>,
+    ) -> Vec<Written> {
+        use crate::plan::{CustomOp, Op};
+        use futures::stream::StreamExt;
+
+        let mut members = Vec::new();
+        let mut plain = Vec::new();
+        let mut singles = Vec::new();
+        for (index, group) in groups.iter().enumerate() {
+            match &group.effect.op {
+                Op::Membership { counters, .. } if !counters.is_empty() => members.push(index),
+                Op::Membership { .. } | Op::Custom(_) => plain.push(index),
+                Op::SetAttributes { .. } | Op::Recompute { .. } => singles.push(index),
+            }
+        }
+        let mut results: Vec<Option<Result<(), retry::WriteError>>> = vec![None; groups.len()];
+
+        let member_writes = async {
+            let changes: Vec<writes::MemberChange<'_>> = members
+                .iter()
+                .map(|&index| match &groups[index].effect.op {
+                    Op::Membership {
+                        marker,
+                        state,
+                        counters,
+                    } => writes::MemberChange {
+                        marker,
+                        state,
+                        counters,
+                    },
+                    _ => unreachable!("partitioned above"),
+                })
+                .collect();
+            writes::memberships(ctx, &changes).await
+        };
+        let plain_writes = async {
+            // Markers without counters and custom writes need no condition:
+            // a put or delete of a state is idempotent.
+            let requests = plain
+                .iter()
+                .map(|&index| match &groups[index].effect.op {
+                    Op::Membership {
+                        state: crate::plan::MarkerState::Present(item),
+                        ..
+                    } => writes::put_request(item),
+                    Op::Membership { marker, .. } => writes::delete_request(ctx, marker),
+                    Op::Custom(CustomOp::Put(item)) => writes::put_request(item),
+                    Op::Custom(CustomOp::Delete(key)) => writes::delete_request(ctx, key),
+                    _ => unreachable!("partitioned above"),
+                })
+                .collect();
+            writes::batch_write(ctx, requests).await
+        };
+        let single_writes = futures::stream::iter(singles.iter().map(|&index| {
+            let group = &groups[index];
+            async move {
+                let result = match &group.effect.op {
+                    Op::SetAttributes { key, set, expect } => {
+                        writes::set_attributes(ctx, key, set, expect).await
+                    }
+                    Op::Recompute { target, sources } => {
+                        writes::recompute(ctx, group.effect.projection, target, sources).await
+                    }
+                    _ => unreachable!("partitioned above"),
+                };
+                (index, result)
+            }
+        }))
+        .buffer_unordered(self.config.concurrency.max(1))
+        .collect::<Vec<_>>();
+        let (member_results, plain_results, single_results) =
+            tokio::join!(member_writes, plain_writes, single_writes);
+        for (&index, result) in members.iter().zip(member_results) {
+            results[index] = Some(result);
+        }
+        for (&index, result) in plain.iter().zip(plain_results) {
+            results[index] = Some(result);
+        }
+        for (index, result) in single_results {
+            results[index] = Some(result);
+        }
+        groups
+            .into_iter()
+            .zip(results)
+            .map(|(group, result)| Written {
+                group,
+                result: result.expect("every group is written"),
+            })
+            .collect()
+    }
+}
+
+fn describe(spec: &Spec, error: &PlanError) -> String {
+    crate::plan::describe_error(spec, error)
+}
+
+fn record_metrics(statuses: &[RecordStatus], stats: &BatchStats) {
+    for status in statuses {
+        let label = match status {
+            RecordStatus::Applied => "applied",
+            RecordStatus::Skipped(_) => "skipped",
+            RecordStatus::DeadLettered(_) => "dead_lettered",
+            RecordStatus::Failed(_) => "failed",
+        };
+        metrics::counter!("projector_records_total", "status" => label).increment(1);
+    }
+    metrics::counter!("projector_effects_total").increment(stats.effects as u64);
+    metrics::counter!("projector_writes_total").increment(stats.writes as u64);
+    metrics::counter!("projector_write_units_total").increment(stats.write_units.round() as u64);
+    if stats.records > 0 {
+        metrics::histogram!("projector_write_units_per_record")
+            .record(stats.write_units / stats.records as f64);
+    }
+}

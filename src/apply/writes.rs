@@ -1,0 +1,743 @@
+//! The DynamoDB requests behind each kind of effect.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use aws_sdk_dynamodb::types::{
+    AttributeValue as Av, ConsumedCapacity, Delete, DeleteRequest, Put, PutRequest,
+    ReturnConsumedCapacity, ReturnValuesOnConditionCheckFailure, TransactWriteItem, Update,
+    WriteRequest,
+};
+
+use super::retry::{classify_code, sdk, with_retries, ErrorClass, WriteError};
+use super::ApplyConfig;
+use crate::plan::{compute_denormalized, CounterShard, MarkerState, SourceQuery};
+use crate::record::{AttributeValue, Item, ItemKey};
+use crate::spec::{values_equal, ProjectionId, Spec};
+
+/// The attribute that holds a counter shard's value.
+pub const COUNT_ATTRIBUTE: &str = "count";
+
+/// Shared state of one batch's writes.
+pub(crate) struct Ctx<'a> {
+    pub client: &'a aws_sdk_dynamodb::Client,
+    pub table: &'a str,
+    pub spec: &'a Spec,
+    pub config: &'a ApplyConfig,
+    /// Write units in millionths (atomics have no f64).
+    pub write_micro_units: AtomicU64,
+    pub read_micro_units: AtomicU64,
+    pub writes: AtomicU64,
+    pub retries: AtomicU64,
+}
+
+impl<'a> Ctx<'a> {
+    pub fn new(
+        client: &'a aws_sdk_dynamodb::Client,
+        table: &'a str,
+        spec: &'a Spec,
+        config: &'a ApplyConfig,
+    ) -> Self {
+        Ctx {
+            client,
+            table,
+            spec,
+            config,
+            write_micro_units: AtomicU64::new(0),
+            read_micro_units: AtomicU64::new(0),
+            writes: AtomicU64::new(0),
+            retries: AtomicU64::new(0),
+        }
+    }
+
+    fn key(&self, key: &ItemKey) -> HashMap<String, Av> {
+        self.spec.table.key_item(key).into()
+    }
+
+    fn count_units<'c>(
+        &self,
+        consumed: impl IntoIterator<Item = &'c ConsumedCapacity>,
+        write: bool,
+    ) {
+        for capacity in consumed {
+            let units = if write {
+                capacity
+                    .write_capacity_units()
+                    .or(capacity.capacity_units())
+            } else {
+                capacity.read_capacity_units().or(capacity.capacity_units())
+            };
+            let micro = (units.unwrap_or(0.0) * 1e6) as u64;
+            if write {
+                self.write_micro_units.fetch_add(micro, Ordering::Relaxed);
+            } else {
+                self.read_micro_units.fetch_add(micro, Ordering::Relaxed);
+            }
+        }
+    }
+
+    fn sent(&self) {
+        self.writes.fetch_add(1, Ordering::Relaxed);
+    }
+
+    fn pk_name(&self) -> &str {
+        &self.spec.table.partition_key
+    }
+}
+
+fn av(value: &AttributeValue) -> Av {
+    value.clone().into()
+}
+
+/// Builds expression attribute names and values without collisions.
+#[derive(Default)]
+struct Expr {
+    names: HashMap<String, String>,
+    values: HashMap<String, Av>,
+}
+
+impl Expr {
+    fn name(&mut self, name: &str) -> String {
+        let placeholder = format!("#n{}", self.names.len());
+        for (k, v) in &self.names {
+            if v == name {
+                return k.clone();
+            }
+        }
+        self.names.insert(placeholder.clone(), name.to_string());
+        placeholder
+    }
+
+    fn value(&mut self, value: Av) -> String {
+        let placeholder = format!(":v{}", self.values.len());
+        self.values.insert(placeholder.clone(), value);
+        placeholder
+    }
+
+    fn values(self) -> (HashMap<String, String>, Option<HashMap<String, Av>>) {
+        let values = (!self.values.is_empty()).then_some(self.values);
+        (self.names, values)
+    }
+}
+
+/// `index-keys`: sets derived attributes while the item still holds the
+/// values they were derived from. A failed condition means the item moved
+/// on (a later record carries its newer state), was deleted, or already has
+/// the values: done in every case.
+pub(crate) async fn set_attributes(
+    ctx: &Ctx<'_>,
+    key: &ItemKey,
+    set: &[(String, AttributeValue)],
+    expect: &[(String, AttributeValue)],
+) -> Result<(), WriteError> {
+    let mut expr = Expr::default();
+    let pk = expr.name(ctx.pk_name());
+    let mut assignments = Vec::new();
+    let mut differs = Vec::new();
+    for (name, value) in set {
+        let n = expr.name(name);
+        let v = expr.value(av(value));
+        assignments.push(format!("{n} = {v}"));
+        differs.push(format!("attribute_not_exists({n}) OR {n} <> {v}"));
+    }
+    let mut condition = vec![format!("attribute_exists({pk})")];
+    for (name, value) in expect {
+        let n = expr.name(name);
+        let v = expr.value(av(value));
+        condition.push(format!("{n} = {v}"));
+    }
+    condition.push(format!("({})", differs.join(" OR ")));
+    let update = format!("SET {}", assignments.join(", "));
+    let condition = condition.join(" AND ");
+    let (names, values) = expr.values();
+    let key = ctx.key(key);
+    with_retries(
+        "set_attributes",
+        ctx.config.max_retry_time,
+        &ctx.retries,
+        || {
+            ctx.sent();
+            let request = ctx
+                .client
+                .update_item()
+                .table_name(ctx.table)
+                .set_key(Some(key.clone()))
+                .update_expression(&update)
+                .condition_expression(&condition)
+                .set_expression_attribute_names(Some(names.clone()))
+                .set_expression_attribute_values(values.clone())
+                .return_consumed_capacity(ReturnConsumedCapacity::Total);
+            async move {
+                match request.send().await {
+                    Ok(output) => {
+                        ctx.count_units(output.consumed_capacity(), true);
+                        Ok(())
+                    }
+                    Err(error) => {
+                        let (class, text) = sdk(error);
+                        if class == ErrorClass::Conditional {
+                            // Superseded, deleted or already set: all done.
+                            Ok(())
+                        } else {
+                            Err((class, text))
+                        }
+                    }
+                }
+            }
+        },
+    )
+    .await
+}
+
+/// Reads every source item of a denormalized target, consistently.
+async fn read_sources(ctx: &Ctx<'_>, sources: &SourceQuery) -> Result<Vec<Item>, WriteError> {
+    let mut items = Vec::new();
+    let mut start: Option<HashMap<String, Av>> = None;
+    loop {
+        let mut expr = Expr::default();
+        let pk = expr.name(ctx.pk_name());
+        let pk_value = expr.value(Av::S(sources.pk.clone()));
+        let mut condition = format!("{pk} = {pk_value}");
+        if let (Some(prefix), Some(sk_name)) = (&sources.sk_prefix, &ctx.spec.table.sort_key) {
+            let sk = expr.name(sk_name);
+            let p = expr.value(Av::S(prefix.clone()));
+            condition.push_str(&format!(" AND begins_with({sk}, {p})"));
+        }
+        let (names, values) = expr.values();
+        let page = with_retries(
+            "read_sources",
+            ctx.config.max_retry_time,
+            &ctx.retries,
+            || {
+                let request = ctx
+                    .client
+                    .query()
+                    .table_name(ctx.table)
+                    .consistent_read(true)
+                    .key_condition_expression(&condition)
+                    .set_expression_attribute_names(Some(names.clone()))
+                    .set_expression_attribute_values(values.clone())
+                    .set_exclusive_start_key(start.clone())
+                    .return_consumed_capacity(ReturnConsumedCapacity::Total);
+                async move { request.send().await.map_err(sdk) }
+            },
+        )
+        .await?;
+        ctx.count_units(page.consumed_capacity(), false);
+        items.extend(page.items().iter().map(|item| Item::from(item.clone())));
+        match page.last_evaluated_key() {
+            Some(key) if !key.is_empty() => start = Some(key.clone()),
+            _ => return Ok(items),
+        }
+    }
+}
+
+/// `denormalize`: reads the target and its sources, computes the copied
+/// attributes and writes them if they differ, on condition that the target
+/// still holds what was read. A failed condition means someone else wrote
+/// in between: read again.
+pub(crate) async fn recompute(
+    ctx: &Ctx<'_>,
+    projection: ProjectionId,
+    target: &ItemKey,
+    sources: &SourceQuery,
+) -> Result<(), WriteError> {
+    const ATTEMPTS: usize = 6;
+    let key = ctx.key(target);
+    for _ in 0..ATTEMPTS {
+        let current = with_retries(
+            "read_target",
+            ctx.config.max_retry_time,
+            &ctx.retries,
+            || {
+                let request = ctx
+                    .client
+                    .get_item()
+                    .table_name(ctx.table)
+                    .set_key(Some(key.clone()))
+                    .consistent_read(true)
+                    .return_consumed_capacity(ReturnConsumedCapacity::Total);
+                async move { request.send().await.map_err(sdk) }
+            },
+        )
+        .await?;
+        ctx.count_units(current.consumed_capacity(), false);
+        let Some(current) = current.item() else {
+            // No target item (yet): its INSERT will trigger a recompute.
+            return Ok(());
+        };
+        let current = Item::from(current.clone());
+        let items = read_sources(ctx, sources).await?;
+        let wanted = compute_denormalized(ctx.spec, projection, &items).map_err(|error| {
+            WriteError::Poison(format!(
+                "cannot compute the target {target} from its sources: {error}"
+            ))
+        })?;
+        let same = wanted
+            .iter()
+            .all(|(name, value)| match (current.get(name), value) {
+                (Some(have), Some(want)) => values_equal(have, want),
+                (None, None) => true,
+                _ => false,
+            });
+        if same {
+            return Ok(());
+        }
+        let mut expr = Expr::default();
+        let pk = expr.name(ctx.pk_name());
+        let mut sets = Vec::new();
+        let mut removes = Vec::new();
+        let mut condition = vec![format!("attribute_exists({pk})")];
+        for (name, value) in &wanted {
+            let n = expr.name(name);
+            match value {
+                Some(value) => {
+                    let v = expr.value(av(value));
+                    sets.push(format!("{n} = {v}"));
+                }
+                None => removes.push(n.clone()),
+            }
+            match current.get(name) {
+                Some(seen) => {
+                    let v = expr.value(av(seen));
+                    condition.push(format!("{n} = {v}"));
+                }
+                None => condition.push(format!("attribute_not_exists({n})")),
+            }
+        }
+        let mut update = String::new();
+        if !sets.is_empty() {
+            update.push_str(&format!("SET {}", sets.join(", ")));
+        }
+        if !removes.is_empty() {
+            update.push_str(&format!(" REMOVE {}", removes.join(", ")));
+        }
+        let condition = condition.join(" AND ");
+        let (names, values) = expr.values();
+        let written = with_retries(
+            "write_target",
+            ctx.config.max_retry_time,
+            &ctx.retries,
+            || {
+                ctx.sent();
+                let request = ctx
+                    .client
+                    .update_item()
+                    .table_name(ctx.table)
+                    .set_key(Some(key.clone()))
+                    .update_expression(update.trim())
+                    .condition_expression(&condition)
+                    .set_expression_attribute_names(Some(names.clone()))
+                    .set_expression_attribute_values(values.clone())
+                    .return_consumed_capacity(ReturnConsumedCapacity::Total);
+                async move {
+                    match request.send().await {
+                        Ok(output) => {
+                            ctx.count_units(output.consumed_capacity(), true);
+                            Ok(true)
+                        }
+                        Err(error) => match sdk(error) {
+                            (ErrorClass::Conditional, _) => Ok(false),
+                            other => Err(other),
+                        },
+                    }
+                }
+            },
+        )
+        .await?;
+        if written {
+            return Ok(());
+        }
+    }
+    Err(WriteError::Transient(format!(
+        "target {target} kept changing during {ATTEMPTS} recomputes"
+    )))
+}
+
+/// Writes plain puts and deletes with `BatchWriteItem`, 25 at a time,
+/// retrying `UnprocessedItems`. Returns one result per request, in order.
+pub(crate) async fn batch_write(
+    ctx: &Ctx<'_>,
+    requests: Vec<WriteRequest>,
+) -> Vec<Result<(), WriteError>> {
+    let mut results: Vec<Result<(), WriteError>> = Vec::with_capacity(requests.len());
+    for chunk in requests.chunks(25) {
+        let outcome = write_chunk(ctx, chunk.to_vec()).await;
+        match outcome {
+            Ok(()) => results.extend(chunk.iter().map(|_| Ok(()))),
+            // A poison chunk: try each request alone to find the bad one.
+            Err(WriteError::Poison(_)) if chunk.len() > 1 => {
+                for request in chunk {
+                    results.push(write_chunk(ctx, vec![request.clone()]).await);
+                }
+            }
+            Err(error) => results.extend(chunk.iter().map(|_| Err(error.clone()))),
+        }
+    }
+    results
+}
+
+async fn write_chunk(ctx: &Ctx<'_>, chunk: Vec<WriteRequest>) -> Result<(), WriteError> {
+    let pending = std::sync::Mutex::new(chunk);
+    let pending = &pending;
+    with_retries(
+        "batch_write",
+        ctx.config.max_retry_time,
+        &ctx.retries,
+        || {
+            ctx.sent();
+            let request = ctx
+                .client
+                .batch_write_item()
+                .request_items(ctx.table, pending.lock().expect("not poisoned").clone())
+                .return_consumed_capacity(ReturnConsumedCapacity::Total);
+            async move {
+                let output = request.send().await.map_err(sdk)?;
+                ctx.count_units(output.consumed_capacity(), true);
+                let unprocessed = output
+                    .unprocessed_items()
+                    .and_then(|items| items.get(ctx.table))
+                    .cloned()
+                    .unwrap_or_default();
+                if unprocessed.is_empty() {
+                    Ok(())
+                } else {
+                    // Keep only what DynamoDB did not write, and back off.
+                    *pending.lock().expect("not poisoned") = unprocessed;
+                    Err((
+                        ErrorClass::Retry("unprocessed items"),
+                        "BatchWriteItem left items unprocessed".to_string(),
+                    ))
+                }
+            }
+        },
+    )
+    .await
+}
+
+/// A put request for `BatchWriteItem`.
+pub(crate) fn put_request(item: &Item) -> WriteRequest {
+    WriteRequest::builder()
+        .put_request(
+            PutRequest::builder()
+                .set_item(Some(item.clone().into()))
+                .build()
+                .expect("item is set"),
+        )
+        .build()
+}
+
+/// A delete request for `BatchWriteItem`.
+pub(crate) fn delete_request(ctx: &Ctx<'_>, key: &ItemKey) -> WriteRequest {
+    WriteRequest::builder()
+        .delete_request(
+            DeleteRequest::builder()
+                .set_key(Some(ctx.key(key)))
+                .build()
+                .expect("key is set"),
+        )
+        .build()
+}
+
+/// One marker change with the counter shards that follow it.
+pub(crate) struct MemberChange<'e> {
+    pub marker: &'e ItemKey,
+    pub state: &'e MarkerState,
+    pub counters: &'e [CounterShard],
+}
+
+/// The most items one `TransactWriteItems` takes.
+const MAX_TRANSACTION_ITEMS: usize = 100;
+
+/// Brings markers to their states and moves counter shards by the real
+/// transitions, in transactions of at most 100 items. Returns one result
+/// per change, in order.
+///
+/// Each marker write is conditional on the marker's existence (create only
+/// if absent, delete only if present); the shards' `ADD`s sum the +1/-1 of
+/// the markers in the same transaction. When a marker is already in its
+/// state, DynamoDB cancels the transaction and says which item: that marker
+/// is dropped (its counters are already right) and the rest is retried.
+/// This is what keeps counters exact under any redelivery.
+pub(crate) async fn memberships(
+    ctx: &Ctx<'_>,
+    changes: &[MemberChange<'_>],
+) -> Vec<Result<(), WriteError>> {
+    let mut results: Vec<Option<Result<(), WriteError>>> = vec![None; changes.len()];
+    let mut chunk: Vec<usize> = Vec::new();
+    let mut shards: std::collections::HashSet<&ItemKey> = std::collections::HashSet::new();
+    let mut chunks: Vec<Vec<usize>> = Vec::new();
+    for (i, change) in changes.iter().enumerate() {
+        let new_shards = change
+            .counters
+            .iter()
+            .filter(|c| !shards.contains(&c.key))
+            .count();
+        if !chunk.is_empty() && chunk.len() + shards.len() + 1 + new_shards > MAX_TRANSACTION_ITEMS
+        {
+            chunks.push(std::mem::take(&mut chunk));
+            shards.clear();
+        }
+        chunk.push(i);
+        shards.extend(change.counters.iter().map(|c| &c.key));
+    }
+    if !chunk.is_empty() {
+        chunks.push(chunk);
+    }
+    // Chunks run one after another: they may share counter shards, and
+    // concurrent transactions on one item conflict.
+    for chunk in chunks {
+        for (i, result) in transact_members(ctx, changes, chunk).await {
+            results[i] = Some(result);
+        }
+    }
+    results
+        .into_iter()
+        .map(|r| r.expect("every change gets a result"))
+        .collect()
+}
+
+async fn transact_members(
+    ctx: &Ctx<'_>,
+    changes: &[MemberChange<'_>],
+    mut live: Vec<usize>,
+) -> Vec<(usize, Result<(), WriteError>)> {
+    let mut done: Vec<(usize, Result<(), WriteError>)> = Vec::new();
+    // Present markers that existed already but with other attributes.
+    let mut refresh: Vec<usize> = Vec::new();
+    let deadline = tokio::time::Instant::now() + ctx.config.max_retry_time;
+    let mut policy = super::retry::policy(ctx.config.max_retry_time);
+    loop {
+        if live.is_empty() {
+            break;
+        }
+        let mut items = Vec::new();
+        let mut deltas: Vec<(&ItemKey, i64)> = Vec::new();
+        for &i in &live {
+            let change = &changes[i];
+            let delta = match change.state {
+                MarkerState::Present(item) => {
+                    let put = Put::builder()
+                        .table_name(ctx.table)
+                        .set_item(Some(item.clone().into()))
+                        .condition_expression("attribute_not_exists(#pk)")
+                        .expression_attribute_names("#pk", ctx.pk_name())
+                        .return_values_on_condition_check_failure(
+                            ReturnValuesOnConditionCheckFailure::AllOld,
+                        )
+                        .build()
+                        .expect("table and item are set");
+                    items.push(TransactWriteItem::builder().put(put).build());
+                    1
+                }
+                MarkerState::Absent => {
+                    let delete = Delete::builder()
+                        .table_name(ctx.table)
+                        .set_key(Some(ctx.key(change.marker)))
+                        .condition_expression("attribute_exists(#pk)")
+                        .expression_attribute_names("#pk", ctx.pk_name())
+                        .build()
+                        .expect("table and key are set");
+                    items.push(TransactWriteItem::builder().delete(delete).build());
+                    -1
+                }
+            };
+            for counter in change.counters {
+                match deltas.iter_mut().find(|(key, _)| *key == &counter.key) {
+                    Some((_, sum)) => *sum += delta,
+                    None => deltas.push((&counter.key, delta)),
+                }
+            }
+        }
+        for (key, delta) in deltas.iter().filter(|(_, d)| *d != 0) {
+            let update = Update::builder()
+                .table_name(ctx.table)
+                .set_key(Some(ctx.key(key)))
+                .update_expression("ADD #c :d")
+                .expression_attribute_names("#c", COUNT_ATTRIBUTE)
+                .expression_attribute_values(":d", Av::N(delta.to_string()))
+                .build()
+                .expect("table, key and expression are set");
+            items.push(TransactWriteItem::builder().update(update).build());
+        }
+        ctx.sent();
+        let sent = ctx
+            .client
+            .transact_write_items()
+            .set_transact_items(Some(items))
+            .return_consumed_capacity(ReturnConsumedCapacity::Total)
+            .send()
+            .await;
+        let (class, text, reasons) = match sent {
+            Ok(output) => {
+                ctx.count_units(output.consumed_capacity(), true);
+                done.extend(live.drain(..).map(|i| (i, Ok(()))));
+                break;
+            }
+            Err(error) => {
+                let reasons = error
+                    .as_service_error()
+                    .and_then(|e| match e {
+                        aws_sdk_dynamodb::operation::transact_write_items::TransactWriteItemsError::TransactionCanceledException(c) => {
+                            Some(c.cancellation_reasons().to_vec())
+                        }
+                        _ => None,
+                    })
+                    .unwrap_or_default();
+                let (class, text) = sdk(error);
+                (class, text, reasons)
+            }
+        };
+        if !reasons.is_empty() {
+            // Reasons are aligned with the items: markers first, then shards.
+            let mut retry_class: Option<&'static str> = None;
+            let mut keep = Vec::new();
+            for (position, &i) in live.iter().enumerate() {
+                let reason = reasons.get(position);
+                match reason.map(|r| classify_code(r.code(), r.message())) {
+                    Some(ErrorClass::Conditional) => {
+                        // Already in its state: its counters are right.
+                        if let MarkerState::Present(wanted) = changes[i].state {
+                            let old = reason.and_then(|r| r.item()).map(|m| Item::from(m.clone()));
+                            if old.as_ref() != Some(wanted) {
+                                refresh.push(i);
+                                continue;
+                            }
+                        }
+                        done.push((i, Ok(())));
+                    }
+                    Some(ErrorClass::Poison(message)) => {
+                        done.push((i, Err(WriteError::Poison(message))))
+                    }
+                    Some(ErrorClass::Retry(r)) => {
+                        retry_class = Some(r);
+                        keep.push(i);
+                    }
+                    _ => keep.push(i),
+                }
+            }
+            for reason in reasons.iter().skip(live.len()) {
+                match classify_code(reason.code(), reason.message()) {
+                    ErrorClass::Retry(r) => retry_class = Some(r),
+                    ErrorClass::Poison(message) => {
+                        // A counter shard DynamoDB rejects: every marker counting on it is stuck.
+                        for &i in &keep {
+                            done.push((
+                                i,
+                                Err(WriteError::Poison(format!(
+                                    "counter shard rejected: {message}"
+                                ))),
+                            ));
+                        }
+                        keep.clear();
+                        break;
+                    }
+                    _ => {}
+                }
+            }
+            live = keep;
+            if let Some(reason) = retry_class {
+                if !backoff_or_give_up(ctx, &mut policy, deadline, reason, &text, &live, &mut done)
+                    .await
+                {
+                    live.clear();
+                }
+            }
+            continue;
+        }
+        match class {
+            ErrorClass::Retry(reason) => {
+                if !backoff_or_give_up(ctx, &mut policy, deadline, reason, &text, &live, &mut done)
+                    .await
+                {
+                    live.clear();
+                }
+            }
+            ErrorClass::Fatal(message) => {
+                done.extend(
+                    live.drain(..)
+                        .map(|i| (i, Err(WriteError::Fatal(message.clone())))),
+                );
+            }
+            ErrorClass::Poison(message) if live.len() == 1 => {
+                done.push((live[0], Err(WriteError::Poison(message))));
+                live.clear();
+            }
+            ErrorClass::Poison(_) | ErrorClass::Conditional => {
+                // Find the bad marker by trying each alone.
+                let singles: Vec<usize> = std::mem::take(&mut live);
+                for i in singles {
+                    done.extend(Box::pin(transact_members(ctx, changes, vec![i])).await);
+                }
+            }
+        }
+    }
+    for i in refresh {
+        let MarkerState::Present(item) = changes[i].state else {
+            continue;
+        };
+        // The marker exists with stale attributes: overwrite it while it exists.
+        let result = with_retries(
+            "refresh_marker",
+            ctx.config.max_retry_time,
+            &ctx.retries,
+            || {
+                ctx.sent();
+                let request = ctx
+                    .client
+                    .put_item()
+                    .table_name(ctx.table)
+                    .set_item(Some(item.clone().into()))
+                    .condition_expression("attribute_exists(#pk)")
+                    .expression_attribute_names("#pk", ctx.pk_name())
+                    .return_consumed_capacity(ReturnConsumedCapacity::Total);
+                async move {
+                    match request.send().await {
+                        Ok(output) => {
+                            ctx.count_units(output.consumed_capacity(), true);
+                            Ok(())
+                        }
+                        Err(error) => match sdk(error) {
+                            // Deleted meanwhile by a later record of its item: that one wins.
+                            (ErrorClass::Conditional, _) => Ok(()),
+                            other => Err(other),
+                        },
+                    }
+                }
+            },
+        )
+        .await;
+        done.push((i, result));
+    }
+    done
+}
+
+async fn backoff_or_give_up(
+    ctx: &Ctx<'_>,
+    policy: &mut backoff::ExponentialBackoff,
+    deadline: tokio::time::Instant,
+    reason: &'static str,
+    text: &str,
+    live: &[usize],
+    done: &mut Vec<(usize, Result<(), WriteError>)>,
+) -> bool {
+    use backoff::backoff::Backoff;
+    match policy.next_backoff() {
+        Some(wait) if tokio::time::Instant::now() + wait < deadline => {
+            ctx.retries.fetch_add(1, Ordering::Relaxed);
+            metrics::counter!("projector_retries_total", "operation" => "transact_members", "reason" => reason).increment(1);
+            tracing::debug!(
+                reason,
+                wait_ms = wait.as_millis() as u64,
+                "retrying transaction"
+            );
+            tokio::time::sleep(wait).await;
+            true
+        }
+        _ => {
+            let error = WriteError::Transient(format!("gave up after retries ({reason}): {text}"));
+            done.extend(live.iter().map(|&i| (i, Err(error.clone()))));
+            false
+        }
+    }
+}
