@@ -16,8 +16,11 @@
 //! I/O; SDK types never reach the planner.
 
 pub mod apply;
+pub mod aws;
 pub mod cli;
+pub mod counter;
 pub mod decode;
 pub mod plan;
 pub mod record;
 pub mod spec;
+pub mod table;

@@ -28,7 +28,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 pub use dlq::{DeadLetter, DeadLetterStore, RedriveSummary};
-pub use retry::{classify, ErrorClass};
+pub use writes::COUNT_ATTRIBUTE;
+pub use retry::{classify, describe as retry_describe, ErrorClass};
 
 use crate::decode::DecodeProblem;
 use crate::plan::{plan_record, PlanError};

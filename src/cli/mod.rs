@@ -1,6 +1,8 @@
 //! Command-line interface: argument parsing and one function per command.
 
 mod offline;
+mod online;
+mod stream;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -55,6 +57,100 @@ pub enum Command {
         #[arg(long)]
         event: PathBuf,
     },
+    /// Manage the table a spec describes.
+    Table {
+        /// What to do.
+        #[command(subcommand)]
+        command: TableCommand,
+    },
+    /// Tail the table's stream and apply projections (the self-hosted runner).
+    Run {
+        /// Spec and table.
+        #[command(flatten)]
+        target: Target,
+        /// Exit 0 once the stream is caught up.
+        #[arg(long)]
+        drain: bool,
+    },
+    /// Process the whole retained stream again from its start; changes nothing
+    /// that is already right.
+    Replay {
+        /// Spec and table.
+        #[command(flatten)]
+        target: Target,
+        /// Only these projections (repeatable; default all).
+        #[arg(long = "projection")]
+        projections: Vec<String>,
+    },
+    /// Read counters.
+    Counter {
+        /// What to do.
+        #[command(subcommand)]
+        command: CounterCommand,
+    },
+    /// Inspect and redrive dead letters.
+    Dlq {
+        /// What to do.
+        #[command(subcommand)]
+        command: DlqCommand,
+    },
+}
+
+/// The spec file and the table it applies to.
+#[derive(Debug, Clone, clap::Args)]
+pub struct Target {
+    /// The spec file.
+    #[arg(long)]
+    pub spec: PathBuf,
+    /// The table (default: the spec's table name).
+    #[arg(long)]
+    pub table: Option<String>,
+}
+
+/// `table` subcommands.
+#[derive(Debug, Subcommand)]
+pub enum TableCommand {
+    /// Create the table: keys, GSIs, a NEW_AND_OLD_IMAGES stream, TTL.
+    Create {
+        /// Spec and table.
+        #[command(flatten)]
+        target: Target,
+    },
+}
+
+/// `counter` subcommands.
+#[derive(Debug, Subcommand)]
+pub enum CounterCommand {
+    /// Print a counter's value (the sum of its shards).
+    Get {
+        /// The counter projection's name (`followers`).
+        name: String,
+        /// The counter's variables (`userId=u42`).
+        vars: Vec<String>,
+        /// Spec and table.
+        #[command(flatten)]
+        target: Target,
+    },
+}
+
+/// `dlq` subcommands.
+#[derive(Debug, Subcommand)]
+pub enum DlqCommand {
+    /// Print dead letters as JSON lines.
+    List {
+        /// Spec and table.
+        #[command(flatten)]
+        target: Target,
+    },
+    /// Apply dead letters again (after a fix) and remove those that succeed.
+    Redrive {
+        /// Spec and table.
+        #[command(flatten)]
+        target: Target,
+        /// Only letters of this projection.
+        #[arg(long)]
+        projection: Option<String>,
+    },
 }
 
 /// Sets up `tracing` output on stderr.
@@ -75,7 +171,57 @@ pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     match cli.command {
         Command::Check { spec } => Ok(offline::check(&spec)),
         Command::Plan { spec, event } => offline::plan(&spec, &event),
+        Command::Table { command: TableCommand::Create { target } } => block_on(online::table_create(target)),
+        Command::Run { target, drain } => block_on(stream::run(target, drain)),
+        Command::Replay { target, projections } => block_on(stream::replay(target, projections)),
+        Command::Counter { command: CounterCommand::Get { name, vars, target } } => {
+            block_on(online::counter_get(target, name, vars))
+        }
+        Command::Dlq { command: DlqCommand::List { target } } => block_on(online::dlq_list(target)),
+        Command::Dlq { command: DlqCommand::Redrive { target, projection } } => {
+            block_on(online::dlq_redrive(target, projection))
+        }
     }
+}
+
+fn block_on<F: std::future::Future<Output = anyhow::Result<ExitCode>>>(future: F) -> anyhow::Result<ExitCode> {
+    tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .map_err(|error| anyhow::anyhow!("cannot start the async runtime: {error}"))?
+        .block_on(future)
+}
+
+/// A compiled spec, the table name and the AWS clients of a command.
+pub struct Connection {
+    /// The compiled spec.
+    pub spec: std::sync::Arc<Spec>,
+    /// The table name (`--table` or the spec's).
+    pub table: String,
+    /// The SDK configuration.
+    pub config: aws_config::SdkConfig,
+    /// DynamoDB.
+    pub dynamodb: aws_sdk_dynamodb::Client,
+}
+
+/// Loads the spec and connects; a spec error is printed and becomes exit 1.
+pub async fn connect(target: &Target) -> Result<Connection, anyhow::Result<ExitCode>> {
+    let spec = match load_spec(&target.spec) {
+        Ok(spec) => spec,
+        Err(code) => return Err(Ok(code)),
+    };
+    let table = target.table.clone().unwrap_or_else(|| spec.table.name.clone());
+    let config = match crate::aws::load_config().await {
+        Ok(config) => config,
+        Err(error) => return Err(Err(error)),
+    };
+    let dynamodb = crate::aws::dynamodb(&config);
+    Ok(Connection {
+        spec: std::sync::Arc::new(spec),
+        table,
+        config,
+        dynamodb,
+    })
 }
 
 /// Loads a spec, printing every problem it has.

@@ -1,0 +1,74 @@
+//! Commands that talk to DynamoDB: `table create`, `counter get`, `dlq`.
+
+use std::io::Write;
+use std::process::ExitCode;
+
+use anyhow::bail;
+
+use super::{connect, Target};
+use crate::apply::{Applier, ApplyConfig};
+
+macro_rules! connect_or_return {
+    ($target:expr) => {
+        match connect(&$target).await {
+            Ok(connection) => connection,
+            Err(result) => return result,
+        }
+    };
+}
+
+/// `table create`.
+pub async fn table_create(target: Target) -> anyhow::Result<ExitCode> {
+    let c = connect_or_return!(target);
+    match crate::table::create_table(&c.dynamodb, &c.spec, &c.table).await? {
+        crate::table::Created::Created => println!("created table {} with a NEW_AND_OLD_IMAGES stream", c.table),
+        crate::table::Created::AlreadyRight => println!("table {} already exists with the right shape", c.table),
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `counter get NAME VAR=VALUE...`.
+pub async fn counter_get(target: Target, name: String, vars: Vec<String>) -> anyhow::Result<ExitCode> {
+    let c = connect_or_return!(target);
+    let mut pairs = Vec::new();
+    for var in vars {
+        let Some((k, v)) = var.split_once('=') else {
+            bail!("`{var}` is not VAR=VALUE (e.g. userId=u42)");
+        };
+        pairs.push((k.to_string(), v.to_string()));
+    }
+    let value = crate::counter::read_counter(&c.dynamodb, &c.table, &c.spec, &name, &pairs).await?;
+    println!("{value}");
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `dlq list`: JSON lines.
+pub async fn dlq_list(target: Target) -> anyhow::Result<ExitCode> {
+    let c = connect_or_return!(target);
+    let applier = Applier::new(c.dynamodb.clone(), c.spec.clone(), &c.table, ApplyConfig::default());
+    let letters = applier.dead_letter_store().list().await?;
+    let stdout = std::io::stdout();
+    let mut out = stdout.lock();
+    for letter in &letters {
+        writeln!(out, "{}", serde_json::to_string(letter)?)?;
+    }
+    eprintln!("{} dead letters in {}", letters.len(), c.table);
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `dlq redrive`.
+pub async fn dlq_redrive(target: Target, projection: Option<String>) -> anyhow::Result<ExitCode> {
+    let c = connect_or_return!(target);
+    if let Some(name) = &projection {
+        if c.spec.projection_id(name).is_none() && name != "*" {
+            bail!("no projection `{name}` in {}", c.spec.file);
+        }
+    }
+    let applier = Applier::new(c.dynamodb.clone(), c.spec.clone(), &c.table, ApplyConfig::default());
+    let summary = applier.redrive(projection.as_deref()).await?;
+    println!(
+        "redriven {}, still failing {}, skipped {}",
+        summary.redriven, summary.still_failing, summary.skipped
+    );
+    Ok(if summary.still_failing > 0 { ExitCode::from(1) } else { ExitCode::SUCCESS })
+}

@@ -1,0 +1,79 @@
+//! Reading write-sharded counters: the sum of their shards.
+
+use std::collections::HashMap;
+
+use anyhow::{bail, Context};
+use aws_sdk_dynamodb::types::{AttributeValue as Av, KeysAndAttributes};
+
+use crate::spec::{ProjectionKind, Spec};
+
+/// The attribute that holds a counter shard's value.
+pub use crate::apply::COUNT_ATTRIBUTE;
+
+/// The value of counter `name` for `vars` (`[("userId", "u42")]`): the sum
+/// of its shards, read consistently.
+pub async fn read_counter(
+    client: &aws_sdk_dynamodb::Client,
+    table: &str,
+    spec: &Spec,
+    name: &str,
+    vars: &[(String, String)],
+) -> anyhow::Result<i64> {
+    let Some(id) = spec.projection_id(name) else {
+        let counters: Vec<&str> = spec
+            .projections
+            .iter()
+            .filter(|p| matches!(p.kind, ProjectionKind::Counter(_)))
+            .map(|p| p.name.as_str())
+            .collect();
+        bail!("no counter `{name}` in {} (counters: {})", spec.file, counters.join(", "));
+    };
+    let ProjectionKind::Counter(counter) = &spec.projections[id].kind else {
+        bail!("projection `{name}` is a {}, not a counter", spec.projections[id].kind_name());
+    };
+    let mut values = Vec::new();
+    for (var, _) in &counter.of {
+        let Some((_, value)) = vars.iter().find(|(k, _)| k == var) else {
+            bail!("counter `{name}` needs {var}=VALUE");
+        };
+        values.push(value.clone());
+    }
+    if let Some((extra, _)) = vars.iter().find(|(k, _)| !counter.of.iter().any(|(v, _)| v == k)) {
+        let known: Vec<&str> = counter.of.iter().map(|(v, _)| v.as_str()).collect();
+        bail!("counter `{name}` has no variable `{extra}` (it has: {})", known.join(", "));
+    }
+    let keys: Vec<HashMap<String, Av>> = (0..counter.shards)
+        .map(|shard| spec.table.key_item(&spec.counter_shard_key(name, &values, shard)).into())
+        .collect();
+    let mut total = 0i64;
+    let mut pending = keys;
+    let mut attempts = 0;
+    while !pending.is_empty() {
+        attempts += 1;
+        if attempts > 10 {
+            bail!("DynamoDB kept leaving counter shards unprocessed");
+        }
+        let chunk: Vec<_> = pending.drain(..pending.len().min(100)).collect();
+        let request = KeysAndAttributes::builder()
+            .set_keys(Some(chunk))
+            .consistent_read(true)
+            .build()
+            .context("building the shard read")?;
+        let output = client
+            .batch_get_item()
+            .request_items(table, request)
+            .send()
+            .await
+            .map_err(|error| anyhow::anyhow!("reading counter `{name}` from `{table}`: {}", crate::apply::retry_describe(&error)))?;
+        for item in output.responses().and_then(|r| r.get(table)).into_iter().flatten() {
+            if let Some(Av::N(n)) = item.get(COUNT_ATTRIBUTE) {
+                total += n.parse::<i64>().with_context(|| format!("counter shard holds `{n}`"))?;
+            }
+        }
+        if let Some(left) = output.unprocessed_keys().and_then(|u| u.get(table)) {
+            pending.extend(left.keys().iter().cloned());
+            tokio::time::sleep(std::time::Duration::from_millis(50 * attempts)).await;
+        }
+    }
+    Ok(total)
+}
