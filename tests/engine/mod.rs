@@ -1,0 +1,5 @@
+//! The engine core: spec compilation, decoding and planning (all pure),
+//! and the offline commands built on them.
+
+mod planner;
+mod util;
