@@ -22,14 +22,17 @@ pub(super) fn plan(
 ) -> Result<(), PlanProblem> {
     let record = subject.record;
     let relevant = if entity == projection.source {
+        // Only a source that counts, before or after the change, can move
+        // the target; a missing image might have counted.
+        let counts =
+            |image: Option<&Item>| image.is_none_or(|image| projection.when.holds(Some(image)));
+        let (old, new) = (record.old_image.as_ref(), record.new_image.as_ref());
         match record.kind {
-            ChangeKind::Insert => {
-                record.new_image.is_none() || projection.when.holds(record.new_image.as_ref())
+            ChangeKind::Insert => counts(new),
+            ChangeKind::Modify => {
+                changed(record, &projection.reads) && (counts(old) || counts(new))
             }
-            ChangeKind::Modify => changed(record, &projection.reads),
-            ChangeKind::Remove => {
-                record.old_image.is_none() || projection.when.holds(record.old_image.as_ref())
-            }
+            ChangeKind::Remove => counts(old),
         }
     } else {
         // A change to the target: a writer may have overwritten the copied
