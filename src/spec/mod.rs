@@ -1078,7 +1078,7 @@ impl Compiler {
         // Inverse edges and denormalized targets may themselves be sources
         // of other projections; a cycle through them never settles.
         let mut reported = HashSet::new();
-        for start in 0..entities.len() {
+        for (start, start_entity) in entities.iter().enumerate() {
             let mut stack = vec![(start, vec![])];
             let mut visited = HashSet::new();
             while let Some((node, path)) = stack.pop() {
@@ -1094,7 +1094,7 @@ impl Compiler {
                                 format!(
                                     "projections {} form a loop through entity `{}`: each one's output is another's input, so writes would never stop",
                                     path.iter().map(|p| format!("`{p}`")).collect::<Vec<_>>().join(" -> "),
-                                    entities[start].name
+                                    start_entity.name
                                 ),
                             );
                         }
