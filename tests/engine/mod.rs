@@ -2,4 +2,5 @@
 //! and the offline commands built on them.
 
 mod planner;
+mod spec_errors;
 mod util;
