@@ -797,7 +797,12 @@ impl Compiler {
         let found = entities.iter().position(|e| e.name == name);
         if found.is_none() {
             let hint = suggest(name, entities.iter().map(|e| e.name.as_str()));
-            self.error(context, format!("unknown {role} entity `{name}`{hint}"));
+            let role = if role.is_empty() {
+                String::new()
+            } else {
+                format!("{role} ")
+            };
+            self.error(context, format!("unknown {role}entity `{name}`{hint}"));
         }
         found
     }
