@@ -22,25 +22,37 @@ pub enum LambdaEventError {
 /// Decodes a Lambda DynamoDB Streams event, record by record.
 ///
 /// The whole event is first decoded in one pass (the fast path); only when
-/// that fails is each record decoded on its own to find the bad ones.
+/// that fails, or a record fails a check, are records decoded on their own
+/// from the JSON, so that every problem carries its record as received.
 pub fn decode_lambda_event(bytes: &[u8]) -> Result<Decoded, LambdaEventError> {
     #[derive(serde::Deserialize)]
     struct Fast {
         #[serde(rename = "Records")]
         records: Vec<EventRecord>,
     }
-    if let Ok(fast) = serde_json::from_slice::<Fast>(bytes) {
-        return Ok(fast
-            .records
+    let mut fast: Option<Decoded> = serde_json::from_slice::<Fast>(bytes).ok().map(|fast| {
+        fast.records
             .into_iter()
             .enumerate()
             .map(|(index, record)| from_event_record(index, record, None))
-            .collect());
+            .collect()
+    });
+    if let Some(decoded) = fast.take_if(|decoded| decoded.iter().all(Result::is_ok)) {
+        return Ok(decoded);
     }
     let value: serde_json::Value = serde_json::from_slice(bytes)?;
     let Some(records) = value.get("Records").and_then(|r| r.as_array()) else {
         return Err(LambdaEventError::NoRecords);
     };
+    if let Some(mut decoded) = fast {
+        // Only the records that failed a check are decoded again.
+        for (index, result) in decoded.iter_mut().enumerate() {
+            if let (Err(_), Some(raw)) = (&result, records.get(index)) {
+                *result = decode_lambda_record(index, raw);
+            }
+        }
+        return Ok(decoded);
+    }
     Ok(records
         .iter()
         .enumerate()
