@@ -63,7 +63,6 @@ pub fn decode_stream_record(
 
 /// The record in the Streams API's JSON shape, for dead letters.
 fn raw_json(record: &Record) -> serde_json::Value {
-    let stream = record.dynamodb();
     let image =
         |map: Option<
             &std::collections::HashMap<String, aws_sdk_dynamodbstreams::types::AttributeValue>,
@@ -73,15 +72,16 @@ fn raw_json(record: &Record) -> serde_json::Value {
         "eventName": record.event_name().map(|n| n.as_str()),
         "eventSource": record.event_source(),
         "awsRegion": record.aws_region(),
-        "dynamodb": {
-            "ApproximateCreationDateTime": stream.and_then(|s| s.approximate_creation_date_time()).map(|t| t.secs()),
-            "Keys": image(stream.and_then(|s| s.keys())),
-            "NewImage": image(stream.and_then(|s| s.new_image())),
-            "OldImage": image(stream.and_then(|s| s.old_image())),
-            "SequenceNumber": stream.and_then(|s| s.sequence_number()),
-            "SizeBytes": stream.and_then(|s| s.size_bytes()),
-            "StreamViewType": stream.and_then(|s| s.stream_view_type()).map(|v| v.as_str()),
-        },
+        // An absent section stays absent (null), as the record arrived.
+        "dynamodb": record.dynamodb().map(|s| serde_json::json!({
+            "ApproximateCreationDateTime": s.approximate_creation_date_time().map(|t| t.secs()),
+            "Keys": image(s.keys()),
+            "NewImage": image(s.new_image()),
+            "OldImage": image(s.old_image()),
+            "SequenceNumber": s.sequence_number(),
+            "SizeBytes": s.size_bytes(),
+            "StreamViewType": s.stream_view_type().map(|v| v.as_str()),
+        })),
         "userIdentity": record.user_identity().map(|id| serde_json::json!({
             "type": id.r#type(), "principalId": id.principal_id(),
         })),
