@@ -220,18 +220,36 @@ impl DeadLetterStore {
                     Av::S(letter.event_id.clone().unwrap_or_default()),
                 ),
             ]);
-            let mut update = "SET projection = :projection, #error = :error, held = :held, #record = :record, decoded = :decoded, \
-                 lastFailedAt = :at, firstFailedAt = if_not_exists(firstFailedAt, :at), sequenceNumber = :seq, eventId = :event"
-                .to_string();
+            let mut sets: Vec<(&str, &str)> = vec![
+                ("projection", ":projection"),
+                ("error", ":error"),
+                ("held", ":held"),
+                ("record", ":record"),
+                ("decoded", ":decoded"),
+                ("lastFailedAt", ":at"),
+                ("sequenceNumber", ":seq"),
+                ("eventId", ":event"),
+            ];
             if let Some(source) = &letter.source_key {
                 values.insert(":spk".to_string(), Av::S(source.pk.clone()));
                 values.insert(
                     ":ssk".to_string(),
                     Av::S(source.sk.clone().unwrap_or_default()),
                 );
-                update.push_str(", sourcePk = :spk, sourceSk = :ssk");
+                sets.push(("sourcePk", ":spk"));
+                sets.push(("sourceSk", ":ssk"));
             }
-            update.push_str(" ADD attempts :one");
+            // Every name goes through a placeholder: several are reserved words.
+            let mut names: HashMap<String, String> = HashMap::new();
+            let mut parts = Vec::new();
+            for (i, (name, value)) in sets.iter().enumerate() {
+                names.insert(format!("#a{i}"), name.to_string());
+                parts.push(format!("#a{i} = {value}"));
+            }
+            names.insert("#first".to_string(), "firstFailedAt".to_string());
+            names.insert("#attempts".to_string(), "attempts".to_string());
+            parts.push("#first = if_not_exists(#first, :at)".to_string());
+            let update = format!("SET {} ADD #attempts :one", parts.join(", "));
             with_retries("dead_letter", max_retry, &retries, || {
                 let request = self
                     .client
@@ -239,8 +257,7 @@ impl DeadLetterStore {
                     .table_name(&self.table)
                     .set_key(Some(key.clone()))
                     .update_expression(&update)
-                    .expression_attribute_names("#error", "error")
-                    .expression_attribute_names("#record", "record")
+                    .set_expression_attribute_names(Some(names.clone()))
                     .set_expression_attribute_values(Some(values.clone()));
                 async move { request.send().await.map(|_| ()).map_err(sdk) }
             })

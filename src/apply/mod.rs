@@ -28,11 +28,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 pub use dlq::{DeadLetter, DeadLetterStore, RedriveSummary};
-pub use writes::COUNT_ATTRIBUTE;
 pub use retry::{classify, describe as retry_describe, ErrorClass};
+pub use writes::COUNT_ATTRIBUTE;
 
 use crate::decode::DecodeProblem;
-use crate::plan::{plan_record, PlanError};
+use crate::plan::plan_record;
 use crate::record::{ChangeRecord, ItemKey};
 use crate::spec::{ProjectionId, Spec};
 
@@ -249,19 +249,22 @@ impl Applier {
                 let projection = error
                     .projection
                     .map_or(dlq::WHOLE_RECORD, |id| spec.projections[id].name.as_str());
+                // A record that fails behind an earlier letter of its pair is
+                // also held: redrive must reach it only after that one.
+                let behind = match (error.projection, &source) {
+                    (Some(id), Some(key)) => !held.insert((id, key.clone())),
+                    _ => false,
+                };
                 letters.push((
                     i,
                     DeadLetter::for_record(
                         record,
                         source.clone(),
                         projection,
-                        describe(spec, error),
-                        false,
+                        error.problem.to_string(),
+                        behind,
                     ),
                 ));
-                if let (Some(id), Some(key)) = (error.projection, &source) {
-                    held.insert((id, key.clone()));
-                }
             }
             for effect in plan.effects.drain(..) {
                 if let Some(key) = &source {
@@ -510,10 +513,6 @@ impl Applier {
             })
             .collect()
     }
-}
-
-fn describe(spec: &Spec, error: &PlanError) -> String {
-    crate::plan::describe_error(spec, error)
 }
 
 fn record_metrics(statuses: &[RecordStatus], stats: &BatchStats) {

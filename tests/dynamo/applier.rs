@@ -1,0 +1,608 @@
+//! The applier against DynamoDB Local: records built by hand (as the stream
+//! would deliver them) go through `apply_batch`; the table is then read.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use aws_sdk_dynamodb::types::AttributeValue as Av;
+use ddb_projector::apply::{Applier, ApplyConfig, BatchOptions, RecordStatus};
+use ddb_projector::decode::DecodeProblem;
+use ddb_projector::record::{ChangeKind, ChangeRecord, Item, Origin, SequenceNumber, ViewType};
+use ddb_projector::spec::Spec;
+
+use super::support::{self, get, n, put, s, text};
+
+type Attrs = HashMap<String, Av>;
+
+/// Builds the stream record a write would produce.
+fn change(
+    seq: u64,
+    kind: ChangeKind,
+    old: Option<&Attrs>,
+    new: Option<&Attrs>,
+) -> Result<ChangeRecord, DecodeProblem> {
+    let image = |attrs: Option<&Attrs>| attrs.map(|a| Item::from(a.clone()));
+    let any = new.or(old).expect("an image");
+    let mut keys = Item::default();
+    for name in ["PK", "SK"] {
+        keys.insert(name.to_string(), any[name].clone().into());
+    }
+    Ok(ChangeRecord {
+        event_id: format!("e{seq}"),
+        kind,
+        keys,
+        old_image: image(old),
+        new_image: image(new),
+        sequence_number: SequenceNumber(format!("{seq:021}")),
+        approximate_creation_ms: None,
+        ttl_expiry: false,
+        view_type: Some(ViewType::NewAndOldImages),
+        size_bytes: None,
+        origin: Origin::Synthetic,
+    })
+}
+
+fn attrs(pairs: &[(&str, Av)]) -> Attrs {
+    support::item(pairs)
+}
+
+async fn setup(
+    spec_file: &str,
+    prefix: &str,
+) -> (Applier, aws_sdk_dynamodb::Client, String, Arc<Spec>) {
+    let client = support::client().await;
+    let spec = support::shipped_spec(spec_file);
+    let table = support::fresh_table(&client, &spec, prefix).await;
+    let applier = Applier::new(client.clone(), spec.clone(), &table, ApplyConfig::default());
+    (applier, client, table, spec)
+}
+
+fn email(user: &str, id: &str, address: &str, primary: bool) -> Attrs {
+    attrs(&[
+        ("PK", s(&format!("USER#{user}"))),
+        ("SK", s(&format!("EMAIL#{id}"))),
+        ("emailId", s(id)),
+        ("userId", s(user)),
+        ("email", s(address)),
+        ("isPrimary", Av::Bool(primary)),
+        ("isVerified", Av::Bool(true)),
+    ])
+}
+
+fn profile(user: &str) -> Attrs {
+    attrs(&[
+        ("PK", s(&format!("USER#{user}"))),
+        ("SK", s("PROFILE")),
+        ("userId", s(user)),
+        ("firstName", s("Sam")),
+    ])
+}
+
+fn follow(a: &str, b: &str) -> Attrs {
+    attrs(&[
+        ("PK", s(&format!("USER#{a}"))),
+        ("SK", s(&format!("FOLLOWS#{b}"))),
+        ("followedAt", s("2026-11-01T10:00:00Z")),
+    ])
+}
+
+async fn write(client: &aws_sdk_dynamodb::Client, table: &str, item: &Attrs) {
+    client
+        .put_item()
+        .table_name(table)
+        .set_item(Some(item.clone()))
+        .send()
+        .await
+        .unwrap();
+}
+
+#[tokio::test]
+async fn index_keys_are_derived_once_and_stale_records_do_not_overwrite() {
+    let (applier, client, table, _) = setup("user-service.toml", "ik").await;
+    let v1 = email("u1", "e1", "  Sam@X.org ", true);
+    write(&client, &table, &v1).await;
+    let insert = change(1, ChangeKind::Insert, None, Some(&v1));
+    let outcome = applier
+        .apply_batch(&[insert.clone()], &BatchOptions::default())
+        .await
+        .unwrap();
+    assert_eq!(outcome.statuses, vec![RecordStatus::Applied]);
+    let stored = get(&client, &table, "USER#u1", "EMAIL#e1").await.unwrap();
+    assert_eq!(text(&stored, "GSI1PK").as_deref(), Some("EMAIL#sam@x.org"));
+    assert_eq!(text(&stored, "GSI1SK").as_deref(), Some("USER#u1"));
+
+    // The writer changes the address; the projector has not seen it yet
+    // when the old insert is delivered again: it must not win.
+    let v2 = email("u1", "e1", "new@x.org", true);
+    write(&client, &table, &v2).await;
+    let outcome = applier
+        .apply_batch(&[insert], &BatchOptions::default())
+        .await
+        .unwrap();
+    assert_eq!(outcome.statuses, vec![RecordStatus::Applied]);
+    let stored = get(&client, &table, "USER#u1", "EMAIL#e1").await.unwrap();
+    assert_eq!(text(&stored, "email").as_deref(), Some("new@x.org"));
+    assert_eq!(
+        text(&stored, "GSI1PK").as_deref(),
+        None,
+        "stale keys were not written onto the new state"
+    );
+
+    let modify = change(2, ChangeKind::Modify, Some(&v1), Some(&v2));
+    applier
+        .apply_batch(&[modify.clone()], &BatchOptions::default())
+        .await
+        .unwrap();
+    let stored = get(&client, &table, "USER#u1", "EMAIL#e1").await.unwrap();
+    assert_eq!(text(&stored, "GSI1PK").as_deref(), Some("EMAIL#new@x.org"));
+    // Delivered again: nothing changes.
+    let before = support::scan_all(&client, &table).await;
+    applier
+        .apply_batch(&[modify], &BatchOptions::default())
+        .await
+        .unwrap();
+    assert_eq!(support::scan_all(&client, &table).await, before);
+}
+
+/// The three changes of the engine issue: e1 becomes primary, e2 becomes
+/// primary, e1 stops being primary. Whatever order they are processed in,
+/// the profile ends with e2's address.
+#[tokio::test]
+async fn denormalized_profile_email_converges_in_every_order() {
+    let (applier, client, table, _) = setup("user-service.toml", "dn").await;
+    let e1_plain = email("u1", "e1", "one@x.org", false);
+    let e1_primary = email("u1", "e1", "one@x.org", true);
+    let e2_plain = email("u1", "e2", "two@x.org", false);
+    let e2_primary = email("u1", "e2", "two@x.org", true);
+    let records = [
+        change(1, ChangeKind::Modify, Some(&e1_plain), Some(&e1_primary)),
+        change(2, ChangeKind::Modify, Some(&e2_plain), Some(&e2_primary)),
+        change(3, ChangeKind::Modify, Some(&e1_primary), Some(&e1_plain)),
+    ];
+    let orders = [
+        [0, 1, 2],
+        [0, 2, 1],
+        [1, 0, 2],
+        [1, 2, 0],
+        [2, 0, 1],
+        [2, 1, 0],
+    ];
+    for (n_order, order) in orders.iter().enumerate() {
+        let user = format!("u{n_order}");
+        let records: Vec<_> = records
+            .iter()
+            .map(|r| {
+                let mut r = r.clone().unwrap();
+                let fix = |item: &mut Item| {
+                    item.insert(
+                        "PK".into(),
+                        ddb_projector::record::AttributeValue::S(format!("USER#{user}")),
+                    );
+                };
+                fix(&mut r.keys);
+                r.old_image.as_mut().map(fix);
+                r.new_image.as_mut().map(fix);
+                Ok(r)
+            })
+            .collect();
+        // Final source state: e2 primary, e1 not.
+        let mut p = profile(&user);
+        p.insert("email".into(), s("stale@x.org"));
+        write(&client, &table, &p).await;
+        for (address, id, primary) in [("one@x.org", "e1", false), ("two@x.org", "e2", true)] {
+            write(&client, &table, &email(&user, id, address, primary)).await;
+        }
+        for &i in order {
+            // One record per batch: the worst case for convergence.
+            let outcome = applier
+                .apply_batch(&records[i..=i], &BatchOptions::default())
+                .await
+                .unwrap();
+            assert!(
+                outcome.statuses.iter().all(RecordStatus::is_handled),
+                "{outcome:?}"
+            );
+        }
+        let stored = get(&client, &table, &format!("USER#{user}"), "PROFILE")
+            .await
+            .unwrap();
+        assert_eq!(
+            text(&stored, "email").as_deref(),
+            Some("two@x.org"),
+            "order {order:?}"
+        );
+    }
+}
+
+#[tokio::test]
+async fn profile_email_is_removed_when_no_email_is_primary() {
+    let (applier, client, table, _) = setup("user-service.toml", "dn0").await;
+    let mut p = profile("u1");
+    p.insert("email".into(), s("old@x.org"));
+    write(&client, &table, &p).await;
+    let e1 = email("u1", "e1", "old@x.org", true);
+    // The primary email was deleted.
+    let remove = change(1, ChangeKind::Remove, Some(&e1), None);
+    applier
+        .apply_batch(&[remove], &BatchOptions::default())
+        .await
+        .unwrap();
+    let stored = get(&client, &table, "USER#u1", "PROFILE").await.unwrap();
+    assert_eq!(text(&stored, "email"), None);
+    assert_eq!(
+        text(&stored, "firstName").as_deref(),
+        Some("Sam"),
+        "other attributes untouched"
+    );
+    assert!(
+        !stored.contains_key("GSI1PK"),
+        "the profile never gets GSI1 keys"
+    );
+}
+
+async fn counter(
+    client: &aws_sdk_dynamodb::Client,
+    table: &str,
+    spec: &Spec,
+    name: &str,
+    user: &str,
+) -> i64 {
+    ddb_projector::counter::read_counter(
+        client,
+        table,
+        spec,
+        name,
+        &[("userId".to_string(), user.to_string())],
+    )
+    .await
+    .unwrap()
+}
+
+#[tokio::test]
+async fn counters_stay_exact_under_duplicates_bisection_and_replay() {
+    let (applier, client, table, spec) = setup("social-service.toml", "cnt").await;
+    let follows: Vec<Attrs> = (0..40).map(|i| follow(&format!("f{i}"), "hot")).collect();
+    let mut records: Vec<_> = follows
+        .iter()
+        .enumerate()
+        .map(|(i, f)| change(i as u64 + 1, ChangeKind::Insert, None, Some(f)))
+        .collect();
+    // Ten of them unfollow again.
+    for (i, f) in follows.iter().take(10).enumerate() {
+        records.push(change(100 + i as u64, ChangeKind::Remove, Some(f), None));
+    }
+    let all = BatchOptions::default();
+    let outcome = applier.apply_batch(&records, &all).await.unwrap();
+    assert!(
+        outcome.statuses.iter().all(|s| *s == RecordStatus::Applied),
+        "{outcome:?}"
+    );
+    assert!(
+        outcome.stats.writes < records.len(),
+        "coalesced: {} writes for {} records",
+        outcome.stats.writes,
+        records.len()
+    );
+    assert_eq!(
+        counter(&client, &table, &spec, "followers", "hot").await,
+        30
+    );
+    assert_eq!(counter(&client, &table, &spec, "following", "f20").await, 1);
+    assert_eq!(counter(&client, &table, &spec, "following", "f0").await, 0);
+
+    // Lambda retries the whole batch, then bisects it, then replays suffixes.
+    applier.apply_batch(&records, &all).await.unwrap();
+    let (left, right) = records.split_at(records.len() / 2);
+    applier.apply_batch(left, &all).await.unwrap();
+    applier.apply_batch(right, &all).await.unwrap();
+    for start in [5, 17, 39, 45] {
+        applier.apply_batch(&records[start..], &all).await.unwrap();
+    }
+    assert_eq!(
+        counter(&client, &table, &spec, "followers", "hot").await,
+        30
+    );
+    for i in 0..40 {
+        let expected = if i < 10 { 0 } else { 1 };
+        assert_eq!(
+            counter(&client, &table, &spec, "following", &format!("f{i}")).await,
+            expected,
+            "f{i}"
+        );
+        let edge = get(&client, &table, "USER#hot", &format!("FOLLOWED_BY#f{i}")).await;
+        assert_eq!(edge.is_some(), i >= 10, "edge of f{i}");
+    }
+    let edge = get(&client, &table, "USER#hot", "FOLLOWED_BY#f15")
+        .await
+        .unwrap();
+    assert_eq!(
+        text(&edge, "followedAt").as_deref(),
+        Some("2026-11-01T10:00:00Z")
+    );
+}
+
+#[tokio::test]
+async fn concurrent_deliveries_of_one_batch_count_once() {
+    let (applier, client, table, spec) = setup("social-service.toml", "conc").await;
+    let records: Vec<_> = (0..60)
+        .map(|i| {
+            change(
+                i + 1,
+                ChangeKind::Insert,
+                None,
+                Some(&follow(&format!("c{i}"), "star")),
+            )
+        })
+        .collect();
+    // Two workers get the same batch at once (a retry racing the original).
+    let options = BatchOptions::default();
+    let (a, b) = tokio::join!(
+        applier.apply_batch(&records, &options),
+        applier.apply_batch(&records, &options)
+    );
+    for outcome in [a.unwrap(), b.unwrap()] {
+        assert!(
+            outcome.statuses.iter().all(RecordStatus::is_handled),
+            "{outcome:?}"
+        );
+    }
+    assert_eq!(
+        counter(&client, &table, &spec, "followers", "star").await,
+        60
+    );
+}
+
+#[tokio::test]
+async fn a_poison_record_is_dead_lettered_and_later_records_of_its_item_are_held() {
+    let (applier, client, table, _) = setup("social-service.toml", "dlq").await;
+    let bad = attrs(&[
+        ("PK", s("USER#u1")),
+        ("SK", s("ACHIEVEMENT#b1")),
+        ("tier", s("gold")),
+        ("score", s("high")),
+    ]);
+    let good = attrs(&[
+        ("PK", s("USER#u2")),
+        ("SK", s("ACHIEVEMENT#b1")),
+        ("tier", s("gold")),
+        ("score", n(850)),
+    ]);
+    let fixed = attrs(&[
+        ("PK", s("USER#u1")),
+        ("SK", s("ACHIEVEMENT#b1")),
+        ("tier", s("silver")),
+        ("score", n(12)),
+    ]);
+    write(&client, &table, &good).await;
+    write(&client, &table, &fixed).await;
+    let records = vec![
+        change(1, ChangeKind::Insert, None, Some(&bad)),
+        change(2, ChangeKind::Insert, None, Some(&good)),
+    ];
+    let outcome = applier
+        .apply_batch(&records, &BatchOptions::default())
+        .await
+        .unwrap();
+    assert!(
+        matches!(&outcome.statuses[0], RecordStatus::DeadLettered(r) if r[0].contains("score")),
+        "{outcome:?}"
+    );
+    assert_eq!(outcome.statuses[1], RecordStatus::Applied);
+    let stored = get(&client, &table, "USER#u2", "ACHIEVEMENT#b1")
+        .await
+        .unwrap();
+    assert_eq!(text(&stored, "GSI1SK").as_deref(), Some("SCORE#0850"));
+
+    // A later, good record of the same item waits behind the dead letter.
+    let later = change(3, ChangeKind::Modify, Some(&bad), Some(&fixed));
+    let outcome = applier
+        .apply_batch(&[later], &BatchOptions::default())
+        .await
+        .unwrap();
+    assert!(
+        matches!(&outcome.statuses[0], RecordStatus::DeadLettered(r) if r[0].contains("held")),
+        "{outcome:?}"
+    );
+    assert!(get(&client, &table, "USER#u1", "ACHIEVEMENT#b1")
+        .await
+        .unwrap()
+        .get("GSI1PK")
+        .is_none());
+
+    let store = applier.dead_letter_store();
+    let letters = store.list().await.unwrap();
+    assert_eq!(letters.len(), 2, "{letters:#?}");
+    assert_eq!(letters[0].projection, "achievement-leaderboard-keys");
+    assert!(
+        letters[0]
+            .error
+            .contains("`high` is not a non-negative whole number"),
+        "{}",
+        letters[0].error
+    );
+    assert!(!letters[0].held && letters[1].held);
+    assert_eq!(
+        letters[0].record["new_image"]["score"],
+        serde_json::json!({"S": "high"}),
+        "the full record is kept"
+    );
+
+    // Redrive: the first letter still fails (its image says "high"), so the
+    // held one stays behind it.
+    let summary = applier.redrive(None).await.unwrap();
+    assert_eq!((summary.redriven, summary.still_failing), (0, 2));
+    assert_eq!(store.list().await.unwrap()[0].attempts, 2);
+}
+
+/// A spec whose GSI key template reads `{attr}` from email items.
+fn email_spec(attr: &str) -> Arc<Spec> {
+    let text = format!(
+        r#"
+service = "redrive-test"
+[table]
+name = "unused"
+[[table.gsi]]
+name = "GSI1"
+partition_key = "GSI1PK"
+sort_key = "GSI1SK"
+[entities.email]
+pk = "USER#{{userId}}"
+sk = "EMAIL#{{emailId}}"
+[[projections]]
+name = "email-gsi1-keys"
+kind = "index-keys"
+entity = "email"
+set = {{ GSI1PK = "EMAIL#{{lower({attr})}}", GSI1SK = "USER#{{userId}}" }}
+"#
+    );
+    Arc::new(Spec::from_toml(&text, "redrive-test.toml").unwrap())
+}
+
+#[tokio::test]
+async fn redrive_after_a_spec_fix_applies_letters_in_order_and_releases_the_hold() {
+    let client = support::client().await;
+    let buggy = email_spec("address");
+    let table = support::fresh_table(&client, &buggy, "redrive").await;
+    let applier = Applier::new(client.clone(), buggy, &table, ApplyConfig::default());
+    let v1 = email("u1", "e1", "First@X.org", false);
+    let v2 = email("u1", "e1", "Second@X.org", false);
+    write(&client, &table, &v2).await;
+    let records = [
+        change(1, ChangeKind::Insert, None, Some(&v1)),
+        change(2, ChangeKind::Modify, Some(&v1), Some(&v2)),
+    ];
+    let outcome = applier
+        .apply_batch(&records, &BatchOptions::default())
+        .await
+        .unwrap();
+    assert!(
+        matches!(&outcome.statuses[0], RecordStatus::DeadLettered(r) if r[0].contains("attribute `address` is missing")),
+        "{outcome:?}"
+    );
+    assert!(
+        matches!(&outcome.statuses[1], RecordStatus::DeadLettered(_)),
+        "{outcome:?}"
+    );
+    let letters = applier.dead_letter_store().list().await.unwrap();
+    assert_eq!(
+        letters.iter().map(|l| l.held).collect::<Vec<_>>(),
+        vec![false, true]
+    );
+    // Redrive with the bug still there changes nothing and counts attempts.
+    let summary = applier.redrive(None).await.unwrap();
+    assert_eq!((summary.redriven, summary.still_failing), (0, 2));
+
+    // The team fixes the spec and redrives.
+    let fixed = Applier::new(
+        client.clone(),
+        email_spec("email"),
+        &table,
+        ApplyConfig::default(),
+    );
+    let summary = fixed.redrive(None).await.unwrap();
+    assert_eq!((summary.redriven, summary.still_failing), (2, 0));
+    assert!(fixed.dead_letter_store().list().await.unwrap().is_empty());
+    let stored = get(&client, &table, "USER#u1", "EMAIL#e1").await.unwrap();
+    assert_eq!(
+        text(&stored, "GSI1PK").as_deref(),
+        Some("EMAIL#second@x.org"),
+        "letters applied in stream order"
+    );
+    // The hold is released: new records apply directly.
+    let v3 = email("u1", "e1", "third@x.org", false);
+    write(&client, &table, &v3).await;
+    let outcome = fixed
+        .apply_batch(
+            &[change(3, ChangeKind::Modify, Some(&v2), Some(&v3))],
+            &BatchOptions::default(),
+        )
+        .await
+        .unwrap();
+    assert_eq!(outcome.statuses, vec![RecordStatus::Applied]);
+    let stored = get(&client, &table, "USER#u1", "EMAIL#e1").await.unwrap();
+    assert_eq!(
+        text(&stored, "GSI1PK").as_deref(),
+        Some("EMAIL#third@x.org")
+    );
+}
+
+#[tokio::test]
+async fn a_derived_write_dynamodb_rejects_is_dead_lettered() {
+    let (applier, client, table, _) = setup("user-service.toml", "reject").await;
+    // A GSI partition key may be at most 2048 bytes: DynamoDB rejects the write.
+    let long = format!("{}@x.org", "a".repeat(3000));
+    let e = email("u1", "e1", &long, false);
+    write(&client, &table, &e).await;
+    let ok = email("u2", "e1", "fine@x.org", false);
+    write(&client, &table, &ok).await;
+    let outcome = applier
+        .apply_batch(
+            &[
+                change(1, ChangeKind::Insert, None, Some(&e)),
+                change(2, ChangeKind::Insert, None, Some(&ok)),
+            ],
+            &BatchOptions::default(),
+        )
+        .await
+        .unwrap();
+    assert!(
+        matches!(&outcome.statuses[0], RecordStatus::DeadLettered(r) if r[0].contains("email-gsi1-keys")),
+        "{outcome:?}"
+    );
+    assert_eq!(outcome.statuses[1], RecordStatus::Applied);
+    let letters = applier.dead_letter_store().list().await.unwrap();
+    assert_eq!(letters.len(), 1);
+    assert!(
+        letters[0].error.contains("Validation"),
+        "{}",
+        letters[0].error
+    );
+}
+
+#[tokio::test]
+async fn undecodable_records_are_dead_lettered_whole() {
+    let (applier, _client, _table, _) = setup("user-service.toml", "undec").await;
+    let problem = DecodeProblem {
+        index: 0,
+        event_id: Some("bad-1".into()),
+        sequence_number: Some("7".into()),
+        reason: "the record has no Keys".into(),
+        raw: serde_json::json!({"eventID": "bad-1", "eventName": "INSERT", "dynamodb": {"SequenceNumber": "7"}}),
+    };
+    let outcome = applier
+        .apply_batch(&[Err(problem)], &BatchOptions::default())
+        .await
+        .unwrap();
+    assert!(
+        matches!(&outcome.statuses[0], RecordStatus::DeadLettered(r) if r[0].contains("no Keys"))
+    );
+    let letters = applier.dead_letter_store().list().await.unwrap();
+    assert_eq!(letters[0].projection, "*");
+    assert_eq!(letters[0].record["eventID"], "bad-1");
+}
+
+#[tokio::test]
+async fn unrelated_and_bookkeeping_records_write_nothing() {
+    let (applier, client, table, _) = setup("user-service.toml", "skip").await;
+    let other = attrs(&[("PK", s("ORDER#1")), ("SK", s("ITEM#1"))]);
+    let mine = attrs(&[("PK", s("_ddbp#checkpoint")), ("SK", s("x"))]);
+    put(
+        &client,
+        &table,
+        &[("PK", s("ORDER#1")), ("SK", s("ITEM#1"))],
+    )
+    .await;
+    let outcome = applier
+        .apply_batch(
+            &[
+                change(1, ChangeKind::Insert, None, Some(&other)),
+                change(2, ChangeKind::Insert, None, Some(&mine)),
+            ],
+            &BatchOptions::default(),
+        )
+        .await
+        .unwrap();
+    assert!(matches!(&outcome.statuses[0], RecordStatus::Skipped(r) if r.contains("no entity")));
+    assert!(matches!(&outcome.statuses[1], RecordStatus::Skipped(r) if r.contains("bookkeeping")));
+    assert_eq!(outcome.stats.writes, 0);
+}

@@ -1,0 +1,6 @@
+//! Tests against a real DynamoDB (DynamoDB Local).
+
+pub mod support;
+
+mod applier;
+mod runner;

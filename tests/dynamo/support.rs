@@ -1,0 +1,222 @@
+//! The test harness for DynamoDB Local: one real server per test binary.
+//!
+//! Uses the server named by `AWS_ENDPOINT_URL` when it is set (CI starts
+//! one); otherwise starts one with `scripts/ddb-local` and a watchdog that
+//! stops it when the test process exits. Every test makes its own tables,
+//! so tests run in parallel on one server.
+
+// Not every test module uses every helper.
+#![allow(dead_code)]
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::{Arc, OnceLock};
+
+use aws_sdk_dynamodb::types::AttributeValue as Av;
+use ddb_projector::spec::Spec;
+
+/// The repository root.
+pub fn repo() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+/// The endpoint of the shared DynamoDB Local.
+pub fn endpoint() -> &'static str {
+    static ENDPOINT: OnceLock<String> = OnceLock::new();
+    ENDPOINT.get_or_init(|| {
+        if let Ok(endpoint) = std::env::var("AWS_ENDPOINT_URL") {
+            return endpoint;
+        }
+        let output = std::process::Command::new(repo().join("scripts/ddb-local"))
+            .arg("start")
+            .output()
+            .expect("run scripts/ddb-local start");
+        assert!(
+            output.status.success(),
+            "scripts/ddb-local start failed:\n{}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+        let line = String::from_utf8(output.stdout).expect("utf-8");
+        let endpoint = line
+            .trim()
+            .strip_prefix("AWS_ENDPOINT_URL=")
+            .expect("start prints AWS_ENDPOINT_URL=...")
+            .to_string();
+        let port = endpoint.rsplit(':').next().expect("a port").to_string();
+        // Stop the server when this test process is gone.
+        let watchdog = format!(
+            "while kill -0 {pid} 2>/dev/null; do sleep 1; done; '{script}' stop --port {port} >/dev/null 2>&1",
+            pid = std::process::id(),
+            script = repo().join("scripts/ddb-local").display(),
+        );
+        std::process::Command::new("sh")
+            .args(["-c", &watchdog])
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .expect("spawn the watchdog");
+        endpoint
+    })
+}
+
+/// Environment variables that point a child process at DynamoDB Local.
+pub fn env() -> Vec<(&'static str, String)> {
+    vec![
+        ("AWS_ENDPOINT_URL", endpoint().to_string()),
+        ("AWS_REGION", "us-east-1".to_string()),
+        ("AWS_ACCESS_KEY_ID", "local".to_string()),
+        ("AWS_SECRET_ACCESS_KEY", "local".to_string()),
+    ]
+}
+
+/// An SDK configuration for DynamoDB Local.
+pub async fn sdk_config() -> aws_config::SdkConfig {
+    aws_config::defaults(aws_config::BehaviorVersion::latest())
+        .endpoint_url(endpoint())
+        .region(aws_config::Region::new("us-east-1"))
+        .credentials_provider(aws_sdk_dynamodb::config::Credentials::new(
+            "local", "local", None, None, "tests",
+        ))
+        .load()
+        .await
+}
+
+/// A DynamoDB client for DynamoDB Local.
+pub async fn client() -> aws_sdk_dynamodb::Client {
+    aws_sdk_dynamodb::Client::new(&sdk_config().await)
+}
+
+/// A table name no other test uses.
+pub fn unique_table(prefix: &str) -> String {
+    static N: AtomicU32 = AtomicU32::new(0);
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .subsec_nanos();
+    format!(
+        "{prefix}-{}-{nanos}-{}",
+        std::process::id(),
+        N.fetch_add(1, Ordering::Relaxed)
+    )
+}
+
+/// Loads a shipped spec.
+pub fn shipped_spec(name: &str) -> Arc<Spec> {
+    Arc::new(
+        Spec::from_file(&repo().join("projections").join(name)).expect("shipped spec compiles"),
+    )
+}
+
+/// A fresh table shaped like `spec` (with a stream), named uniquely.
+pub async fn fresh_table(client: &aws_sdk_dynamodb::Client, spec: &Spec, prefix: &str) -> String {
+    let table = unique_table(prefix);
+    ddb_projector::table::create_table(client, spec, &table)
+        .await
+        .expect("create table");
+    table
+}
+
+/// A string attribute.
+pub fn s(value: &str) -> Av {
+    Av::S(value.to_string())
+}
+
+/// A number attribute.
+pub fn n(value: i64) -> Av {
+    Av::N(value.to_string())
+}
+
+/// Builds an item from pairs.
+pub fn item(pairs: &[(&str, Av)]) -> HashMap<String, Av> {
+    pairs
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.clone()))
+        .collect()
+}
+
+/// Puts an item the way a simple writer would.
+pub async fn put(client: &aws_sdk_dynamodb::Client, table: &str, pairs: &[(&str, Av)]) {
+    client
+        .put_item()
+        .table_name(table)
+        .set_item(Some(item(pairs)))
+        .send()
+        .await
+        .expect("put item");
+}
+
+/// Deletes an item by PK/SK.
+pub async fn delete(client: &aws_sdk_dynamodb::Client, table: &str, pk: &str, sk: &str) {
+    client
+        .delete_item()
+        .table_name(table)
+        .set_key(Some(item(&[("PK", s(pk)), ("SK", s(sk))])))
+        .send()
+        .await
+        .expect("delete item");
+}
+
+/// Reads an item consistently.
+pub async fn get(
+    client: &aws_sdk_dynamodb::Client,
+    table: &str,
+    pk: &str,
+    sk: &str,
+) -> Option<HashMap<String, Av>> {
+    client
+        .get_item()
+        .table_name(table)
+        .set_key(Some(item(&[("PK", s(pk)), ("SK", s(sk))])))
+        .consistent_read(true)
+        .send()
+        .await
+        .expect("get item")
+        .item
+}
+
+/// Every item of a table, sorted by key, for whole-table comparisons.
+pub async fn scan_all(client: &aws_sdk_dynamodb::Client, table: &str) -> Vec<HashMap<String, Av>> {
+    let mut items = Vec::new();
+    let mut start = None;
+    loop {
+        let page = client
+            .scan()
+            .table_name(table)
+            .consistent_read(true)
+            .set_exclusive_start_key(start)
+            .send()
+            .await
+            .expect("scan");
+        items.extend(page.items().iter().cloned());
+        match page.last_evaluated_key() {
+            Some(key) if !key.is_empty() => start = Some(key.clone()),
+            _ => break,
+        }
+    }
+    let key = |item: &HashMap<String, Av>| {
+        let text = |name: &str| match item.get(name) {
+            Some(Av::S(v)) => v.clone(),
+            _ => String::new(),
+        };
+        (text("PK"), text("SK"))
+    };
+    items.sort_by_key(key);
+    items
+}
+
+/// The string value of an attribute.
+pub fn text(item: &HashMap<String, Av>, name: &str) -> Option<String> {
+    match item.get(name) {
+        Some(Av::S(value)) => Some(value.clone()),
+        Some(Av::N(value)) => Some(value.clone()),
+        Some(Av::Bool(value)) => Some(value.to_string()),
+        _ => None,
+    }
+}
+
+/// Path of the built binary.
+pub fn binary() -> &'static Path {
+    Path::new(env!("CARGO_BIN_EXE_ddb-projector"))
+}
