@@ -1,0 +1,253 @@
+//! The offline commands, run as the built binary: `check` and `plan`.
+
+use std::path::Path;
+use std::process::{Command, Output};
+
+use ddb_projector::spec::Spec;
+use expect_test::expect;
+use serde_json::Value;
+
+use super::util::repo_path;
+
+/// Runs `ddb-projector ARGS` in the repository root.
+fn run(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_ddb-projector"))
+        .args(args)
+        .current_dir(repo_path(""))
+        .env_remove("RUST_LOG")
+        .output()
+        .expect("the binary runs")
+}
+
+fn stdout(output: &Output) -> String {
+    String::from_utf8(output.stdout.clone()).unwrap()
+}
+
+fn stderr(output: &Output) -> String {
+    String::from_utf8(output.stderr.clone()).unwrap()
+}
+
+fn temp_file(contents: &str, suffix: &str) -> tempfile::NamedTempFile {
+    let file = tempfile::Builder::new().suffix(suffix).tempfile().unwrap();
+    std::fs::write(file.path(), contents).unwrap();
+    file
+}
+
+/// Replaces a temporary path with `TMP` so that messages can be snapshots.
+fn scrub(text: &str, path: &Path) -> String {
+    text.replace(&path.display().to_string(), "TMP")
+}
+
+// ---------------------------------------------------------------------------
+// check
+
+#[test]
+fn check_summarizes_each_shipped_spec() {
+    for name in ["user-service", "social-service", "ads-platform"] {
+        let relative = format!("projections/{name}.toml");
+        let output = run(&["check", "--spec", &relative]);
+        assert_eq!(output.status.code(), Some(0), "{}", stderr(&output));
+        let spec = Spec::from_file(&repo_path(&relative)).unwrap();
+        assert_eq!(
+            stdout(&output),
+            format!("{relative}: ok\n{}", spec.summary())
+        );
+    }
+}
+
+#[test]
+fn check_reports_a_broken_spec() {
+    let text = std::fs::read_to_string(repo_path("projections/user-service.toml"))
+        .unwrap()
+        .replace("source = \"email\"", "source = \"emails\"")
+        .replace("{lower(trim(email))}", "{lower(trim(email)}");
+    let spec = temp_file(&text, ".toml");
+    let output = run(&["check", "--spec", spec.path().to_str().unwrap()]);
+    assert_eq!(output.status.code(), Some(1));
+    assert_eq!(stdout(&output), "");
+    expect![[r#"
+        TMP: projection `email-gsi1-keys`: set `GSI1PK` = `EMAIL#{lower(trim(email)}`: bad expression `{lower(trim(email)}`: missing `)`
+        TMP: projection `profile-primary-email`: unknown source entity `emails` (did you mean `email`?)
+        (2 problems)
+    "#]]
+    .assert_eq(&scrub(&stderr(&output), spec.path()));
+}
+
+#[test]
+fn check_reports_a_missing_file() {
+    let output = run(&["check", "--spec", "projections/no-such-service.toml"]);
+    assert_eq!(output.status.code(), Some(1));
+    expect![[r#"
+        projections/no-such-service.toml: cannot read the spec file: No such file or directory (os error 2)
+    "#]]
+    .assert_eq(&stderr(&output));
+}
+
+// ---------------------------------------------------------------------------
+// plan
+
+/// `plan`'s JSON lines, each reduced to what it says about which record.
+fn plan_summary(stdout: &str) -> String {
+    let mut out = String::new();
+    for line in stdout.lines() {
+        let line: Value = serde_json::from_str(line)
+            .unwrap_or_else(|error| panic!("not a JSON line ({error}): {line}"));
+        let record = &line["record"];
+        let seq = record["sequenceNumber"].as_str().unwrap_or("?");
+        let what = if let Some(skipped) = line["skipped"].as_str() {
+            format!("skipped: {skipped}")
+        } else if let Some(error) = line["error"].as_str() {
+            format!("error: {error}")
+        } else {
+            format!(
+                "{} {} {} / {}",
+                line["projection"].as_str().unwrap(),
+                line["op"].as_str().unwrap(),
+                line["key"]["PK"].as_str().unwrap(),
+                line["key"]["SK"].as_str().unwrap(),
+            )
+        };
+        out.push_str(&format!(
+            "{} {seq}: {what}\n",
+            record["eventName"].as_str().unwrap_or("-")
+        ));
+    }
+    out
+}
+
+#[test]
+fn plan_prints_effects_as_json_lines() {
+    let output = run(&[
+        "plan",
+        "--spec",
+        "projections/user-service.toml",
+        "--event",
+        "tests/fixtures/lambda-event.json",
+    ]);
+    assert_eq!(output.status.code(), Some(0), "{}", stderr(&output));
+    let out = stdout(&output);
+    expect![[r#"
+        INSERT 000000000000000000001: profile-primary-email recompute USER#u1 / PROFILE
+        INSERT 000000000000000000002: email-gsi1-keys set USER#u1 / EMAIL#e1
+        INSERT 000000000000000000002: profile-primary-email recompute USER#u1 / PROFILE
+        INSERT 000000000000000000003: email-gsi1-keys set USER#u1 / EMAIL#e2
+        MODIFY 000000000000000000004: email-gsi1-keys set USER#u1 / EMAIL#e1
+        MODIFY 000000000000000000004: profile-primary-email recompute USER#u1 / PROFILE
+        MODIFY 000000000000000000005: email-gsi1-keys set USER#u1 / EMAIL#e2
+        MODIFY 000000000000000000005: profile-primary-email recompute USER#u1 / PROFILE
+        REMOVE 000000000000000000006: skipped: change to `email` touches nothing a projection reads
+    "#]]
+    .assert_eq(&plan_summary(&out));
+    // Each effect names its record and carries what the applier needs.
+    let first: Value = serde_json::from_str(out.lines().next().unwrap()).unwrap();
+    assert_eq!(
+        first["record"]["eventID"],
+        "e8f0cbbf-5012-4d90-989c-042337d9ec0a"
+    );
+    let set: Value = serde_json::from_str(out.lines().nth(1).unwrap()).unwrap();
+    assert_eq!(set["set"]["GSI1PK"], "EMAIL#alice@example.com");
+    assert_eq!(set["if"]["email"], "alice@example.com");
+    expect![[r#"
+        6 records: 8 effects, 1 skipped, 0 could not be planned
+    "#]]
+    .assert_eq(&stderr(&output));
+}
+
+#[test]
+fn plan_reads_the_event_from_stdin() {
+    use std::io::Write;
+    use std::process::Stdio;
+    let mut child = Command::new(env!("CARGO_BIN_EXE_ddb-projector"))
+        .args([
+            "plan",
+            "--spec",
+            "projections/user-service.toml",
+            "--event",
+            "-",
+        ])
+        .current_dir(repo_path(""))
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let event = std::fs::read(repo_path("tests/fixtures/lambda-event-ttl.json")).unwrap();
+    child.stdin.take().unwrap().write_all(&event).unwrap();
+    let output = child.wait_with_output().unwrap();
+    assert_eq!(output.status.code(), Some(0), "{}", stderr(&output));
+    expect![[r#"
+        REMOVE 000000000000000000006: skipped: change to `email` touches nothing a projection reads
+    "#]]
+    .assert_eq(&plan_summary(&stdout(&output)));
+}
+
+#[test]
+fn plan_with_a_malformed_event_names_the_file() {
+    let event = temp_file(r#"{"Records": [{"eventID": "1",}]}"#, ".json");
+    let output = run(&[
+        "plan",
+        "--spec",
+        "projections/user-service.toml",
+        "--event",
+        event.path().to_str().unwrap(),
+    ]);
+    assert_eq!(output.status.code(), Some(2));
+    assert_eq!(stdout(&output), "");
+    expect![[r#"
+        error: TMP: the event is not valid JSON: trailing comma at line 1 column 30
+    "#]]
+    .assert_eq(&scrub(&stderr(&output), event.path()));
+}
+
+#[test]
+fn plan_with_a_missing_event_file() {
+    let output = run(&[
+        "plan",
+        "--spec",
+        "projections/user-service.toml",
+        "--event",
+        "tests/fixtures/no-such-event.json",
+    ]);
+    assert_eq!(output.status.code(), Some(2));
+    expect![[r#"
+        error: cannot read the event file tests/fixtures/no-such-event.json: No such file or directory (os error 2)
+    "#]]
+    .assert_eq(&stderr(&output));
+}
+
+#[test]
+fn plan_with_a_record_that_cannot_be_planned() {
+    // The fixture's second record (the primary email) without its address,
+    // and its third with a record-level problem.
+    let mut event: Value = serde_json::from_slice(
+        &std::fs::read(repo_path("tests/fixtures/lambda-event.json")).unwrap(),
+    )
+    .unwrap();
+    let records = event["Records"].as_array_mut().unwrap();
+    records.truncate(3);
+    records[1]["dynamodb"]["NewImage"]
+        .as_object_mut()
+        .unwrap()
+        .remove("email");
+    records[2]["eventName"] = Value::from("UPSERT");
+    let event = temp_file(&event.to_string(), ".json");
+    let output = run(&[
+        "plan",
+        "--spec",
+        "projections/user-service.toml",
+        "--event",
+        event.path().to_str().unwrap(),
+    ]);
+    assert_eq!(output.status.code(), Some(1), "{}", stderr(&output));
+    expect![[r#"
+        INSERT 000000000000000000001: profile-primary-email recompute USER#u1 / PROFILE
+        INSERT 000000000000000000002: profile-primary-email recompute USER#u1 / PROFILE
+        INSERT 000000000000000000002: error: projection `email-gsi1-keys`: attribute `email` is missing
+        - 000000000000000000003: error: unknown eventName `UPSERT`: this version knows INSERT, MODIFY and REMOVE
+    "#]]
+    .assert_eq(&plan_summary(&stdout(&output)));
+    expect![[r#"
+        3 records: 2 effects, 0 skipped, 2 could not be planned
+    "#]]
+    .assert_eq(&stderr(&output));
+}
