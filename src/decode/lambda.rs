@@ -11,12 +11,19 @@ use crate::record::{ChangeKind, ChangeRecord, Item, Origin, SequenceNumber, View
 /// The event as a whole could not be read.
 #[derive(Debug, thiserror::Error)]
 pub enum LambdaEventError {
-    /// Not JSON at all.
+    /// Not JSON at all. The parser's message is part of this one (and not
+    /// a `source`), so that `{:#}` chains do not print it twice.
     #[error("the event is not valid JSON: {0}")]
-    Json(#[from] serde_json::Error),
+    Json(serde_json::Error),
     /// JSON, but not a DynamoDB Streams event.
     #[error("the event has no `Records` array: it is not a DynamoDB Streams event")]
     NoRecords,
+}
+
+impl From<serde_json::Error> for LambdaEventError {
+    fn from(error: serde_json::Error) -> Self {
+        LambdaEventError::Json(error)
+    }
 }
 
 /// Decodes a Lambda DynamoDB Streams event, record by record.
