@@ -147,7 +147,16 @@ fn split_parts(text: &str) -> Result<Vec<(usize, Part)>, TemplateError> {
                 if !literal.is_empty() {
                     parts.push((i, Part::Lit(std::mem::take(&mut literal))));
                 }
-                parts.push((i, Part::Expr(parse_expr(&text[i + 1..close])?)));
+                let expr = &text[i + 1..close];
+                // Name the whole expression, not the nested part at fault.
+                let parsed = parse_expr(expr).map_err(|error| match error {
+                    TemplateError::BadExpr { why, .. } => TemplateError::BadExpr {
+                        expr: expr.to_string(),
+                        why,
+                    },
+                    other => other,
+                })?;
+                parts.push((i, Part::Expr(parsed)));
                 i = close + 1;
             }
             b'}' => return Err(TemplateError::Unopened(i)),
