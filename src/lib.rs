@@ -10,6 +10,8 @@
 //! - [`spec`]: spec files (one per service), compiled into a validated rule set;
 //!   matching a key to an entity lives here too.
 //! - [`plan`]: the pure planner, one module per projection kind.
+//! - [`source`]: the self-hosted DynamoDB Streams runner (shard walker and
+//!   durable checkpoints) behind `run` and `replay`.
 //! - `main.rs`: the `ddb-projector` command line.
 //!
 //! **Architecture Invariant:** `record`, `decode`, `spec` and `plan` do no
@@ -22,5 +24,6 @@ pub mod counter;
 pub mod decode;
 pub mod plan;
 pub mod record;
+pub mod source;
 pub mod spec;
 pub mod table;

@@ -1,17 +1,98 @@
-//! `run` and `replay`: the self-hosted stream runner.
+//! `run` and `replay`: the self-hosted stream runner (see [`crate::source`]).
 
 use std::process::ExitCode;
 
-use super::Target;
+use anyhow::bail;
+
+use super::{connect, Connection, Target};
+use crate::apply::{Applier, ApplyConfig};
+use crate::source::{RunOptions, StreamRunner, Summary};
 
 /// `run`: tail the stream, applying projections, checkpointing per shard.
 pub async fn run(target: Target, drain: bool) -> anyhow::Result<ExitCode> {
-    let _ = (target, drain);
-    anyhow::bail!("`run` is not built yet")
+    let c = match connect(&target).await {
+        Ok(connection) => connection,
+        Err(result) => return result,
+    };
+    let options = if drain {
+        RunOptions::drain()
+    } else {
+        RunOptions::follow()
+    };
+    let verb = if drain { "run --drain" } else { "run" };
+    run_stream(&c, options, verb).await
 }
 
 /// `replay`: process the retained stream again from its start.
 pub async fn replay(target: Target, projections: Vec<String>) -> anyhow::Result<ExitCode> {
-    let _ = (target, projections);
-    anyhow::bail!("`replay` is not built yet")
+    let c = match connect(&target).await {
+        Ok(connection) => connection,
+        Err(result) => return result,
+    };
+    let mut selection = Vec::new();
+    for name in &projections {
+        match c.spec.projection_id(name) {
+            Some(id) => selection.push(id),
+            None => {
+                let known: Vec<&str> = c.spec.projections.iter().map(|p| p.name.as_str()).collect();
+                bail!(
+                    "no projection `{name}` in {} (projections: {})",
+                    c.spec.file,
+                    known.join(", ")
+                );
+            }
+        }
+    }
+    let selection = (!selection.is_empty()).then_some(selection);
+    run_stream(&c, RunOptions::replay(selection), "replay").await
+}
+
+async fn run_stream(c: &Connection, options: RunOptions, verb: &str) -> anyhow::Result<ExitCode> {
+    let (stream_arn, _) = crate::aws::require_stream(&c.dynamodb, &c.table).await?;
+    let applier = Applier::new(
+        c.dynamodb.clone(),
+        c.spec.clone(),
+        &c.table,
+        ApplyConfig::default(),
+    );
+    let runner = StreamRunner::new(applier, crate::aws::streams(&c.config), &stream_arn);
+    tracing::info!(table = %c.table, stream = %stream_arn, drain = options.drain, checkpoints = options.checkpoints, "starting");
+    match runner.run(options, shutdown()).await {
+        Ok(summary) => {
+            print_summary(verb, &c.table, &summary, "stopped");
+            Ok(ExitCode::SUCCESS)
+        }
+        Err(error) => {
+            print_summary(verb, &c.table, &error.summary, "failed");
+            Err(error.into())
+        }
+    }
+}
+
+fn print_summary(verb: &str, table: &str, summary: &Summary, how: &str) {
+    eprintln!("ddb-projector {verb} on table {table} {how}:\n{summary}");
+}
+
+/// Completes on SIGINT or SIGTERM.
+async fn shutdown() {
+    let interrupt = tokio::signal::ctrl_c();
+    #[cfg(unix)]
+    {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut terminate) => {
+                tokio::select! {
+                    _ = interrupt => {}
+                    _ = terminate.recv() => {}
+                }
+            }
+            Err(error) => {
+                tracing::warn!(%error, "cannot listen for SIGTERM; only SIGINT stops the runner");
+                let _ = interrupt.await;
+            }
+        }
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = interrupt.await;
+    }
 }
