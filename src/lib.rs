@@ -12,6 +12,8 @@
 //! - [`plan`]: the pure planner, one module per projection kind.
 //! - [`source`]: the self-hosted DynamoDB Streams runner (shard walker and
 //!   durable checkpoints) behind `run` and `replay`.
+//! - [`lambda`]: the AWS Lambda bootstrap (partial batch responses, deadline,
+//!   EMF metrics) and the event source mapping filters the spec implies.
 //! - `main.rs`: the `ddb-projector` command line.
 //!
 //! **Architecture Invariant:** `record`, `decode`, `spec` and `plan` do no
@@ -22,6 +24,7 @@ pub mod aws;
 pub mod cli;
 pub mod counter;
 pub mod decode;
+pub mod lambda;
 pub mod plan;
 pub mod record;
 pub mod source;

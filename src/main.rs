@@ -7,7 +7,8 @@ use std::process::ExitCode;
 use clap::Parser;
 
 fn main() -> ExitCode {
-    let cli = ddb_projector::cli::Cli::parse();
+    // Lambda starts the bootstrap without arguments.
+    let cli = ddb_projector::lambda::bootstrap_cli().unwrap_or_else(ddb_projector::cli::Cli::parse);
     ddb_projector::cli::init_logging(cli.log_format());
     match ddb_projector::cli::run(cli) {
         Ok(code) => code,

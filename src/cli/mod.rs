@@ -82,6 +82,16 @@ pub enum Command {
         #[arg(long = "projection")]
         projections: Vec<String>,
     },
+    /// Serve DynamoDB Streams events as an AWS Lambda function (the default
+    /// when AWS_LAMBDA_RUNTIME_API is set and no command is given).
+    Lambda,
+    /// Print the Lambda event source mapping FilterCriteria (JSON) that lets
+    /// through only records some projection of the spec uses.
+    Filters {
+        /// The spec file.
+        #[arg(long)]
+        spec: PathBuf,
+    },
     /// Read counters.
     Counter {
         /// What to do.
@@ -174,6 +184,8 @@ pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Table { command: TableCommand::Create { target } } => block_on(online::table_create(target)),
         Command::Run { target, drain } => block_on(stream::run(target, drain)),
         Command::Replay { target, projections } => block_on(stream::replay(target, projections)),
+        Command::Lambda => crate::lambda::run(),
+        Command::Filters { spec } => Ok(crate::lambda::filters::command(&spec)),
         Command::Counter { command: CounterCommand::Get { name, vars, target } } => {
             block_on(online::counter_get(target, name, vars))
         }

@@ -1,0 +1,368 @@
+//! One invocation: apply the decoded batch before the deadline, then report
+//! the first record that is not handled.
+
+use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use aws_lambda_events::event::streams::{DynamoDbBatchItemFailure, DynamoDbEventResponse};
+use lambda_runtime::{Context, Diagnostic, LambdaEvent};
+use tokio::time::Instant;
+
+use super::event::{table_from_stream_arn, StreamsEvent};
+use crate::apply::{Applier, ApplyConfig, ApplyError, BatchOptions, RecordStatus};
+use crate::decode::DecodeProblem;
+use crate::record::ChangeRecord;
+use crate::spec::Spec;
+
+/// Why an invocation fails as a whole; Lambda then delivers the whole batch
+/// again (and bisects it, when the mapping says so).
+#[derive(Debug, thiserror::Error)]
+pub enum InvocationError {
+    /// Neither `PROJECTOR_TABLE` nor the records say which table to write.
+    #[error("cannot tell which table to write to: the records carry no eventSourceARN of a DynamoDB stream; set PROJECTOR_TABLE")]
+    NoTable,
+    /// The configuration is wrong (no table, no access), not the data.
+    #[error("{0}")]
+    Apply(#[from] ApplyError),
+    /// A record that is not handled has no sequence number to report, and
+    /// neither has any record before it.
+    #[error("record {index} is not handled and neither it nor any record before it has a SequenceNumber to report; the whole batch will be delivered again")]
+    NoIdentifier {
+        /// The record's position in the batch.
+        index: usize,
+    },
+}
+
+impl From<InvocationError> for Diagnostic {
+    fn from(error: InvocationError) -> Diagnostic {
+        let error_type = match &error {
+            InvocationError::NoTable => "Projector.NoTable",
+            InvocationError::Apply(_) => "Projector.CannotWrite",
+            InvocationError::NoIdentifier { .. } => "Projector.NoItemIdentifier",
+        };
+        Diagnostic {
+            error_type: error_type.to_string(),
+            error_message: error.to_string(),
+        }
+    }
+}
+
+/// When an invocation stops starting writes and when it gives up waiting.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Deadlines {
+    /// No write starts after this instant (the Lambda deadline less the margin).
+    pub stop_writes: Instant,
+    /// Writes still running at this instant are abandoned and the whole batch
+    /// is reported failed (a third of the margin before the Lambda deadline),
+    /// leaving time to answer.
+    pub abandon: Instant,
+}
+
+/// The deadlines of an invocation whose Lambda deadline is `deadline_ms`
+/// (milliseconds since the Unix epoch, from `Lambda-Runtime-Deadline-Ms`).
+pub fn deadlines(
+    deadline_ms: u64,
+    now: SystemTime,
+    now_instant: Instant,
+    margin: Duration,
+) -> Deadlines {
+    let now_ms = now
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64);
+    let remaining = Duration::from_millis(deadline_ms.saturating_sub(now_ms));
+    Deadlines {
+        stop_writes: now_instant + remaining.saturating_sub(margin),
+        abandon: now_instant + remaining.saturating_sub(margin / 3),
+    }
+}
+
+/// The answer Lambda reads: the first record (in stream order) that is not
+/// handled, by sequence number. Lambda checkpoints before it and delivers it
+/// and everything after it again; the applier's idempotency makes the
+/// records after it that did apply harmless to apply again.
+pub fn batch_response(
+    records: &[Result<ChangeRecord, DecodeProblem>],
+    statuses: &[RecordStatus],
+) -> Result<DynamoDbEventResponse, InvocationError> {
+    let mut response = DynamoDbEventResponse::default();
+    let Some(first) = statuses.iter().position(|status| !status.is_handled()) else {
+        return Ok(response);
+    };
+    // A record without a sequence number cannot be named; an earlier one
+    // can, and delivering that one again is harmless.
+    let identifier = records[..=first]
+        .iter()
+        .rev()
+        .find_map(sequence_number)
+        .ok_or(InvocationError::NoIdentifier { index: first })?;
+    let mut failure = DynamoDbBatchItemFailure::default();
+    failure.item_identifier = Some(identifier);
+    response.batch_item_failures.push(failure);
+    Ok(response)
+}
+
+fn sequence_number(record: &Result<ChangeRecord, DecodeProblem>) -> Option<String> {
+    match record {
+        Ok(record) => Some(record.sequence_number.0.clone()),
+        Err(problem) => problem.sequence_number.clone(),
+    }
+    .filter(|seq| !seq.is_empty())
+}
+
+/// What every invocation shares: built once at init.
+pub struct Handler {
+    /// The compiled spec.
+    pub spec: Arc<Spec>,
+    /// DynamoDB.
+    pub client: aws_sdk_dynamodb::Client,
+    /// `PROJECTOR_TABLE`, when set.
+    pub table: Option<String>,
+    /// Time kept free before the Lambda deadline.
+    pub margin: Duration,
+    /// The applier's settings (retries are further bounded by the deadline).
+    pub config: ApplyConfig,
+    /// The EMF recorder, flushed after every invocation.
+    pub metrics: Option<&'static metrics_cloudwatch_embedded::Collector>,
+}
+
+impl Handler {
+    /// Handles one invocation and flushes its metrics.
+    pub async fn handle(
+        &self,
+        event: LambdaEvent<StreamsEvent>,
+    ) -> Result<DynamoDbEventResponse, InvocationError> {
+        let LambdaEvent { payload, context } = event;
+        let result = self.process(payload, &context).await;
+        if let Err(error) = &result {
+            tracing::error!(request_id = %context.request_id, %error, "invocation failed");
+        }
+        if let Some(collector) = self.metrics {
+            super::metrics::flush(collector, &context.request_id);
+        }
+        result
+    }
+
+    async fn process(
+        &self,
+        event: StreamsEvent,
+        context: &Context,
+    ) -> Result<DynamoDbEventResponse, InvocationError> {
+        let started = Instant::now();
+        let records = event.records;
+        let n_records = records.len();
+        super::metrics::record_iterator_age(&records);
+        if n_records == 0 {
+            super::metrics::record_invocation(0, false);
+            tracing::info!(request_id = %context.request_id, records = 0, "empty batch");
+            return Ok(DynamoDbEventResponse::default());
+        }
+        let table = match &self.table {
+            Some(table) => table.clone(),
+            None => event
+                .event_source_arn
+                .as_deref()
+                .and_then(table_from_stream_arn)
+                .ok_or(InvocationError::NoTable)?
+                .to_string(),
+        };
+        let deadlines = deadlines(context.deadline, SystemTime::now(), started, self.margin);
+        // A write that keeps failing may retry for a third of the time
+        // left, so that the writes after it (recomputes, dead letters) still
+        // start before the deadline and only its own records fail.
+        let config = ApplyConfig {
+            max_retry_time: self
+                .config
+                .max_retry_time
+                .min(deadlines.stop_writes.saturating_duration_since(started) / 3),
+            ..self.config.clone()
+        };
+        let applier = Applier::new(self.client.clone(), self.spec.clone(), &table, config);
+        let options = BatchOptions {
+            deadline: Some(deadlines.stop_writes),
+            ..BatchOptions::default()
+        };
+
+        let applied =
+            tokio::time::timeout_at(deadlines.abandon, applier.apply_batch(&records, &options))
+                .await;
+        let (statuses, stats, abandoned) = match applied {
+            Ok(Ok(outcome)) => (outcome.statuses, Some(outcome.stats), 0),
+            Ok(Err(error)) => {
+                super::metrics::record_invocation(0, false);
+                return Err(error.into());
+            }
+            Err(_) => {
+                // Nothing is known of the writes in flight: every record is
+                // delivered again, and applying them again is harmless.
+                tracing::warn!(
+                    request_id = %context.request_id,
+                    records = n_records,
+                    "the deadline came before the batch was written; reporting every record failed"
+                );
+                let reason = "the invocation's deadline came before its writes finished";
+                (
+                    vec![RecordStatus::Failed(reason.to_string()); n_records],
+                    None,
+                    n_records,
+                )
+            }
+        };
+        let response = batch_response(&records, &statuses)?;
+        super::metrics::record_invocation(abandoned, !response.batch_item_failures.is_empty());
+
+        let count = |f: fn(&RecordStatus) -> bool| statuses.iter().filter(|s| f(s)).count();
+        let first_failure = statuses.iter().position(|s| !s.is_handled());
+        let stats = stats.unwrap_or_default();
+        tracing::info!(
+            request_id = %context.request_id,
+            table,
+            records = n_records,
+            applied = count(|s| matches!(s, RecordStatus::Applied)),
+            skipped = count(|s| matches!(s, RecordStatus::Skipped(_))),
+            dead_lettered = count(|s| matches!(s, RecordStatus::DeadLettered(_))),
+            failed = count(|s| matches!(s, RecordStatus::Failed(_))),
+            effects = stats.effects,
+            writes = stats.writes,
+            write_units = stats.write_units,
+            retries = stats.retries,
+            elapsed_ms = started.elapsed().as_millis() as u64,
+            "batch done"
+        );
+        if let Some(index) = first_failure {
+            let reason = match &statuses[index] {
+                RecordStatus::Failed(reason) => reason.as_str(),
+                _ => "",
+            };
+            let reported = response
+                .batch_item_failures
+                .first()
+                .and_then(|f| f.item_identifier.as_deref())
+                .unwrap_or_default();
+            tracing::warn!(
+                request_id = %context.request_id,
+                index,
+                reported,
+                reason,
+                "first record not handled; it and the records after it will be delivered again"
+            );
+        }
+        Ok(response)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::record::{ChangeKind, Item, Origin, SequenceNumber};
+
+    fn record(seq: &str) -> Result<ChangeRecord, DecodeProblem> {
+        Ok(ChangeRecord {
+            event_id: format!("e{seq}"),
+            kind: ChangeKind::Insert,
+            keys: Item::default(),
+            old_image: None,
+            new_image: None,
+            sequence_number: SequenceNumber(seq.to_string()),
+            approximate_creation_ms: None,
+            ttl_expiry: false,
+            view_type: None,
+            size_bytes: None,
+            origin: Origin::Synthetic,
+        })
+    }
+
+    fn problem(index: usize, seq: Option<&str>) -> Result<ChangeRecord, DecodeProblem> {
+        Err(DecodeProblem {
+            index,
+            event_id: None,
+            sequence_number: seq.map(str::to_string),
+            reason: "bad".to_string(),
+            raw: serde_json::Value::Null,
+        })
+    }
+
+    fn reported(response: &DynamoDbEventResponse) -> Vec<&str> {
+        response
+            .batch_item_failures
+            .iter()
+            .filter_map(|f| f.item_identifier.as_deref())
+            .collect()
+    }
+
+    fn failed() -> RecordStatus {
+        RecordStatus::Failed("throttled".to_string())
+    }
+
+    #[test]
+    fn all_handled_reports_nothing() {
+        let records = [record("1"), record("2"), record("3")];
+        let statuses = [
+            RecordStatus::Applied,
+            RecordStatus::Skipped("no entity".into()),
+            RecordStatus::DeadLettered(vec!["p: bad".into()]),
+        ];
+        let response = batch_response(&records, &statuses).unwrap();
+        assert!(response.batch_item_failures.is_empty());
+        assert_eq!(
+            serde_json::to_value(&response).unwrap(),
+            serde_json::json!({ "batchItemFailures": [] })
+        );
+    }
+
+    #[test]
+    fn the_first_failure_in_stream_order_is_reported_alone() {
+        let records = [record("10"), record("11"), record("12"), record("13")];
+        let statuses = [
+            RecordStatus::Applied,
+            failed(),
+            RecordStatus::Applied,
+            failed(),
+        ];
+        let response = batch_response(&records, &statuses).unwrap();
+        assert_eq!(reported(&response), ["11"]);
+        assert_eq!(
+            serde_json::to_value(&response).unwrap(),
+            serde_json::json!({ "batchItemFailures": [{ "itemIdentifier": "11" }] })
+        );
+    }
+
+    #[test]
+    fn a_failure_without_a_sequence_number_reports_the_record_before_it() {
+        let records = [record("10"), problem(1, None), record("12")];
+        let statuses = [RecordStatus::Applied, failed(), RecordStatus::Applied];
+        assert_eq!(
+            reported(&batch_response(&records, &statuses).unwrap()),
+            ["10"]
+        );
+
+        let records = [problem(0, Some("7")), record("8")];
+        let statuses = [failed(), RecordStatus::Applied];
+        assert_eq!(
+            reported(&batch_response(&records, &statuses).unwrap()),
+            ["7"]
+        );
+
+        let records = [problem(0, None), record("8")];
+        let statuses = [failed(), RecordStatus::Applied];
+        assert!(matches!(
+            batch_response(&records, &statuses),
+            Err(InvocationError::NoIdentifier { index: 0 })
+        ));
+    }
+
+    #[test]
+    fn deadlines_keep_the_margin_free() {
+        let now = UNIX_EPOCH + Duration::from_millis(1_000_000);
+        let at = Instant::now();
+        let margin = Duration::from_millis(1500);
+        let d = deadlines(1_010_000, now, at, margin);
+        assert_eq!(d.stop_writes, at + Duration::from_millis(8_500));
+        assert_eq!(d.abandon, at + Duration::from_millis(9_500));
+        // Already too late: nothing may start.
+        let d = deadlines(1_000_500, now, at, margin);
+        assert_eq!(d.stop_writes, at);
+        assert_eq!(d.abandon, at);
+        let d = deadlines(0, now, at, margin);
+        assert_eq!(d.stop_writes, at);
+    }
+}

@@ -1,0 +1,221 @@
+//! Running as an AWS Lambda function triggered by the table's stream.
+//!
+//! The same binary serves the command line and Lambda: `ddb-projector
+//! lambda` runs the Runtime API loop, and so does a bootstrap started
+//! without arguments where `AWS_LAMBDA_RUNTIME_API` is set.
+//!
+//! Init (once per execution environment) reads the environment, compiles the
+//! spec, builds the SDK client and installs the EMF metrics recorder; any
+//! failure is posted to the Runtime API's `/init/error` with a message that
+//! says what to fix. Each invocation then decodes the event record by record
+//! ([`event`]), applies it with a deadline ([`handler`]) and answers with a
+//! `DynamoDbEventResponse` naming the first record that is not handled
+//! (`ReportBatchItemFailures`).
+//!
+//! | variable | meaning |
+//! | --- | --- |
+//! | `PROJECTOR_SPEC` | the spec file, a path inside the deployment package (required) |
+//! | `PROJECTOR_TABLE` | the table to write (default: the table of the records' `eventSourceARN`) |
+//! | `PROJECTOR_DEADLINE_MARGIN_MS` | time kept free before the invocation's deadline (default 1500) |
+//! | `PROJECTOR_METRICS_NAMESPACE` | CloudWatch namespace of the EMF metrics (default `DdbProjector`) |
+//! | `PROJECTOR_LOG_FORMAT` | `json` (the default for a bootstrap) or `text` |
+//!
+//! **Architecture Invariant:** a record is reported handled only when the
+//! applier says so; a batch that could not finish before the deadline is
+//! reported failed from its first unfinished record, never left half-known.
+
+pub mod event;
+pub mod filters;
+mod handler;
+pub mod metrics;
+
+use std::io::{Read, Write};
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::Duration;
+
+pub use handler::{batch_response, deadlines, Deadlines, Handler, InvocationError};
+
+use crate::apply::ApplyConfig;
+use crate::cli::{Cli, Command, LogFormat};
+use crate::spec::{Spec, SpecErrors};
+
+/// The spec file's path.
+pub const SPEC_VAR: &str = "PROJECTOR_SPEC";
+/// The table to write, overriding the event's.
+pub const TABLE_VAR: &str = "PROJECTOR_TABLE";
+/// The safety margin before the invocation's deadline, in milliseconds.
+pub const MARGIN_VAR: &str = "PROJECTOR_DEADLINE_MARGIN_MS";
+/// The CloudWatch namespace of the metrics.
+pub const NAMESPACE_VAR: &str = "PROJECTOR_METRICS_NAMESPACE";
+/// The Runtime API's address, set by Lambda.
+pub const RUNTIME_API_VAR: &str = "AWS_LAMBDA_RUNTIME_API";
+
+/// The default safety margin.
+pub const DEFAULT_MARGIN: Duration = Duration::from_millis(1500);
+
+/// Why init failed.
+#[derive(Debug, thiserror::Error)]
+pub enum InitError {
+    /// `PROJECTOR_SPEC` is not set.
+    #[error("{SPEC_VAR} is not set: set it to the path of the spec file inside the deployment package (for example /opt/user-service.toml)")]
+    NoSpec,
+    /// The spec cannot be read or compiled.
+    #[error("the spec named by {SPEC_VAR} cannot be used:\n{0}")]
+    Spec(SpecErrors),
+    /// `PROJECTOR_DEADLINE_MARGIN_MS` is not a number.
+    #[error("{MARGIN_VAR}=`{0}` is not a whole number of milliseconds")]
+    Margin(String),
+    /// A variable Lambda sets is missing.
+    #[error("{0} is not set: `ddb-projector lambda` runs inside AWS Lambda, or under an emulator of its Runtime API such as `cargo lambda watch`")]
+    NotInLambda(&'static str),
+    /// The SDK cannot be configured.
+    #[error("{0}")]
+    Aws(String),
+    /// The metrics recorder cannot be installed.
+    #[error("{0}")]
+    Metrics(String),
+}
+
+impl InitError {
+    /// The `errorType` posted to `/init/error`.
+    pub fn error_type(&self) -> &'static str {
+        match self {
+            InitError::NoSpec | InitError::Spec(_) => "Projector.InvalidSpec",
+            InitError::Margin(_) => "Projector.InvalidConfiguration",
+            InitError::NotInLambda(_) => "Projector.NotInLambda",
+            InitError::Aws(_) => "Projector.AwsConfiguration",
+            InitError::Metrics(_) => "Projector.Metrics",
+        }
+    }
+}
+
+/// The command line of a bootstrap started by Lambda without arguments:
+/// `lambda`, logging JSON unless `PROJECTOR_LOG_FORMAT` says otherwise.
+pub fn bootstrap_cli() -> Option<Cli> {
+    if std::env::var_os(RUNTIME_API_VAR).is_none() || std::env::args_os().len() > 1 {
+        return None;
+    }
+    let log = match std::env::var("PROJECTOR_LOG_FORMAT").as_deref() {
+        Ok("text") => LogFormat::Text,
+        _ => LogFormat::Json,
+    };
+    Some(Cli {
+        log,
+        command: Command::Lambda,
+    })
+}
+
+/// `ddb-projector lambda`: init, then serve invocations until Lambda stops
+/// the process.
+pub fn run() -> anyhow::Result<ExitCode> {
+    let Ok(api) = std::env::var(RUNTIME_API_VAR) else {
+        anyhow::bail!(InitError::NotInLambda(RUNTIME_API_VAR));
+    };
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|error| anyhow::anyhow!("cannot start the async runtime: {error}"))?;
+    let handler = match runtime.block_on(init()) {
+        Ok(handler) => Arc::new(handler),
+        Err(error) => {
+            if let Err(post) = post_init_error(&api, &error) {
+                tracing::error!(error = %post, "cannot report the init error to the Runtime API");
+            }
+            return Err(error.into());
+        }
+    };
+    tracing::info!(
+        spec = %handler.spec.file,
+        table = handler.table.as_deref().unwrap_or("(from each event)"),
+        "ready"
+    );
+    let service = lambda_runtime::service_fn(move |event| {
+        let handler = handler.clone();
+        async move { handler.handle(event).await }
+    });
+    runtime
+        .block_on(lambda_runtime::run(service))
+        .map_err(|error| anyhow::anyhow!("the Lambda runtime stopped: {error}"))?;
+    Ok(ExitCode::SUCCESS)
+}
+
+/// Everything done once per execution environment.
+async fn init() -> Result<Handler, InitError> {
+    for var in [
+        "AWS_LAMBDA_FUNCTION_NAME",
+        "AWS_LAMBDA_FUNCTION_MEMORY_SIZE",
+        "AWS_LAMBDA_FUNCTION_VERSION",
+    ] {
+        if std::env::var_os(var).is_none() {
+            return Err(InitError::NotInLambda(var));
+        }
+    }
+    let spec_path = std::env::var_os(SPEC_VAR)
+        .filter(|path| !path.is_empty())
+        .map(PathBuf::from)
+        .ok_or(InitError::NoSpec)?;
+    let margin = match std::env::var(MARGIN_VAR) {
+        Ok(text) => text
+            .trim()
+            .parse::<u64>()
+            .map(Duration::from_millis)
+            .map_err(|_| InitError::Margin(text))?,
+        Err(_) => DEFAULT_MARGIN,
+    };
+    let table = std::env::var(TABLE_VAR).ok().filter(|t| !t.is_empty());
+    let spec = Spec::from_file(&spec_path).map_err(InitError::Spec)?;
+    let config = crate::aws::load_config()
+        .await
+        .map_err(|error| InitError::Aws(format!("{error:#}")))?;
+    // The applier retries every call itself, bounded by the invocation's
+    // deadline; the SDK's own retries (three attempts, backoff of seconds)
+    // would not see the deadline, so they are cut to one quick retry.
+    let client = aws_sdk_dynamodb::Client::from_conf(
+        aws_sdk_dynamodb::config::Builder::from(&config)
+            .retry_config(
+                aws_sdk_dynamodb::config::retry::RetryConfig::standard()
+                    .with_max_attempts(2)
+                    .with_initial_backoff(Duration::from_millis(20)),
+            )
+            .build(),
+    );
+    let namespace = std::env::var(NAMESPACE_VAR).unwrap_or_else(|_| metrics::NAMESPACE.to_string());
+    let function = std::env::var("AWS_LAMBDA_FUNCTION_NAME").unwrap_or_default();
+    let collector = metrics::install(&namespace, &function).map_err(InitError::Metrics)?;
+    Ok(Handler {
+        spec: Arc::new(spec),
+        client,
+        table,
+        margin,
+        config: ApplyConfig::default(),
+        metrics: Some(collector),
+    })
+}
+
+/// Posts an init failure to `/2018-06-01/runtime/init/error`, so that Lambda
+/// shows its message instead of a bare exit status. The Runtime API is plain
+/// HTTP/1.1 on a local address.
+fn post_init_error(api: &str, error: &InitError) -> std::io::Result<()> {
+    let body = serde_json::json!({
+        "errorType": error.error_type(),
+        "errorMessage": error.to_string(),
+    })
+    .to_string();
+    let mut stream = std::net::TcpStream::connect(api)?;
+    stream.set_read_timeout(Some(Duration::from_secs(2)))?;
+    stream.set_write_timeout(Some(Duration::from_secs(2)))?;
+    write!(
+        stream,
+        "POST /2018-06-01/runtime/init/error HTTP/1.1\r\nHost: {api}\r\nContent-Type: application/json\r\nLambda-Runtime-Function-Error-Type: {}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        error.error_type(),
+        body.len()
+    )?;
+    stream.flush()?;
+    // Lambda answers 202 and then stops the environment; the answer itself
+    // is not needed, only that it was received.
+    let mut status = [0u8; 12];
+    let _ = stream.read(&mut status)?;
+    Ok(())
+}
