@@ -3,4 +3,5 @@
 pub mod support;
 
 mod applier;
+mod lambda;
 mod runner;

@@ -1,0 +1,1154 @@
+//! The Lambda bootstrap through the real Runtime API protocol.
+//!
+//! The built binary runs as Lambda runs it (no arguments,
+//! `AWS_LAMBDA_RUNTIME_API` set) against a small Runtime API emulator on
+//! loopback that serves `/invocation/next` with Lambda's headers and takes
+//! `/response`, `/error` and `/init/error`. Events are what Lambda would
+//! deliver: items written to DynamoDB Local, read back from its stream and
+//! reshaped as Lambda reshapes them (see `tests/fixtures/README.md`). Each
+//! test then checks the answer (`batchItemFailures` or the error) and the
+//! table.
+//!
+//! A transient failure is made real with a proxy between the function and
+//! DynamoDB Local that drops the connection of every request naming one
+//! user, for as long as the test says.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use aws_sdk_dynamodb::types::AttributeValue as Av;
+use serde_json::{json, Value};
+use tokio::io::{AsyncBufRead, AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::{mpsc, oneshot, Notify};
+
+use super::support::{self, s};
+
+type Attrs = HashMap<String, Av>;
+
+// ------------------------------------------------------------ HTTP/1.1 ---
+
+/// One HTTP/1.1 message: the start line, the headers and the whole body.
+#[derive(Debug, Clone)]
+struct Message {
+    start: String,
+    headers: Vec<(String, String)>,
+    body: Vec<u8>,
+}
+
+impl Message {
+    fn header(&self, name: &str) -> Option<&str> {
+        self.headers
+            .iter()
+            .find(|(n, _)| n.eq_ignore_ascii_case(name))
+            .map(|(_, v)| v.as_str())
+    }
+
+    /// The message with its body length stated (chunks joined).
+    fn to_bytes(&self) -> Vec<u8> {
+        let mut out = format!("{}\r\n", self.start);
+        for (name, value) in &self.headers {
+            if name.eq_ignore_ascii_case("content-length")
+                || name.eq_ignore_ascii_case("transfer-encoding")
+            {
+                continue;
+            }
+            out.push_str(&format!("{name}: {value}\r\n"));
+        }
+        out.push_str(&format!("Content-Length: {}\r\n\r\n", self.body.len()));
+        let mut bytes = out.into_bytes();
+        bytes.extend_from_slice(&self.body);
+        bytes
+    }
+}
+
+/// Reads one message; `None` when the peer closed the connection first.
+async fn read_message<R: AsyncBufRead + Unpin>(reader: &mut R) -> std::io::Result<Option<Message>> {
+    let mut start = String::new();
+    if reader.read_line(&mut start).await? == 0 {
+        return Ok(None);
+    }
+    let mut headers = Vec::new();
+    loop {
+        let mut line = String::new();
+        if reader.read_line(&mut line).await? == 0 {
+            return Ok(None);
+        }
+        let line = line.trim_end();
+        if line.is_empty() {
+            break;
+        }
+        if let Some((name, value)) = line.split_once(':') {
+            headers.push((name.trim().to_string(), value.trim().to_string()));
+        }
+    }
+    let mut message = Message {
+        start: start.trim_end().to_string(),
+        headers,
+        body: Vec::new(),
+    };
+    if message
+        .header("transfer-encoding")
+        .is_some_and(|te| te.eq_ignore_ascii_case("chunked"))
+    {
+        loop {
+            let mut size = String::new();
+            reader.read_line(&mut size).await?;
+            let size = usize::from_str_radix(size.trim().split(';').next().unwrap_or("0"), 16)
+                .map_err(|e| std::io::Error::other(format!("bad chunk size: {e}")))?;
+            let mut chunk = vec![0; size + 2];
+            reader.read_exact(&mut chunk).await?;
+            if size == 0 {
+                break;
+            }
+            message.body.extend_from_slice(&chunk[..size]);
+        }
+    } else if let Some(length) = message.header("content-length") {
+        let length: usize = length.parse().map_err(std::io::Error::other)?;
+        message.body = vec![0; length];
+        reader.read_exact(&mut message.body).await?;
+    }
+    Ok(Some(message))
+}
+
+async fn respond(stream: &mut TcpStream, status: &str, headers: &[(&str, String)], body: &[u8]) {
+    let mut head = format!("HTTP/1.1 {status}\r\n");
+    for (name, value) in headers {
+        head.push_str(&format!("{name}: {value}\r\n"));
+    }
+    head.push_str(&format!("Content-Length: {}\r\n\r\n", body.len()));
+    let _ = stream.write_all(head.as_bytes()).await;
+    let _ = stream.write_all(body).await;
+    let _ = stream.flush().await;
+}
+
+// ------------------------------------------------- Runtime API emulator ---
+
+/// What the function answered to one invocation.
+#[derive(Debug)]
+enum Outcome {
+    /// `POST /invocation/{id}/response`.
+    Response(Value),
+    /// `POST /invocation/{id}/error`.
+    Error {
+        error_type: Option<String>,
+        body: Value,
+    },
+}
+
+struct Invocation {
+    id: String,
+    body: Vec<u8>,
+    deadline_ms: u64,
+    reply: oneshot::Sender<Outcome>,
+}
+
+#[derive(Default)]
+struct ApiState {
+    pending: HashMap<String, oneshot::Sender<Outcome>>,
+    first_next: Option<Instant>,
+    nexts: u32,
+    init_error: Option<(Option<String>, Value)>,
+}
+
+/// The Lambda Runtime API (`2018-06-01`) on 127.0.0.1.
+struct RuntimeApi {
+    address: String,
+    queue: mpsc::UnboundedSender<Invocation>,
+    state: Arc<Mutex<ApiState>>,
+    changed: Arc<Notify>,
+    ids: AtomicU64,
+}
+
+impl RuntimeApi {
+    async fn start() -> RuntimeApi {
+        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let address = listener.local_addr().unwrap().to_string();
+        let (queue, incoming) = mpsc::unbounded_channel::<Invocation>();
+        let incoming = Arc::new(tokio::sync::Mutex::new(incoming));
+        let state = Arc::new(Mutex::new(ApiState::default()));
+        let changed = Arc::new(Notify::new());
+        let (st, ch) = (state.clone(), changed.clone());
+        tokio::spawn(async move {
+            loop {
+                let Ok((stream, _)) = listener.accept().await else {
+                    return;
+                };
+                tokio::spawn(serve(stream, incoming.clone(), st.clone(), ch.clone()));
+            }
+        });
+        RuntimeApi {
+            address,
+            queue,
+            state,
+            changed,
+            ids: AtomicU64::new(0),
+        }
+    }
+
+    /// Delivers an event whose deadline is `budget` from now and waits for
+    /// the function's answer.
+    async fn invoke(&self, body: Vec<u8>, budget: Duration) -> Outcome {
+        let (reply, answer) = oneshot::channel();
+        let n = self.ids.fetch_add(1, Ordering::Relaxed);
+        let deadline_ms = (SystemTime::now() + budget)
+            .duration_since(UNIX_EPOCH)
+            .unwrap()
+            .as_millis() as u64;
+        self.queue
+            .send(Invocation {
+                id: format!("8476a536-e9f4-11e8-9739-2dfe598c{n:04}"),
+                body,
+                deadline_ms,
+                reply,
+            })
+            .expect("the emulator runs");
+        tokio::time::timeout(budget + Duration::from_secs(30), answer)
+            .await
+            .expect("the function answers within its deadline (and some)")
+            .expect("an answer")
+    }
+
+    async fn invoke_event(&self, event: &Value, budget: Duration) -> Outcome {
+        self.invoke(serde_json::to_vec(event).unwrap(), budget)
+            .await
+    }
+
+    /// When the function first asked for an invocation.
+    fn first_next(&self) -> Option<Instant> {
+        self.state.lock().unwrap().first_next
+    }
+
+    fn init_error(&self) -> Option<(Option<String>, Value)> {
+        self.state.lock().unwrap().init_error.clone()
+    }
+
+    /// Waits until the function asks for its first invocation.
+    async fn ready(&self) {
+        tokio::time::timeout(Duration::from_secs(30), async {
+            loop {
+                let notified = self.changed.notified();
+                if self.first_next().is_some() {
+                    return;
+                }
+                notified.await;
+            }
+        })
+        .await
+        .expect("the function asks for an invocation");
+    }
+}
+
+async fn serve(
+    stream: TcpStream,
+    incoming: Arc<tokio::sync::Mutex<mpsc::UnboundedReceiver<Invocation>>>,
+    state: Arc<Mutex<ApiState>>,
+    changed: Arc<Notify>,
+) {
+    let mut stream = BufReader::new(stream);
+    while let Ok(Some(request)) = read_message(&mut stream).await {
+        let mut parts = request.start.split_whitespace();
+        let (method, path) = (parts.next().unwrap_or(""), parts.next().unwrap_or(""));
+        let accepted = json!({ "status": "OK" }).to_string();
+        match (method, path.strip_prefix("/2018-06-01/runtime/")) {
+            ("GET", Some("invocation/next")) => {
+                {
+                    let mut state = state.lock().unwrap();
+                    state.first_next.get_or_insert_with(Instant::now);
+                    state.nexts += 1;
+                }
+                changed.notify_waiters();
+                let Some(invocation) = incoming.lock().await.recv().await else {
+                    return;
+                };
+                state
+                    .lock()
+                    .unwrap()
+                    .pending
+                    .insert(invocation.id.clone(), invocation.reply);
+                let headers = [
+                    ("Content-Type", "application/json".to_string()),
+                    ("Lambda-Runtime-Aws-Request-Id", invocation.id.clone()),
+                    ("Lambda-Runtime-Deadline-Ms", invocation.deadline_ms.to_string()),
+                    (
+                        "Lambda-Runtime-Invoked-Function-Arn",
+                        "arn:aws:lambda:us-east-1:123456789012:function:projector-test".to_string(),
+                    ),
+                    (
+                        "Lambda-Runtime-Trace-Id",
+                        "Root=1-5bef4de7-ad49b0e87f6ef6c87fc2e700;Parent=9a9197af755a6419;Sampled=1"
+                            .to_string(),
+                    ),
+                ];
+                respond(stream.get_mut(), "200 OK", &headers, &invocation.body).await;
+            }
+            ("POST", Some("init/error")) => {
+                let body = serde_json::from_slice(&request.body).unwrap_or(Value::Null);
+                let error_type = request
+                    .header("Lambda-Runtime-Function-Error-Type")
+                    .map(str::to_string);
+                state.lock().unwrap().init_error = Some((error_type, body));
+                changed.notify_waiters();
+                respond(stream.get_mut(), "202 Accepted", &[], accepted.as_bytes()).await;
+            }
+            ("POST", Some(rest)) if rest.starts_with("invocation/") => {
+                let rest = &rest["invocation/".len()..];
+                let (id, what) = rest.split_once('/').unwrap_or((rest, ""));
+                let body: Value = serde_json::from_slice(&request.body).unwrap_or_else(|_| {
+                    Value::String(String::from_utf8_lossy(&request.body).into_owned())
+                });
+                let outcome = match what {
+                    "response" => Outcome::Response(body),
+                    "error" => Outcome::Error {
+                        error_type: request
+                            .header("Lambda-Runtime-Function-Error-Type")
+                            .map(str::to_string),
+                        body,
+                    },
+                    _ => {
+                        respond(stream.get_mut(), "404 Not Found", &[], b"{}").await;
+                        continue;
+                    }
+                };
+                let reply = state.lock().unwrap().pending.remove(id);
+                match reply {
+                    Some(reply) => {
+                        let _ = reply.send(outcome);
+                        respond(stream.get_mut(), "202 Accepted", &[], accepted.as_bytes()).await;
+                    }
+                    None => {
+                        let body = json!({ "errorMessage": "unknown request id", "errorType": "InvalidRequestID" });
+                        respond(
+                            stream.get_mut(),
+                            "400 Bad Request",
+                            &[],
+                            body.to_string().as_bytes(),
+                        )
+                        .await;
+                    }
+                }
+            }
+            _ => respond(stream.get_mut(), "404 Not Found", &[], b"{}").await,
+        }
+    }
+}
+
+// ------------------------------------------------------------- the function ---
+
+/// The bootstrap process.
+struct Function {
+    child: tokio::process::Child,
+    started: Instant,
+    stdout: Arc<Mutex<String>>,
+    stderr: Arc<Mutex<String>>,
+}
+
+impl Function {
+    /// Starts `binary` as Lambda does: no arguments, the Runtime API's
+    /// address and the function's variables in the environment.
+    fn start(binary: &Path, api: &RuntimeApi, env: &[(&str, String)]) -> Function {
+        let mut command = tokio::process::Command::new(binary);
+        command
+            .env_remove("PROJECTOR_TABLE")
+            .env_remove("PROJECTOR_SPEC")
+            .env_remove("PROJECTOR_LOG_FORMAT")
+            .env_remove("RUST_LOG")
+            .env("AWS_LAMBDA_RUNTIME_API", &api.address)
+            .env("AWS_LAMBDA_FUNCTION_NAME", "projector-test")
+            .env("AWS_LAMBDA_FUNCTION_MEMORY_SIZE", "128")
+            .env("AWS_LAMBDA_FUNCTION_VERSION", "$LATEST")
+            .env("AWS_LAMBDA_LOG_GROUP_NAME", "/aws/lambda/projector-test")
+            .env(
+                "AWS_LAMBDA_LOG_STREAM_NAME",
+                "2026/11/22/[$LATEST]0123456789abcdef",
+            );
+        for (name, value) in support::env() {
+            command.env(name, value);
+        }
+        for (name, value) in env {
+            command.env(name, value);
+        }
+        command
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .kill_on_drop(true);
+        let started = Instant::now();
+        let mut child = command.spawn().expect("start the bootstrap");
+        let collect = |pipe: Option<Box<dyn tokio::io::AsyncRead + Unpin + Send>>| {
+            let text = Arc::new(Mutex::new(String::new()));
+            let sink = text.clone();
+            tokio::spawn(async move {
+                let mut lines = BufReader::new(pipe.expect("piped")).lines();
+                while let Ok(Some(line)) = lines.next_line().await {
+                    let mut sink = sink.lock().unwrap();
+                    sink.push_str(&line);
+                    sink.push('\n');
+                }
+            });
+            text
+        };
+        let stdout = collect(child.stdout.take().map(|p| Box::new(p) as _));
+        let stderr = collect(child.stderr.take().map(|p| Box::new(p) as _));
+        Function {
+            child,
+            started,
+            stdout,
+            stderr,
+        }
+    }
+
+    fn stdout(&self) -> String {
+        self.stdout.lock().unwrap().clone()
+    }
+
+    fn stderr(&self) -> String {
+        self.stderr.lock().unwrap().clone()
+    }
+
+    /// The process's peak resident memory so far, in KiB (`VmHWM`).
+    fn peak_memory_kib(&self) -> Option<u64> {
+        let pid = self.child.id()?;
+        let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+        status
+            .lines()
+            .find_map(|line| line.strip_prefix("VmHWM:"))
+            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+    }
+
+    /// The EMF documents printed so far.
+    fn emf(&self) -> Vec<Value> {
+        self.stdout()
+            .lines()
+            .filter_map(|line| serde_json::from_str::<Value>(line).ok())
+            .filter(|doc| doc.get("_aws").is_some())
+            .collect()
+    }
+}
+
+fn spec_path(name: &str) -> PathBuf {
+    support::repo().join("projections").join(name)
+}
+
+fn function_env(spec: &str, table: Option<&str>) -> Vec<(&'static str, String)> {
+    let mut env = vec![("PROJECTOR_SPEC", spec_path(spec).display().to_string())];
+    if let Some(table) = table {
+        env.push(("PROJECTOR_TABLE", table.to_string()));
+    }
+    env
+}
+
+// ------------------------------------------------ events from the stream ---
+
+/// Every record of the table's stream so far, as Lambda delivers them.
+async fn stream_records(client: &aws_sdk_dynamodb::Client, table: &str) -> Vec<Value> {
+    let described = client
+        .describe_table()
+        .table_name(table)
+        .send()
+        .await
+        .expect("describe table");
+    let arn = described
+        .table()
+        .and_then(|t| t.latest_stream_arn())
+        .expect("the table has a stream")
+        .to_string();
+    let streams = aws_sdk_dynamodbstreams::Client::new(&support::sdk_config().await);
+    let description = streams
+        .describe_stream()
+        .stream_arn(&arn)
+        .send()
+        .await
+        .expect("describe stream");
+    let shards: Vec<String> = description
+        .stream_description()
+        .map(|d| {
+            d.shards()
+                .iter()
+                .filter_map(|s| s.shard_id())
+                .map(str::to_string)
+                .collect()
+        })
+        .unwrap_or_default();
+    let mut records = Vec::new();
+    for shard in shards {
+        let mut iterator = streams
+            .get_shard_iterator()
+            .stream_arn(&arn)
+            .shard_id(&shard)
+            .shard_iterator_type(aws_sdk_dynamodbstreams::types::ShardIteratorType::TrimHorizon)
+            .send()
+            .await
+            .expect("shard iterator")
+            .shard_iterator
+            .map(|s| s.to_string());
+        while let Some(current) = iterator {
+            let page = streams
+                .get_records()
+                .shard_iterator(current)
+                .limit(1000)
+                .send()
+                .await
+                .expect("get records");
+            if page.records().is_empty() {
+                break;
+            }
+            records.extend(page.records().iter().map(|r| lambda_record(r, &arn)));
+            iterator = page.next_shard_iterator().map(str::to_string);
+        }
+    }
+    records.sort_by_key(|r| seq(r).parse::<u128>().unwrap_or(0));
+    records
+}
+
+/// A Streams API record reshaped as Lambda delivers it.
+fn lambda_record(record: &aws_sdk_dynamodbstreams::types::Record, stream_arn: &str) -> Value {
+    let change = record.dynamodb().expect("a stream record");
+    let image = |map: Option<&HashMap<String, aws_sdk_dynamodbstreams::types::AttributeValue>>| {
+        map.filter(|m| !m.is_empty())
+            .map(|m| serde_json::to_value(ddb_projector::record::Item::from(m.clone())).unwrap())
+    };
+    let mut dynamodb = json!({
+        "ApproximateCreationDateTime": change.approximate_creation_date_time().map(|t| t.secs()),
+        "Keys": image(change.keys()),
+        "SequenceNumber": change.sequence_number(),
+        "SizeBytes": change.size_bytes(),
+        "StreamViewType": change.stream_view_type().map(|v| v.as_str()),
+    });
+    if let Some(new) = image(change.new_image()) {
+        dynamodb["NewImage"] = new;
+    }
+    if let Some(old) = image(change.old_image()) {
+        dynamodb["OldImage"] = old;
+    }
+    json!({
+        "eventID": record.event_id(),
+        "eventName": record.event_name().map(|n| n.as_str()),
+        "eventVersion": record.event_version(),
+        "eventSource": "aws:dynamodb",
+        "awsRegion": "us-east-1",
+        "dynamodb": dynamodb,
+        "eventSourceARN": stream_arn.replacen("ddblocal:000000000000", "us-east-1:123456789012", 1),
+    })
+}
+
+fn seq(record: &Value) -> &str {
+    record["dynamodb"]["SequenceNumber"]
+        .as_str()
+        .expect("a sequence number")
+}
+
+fn event(records: &[Value]) -> Value {
+    json!({ "Records": records })
+}
+
+/// The records from `from` (a reported sequence number) on: what Lambda
+/// delivers again after a partial failure.
+fn from_seq(records: &[Value], from: &str) -> Vec<Value> {
+    let position = records
+        .iter()
+        .position(|r| seq(r) == from)
+        .expect("the reported sequence number is in the batch");
+    records[position..].to_vec()
+}
+
+fn failures(outcome: &Outcome) -> Vec<String> {
+    match outcome {
+        Outcome::Response(body) => body["batchItemFailures"]
+            .as_array()
+            .unwrap_or_else(|| panic!("a DynamoDbEventResponse: {body}"))
+            .iter()
+            .map(|f| {
+                f["itemIdentifier"]
+                    .as_str()
+                    .expect("an identifier")
+                    .to_string()
+            })
+            .collect(),
+        Outcome::Error { error_type, body } => {
+            panic!("the invocation failed: {error_type:?} {body}")
+        }
+    }
+}
+
+// ------------------------------------------------------ user-service data ---
+
+fn profile(user: &str) -> Attrs {
+    support::item(&[
+        ("PK", s(&format!("USER#{user}"))),
+        ("SK", s("PROFILE")),
+        ("userId", s(user)),
+        ("firstName", s("Sam")),
+    ])
+}
+
+fn email(user: &str, id: &str, address: &str, primary: bool) -> Attrs {
+    support::item(&[
+        ("PK", s(&format!("USER#{user}"))),
+        ("SK", s(&format!("EMAIL#{id}"))),
+        ("emailId", s(id)),
+        ("userId", s(user)),
+        ("email", s(address)),
+        ("isPrimary", Av::Bool(primary)),
+    ])
+}
+
+async fn put(client: &aws_sdk_dynamodb::Client, table: &str, item: Attrs) {
+    client
+        .put_item()
+        .table_name(table)
+        .set_item(Some(item))
+        .send()
+        .await
+        .expect("put item");
+}
+
+/// Writes a profile and two emails (the first primary) for each user.
+async fn write_users(client: &aws_sdk_dynamodb::Client, table: &str, users: &[&str]) {
+    for user in users {
+        put(client, table, profile(user)).await;
+        put(
+            client,
+            table,
+            email(user, "e1", &format!(" {user}@Example.com "), true),
+        )
+        .await;
+        put(
+            client,
+            table,
+            email(user, "e2", &format!("{user}.work@example.com"), false),
+        )
+        .await;
+    }
+}
+
+/// What the projections should have made of one user's items, and what they did.
+async fn check_user(
+    client: &aws_sdk_dynamodb::Client,
+    table: &str,
+    user: &str,
+) -> Result<(), String> {
+    let pk = format!("USER#{user}");
+    for (id, address) in [
+        ("e1", format!("{user}@example.com")),
+        ("e2", format!("{user}.work@example.com")),
+    ] {
+        let item = support::get(client, table, &pk, &format!("EMAIL#{id}"))
+            .await
+            .ok_or(format!("{pk} EMAIL#{id} is missing"))?;
+        let want = (Some(format!("EMAIL#{address}")), Some(pk.clone()));
+        let have = (
+            support::text(&item, "GSI1PK"),
+            support::text(&item, "GSI1SK"),
+        );
+        if have != want {
+            return Err(format!("{pk} EMAIL#{id}: GSI keys {have:?}, want {want:?}"));
+        }
+    }
+    let profile = support::get(client, table, &pk, "PROFILE")
+        .await
+        .ok_or(format!("{pk} PROFILE is missing"))?;
+    let want = format!(" {user}@Example.com ");
+    match support::text(&profile, "email") {
+        Some(have) if have == want => Ok(()),
+        have => Err(format!("{pk} PROFILE: email {have:?}, want {want:?}")),
+    }
+}
+
+/// Whether nothing derived exists for a user (no GSI keys, no copied email).
+async fn untouched(client: &aws_sdk_dynamodb::Client, table: &str, user: &str) -> bool {
+    let pk = format!("USER#{user}");
+    for sk in ["PROFILE", "EMAIL#e1", "EMAIL#e2"] {
+        let item = support::get(client, table, &pk, sk)
+            .await
+            .expect("the source item");
+        if item.contains_key("GSI1PK")
+            || item.contains_key("GSI1SK")
+            || (sk == "PROFILE" && item.contains_key("email"))
+        {
+            return false;
+        }
+    }
+    true
+}
+
+async fn dead_letters(client: &aws_sdk_dynamodb::Client, table: &str) -> Vec<Attrs> {
+    support::scan_all(client, table)
+        .await
+        .into_iter()
+        .filter(|item| support::text(item, "PK").as_deref() == Some("_ddbp#dlq"))
+        .collect()
+}
+
+/// A user-service table with the given users' items, and its stream as a
+/// Lambda batch.
+async fn user_batch(
+    prefix: &str,
+    users: &[&str],
+) -> (aws_sdk_dynamodb::Client, String, Vec<Value>) {
+    let client = support::client().await;
+    let spec = support::shipped_spec("user-service.toml");
+    let table = support::fresh_table(&client, &spec, prefix).await;
+    write_users(&client, &table, users).await;
+    let records = stream_records(&client, &table).await;
+    assert_eq!(records.len(), 3 * users.len());
+    (client, table, records)
+}
+
+const GENEROUS: Duration = Duration::from_secs(30);
+
+// ------------------------------------------------------------------ tests ---
+
+#[tokio::test]
+async fn lambda_applies_a_whole_batch_and_reports_no_failure() {
+    let started = Instant::now();
+    let (client, table, records) = user_batch("lambda-ok", &["u1", "u2", "u3"]).await;
+    let api = RuntimeApi::start().await;
+    // No PROJECTOR_TABLE: the table comes from the records' eventSourceARN.
+    let function = Function::start(
+        support::binary(),
+        &api,
+        &function_env("user-service.toml", None),
+    );
+    api.ready().await;
+
+    let outcome = api.invoke_event(&event(&records), GENEROUS).await;
+    assert_eq!(
+        failures(&outcome),
+        Vec::<String>::new(),
+        "{}",
+        function.stderr()
+    );
+    for user in ["u1", "u2", "u3"] {
+        check_user(&client, &table, user).await.unwrap();
+    }
+
+    // A warm invocation with the same batch again (Lambda retries, replays)
+    // changes nothing.
+    let before = support::scan_all(&client, &table).await;
+    let outcome = api.invoke_event(&event(&records), GENEROUS).await;
+    assert_eq!(failures(&outcome), Vec::<String>::new());
+    assert_eq!(support::scan_all(&client, &table).await, before);
+
+    // JSON logs on stderr, EMF metrics on stdout once per invocation.
+    let stderr = function.stderr();
+    let done: Vec<Value> = stderr
+        .lines()
+        .filter_map(|line| serde_json::from_str::<Value>(line).ok())
+        .filter(|line| line["message"] == "batch done")
+        .collect();
+    assert_eq!(done.len(), 2, "{stderr}");
+    assert_eq!(done[0]["records"], 9);
+    assert_eq!(done[0]["table"], table.as_str());
+    let emf = function.emf();
+    let request_ids: std::collections::BTreeSet<&str> = emf
+        .iter()
+        .filter_map(|doc| doc["RequestId"].as_str())
+        .collect();
+    assert_eq!(request_ids.len(), 2, "one flush per invocation: {emf:#?}");
+    let first = emf[0]["RequestId"].as_str().unwrap();
+    let records_counted: u64 = emf
+        .iter()
+        .filter(|doc| doc["RequestId"] == first && doc.get("status").is_some())
+        .filter_map(|doc| doc["projector_records_total"].as_u64())
+        .sum();
+    assert_eq!(records_counted, 9, "{emf:#?}");
+    for doc in &emf {
+        assert_eq!(doc["FunctionName"], "projector-test");
+        assert_eq!(
+            doc["_aws"]["CloudWatchMetrics"][0]["Namespace"],
+            "DdbProjector"
+        );
+    }
+    assert!(
+        emf.iter()
+            .any(|doc| doc.get("projector_iterator_age_ms").is_some()),
+        "{emf:#?}"
+    );
+    eprintln!("lambda_applies_a_whole_batch: {:?}", started.elapsed());
+}
+
+/// A proxy to DynamoDB Local that drops the connection of every request
+/// whose body contains `marker` while `blocking` is set.
+struct DroppingProxy {
+    endpoint: String,
+    blocking: Arc<AtomicBool>,
+    dropped: Arc<AtomicU64>,
+}
+
+impl DroppingProxy {
+    async fn start(marker: &'static str) -> DroppingProxy {
+        let upstream = support::endpoint()
+            .trim_start_matches("http://")
+            .trim_end_matches('/')
+            .to_string();
+        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let endpoint = format!("http://{}", listener.local_addr().unwrap());
+        let blocking = Arc::new(AtomicBool::new(true));
+        let dropped = Arc::new(AtomicU64::new(0));
+        let (b, d) = (blocking.clone(), dropped.clone());
+        tokio::spawn(async move {
+            while let Ok((client, _)) = listener.accept().await {
+                let (upstream, blocking, dropped) = (upstream.clone(), b.clone(), d.clone());
+                tokio::spawn(async move {
+                    let Ok(server) = TcpStream::connect(&upstream).await else {
+                        return;
+                    };
+                    let (mut client, mut server) = (BufReader::new(client), BufReader::new(server));
+                    while let Ok(Some(request)) = read_message(&mut client).await {
+                        let text = String::from_utf8_lossy(&request.body);
+                        if blocking.load(Ordering::SeqCst) && text.contains(marker) {
+                            dropped.fetch_add(1, Ordering::SeqCst);
+                            return; // both connections close, no answer
+                        }
+                        if server
+                            .get_mut()
+                            .write_all(&request.to_bytes())
+                            .await
+                            .is_err()
+                        {
+                            return;
+                        }
+                        let Ok(Some(response)) = read_message(&mut server).await else {
+                            return;
+                        };
+                        if client
+                            .get_mut()
+                            .write_all(&response.to_bytes())
+                            .await
+                            .is_err()
+                        {
+                            return;
+                        }
+                    }
+                });
+            }
+        });
+        DroppingProxy {
+            endpoint,
+            blocking,
+            dropped,
+        }
+    }
+}
+
+#[tokio::test]
+async fn lambda_reports_a_transient_failure_at_its_sequence_number_and_a_redelivery_converges() {
+    let started = Instant::now();
+    let users = ["u1", "u2", "u3", "u4", "u5", "u6"];
+    let (client, table, records) = user_batch("lambda-transient", &users).await;
+    let proxy = DroppingProxy::start("USER#u4").await;
+    let api = RuntimeApi::start().await;
+    let mut env = function_env("user-service.toml", Some(&table));
+    env.push(("AWS_ENDPOINT_URL", proxy.endpoint.clone()));
+    let function = Function::start(support::binary(), &api, &env);
+    api.ready().await;
+
+    // Every request about u4 fails at the connection: its writes are retried
+    // for a bounded time, then its records fail; the others apply.
+    let outcome = api
+        .invoke_event(&event(&records), Duration::from_secs(9))
+        .await;
+    let first_u4 = records
+        .iter()
+        .find(|r| r["dynamodb"]["Keys"]["PK"]["S"] == "USER#u4")
+        .map(|r| seq(r).to_string())
+        .unwrap();
+    assert_eq!(
+        failures(&outcome),
+        std::slice::from_ref(&first_u4),
+        "{}",
+        function.stderr()
+    );
+    assert!(proxy.dropped.load(Ordering::SeqCst) > 1);
+    for user in ["u1", "u2", "u3", "u5", "u6"] {
+        check_user(&client, &table, user).await.unwrap();
+    }
+    assert!(check_user(&client, &table, "u4").await.is_err());
+    assert!(dead_letters(&client, &table).await.is_empty());
+
+    // The network heals; Lambda delivers the batch again from the reported
+    // record: u4 converges, and applying u5 and u6 again changes nothing.
+    proxy.blocking.store(false, Ordering::SeqCst);
+    let rest = from_seq(&records, &first_u4);
+    assert_eq!(rest.len(), 9);
+    let outcome = api.invoke_event(&event(&rest), GENEROUS).await;
+    assert_eq!(failures(&outcome), Vec::<String>::new());
+    for user in users {
+        check_user(&client, &table, user).await.unwrap();
+    }
+    assert!(dead_letters(&client, &table).await.is_empty());
+    eprintln!(
+        "lambda_reports_a_transient_failure: {:?}",
+        started.elapsed()
+    );
+}
+
+#[tokio::test]
+async fn lambda_dead_letters_poison_records_and_the_batch_succeeds() {
+    let started = Instant::now();
+    let client = support::client().await;
+    let spec = support::shipped_spec("user-service.toml");
+    let table = support::fresh_table(&client, &spec, "lambda-poison").await;
+    write_users(&client, &table, &["u1"]).await;
+    // An email whose address is a map: its index key cannot be rendered.
+    let mut poison = email("u2", "e1", "", false);
+    poison.insert(
+        "email".into(),
+        Av::M(HashMap::from([("local".to_string(), s("x"))])),
+    );
+    put(&client, &table, poison).await;
+    // A record that will not even decode (see below).
+    put(&client, &table, profile("u9")).await;
+    write_users(&client, &table, &["u3"]).await;
+    let mut records = stream_records(&client, &table).await;
+    assert_eq!(records.len(), 8);
+    assert_eq!(records[4]["dynamodb"]["Keys"]["PK"]["S"], "USER#u9");
+    records[4]["eventName"] = json!("TRUNCATE");
+
+    let api = RuntimeApi::start().await;
+    let function = Function::start(
+        support::binary(),
+        &api,
+        &function_env("user-service.toml", Some(&table)),
+    );
+    api.ready().await;
+    let outcome = api.invoke_event(&event(&records), GENEROUS).await;
+    assert_eq!(
+        failures(&outcome),
+        Vec::<String>::new(),
+        "{}",
+        function.stderr()
+    );
+    check_user(&client, &table, "u1").await.unwrap();
+    check_user(&client, &table, "u3").await.unwrap();
+    let letters = dead_letters(&client, &table).await;
+    assert_eq!(letters.len(), 2, "{letters:#?}");
+    let errors: Vec<String> = letters
+        .iter()
+        .filter_map(|l| support::text(l, "error"))
+        .collect();
+    assert!(errors.iter().any(|e| e.contains("TRUNCATE")), "{errors:?}");
+    assert!(errors.iter().any(|e| e.contains("`email`")), "{errors:?}");
+    eprintln!(
+        "lambda_dead_letters_poison_records: {:?}",
+        started.elapsed()
+    );
+}
+
+#[tokio::test]
+async fn lambda_with_too_little_time_reports_the_batch_failed_and_writes_nothing() {
+    let started = Instant::now();
+    let (client, table, records) = user_batch("lambda-deadline", &["u1", "u2"]).await;
+    let before = support::scan_all(&client, &table).await;
+    let api = RuntimeApi::start().await;
+    let function = Function::start(
+        support::binary(),
+        &api,
+        &function_env("user-service.toml", Some(&table)),
+    );
+    api.ready().await;
+
+    // 1 s left, less than the 1.5 s margin: no write may start.
+    let outcome = api
+        .invoke_event(&event(&records), Duration::from_millis(1000))
+        .await;
+    assert_eq!(
+        failures(&outcome),
+        [seq(&records[0]).to_string()],
+        "{}",
+        function.stderr()
+    );
+    assert_eq!(support::scan_all(&client, &table).await, before);
+    for user in ["u1", "u2"] {
+        assert!(untouched(&client, &table, user).await);
+    }
+
+    // Delivered again with time to spare, it converges.
+    let outcome = api.invoke_event(&event(&records), GENEROUS).await;
+    assert_eq!(failures(&outcome), Vec::<String>::new());
+    for user in ["u1", "u2"] {
+        check_user(&client, &table, user).await.unwrap();
+    }
+    eprintln!("lambda_with_too_little_time: {:?}", started.elapsed());
+}
+
+#[tokio::test]
+async fn lambda_refuses_a_body_that_is_not_a_streams_event_and_writes_nothing() {
+    let started = Instant::now();
+    let (client, table, records) = user_batch("lambda-malformed", &["u1"]).await;
+    let before = support::scan_all(&client, &table).await;
+    let api = RuntimeApi::start().await;
+    let function = Function::start(
+        support::binary(),
+        &api,
+        &function_env("user-service.toml", Some(&table)),
+    );
+    api.ready().await;
+
+    for (body, says) in [
+        (
+            br#"{"Items": [{"PK": "USER#u1"}]}"#.to_vec(),
+            "no `Records` array",
+        ),
+        (b"[1, 2, 3]".to_vec(), "DynamoDB Streams event"),
+        (b"not json at all".to_vec(), "expected"),
+    ] {
+        match api.invoke(body, GENEROUS).await {
+            Outcome::Error { body, .. } => {
+                let message = body["errorMessage"].as_str().unwrap_or_default();
+                assert!(message.contains(says), "{message}");
+            }
+            other => panic!("expected an invocation error, got {other:?}"),
+        }
+        assert_eq!(support::scan_all(&client, &table).await, before);
+    }
+    // The environment survives and serves the next event.
+    let outcome = api.invoke_event(&event(&records), GENEROUS).await;
+    assert_eq!(
+        failures(&outcome),
+        Vec::<String>::new(),
+        "{}",
+        function.stderr()
+    );
+    check_user(&client, &table, "u1").await.unwrap();
+    eprintln!("lambda_refuses_a_body: {:?}", started.elapsed());
+}
+
+#[tokio::test]
+async fn lambda_init_fails_clearly_without_a_usable_spec() {
+    let started = Instant::now();
+    for (env, says) in [
+        (vec![], "PROJECTOR_SPEC is not set"),
+        (
+            vec![("PROJECTOR_SPEC", "/var/task/nope.toml".to_string())],
+            "/var/task/nope.toml: cannot read the spec file",
+        ),
+    ] {
+        let api = RuntimeApi::start().await;
+        let mut function = Function::start(support::binary(), &api, &env);
+        let status = tokio::time::timeout(Duration::from_secs(30), function.child.wait())
+            .await
+            .expect("init fails fast")
+            .expect("exit status");
+        assert!(!status.success());
+        let (error_type, body) = api.init_error().expect("an init error is posted");
+        assert_eq!(error_type.as_deref(), Some("Projector.InvalidSpec"));
+        assert_eq!(body["errorType"], "Projector.InvalidSpec");
+        let message = body["errorMessage"].as_str().unwrap();
+        assert!(message.contains(says), "{message}");
+        assert!(api.first_next().is_none(), "no invocation is asked for");
+        // The pipe may still be draining after the exit.
+        for _ in 0..100 {
+            if function.stderr().contains(says) {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        assert!(function.stderr().contains(says), "{}", function.stderr());
+    }
+    eprintln!("lambda_init_fails_clearly: {:?}", started.elapsed());
+}
+
+/// Cold start and peak memory of the release build on a 10,000-record batch
+/// (`cargo build --release`, then
+/// `cargo test --test tests lambda_cold_start -- --ignored --nocapture`).
+/// Prints the numbers; nothing is timed in an assertion.
+#[tokio::test]
+#[ignore = "a measurement: needs the release build"]
+async fn lambda_cold_start_and_peak_memory_on_10000_records() {
+    let binary = std::env::var_os("PROJECTOR_RELEASE_BINARY")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| support::repo().join("target/release/ddb-projector"));
+    assert!(
+        binary.exists(),
+        "build it first: cargo build --release ({})",
+        binary.display()
+    );
+    let client = support::client().await;
+    let spec = support::shipped_spec("user-service.toml");
+    let table = support::fresh_table(&client, &spec, "lambda-bench").await;
+
+    // 5,000 users with a profile and an email each, written 25 at a time.
+    let mut items = Vec::new();
+    for i in 0..5000 {
+        let user = format!("u{i:05}");
+        items.push(profile(&user));
+        items.push(email(&user, "e1", &format!("{user}@example.com"), true));
+    }
+    for chunk in items.chunks(25) {
+        let requests = chunk
+            .iter()
+            .map(|item| {
+                aws_sdk_dynamodb::types::WriteRequest::builder()
+                    .put_request(
+                        aws_sdk_dynamodb::types::PutRequest::builder()
+                            .set_item(Some(item.clone()))
+                            .build()
+                            .unwrap(),
+                    )
+                    .build()
+            })
+            .collect();
+        let output = client
+            .batch_write_item()
+            .request_items(&table, requests)
+            .send()
+            .await
+            .expect("batch write");
+        assert!(output.unprocessed_items().is_none_or(|u| u.is_empty()));
+    }
+    let records = stream_records(&client, &table).await;
+    assert_eq!(records.len(), 10_000);
+    let body = serde_json::to_vec(&event(&records)).unwrap();
+
+    let api = RuntimeApi::start().await;
+    let function = Function::start(
+        &binary,
+        &api,
+        &function_env("user-service.toml", Some(&table)),
+    );
+    api.ready().await;
+    let init = api.first_next().unwrap() - function.started;
+    let invoked = Instant::now();
+    let outcome = api.invoke(body.clone(), Duration::from_secs(900)).await;
+    let elapsed = invoked.elapsed();
+    assert_eq!(
+        failures(&outcome),
+        Vec::<String>::new(),
+        "{}",
+        function.stderr()
+    );
+    let peak = function.peak_memory_kib().expect("/proc/<pid>/status");
+    check_user_bench(&client, &table).await;
+    println!(
+        "cold start (process start to the first /next): {:.1} ms; 10,000-record batch ({:.1} MB event): {:.2} s; peak memory (VmHWM): {:.1} MB",
+        init.as_secs_f64() * 1000.0,
+        body.len() as f64 / 1e6,
+        elapsed.as_secs_f64(),
+        peak as f64 / 1024.0
+    );
+}
+
+async fn check_user_bench(client: &aws_sdk_dynamodb::Client, table: &str) {
+    for user in ["u00000", "u02500", "u04999"] {
+        let item = support::get(client, table, &format!("USER#{user}"), "EMAIL#e1")
+            .await
+            .unwrap();
+        assert_eq!(
+            support::text(&item, "GSI1PK"),
+            Some(format!("EMAIL#{user}@example.com"))
+        );
+        let profile = support::get(client, table, &format!("USER#{user}"), "PROFILE")
+            .await
+            .unwrap();
+        assert_eq!(
+            support::text(&profile, "email"),
+            Some(format!("{user}@example.com"))
+        );
+    }
+}
