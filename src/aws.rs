@@ -52,7 +52,10 @@ pub struct TableInfo {
 }
 
 /// Describes a table, turning the usual mistakes into clear errors.
-pub async fn describe_table(client: &aws_sdk_dynamodb::Client, table: &str) -> anyhow::Result<TableInfo> {
+pub async fn describe_table(
+    client: &aws_sdk_dynamodb::Client,
+    table: &str,
+) -> anyhow::Result<TableInfo> {
     let output = client
         .describe_table()
         .table_name(table)
@@ -64,13 +67,20 @@ pub async fn describe_table(client: &aws_sdk_dynamodb::Client, table: &str) -> a
     let enabled = stream.is_some_and(|s| s.stream_enabled());
     Ok(TableInfo {
         name: table.to_string(),
-        stream_arn: if enabled { description.latest_stream_arn().map(str::to_string) } else { None },
+        stream_arn: if enabled {
+            description.latest_stream_arn().map(str::to_string)
+        } else {
+            None
+        },
         view_type: stream.and_then(|s| s.stream_view_type()).cloned(),
     })
 }
 
 /// The table's stream ARN, or a clear error when it has none.
-pub async fn require_stream(client: &aws_sdk_dynamodb::Client, table: &str) -> anyhow::Result<(String, StreamViewType)> {
+pub async fn require_stream(
+    client: &aws_sdk_dynamodb::Client,
+    table: &str,
+) -> anyhow::Result<(String, StreamViewType)> {
     let info = describe_table(client, table).await?;
     match (info.stream_arn, info.view_type) {
         (Some(arn), Some(view)) => {
@@ -89,10 +99,18 @@ pub async fn require_stream(client: &aws_sdk_dynamodb::Client, table: &str) -> a
 
 fn explain<E: std::error::Error>(table: &str, error: &E, detail: String) -> String {
     let _ = error;
-    if detail.contains("ResourceNotFoundException") || detail.contains("non-existent table") || detail.contains("Cannot do operations on a non-existent table") {
+    if detail.contains("ResourceNotFoundException")
+        || detail.contains("non-existent table")
+        || detail.contains("Cannot do operations on a non-existent table")
+    {
         format!("table `{table}` does not exist (create it with `ddb-projector table create --spec FILE`)")
-    } else if detail.contains("dispatch failure") || detail.contains("Connection refused") || detail.contains("timeout") || detail.contains("timed out") {
-        let endpoint = std::env::var("AWS_ENDPOINT_URL").unwrap_or_else(|_| "the default AWS endpoint".to_string());
+    } else if detail.contains("dispatch failure")
+        || detail.contains("Connection refused")
+        || detail.contains("timeout")
+        || detail.contains("timed out")
+    {
+        let endpoint = std::env::var("AWS_ENDPOINT_URL")
+            .unwrap_or_else(|_| "the default AWS endpoint".to_string());
         format!("cannot reach DynamoDB at {endpoint}: {detail}")
     } else if detail.contains("credentials") || detail.contains("Credentials") {
         format!("no usable AWS credentials: {detail} (set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, or AWS_PROFILE)")

@@ -26,10 +26,17 @@ pub async fn read_counter(
             .filter(|p| matches!(p.kind, ProjectionKind::Counter(_)))
             .map(|p| p.name.as_str())
             .collect();
-        bail!("no counter `{name}` in {} (counters: {})", spec.file, counters.join(", "));
+        bail!(
+            "no counter `{name}` in {} (counters: {})",
+            spec.file,
+            counters.join(", ")
+        );
     };
     let ProjectionKind::Counter(counter) = &spec.projections[id].kind else {
-        bail!("projection `{name}` is a {}, not a counter", spec.projections[id].kind_name());
+        bail!(
+            "projection `{name}` is a {}, not a counter",
+            spec.projections[id].kind_name()
+        );
     };
     let mut values = Vec::new();
     for (var, _) in &counter.of {
@@ -38,12 +45,22 @@ pub async fn read_counter(
         };
         values.push(value.clone());
     }
-    if let Some((extra, _)) = vars.iter().find(|(k, _)| !counter.of.iter().any(|(v, _)| v == k)) {
+    if let Some((extra, _)) = vars
+        .iter()
+        .find(|(k, _)| !counter.of.iter().any(|(v, _)| v == k))
+    {
         let known: Vec<&str> = counter.of.iter().map(|(v, _)| v.as_str()).collect();
-        bail!("counter `{name}` has no variable `{extra}` (it has: {})", known.join(", "));
+        bail!(
+            "counter `{name}` has no variable `{extra}` (it has: {})",
+            known.join(", ")
+        );
     }
     let keys: Vec<HashMap<String, Av>> = (0..counter.shards)
-        .map(|shard| spec.table.key_item(&spec.counter_shard_key(name, &values, shard)).into())
+        .map(|shard| {
+            spec.table
+                .key_item(&spec.counter_shard_key(name, &values, shard))
+                .into()
+        })
         .collect();
     let mut total = 0i64;
     let mut pending = keys;
@@ -64,10 +81,22 @@ pub async fn read_counter(
             .request_items(table, request)
             .send()
             .await
-            .map_err(|error| anyhow::anyhow!("reading counter `{name}` from `{table}`: {}", crate::apply::retry_describe(&error)))?;
-        for item in output.responses().and_then(|r| r.get(table)).into_iter().flatten() {
+            .map_err(|error| {
+                anyhow::anyhow!(
+                    "reading counter `{name}` from `{table}`: {}",
+                    crate::apply::retry_describe(&error)
+                )
+            })?;
+        for item in output
+            .responses()
+            .and_then(|r| r.get(table))
+            .into_iter()
+            .flatten()
+        {
             if let Some(Av::N(n)) = item.get(COUNT_ATTRIBUTE) {
-                total += n.parse::<i64>().with_context(|| format!("counter shard holds `{n}`"))?;
+                total += n
+                    .parse::<i64>()
+                    .with_context(|| format!("counter shard holds `{n}`"))?;
             }
         }
         if let Some(left) = output.unprocessed_keys().and_then(|u| u.get(table)) {

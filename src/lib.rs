@@ -10,17 +10,24 @@
 //! - [`spec`]: spec files (one per service), compiled into a validated rule set;
 //!   matching a key to an entity lives here too.
 //! - [`plan`]: the pure planner, one module per projection kind.
+//! - [`apply`]: writes planned effects exactly once in effect (coalescing,
+//!   retries, dead letters).
 //! - [`source`]: the self-hosted DynamoDB Streams runner (shard walker and
 //!   durable checkpoints) behind `run` and `replay`.
 //! - [`lambda`]: the AWS Lambda bootstrap (partial batch responses, deadline,
 //!   EMF metrics) and the event source mapping filters the spec implies.
-//! - `main.rs`: the `ddb-projector` command line.
+//! - [`backfill`]: parallel, resumable, rate-limited scans through the same
+//!   planner and applier.
+//! - [`aws`], [`table`], [`counter`]: SDK configuration, table creation,
+//!   counter reads.
+//! - [`cli`] and `main.rs`: the `ddb-projector` command line.
 //!
 //! **Architecture Invariant:** `record`, `decode`, `spec` and `plan` do no
 //! I/O; SDK types never reach the planner.
 
 pub mod apply;
 pub mod aws;
+pub mod backfill;
 pub mod cli;
 pub mod counter;
 pub mod decode;

@@ -2,8 +2,9 @@
 
 use anyhow::{bail, Context};
 use aws_sdk_dynamodb::types::{
-    AttributeDefinition, BillingMode, GlobalSecondaryIndex, KeySchemaElement, KeyType, Projection, ProjectionType,
-    ScalarAttributeType, StreamSpecification, StreamViewType, TimeToLiveSpecification,
+    AttributeDefinition, BillingMode, GlobalSecondaryIndex, KeySchemaElement, KeyType, Projection,
+    ProjectionType, ScalarAttributeType, StreamSpecification, StreamViewType,
+    TimeToLiveSpecification,
 };
 
 use crate::spec::Spec;
@@ -18,12 +19,19 @@ pub enum Created {
 }
 
 fn key(name: &str, kind: KeyType) -> anyhow::Result<KeySchemaElement> {
-    Ok(KeySchemaElement::builder().attribute_name(name).key_type(kind).build()?)
+    Ok(KeySchemaElement::builder()
+        .attribute_name(name)
+        .key_type(kind)
+        .build()?)
 }
 
 /// Creates `table` as the spec describes it: key schema, GSIs, a
 /// NEW_AND_OLD_IMAGES stream and TTL; or checks an existing one's shape.
-pub async fn create_table(client: &aws_sdk_dynamodb::Client, spec: &Spec, table: &str) -> anyhow::Result<Created> {
+pub async fn create_table(
+    client: &aws_sdk_dynamodb::Client,
+    spec: &Spec,
+    table: &str,
+) -> anyhow::Result<Created> {
     let t = &spec.table;
     let mut attributes = vec![t.partition_key.clone()];
     attributes.extend(t.sort_key.clone());
@@ -59,7 +67,11 @@ pub async fn create_table(client: &aws_sdk_dynamodb::Client, spec: &Spec, table:
         let mut index = GlobalSecondaryIndex::builder()
             .index_name(&gsi.name)
             .key_schema(key(&gsi.partition_key, KeyType::Hash)?)
-            .projection(Projection::builder().projection_type(ProjectionType::All).build());
+            .projection(
+                Projection::builder()
+                    .projection_type(ProjectionType::All)
+                    .build(),
+            );
         if let Some(sk) = &gsi.sort_key {
             index = index.key_schema(key(sk, KeyType::Range)?);
         }
@@ -69,11 +81,17 @@ pub async fn create_table(client: &aws_sdk_dynamodb::Client, spec: &Spec, table:
         Ok(_) => {}
         Err(error) => {
             let text = crate::apply::retry_describe(&error);
-            if text.contains("ResourceInUseException") || text.contains("already exists") || text.contains("Table already") {
+            if text.contains("ResourceInUseException")
+                || text.contains("already exists")
+                || text.contains("Table already")
+            {
                 check_shape(client, spec, table).await?;
                 return Ok(Created::AlreadyRight);
             }
-            let detail = error.as_service_error().map(|e| e.to_string()).unwrap_or(text);
+            let detail = error
+                .as_service_error()
+                .map(|e| e.to_string())
+                .unwrap_or(text);
             bail!("creating table `{table}` failed: {detail}");
         }
     }
@@ -82,7 +100,12 @@ pub async fn create_table(client: &aws_sdk_dynamodb::Client, spec: &Spec, table:
         client
             .update_time_to_live()
             .table_name(table)
-            .time_to_live_specification(TimeToLiveSpecification::builder().enabled(true).attribute_name(ttl).build()?)
+            .time_to_live_specification(
+                TimeToLiveSpecification::builder()
+                    .enabled(true)
+                    .attribute_name(ttl)
+                    .build()?,
+            )
             .send()
             .await
             .with_context(|| format!("enabling TTL on `{ttl}`"))?;
@@ -93,7 +116,10 @@ pub async fn create_table(client: &aws_sdk_dynamodb::Client, spec: &Spec, table:
 async fn wait_active(client: &aws_sdk_dynamodb::Client, table: &str) -> anyhow::Result<()> {
     for _ in 0..120 {
         let output = client.describe_table().table_name(table).send().await?;
-        let status = output.table().and_then(|t| t.table_status()).map(|s| s.as_str().to_string());
+        let status = output
+            .table()
+            .and_then(|t| t.table_status())
+            .map(|s| s.as_str().to_string());
         if status.as_deref() == Some("ACTIVE") {
             return Ok(());
         }
@@ -103,7 +129,11 @@ async fn wait_active(client: &aws_sdk_dynamodb::Client, table: &str) -> anyhow::
 }
 
 /// Compares an existing table with the spec; lists every difference.
-async fn check_shape(client: &aws_sdk_dynamodb::Client, spec: &Spec, table: &str) -> anyhow::Result<()> {
+async fn check_shape(
+    client: &aws_sdk_dynamodb::Client,
+    spec: &Spec,
+    table: &str,
+) -> anyhow::Result<()> {
     let output = client.describe_table().table_name(table).send().await?;
     let description = output.table().context("DescribeTable returned no table")?;
     let mut problems = Vec::new();
@@ -123,10 +153,18 @@ async fn check_shape(client: &aws_sdk_dynamodb::Client, spec: &Spec, table: &str
         ));
     }
     if key_of(schema, KeyType::Range) != t.sort_key {
-        problems.push(format!("sort key is {:?}, the spec says {:?}", key_of(schema, KeyType::Range), t.sort_key));
+        problems.push(format!(
+            "sort key is {:?}, the spec says {:?}",
+            key_of(schema, KeyType::Range),
+            t.sort_key
+        ));
     }
     for gsi in &t.gsis {
-        match description.global_secondary_indexes().iter().find(|g| g.index_name() == Some(gsi.name.as_str())) {
+        match description
+            .global_secondary_indexes()
+            .iter()
+            .find(|g| g.index_name() == Some(gsi.name.as_str()))
+        {
             None => problems.push(format!(
                 "index `{}` is missing (add it, then run `ddb-projector backfill` for its keys)",
                 gsi.name
@@ -136,7 +174,10 @@ async fn check_shape(client: &aws_sdk_dynamodb::Client, spec: &Spec, table: &str
                 if key_of(schema, KeyType::Hash).as_deref() != Some(gsi.partition_key.as_str())
                     || key_of(schema, KeyType::Range) != gsi.sort_key
                 {
-                    problems.push(format!("index `{}` has different key attributes than the spec", gsi.name));
+                    problems.push(format!(
+                        "index `{}` has different key attributes than the spec",
+                        gsi.name
+                    ));
                 }
             }
         }

@@ -106,6 +106,7 @@ mod tests {
                     MarkerState::Absent
                 },
                 counters: vec![],
+                guard: None,
             },
         }
     }

@@ -66,6 +66,10 @@ pub struct BatchOptions {
     pub deadline: Option<tokio::time::Instant>,
     /// The records are dead letters being applied again: do not hold them.
     pub redrive: bool,
+    /// Read markers before writing memberships and skip those already in
+    /// their state (backfill: most are, and a read is cheaper than a
+    /// cancelled transaction).
+    pub read_markers_first: bool,
 }
 
 /// What happened to one record of a batch.
@@ -323,7 +327,10 @@ impl Applier {
                 }
                 continue;
             }
-            written.extend(self.write_phase(&ctx, phase).await);
+            written.extend(
+                self.write_phase(&ctx, phase, options.read_markers_first)
+                    .await,
+            );
         }
 
         // 5. Map write results back to records.
@@ -424,6 +431,7 @@ impl Applier {
         &self,
         ctx: &writes::Ctx<'_>,
         groups: Vec<coalesce::Group>,
+        read_markers_first: bool,
     ) -> Vec<Written> {
         use crate::plan::{CustomOp, Op};
         use futures::stream::StreamExt;
@@ -433,12 +441,45 @@ impl Applier {
         let mut singles = Vec::new();
         for (index, group) in groups.iter().enumerate() {
             match &group.effect.op {
-                Op::Membership { counters, .. } if !counters.is_empty() => members.push(index),
+                // Guarded (scan) memberships need a transaction for their check.
+                Op::Membership {
+                    counters, guard, ..
+                } if !counters.is_empty() || guard.is_some() => members.push(index),
                 Op::Membership { .. } | Op::Custom(_) => plain.push(index),
                 Op::SetAttributes { .. } | Op::Recompute { .. } => singles.push(index),
             }
         }
         let mut results: Vec<Option<Result<(), retry::WriteError>>> = vec![None; groups.len()];
+        if read_markers_first && !members.is_empty() {
+            let keys = members
+                .iter()
+                .filter_map(|&index| match &groups[index].effect.op {
+                    Op::Membership { marker, .. } => Some(marker),
+                    _ => None,
+                })
+                .collect();
+            match writes::read_markers(ctx, keys).await {
+                Ok(found) => members.retain(|&index| {
+                    let Op::Membership { marker, state, .. } = &groups[index].effect.op else {
+                        return true;
+                    };
+                    let settled = match state {
+                        crate::plan::MarkerState::Present(item) => found.get(marker) == Some(item),
+                        crate::plan::MarkerState::Absent => !found.contains_key(marker),
+                    };
+                    if settled {
+                        results[index] = Some(Ok(()));
+                    }
+                    !settled
+                }),
+                Err(error) => {
+                    for &index in &members {
+                        results[index] = Some(Err(error.clone()));
+                    }
+                    members.clear();
+                }
+            }
+        }
 
         let member_writes = async {
             let changes: Vec<writes::MemberChange<'_>> = members
@@ -448,10 +489,12 @@ impl Applier {
                         marker,
                         state,
                         counters,
+                        guard,
                     } => writes::MemberChange {
                         marker,
                         state,
                         counters,
+                        guard: guard.as_ref(),
                     },
                     _ => unreachable!("partitioned above"),
                 })

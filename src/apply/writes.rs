@@ -4,14 +4,14 @@ use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use aws_sdk_dynamodb::types::{
-    AttributeValue as Av, ConsumedCapacity, Delete, DeleteRequest, Put, PutRequest,
+    AttributeValue as Av, ConditionCheck, ConsumedCapacity, Delete, DeleteRequest, Put, PutRequest,
     ReturnConsumedCapacity, ReturnValuesOnConditionCheckFailure, TransactWriteItem, Update,
     WriteRequest,
 };
 
 use super::retry::{classify_code, sdk, with_retries, ErrorClass, WriteError};
 use super::ApplyConfig;
-use crate::plan::{compute_denormalized, CounterShard, MarkerState, SourceQuery};
+use crate::plan::{compute_denormalized, CounterShard, MarkerState, SourceGuard, SourceQuery};
 use crate::record::{AttributeValue, Item, ItemKey};
 use crate::spec::{values_equal, ProjectionId, Spec};
 
@@ -444,6 +444,36 @@ pub(crate) struct MemberChange<'e> {
     pub marker: &'e ItemKey,
     pub state: &'e MarkerState,
     pub counters: &'e [CounterShard],
+    pub guard: Option<&'e SourceGuard>,
+}
+
+/// The condition check of a scan-planned membership: the source item must
+/// still be (or still not be) a member, as the snapshot saw it.
+fn guard_check(ctx: &Ctx<'_>, guard: &SourceGuard) -> TransactWriteItem {
+    let mut expr = Expr::default();
+    let pk = expr.name(ctx.pk_name());
+    let mut holds = vec![format!("attribute_exists({pk})")];
+    for (name, value) in &guard.when.0 {
+        let n = expr.name(name);
+        let v = expr.value(av(value));
+        holds.push(format!("{n} = {v}"));
+    }
+    let holds = holds.join(" AND ");
+    let condition = if guard.member {
+        holds
+    } else {
+        format!("NOT ({holds})")
+    };
+    let (names, values) = expr.values();
+    let check = ConditionCheck::builder()
+        .table_name(ctx.table)
+        .set_key(Some(ctx.key(&guard.source)))
+        .condition_expression(condition)
+        .set_expression_attribute_names(Some(names))
+        .set_expression_attribute_values(values)
+        .build()
+        .expect("table, key and condition are set");
+    TransactWriteItem::builder().condition_check(check).build()
 }
 
 /// The most items one `TransactWriteItems` takes.
@@ -472,7 +502,8 @@ pub(crate) async fn memberships(
             .counters
             .iter()
             .filter(|c| !shards.contains(&c.key))
-            .count();
+            .count()
+            + usize::from(change.guard.is_some());
         if !chunk.is_empty() && chunk.len() + shards.len() + 1 + new_shards > MAX_TRANSACTION_ITEMS
         {
             chunks.push(std::mem::take(&mut chunk));
@@ -549,6 +580,15 @@ async fn transact_members(
                 }
             }
         }
+        // Guards of scan-planned memberships follow the markers.
+        let guarded: Vec<usize> = live
+            .iter()
+            .copied()
+            .filter(|&i| changes[i].guard.is_some())
+            .collect();
+        for &i in &guarded {
+            items.push(guard_check(ctx, changes[i].guard.expect("filtered")));
+        }
         for (key, delta) in deltas.iter().filter(|(_, d)| *d != 0) {
             let update = Update::builder()
                 .table_name(ctx.table)
@@ -589,10 +629,27 @@ async fn transact_members(
             }
         };
         if !reasons.is_empty() {
-            // Reasons are aligned with the items: markers first, then shards.
+            // Reasons are aligned with the items: markers, guards, shards.
             let mut retry_class: Option<&'static str> = None;
             let mut keep = Vec::new();
+            let stale: Vec<usize> = guarded
+                .iter()
+                .enumerate()
+                .filter(|(g, _)| {
+                    reasons
+                        .get(live.len() + g)
+                        .map(|r| classify_code(r.code(), r.message()))
+                        == Some(ErrorClass::Conditional)
+                })
+                .map(|(_, &i)| i)
+                .collect();
             for (position, &i) in live.iter().enumerate() {
+                if stale.contains(&i) {
+                    // The source changed since the scan: its own record
+                    // (the live worker's) decides; nothing to do here.
+                    done.push((i, Ok(())));
+                    continue;
+                }
                 let reason = reasons.get(position);
                 match reason.map(|r| classify_code(r.code(), r.message())) {
                     Some(ErrorClass::Conditional) => {
@@ -616,7 +673,7 @@ async fn transact_members(
                     _ => keep.push(i),
                 }
             }
-            for reason in reasons.iter().skip(live.len()) {
+            for reason in reasons.iter().skip(live.len() + guarded.len()) {
                 match classify_code(reason.code(), reason.message()) {
                     ErrorClass::Retry(r) => retry_class = Some(r),
                     ErrorClass::Poison(message) => {
@@ -740,4 +797,76 @@ async fn backoff_or_give_up(
             false
         }
     }
+}
+
+/// Reads markers consistently (`BatchGetItem`, 100 keys a call), for
+/// memberships planned from a scan: most are already in their state, and a
+/// read costs less than a cancelled transaction.
+pub(crate) async fn read_markers(
+    ctx: &Ctx<'_>,
+    keys: Vec<&ItemKey>,
+) -> Result<HashMap<ItemKey, Item>, WriteError> {
+    use aws_sdk_dynamodb::types::KeysAndAttributes;
+    let mut found = HashMap::new();
+    let mut by_key: HashMap<Vec<(String, String)>, ItemKey> = HashMap::new();
+    let mut pending: Vec<HashMap<String, Av>> = Vec::new();
+    for key in keys {
+        let map = ctx.key(key);
+        by_key.insert(flat(&map), key.clone());
+        pending.push(map);
+    }
+    while !pending.is_empty() {
+        let chunk: Vec<_> = pending.drain(..pending.len().min(100)).collect();
+        let output = with_retries(
+            "read_markers",
+            ctx.config.max_retry_time,
+            &ctx.retries,
+            || {
+                let request = ctx
+                    .client
+                    .batch_get_item()
+                    .request_items(
+                        ctx.table,
+                        KeysAndAttributes::builder()
+                            .set_keys(Some(chunk.clone()))
+                            .consistent_read(true)
+                            .build()
+                            .expect("keys are set"),
+                    )
+                    .return_consumed_capacity(ReturnConsumedCapacity::Total);
+                async move { request.send().await.map_err(sdk) }
+            },
+        )
+        .await?;
+        ctx.count_units(output.consumed_capacity(), false);
+        for item in output
+            .responses()
+            .and_then(|r| r.get(ctx.table))
+            .into_iter()
+            .flatten()
+        {
+            let key_map: HashMap<String, Av> = item
+                .iter()
+                .filter(|(name, _)| ctx.spec.table.is_key_attribute(name))
+                .map(|(k, v)| (k.clone(), v.clone()))
+                .collect();
+            if let Some(key) = by_key.get(&flat(&key_map)) {
+                found.insert(key.clone(), Item::from(item.clone()));
+            }
+        }
+        if let Some(left) = output.unprocessed_keys().and_then(|u| u.get(ctx.table)) {
+            pending.extend(left.keys().iter().cloned());
+            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        }
+    }
+    Ok(found)
+}
+
+fn flat(map: &HashMap<String, Av>) -> Vec<(String, String)> {
+    let mut pairs: Vec<(String, String)> = map
+        .iter()
+        .map(|(k, v)| (k.clone(), v.as_s().cloned().unwrap_or_default()))
+        .collect();
+    pairs.sort();
+    pairs
 }

@@ -82,6 +82,37 @@ pub enum Command {
         #[arg(long = "projection")]
         projections: Vec<String>,
     },
+    /// Scan the table and bring derived state up to date for existing items
+    /// (a new GSI, a new projection). Parallel, resumable, rate-limited.
+    Backfill {
+        /// Spec and table.
+        #[command(flatten)]
+        target: Target,
+        /// Only these projections (repeatable; default all).
+        #[arg(long = "projection")]
+        projections: Vec<String>,
+        /// Scan segments to run in parallel in this process.
+        #[arg(long, default_value_t = 4)]
+        segments: u32,
+        /// Run only this segment (of --total-segments), e.g. one per machine.
+        #[arg(long, requires = "total_segments")]
+        segment: Option<u32>,
+        /// The total number of segments when --segment is given.
+        #[arg(long)]
+        total_segments: Option<u32>,
+        /// Consumed write capacity units per second to stay under.
+        #[arg(long)]
+        max_wcu: Option<f64>,
+        /// Consumed read capacity units per second to stay under.
+        #[arg(long)]
+        max_rcu: Option<f64>,
+        /// Continue an interrupted run from its checkpoints.
+        #[arg(long)]
+        resume: bool,
+        /// Count what would change without writing.
+        #[arg(long)]
+        dry_run: bool,
+    },
     /// Serve DynamoDB Streams events as an AWS Lambda function (the default
     /// when AWS_LAMBDA_RUNTIME_API is set and no command is given).
     Lambda,
@@ -181,22 +212,54 @@ pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     match cli.command {
         Command::Check { spec } => Ok(offline::check(&spec)),
         Command::Plan { spec, event } => offline::plan(&spec, &event),
-        Command::Table { command: TableCommand::Create { target } } => block_on(online::table_create(target)),
+        Command::Table {
+            command: TableCommand::Create { target },
+        } => block_on(online::table_create(target)),
         Command::Run { target, drain } => block_on(stream::run(target, drain)),
-        Command::Replay { target, projections } => block_on(stream::replay(target, projections)),
+        Command::Replay {
+            target,
+            projections,
+        } => block_on(stream::replay(target, projections)),
+        Command::Backfill {
+            target,
+            projections,
+            segments,
+            segment,
+            total_segments,
+            max_wcu,
+            max_rcu,
+            resume,
+            dry_run,
+        } => block_on(online::backfill(
+            target,
+            projections,
+            online::Segments {
+                segments,
+                segment,
+                total_segments,
+            },
+            max_wcu,
+            max_rcu,
+            resume,
+            dry_run,
+        )),
         Command::Lambda => crate::lambda::run(),
         Command::Filters { spec } => Ok(crate::lambda::filters::command(&spec)),
-        Command::Counter { command: CounterCommand::Get { name, vars, target } } => {
-            block_on(online::counter_get(target, name, vars))
-        }
-        Command::Dlq { command: DlqCommand::List { target } } => block_on(online::dlq_list(target)),
-        Command::Dlq { command: DlqCommand::Redrive { target, projection } } => {
-            block_on(online::dlq_redrive(target, projection))
-        }
+        Command::Counter {
+            command: CounterCommand::Get { name, vars, target },
+        } => block_on(online::counter_get(target, name, vars)),
+        Command::Dlq {
+            command: DlqCommand::List { target },
+        } => block_on(online::dlq_list(target)),
+        Command::Dlq {
+            command: DlqCommand::Redrive { target, projection },
+        } => block_on(online::dlq_redrive(target, projection)),
     }
 }
 
-fn block_on<F: std::future::Future<Output = anyhow::Result<ExitCode>>>(future: F) -> anyhow::Result<ExitCode> {
+fn block_on<F: std::future::Future<Output = anyhow::Result<ExitCode>>>(
+    future: F,
+) -> anyhow::Result<ExitCode> {
     tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -222,7 +285,10 @@ pub async fn connect(target: &Target) -> Result<Connection, anyhow::Result<ExitC
         Ok(spec) => spec,
         Err(code) => return Err(Ok(code)),
     };
-    let table = target.table.clone().unwrap_or_else(|| spec.table.name.clone());
+    let table = target
+        .table
+        .clone()
+        .unwrap_or_else(|| spec.table.name.clone());
     let config = match crate::aws::load_config().await {
         Ok(config) => config,
         Err(error) => return Err(Err(error)),

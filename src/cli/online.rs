@@ -21,14 +21,22 @@ macro_rules! connect_or_return {
 pub async fn table_create(target: Target) -> anyhow::Result<ExitCode> {
     let c = connect_or_return!(target);
     match crate::table::create_table(&c.dynamodb, &c.spec, &c.table).await? {
-        crate::table::Created::Created => println!("created table {} with a NEW_AND_OLD_IMAGES stream", c.table),
-        crate::table::Created::AlreadyRight => println!("table {} already exists with the right shape", c.table),
+        crate::table::Created::Created => {
+            println!("created table {} with a NEW_AND_OLD_IMAGES stream", c.table)
+        }
+        crate::table::Created::AlreadyRight => {
+            println!("table {} already exists with the right shape", c.table)
+        }
     }
     Ok(ExitCode::SUCCESS)
 }
 
 /// `counter get NAME VAR=VALUE...`.
-pub async fn counter_get(target: Target, name: String, vars: Vec<String>) -> anyhow::Result<ExitCode> {
+pub async fn counter_get(
+    target: Target,
+    name: String,
+    vars: Vec<String>,
+) -> anyhow::Result<ExitCode> {
     let c = connect_or_return!(target);
     let mut pairs = Vec::new();
     for var in vars {
@@ -45,7 +53,12 @@ pub async fn counter_get(target: Target, name: String, vars: Vec<String>) -> any
 /// `dlq list`: JSON lines.
 pub async fn dlq_list(target: Target) -> anyhow::Result<ExitCode> {
     let c = connect_or_return!(target);
-    let applier = Applier::new(c.dynamodb.clone(), c.spec.clone(), &c.table, ApplyConfig::default());
+    let applier = Applier::new(
+        c.dynamodb.clone(),
+        c.spec.clone(),
+        &c.table,
+        ApplyConfig::default(),
+    );
     let letters = applier.dead_letter_store().list().await?;
     let stdout = std::io::stdout();
     let mut out = stdout.lock();
@@ -64,11 +77,115 @@ pub async fn dlq_redrive(target: Target, projection: Option<String>) -> anyhow::
             bail!("no projection `{name}` in {}", c.spec.file);
         }
     }
-    let applier = Applier::new(c.dynamodb.clone(), c.spec.clone(), &c.table, ApplyConfig::default());
+    let applier = Applier::new(
+        c.dynamodb.clone(),
+        c.spec.clone(),
+        &c.table,
+        ApplyConfig::default(),
+    );
     let summary = applier.redrive(projection.as_deref()).await?;
     println!(
         "redriven {}, still failing {}, skipped {}",
         summary.redriven, summary.still_failing, summary.skipped
     );
-    Ok(if summary.still_failing > 0 { ExitCode::from(1) } else { ExitCode::SUCCESS })
+    Ok(if summary.still_failing > 0 {
+        ExitCode::from(1)
+    } else {
+        ExitCode::SUCCESS
+    })
+}
+
+/// Which scan segments `backfill` runs.
+pub struct Segments {
+    /// Segments in parallel in this process (when `segment` is not given).
+    pub segments: u32,
+    /// One segment only.
+    pub segment: Option<u32>,
+    /// The total when `segment` is given.
+    pub total_segments: Option<u32>,
+}
+
+/// Resolves projection names, failing with the list of known ones.
+pub fn projection_ids(
+    spec: &crate::spec::Spec,
+    names: &[String],
+) -> anyhow::Result<Option<Vec<usize>>> {
+    if names.is_empty() {
+        return Ok(None);
+    }
+    let mut ids = Vec::new();
+    for name in names {
+        match spec.projection_id(name) {
+            Some(id) => ids.push(id),
+            None => {
+                let known: Vec<&str> = spec.projections.iter().map(|p| p.name.as_str()).collect();
+                bail!(
+                    "no projection `{name}` in {} (known: {})",
+                    spec.file,
+                    known.join(", ")
+                );
+            }
+        }
+    }
+    Ok(Some(ids))
+}
+
+/// `backfill`.
+pub async fn backfill(
+    target: Target,
+    projections: Vec<String>,
+    segments: Segments,
+    max_wcu: Option<f64>,
+    max_rcu: Option<f64>,
+    resume: bool,
+    dry_run: bool,
+) -> anyhow::Result<ExitCode> {
+    let c = connect_or_return!(target);
+    let projections = projection_ids(&c.spec, &projections)?;
+    let (segment_list, total) = match (segments.segment, segments.total_segments) {
+        (Some(segment), Some(total)) => {
+            if segment >= total {
+                bail!("--segment {segment} is out of range for --total-segments {total} (segments count from 0)");
+            }
+            (vec![segment], total)
+        }
+        _ => {
+            let n = segments.segments.clamp(1, 1_000_000);
+            ((0..n).collect(), n)
+        }
+    };
+    crate::aws::describe_table(&c.dynamodb, &c.table).await?;
+    let applier = Applier::new(
+        c.dynamodb.clone(),
+        c.spec.clone(),
+        &c.table,
+        ApplyConfig::default(),
+    );
+    let options = crate::backfill::BackfillOptions {
+        projections,
+        segments: segment_list,
+        total_segments: total,
+        max_wcu,
+        max_rcu,
+        resume,
+        dry_run,
+        ..Default::default()
+    };
+    let summary = crate::backfill::backfill(&applier, &options).await?;
+    eprintln!(
+        "{}backfill of {}: {} items scanned, {} {}, {} writes, {:.1} WCU, {:.1} RCU, {} dead letters, {:.1} s ({:.0} items/s)",
+        if dry_run { "dry-run " } else { "" },
+        c.table,
+        summary.scanned,
+        summary.planned,
+        if dry_run { "would change" } else { "needed changes" },
+        summary.writes,
+        summary.write_units,
+        summary.read_units,
+        summary.dead_letters,
+        summary.seconds,
+        summary.items_per_second()
+    );
+    println!("{}", serde_json::to_string(&summary)?);
+    Ok(ExitCode::SUCCESS)
 }

@@ -6,11 +6,12 @@
 //! transaction only when the marker really appeared or disappeared, so the
 //! counters always equal the number of markers, whatever is redelivered.
 
+use super::SourceGuard;
 use super::{
     changed, kind_is_removal, CounterShard, Effect, MarkerState, Op, PlanProblem, Selection,
     Subject,
 };
-use crate::record::{ChangeKind, Item, ItemKey};
+use crate::record::{ChangeKind, Item, ItemKey, Origin};
 use crate::spec::{
     Condition, Counter, InverseEdge, Marker, ProjectionId, ProjectionKind, RenderError, Spec,
     Template,
@@ -92,6 +93,15 @@ fn shard_key(
     Ok(spec.counter_shard_key(&spec.projections[id].name, &values, shard))
 }
 
+/// A guard for memberships planned from a scan snapshot.
+fn guard(subject: &Subject<'_>, member: bool, when: &Condition) -> Option<SourceGuard> {
+    matches!(subject.record.origin, Origin::Scan { .. }).then(|| SourceGuard {
+        source: subject.key.clone(),
+        member,
+        when: when.clone(),
+    })
+}
+
 fn selected(selection: Selection<'_>, id: ProjectionId) -> bool {
     selection.is_none_or(|ids| ids.contains(&id))
 }
@@ -135,6 +145,7 @@ pub(super) fn plan_edge(
             marker: target,
             state,
             counters,
+            guard: guard(subject, member, &edge.when),
         },
     });
     Ok(())
@@ -198,6 +209,7 @@ pub(super) fn plan_counter(
                 counter: id,
                 key: shard_key(spec, id, counter, subject)?,
             }],
+            guard: guard(subject, member, &counter.when),
         },
     });
     Ok(())

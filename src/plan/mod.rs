@@ -78,6 +78,19 @@ pub enum MarkerState {
     Absent,
 }
 
+/// For a membership planned from a scan snapshot: the state of the source
+/// item the snapshot saw, checked in the same transaction as the marker
+/// write, so a backfill never undoes what the live worker did since.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SourceGuard {
+    /// The source item.
+    pub source: ItemKey,
+    /// Whether the snapshot saw it as a member (it existed and `when` held).
+    pub member: bool,
+    /// The membership condition.
+    pub when: crate::spec::Condition,
+}
+
 /// A counter shard that moves when a marker changes: +1 when it appears, -1
 /// when it goes.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
@@ -116,6 +129,8 @@ pub enum Op {
         state: MarkerState,
         /// Shards that count this marker.
         counters: Vec<CounterShard>,
+        /// Set when planned from a scan (backfill): the source state to check.
+        guard: Option<SourceGuard>,
     },
     /// A custom projection's write.
     Custom(CustomOp),
@@ -369,6 +384,7 @@ impl Effect {
                 marker,
                 state,
                 counters,
+                ..
             } => {
                 let counters: Vec<serde_json::Value> = counters
                     .iter()

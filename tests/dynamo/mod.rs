@@ -5,3 +5,5 @@ pub mod support;
 mod applier;
 mod lambda;
 mod runner;
+mod table;
+mod backfill;

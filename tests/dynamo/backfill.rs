@@ -1,0 +1,403 @@
+//! Backfill against DynamoDB Local: items written before a projection
+//! existed get their derived state from a scan.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use aws_sdk_dynamodb::types::{AttributeValue as Av, PutRequest, WriteRequest};
+use ddb_projector::apply::{Applier, ApplyConfig, BatchOptions, RecordStatus};
+use ddb_projector::backfill::{backfill, BackfillOptions};
+use ddb_projector::spec::Spec;
+
+use super::support::{self, get, s, text};
+
+/// Writes items with `BatchWriteItem`, 25 a call, 8 calls at a time.
+async fn load(client: &aws_sdk_dynamodb::Client, table: &str, items: Vec<HashMap<String, Av>>) {
+    use futures::stream::StreamExt;
+    let chunks: Vec<Vec<HashMap<String, Av>>> = items.chunks(25).map(|c| c.to_vec()).collect();
+    futures::stream::iter(chunks)
+        .for_each_concurrent(8, |chunk| async move {
+            let mut requests: Vec<WriteRequest> = chunk
+                .into_iter()
+                .map(|item| {
+                    WriteRequest::builder()
+                        .put_request(PutRequest::builder().set_item(Some(item)).build().unwrap())
+                        .build()
+                })
+                .collect();
+            while !requests.is_empty() {
+                let output = client
+                    .batch_write_item()
+                    .request_items(table, requests.clone())
+                    .send()
+                    .await
+                    .unwrap();
+                requests = output
+                    .unprocessed_items()
+                    .and_then(|u| u.get(table))
+                    .cloned()
+                    .unwrap_or_default();
+            }
+        })
+        .await;
+}
+
+fn email_item(i: usize) -> HashMap<String, Av> {
+    support::item(&[
+        ("PK", s(&format!("USER#u{i}"))),
+        ("SK", s("EMAIL#e1")),
+        ("emailId", s("e1")),
+        ("userId", s(&format!("u{i}"))),
+        ("email", s(&format!(" User{i}@Example.ORG"))),
+        ("isPrimary", Av::Bool(false)),
+    ])
+}
+
+fn quiet(options: BackfillOptions) -> BackfillOptions {
+    BackfillOptions {
+        progress: false,
+        ..options
+    }
+}
+
+async fn setup(spec: &str, prefix: &str) -> (aws_sdk_dynamodb::Client, String, Arc<Spec>, Applier) {
+    let client = support::client().await;
+    let spec = support::shipped_spec(spec);
+    let table = support::fresh_table(&client, &spec, prefix).await;
+    let applier = Applier::new(client.clone(), spec.clone(), &table, ApplyConfig::default());
+    (client, table, spec, applier)
+}
+
+#[tokio::test]
+async fn twenty_thousand_items_get_their_gsi_keys_with_four_segments_and_a_second_run_writes_nothing(
+) {
+    let (client, table, spec, applier) = setup("user-service.toml", "bf20k").await;
+    let n = 20_000;
+    load(&client, &table, (0..n).map(email_item).collect()).await;
+    let only = Some(vec![spec.projection_id("email-gsi1-keys").unwrap()]);
+    let options = quiet(BackfillOptions {
+        projections: only.clone(),
+        segments: vec![0, 1, 2, 3],
+        total_segments: 4,
+        ..Default::default()
+    });
+    let first = backfill(&applier, &options).await.unwrap();
+    // The scan also reads the backfill's own progress items.
+    assert!(first.scanned >= n as u64, "{first:?}");
+    assert_eq!(first.planned, n as u64);
+    assert_eq!(first.segments_done, 4);
+    eprintln!(
+        "backfill of {n} items, 4 segments: {:.0} items/s, {:.0} WCU",
+        first.items_per_second(),
+        first.write_units
+    );
+    for i in [0, 1, 4_999, 12_345, n - 1] {
+        let item = get(&client, &table, &format!("USER#u{i}"), "EMAIL#e1")
+            .await
+            .unwrap();
+        assert_eq!(
+            text(&item, "GSI1PK").as_deref(),
+            Some(format!("EMAIL#user{i}@example.org").as_str())
+        );
+        assert_eq!(
+            text(&item, "GSI1SK").as_deref(),
+            Some(format!("USER#u{i}").as_str())
+        );
+    }
+    let found = client
+        .query()
+        .table_name(&table)
+        .index_name("GSI1")
+        .key_condition_expression("GSI1PK = :pk")
+        .expression_attribute_values(":pk", s("EMAIL#user777@example.org"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(found.count, 1);
+    assert_eq!(text(&found.items()[0], "PK").as_deref(), Some("USER#u777"));
+
+    let second = backfill(&applier, &options).await.unwrap();
+    assert!(second.scanned >= n as u64);
+    assert_eq!(
+        (second.planned, second.writes, second.write_units),
+        (0, 0, 0.0),
+        "{second:?}"
+    );
+}
+
+#[tokio::test]
+async fn a_killed_backfill_resumes_and_ends_exact() {
+    let (client, table, _spec, _applier) = setup("social-service.toml", "bfkill").await;
+    let n = 3_000;
+    let items: Vec<_> = (0..n)
+        .map(|i| {
+            support::item(&[
+                ("PK", s(&format!("USER#a{i}"))),
+                ("SK", s(&format!("FOLLOWS#b{}", i % 7))),
+                ("followedAt", s("2026-11-01T00:00:00Z")),
+            ])
+        })
+        .collect();
+    load(&client, &table, items).await;
+    let args = |resume: bool| {
+        let mut args = vec![
+            "backfill".to_string(),
+            "--spec".to_string(),
+            support::repo()
+                .join("projections/social-service.toml")
+                .display()
+                .to_string(),
+            "--table".to_string(),
+            table.clone(),
+            "--segments".to_string(),
+            "2".to_string(),
+        ];
+        if resume {
+            args.push("--resume".to_string());
+        }
+        args
+    };
+    // Kill it with SIGKILL part way.
+    let mut child = std::process::Command::new(support::binary())
+        .args(args(false))
+        .envs(support::env())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(std::time::Duration::from_millis(2500));
+    child.kill().unwrap();
+    child.wait().unwrap();
+    let partial = count(&client, &table, "USER#b0").await;
+    let output = std::process::Command::new(support::binary())
+        .args(args(true))
+        .envs(support::env())
+        .output()
+        .unwrap();
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    eprintln!(
+        "after the kill: {partial} of b0's edges; resumed: {}",
+        stderr.lines().last().unwrap_or("")
+    );
+    let spec = support::shipped_spec("social-service.toml");
+    for b in 0..7 {
+        let expected = (0..n).filter(|i| i % 7 == b).count() as i64;
+        let value = ddb_projector::counter::read_counter(
+            &client,
+            &table,
+            &spec,
+            "followers",
+            &[("userId".into(), format!("b{b}"))],
+        )
+        .await
+        .unwrap();
+        assert_eq!(value, expected, "followers of b{b}");
+        assert_eq!(
+            count(&client, &table, &format!("USER#b{b}")).await as i64,
+            expected,
+            "edges of b{b}"
+        );
+    }
+}
+
+async fn count(client: &aws_sdk_dynamodb::Client, table: &str, pk: &str) -> usize {
+    let mut n = 0;
+    let mut start = None;
+    loop {
+        let page = client
+            .query()
+            .table_name(table)
+            .key_condition_expression("PK = :pk AND begins_with(SK, :p)")
+            .expression_attribute_values(":pk", s(pk))
+            .expression_attribute_values(":p", s("FOLLOWED_BY#"))
+            .consistent_read(true)
+            .set_exclusive_start_key(start)
+            .send()
+            .await
+            .unwrap();
+        n += page.count as usize;
+        match page.last_evaluated_key() {
+            Some(key) if !key.is_empty() => start = Some(key.clone()),
+            _ => return n,
+        }
+    }
+}
+
+#[tokio::test]
+async fn max_wcu_bounds_the_write_rate() {
+    let (client, table, spec, applier) = setup("user-service.toml", "bfwcu").await;
+    load(&client, &table, (0..1_500).map(email_item).collect()).await;
+    let limit = 400.0;
+    let summary = backfill(
+        &applier,
+        &quiet(BackfillOptions {
+            projections: Some(vec![spec.projection_id("email-gsi1-keys").unwrap()]),
+            segments: vec![0, 1],
+            total_segments: 2,
+            max_wcu: Some(limit),
+            ..Default::default()
+        }),
+    )
+    .await
+    .unwrap();
+    let rate = summary.write_units / summary.seconds;
+    eprintln!(
+        "--max-wcu {limit}: {:.0} WCU in {:.2} s = {rate:.0} WCU/s",
+        summary.write_units, summary.seconds
+    );
+    assert!(
+        summary.write_units >= 1_500.0,
+        "every item was written: {summary:?}"
+    );
+    assert!(
+        rate <= limit * 1.2,
+        "{rate:.0} WCU/s exceeds the limit {limit} by more than 20%"
+    );
+}
+
+#[tokio::test]
+async fn a_counter_rebuild_equals_the_true_counts_and_a_stale_scan_never_undoes_a_live_change() {
+    let (client, table, spec, applier) = setup("social-service.toml", "bfcnt").await;
+    // Follows written before the counters existed; one of them already
+    // counted by the live worker (its edge exists and the shard has 1).
+    let follows: Vec<(usize, usize)> = (0..400).map(|i| (i, (i * 31) % 13)).collect();
+    load(
+        &client,
+        &table,
+        follows
+            .iter()
+            .map(|(a, b)| {
+                support::item(&[
+                    ("PK", s(&format!("USER#a{a}"))),
+                    ("SK", s(&format!("FOLLOWS#b{b}"))),
+                    ("followedAt", s("2026-11-01T00:00:00Z")),
+                ])
+            })
+            .collect(),
+    )
+    .await;
+    let summary = backfill(
+        &applier,
+        &quiet(BackfillOptions {
+            segments: vec![0, 1, 2],
+            total_segments: 3,
+            ..Default::default()
+        }),
+    )
+    .await
+    .unwrap();
+    assert!(summary.scanned >= 400);
+    for b in 0..13 {
+        let truth = follows.iter().filter(|(_, x)| *x == b).count() as i64;
+        let value = ddb_projector::counter::read_counter(
+            &client,
+            &table,
+            &spec,
+            "followers",
+            &[("userId".into(), format!("b{b}"))],
+        )
+        .await
+        .unwrap();
+        assert_eq!(value, truth, "followers of b{b}");
+    }
+    // Again: nothing changes, nothing is counted twice.
+    let again = backfill(&applier, &quiet(BackfillOptions::default()))
+        .await
+        .unwrap();
+    assert_eq!(again.writes, 0, "{again:?}");
+
+    // A scan read a follow that a writer deletes before the backfill writes
+    // its marker: the guard keeps the backfill from resurrecting it.
+    let ghost = support::item(&[
+        ("PK", s("USER#ghost")),
+        ("SK", s("FOLLOWS#b0")),
+        ("followedAt", s("x")),
+    ]);
+    let record = ddb_projector::decode::decode_scanned_item(&spec.table, 0, 1, ghost);
+    let outcome = applier
+        .apply_batch(
+            &[record],
+            &BatchOptions {
+                read_markers_first: true,
+                ..Default::default()
+            },
+        )
+        .await
+        .unwrap();
+    assert_eq!(outcome.statuses, vec![RecordStatus::Applied]);
+    assert!(get(&client, &table, "USER#b0", "FOLLOWED_BY#ghost")
+        .await
+        .is_none());
+    let truth = follows.iter().filter(|(_, x)| *x == 0).count() as i64;
+    let value = ddb_projector::counter::read_counter(
+        &client,
+        &table,
+        &spec,
+        "followers",
+        &[("userId".into(), "b0".into())],
+    )
+    .await
+    .unwrap();
+    assert_eq!(value, truth);
+}
+
+#[tokio::test]
+async fn dry_run_counts_without_writing_and_unknown_projections_are_listed() {
+    let (client, table, _spec, _applier) = setup("user-service.toml", "bfdry").await;
+    load(&client, &table, (0..50).map(email_item).collect()).await;
+    let spec_path = support::repo().join("projections/user-service.toml");
+    let output = std::process::Command::new(support::binary())
+        .args([
+            "backfill",
+            "--spec",
+            spec_path.to_str().unwrap(),
+            "--table",
+            &table,
+            "--dry-run",
+            "--projection",
+            "email-gsi1-keys",
+        ])
+        .envs(support::env())
+        .output()
+        .unwrap();
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let summary: serde_json::Value = serde_json::from_slice(&output.stdout).unwrap();
+    assert_eq!(summary["scanned"], 50);
+    assert_eq!(summary["planned"], 50);
+    assert_eq!(summary["writes"], 0);
+    assert!(get(&client, &table, "USER#u1", "EMAIL#e1")
+        .await
+        .unwrap()
+        .get("GSI1PK")
+        .is_none());
+
+    let output = std::process::Command::new(support::binary())
+        .args([
+            "backfill",
+            "--spec",
+            spec_path.to_str().unwrap(),
+            "--table",
+            &table,
+            "--projection",
+            "email-keys",
+        ])
+        .envs(support::env())
+        .output()
+        .unwrap();
+    assert_eq!(output.status.code(), Some(2));
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        stderr.contains("no projection `email-keys`")
+            && stderr.contains("email-gsi1-keys, profile-primary-email"),
+        "{stderr}"
+    );
+}
