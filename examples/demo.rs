@@ -35,7 +35,9 @@ fn show(value: Option<&Av>) -> String {
 }
 
 fn table(title: &str, columns: &[&str], rows: &[Item]) {
-    println!("\n  {title}");
+    if !title.is_empty() {
+        println!("\n  {title}");
+    }
     let widths: Vec<usize> = columns
         .iter()
         .map(|c| {

@@ -636,9 +636,7 @@ async fn transact_members(
                 .iter()
                 .enumerate()
                 .filter(|(g, _)| {
-                    reasons
-                        .get(live.len() + g)
-                        .map(|r| classify_code(r.code(), r.message()))
+                    reasons.get(live.len() + g).and_then(reason_class)
                         == Some(ErrorClass::Conditional)
                 })
                 .map(|(_, &i)| i)
@@ -651,7 +649,7 @@ async fn transact_members(
                     continue;
                 }
                 let reason = reasons.get(position);
-                match reason.map(|r| classify_code(r.code(), r.message())) {
+                match reason.and_then(reason_class) {
                     Some(ErrorClass::Conditional) => {
                         // Already in its state: its counters are right.
                         if let MarkerState::Present(wanted) = changes[i].state {
@@ -674,9 +672,9 @@ async fn transact_members(
                 }
             }
             for reason in reasons.iter().skip(live.len() + guarded.len()) {
-                match classify_code(reason.code(), reason.message()) {
-                    ErrorClass::Retry(r) => retry_class = Some(r),
-                    ErrorClass::Poison(message) => {
+                match reason_class(reason) {
+                    Some(ErrorClass::Retry(r)) => retry_class = Some(r),
+                    Some(ErrorClass::Poison(message)) => {
                         // A counter shard DynamoDB rejects: every marker counting on it is stuck.
                         for &i in &keep {
                             done.push((
@@ -767,6 +765,15 @@ async fn transact_members(
         done.push((i, result));
     }
     done
+}
+
+/// The class of one item's cancellation reason; `None` for an item that
+/// was fine (code `None`: the transaction was cancelled for another item).
+fn reason_class(reason: &aws_sdk_dynamodb::types::CancellationReason) -> Option<ErrorClass> {
+    match reason.code() {
+        None | Some("None") => None,
+        code => Some(classify_code(code, reason.message())),
+    }
 }
 
 async fn backoff_or_give_up(
@@ -869,4 +876,28 @@ fn flat(map: &HashMap<String, Av>) -> Vec<(String, String)> {
         .collect();
     pairs.sort();
     pairs
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use aws_sdk_dynamodb::types::CancellationReason;
+
+    #[test]
+    fn items_that_were_fine_in_a_cancelled_transaction_are_not_errors() {
+        let fine = CancellationReason::builder().code("None").build();
+        assert_eq!(reason_class(&fine), None);
+        assert_eq!(reason_class(&CancellationReason::builder().build()), None);
+        let failed = CancellationReason::builder()
+            .code("ConditionalCheckFailed")
+            .build();
+        assert_eq!(reason_class(&failed), Some(ErrorClass::Conditional));
+        let conflict = CancellationReason::builder()
+            .code("TransactionConflict")
+            .build();
+        assert_eq!(
+            reason_class(&conflict),
+            Some(ErrorClass::Retry("transaction conflict"))
+        );
+    }
 }
