@@ -664,6 +664,7 @@ impl Compiler {
         }
         self.assign_markers(&mut projections);
         self.check_loops(&projections, &entities);
+        self.check_attributes(&projections, &entities);
         self.check_derived_items(&projections, &entities, &table);
         if !self.errors.is_empty() {
             return Err(SpecErrors(self.errors));
@@ -1105,6 +1106,91 @@ impl Compiler {
                         }
                     } else if visited.insert(*next) {
                         stack.push((*next, path));
+                    }
+                }
+            }
+        }
+    }
+
+    /// Rules out projections that fight over one entity's attributes: two
+    /// writers of an attribute undo each other's writes, and index keys that
+    /// read each other's outputs rewrite each other, forever.
+    fn check_attributes(&mut self, projections: &[Projection], entities: &[Entity]) {
+        let mut writers: BTreeMap<(EntityId, &str), Vec<&str>> = BTreeMap::new();
+        for projection in projections {
+            let (entity, written) = match &projection.kind {
+                ProjectionKind::IndexKeys(p) => (p.entity, &p.set),
+                ProjectionKind::Denormalize(p) => (p.target, &p.copy),
+                ProjectionKind::InverseEdge(p) => (p.target, &p.copy),
+                _ => continue,
+            };
+            for (attr, _) in written {
+                writers
+                    .entry((entity, attr.as_str()))
+                    .or_default()
+                    .push(projection.name.as_str());
+            }
+        }
+        for ((entity, attr), names) in &writers {
+            if let [first @ .., last] = names.as_slice() {
+                if first.is_empty() {
+                    continue;
+                }
+                let listed: Vec<String> = first.iter().map(|n| format!("`{n}`")).collect();
+                self.error(
+                    format!("projection `{last}`"),
+                    format!(
+                        "projections {} and `{last}` {} write `{attr}` on entity `{}`: each would overwrite the other's value forever; let one projection own the attribute",
+                        listed.join(", "),
+                        if first.len() == 1 { "both" } else { "all" },
+                        entities[*entity].name
+                    ),
+                );
+            }
+        }
+        // Index keys of one entity: `a -> b` when `a` writes what `b` reads.
+        // A projection reading its own output is reported where it is compiled.
+        let index_keys: Vec<(&str, &IndexKeys)> = projections
+            .iter()
+            .filter_map(|p| match &p.kind {
+                ProjectionKind::IndexKeys(keys) => Some((p.name.as_str(), keys)),
+                _ => None,
+            })
+            .collect();
+        let feeds = |a: &IndexKeys, b: &IndexKeys| {
+            a.entity == b.entity && a.set.iter().any(|(attr, _)| b.reads.contains(attr))
+        };
+        let mut reported = HashSet::new();
+        for (start, (_, first)) in index_keys.iter().enumerate() {
+            let mut stack = vec![vec![start]];
+            while let Some(path) = stack.pop() {
+                let last = index_keys[path[path.len() - 1]].1;
+                for (next, (_, keys)) in index_keys.iter().enumerate() {
+                    if next == path[path.len() - 1] || !feeds(last, keys) {
+                        continue;
+                    }
+                    if next == start {
+                        let mut key = path.clone();
+                        key.sort_unstable();
+                        if reported.insert(key) {
+                            let names: Vec<String> = path
+                                .iter()
+                                .chain([&start])
+                                .map(|&i| format!("`{}`", index_keys[i].0))
+                                .collect();
+                            self.error(
+                                format!("projection `{}`", index_keys[start].0),
+                                format!(
+                                    "projections {} form a loop on entity `{}`: each writes an attribute the next one reads, so writes would never stop",
+                                    names.join(" -> "),
+                                    entities[first.entity].name
+                                ),
+                            );
+                        }
+                    } else if !path.contains(&next) {
+                        let mut longer = path.clone();
+                        longer.push(next);
+                        stack.push(longer);
                     }
                 }
             }

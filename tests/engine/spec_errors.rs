@@ -297,6 +297,107 @@ target = "follow"
 }
 
 #[test]
+fn two_projections_writing_one_attribute() {
+    // Each sees the other's value as wrong and writes its own, forever.
+    check_with(
+        r#"
+[[projections]]
+name = "email-keys"
+kind = "index-keys"
+entity = "email"
+set = { GSI1PK = "EMAIL#{lower(email)}" }
+
+[[projections]]
+name = "email-keys-v2"
+kind = "index-keys"
+entity = "email"
+set = { GSI1PK = "ADDRESS#{lower(email)}" }
+
+[[projections]]
+name = "profile-primary-email"
+kind = "denormalize"
+source = "email"
+target = "profile"
+when = { isPrimary = true }
+copy = { email = "{email}" }
+
+[[projections]]
+name = "profile-email-cleanup"
+kind = "index-keys"
+entity = "profile"
+set = { email = "{lower(displayEmail)}" }
+"#,
+        expect![[r#"
+            spec.toml: projection `email-keys-v2`: projections `email-keys` and `email-keys-v2` both write `GSI1PK` on entity `email`: each would overwrite the other's value forever; let one projection own the attribute
+            spec.toml: projection `profile-email-cleanup`: projections `profile-primary-email` and `profile-email-cleanup` both write `email` on entity `profile`: each would overwrite the other's value forever; let one projection own the attribute
+            (2 problems)
+        "#]],
+    );
+}
+
+#[test]
+fn index_keys_reading_each_others_output() {
+    check_with(
+        r#"
+[[projections]]
+name = "search-key"
+kind = "index-keys"
+entity = "email"
+set = { searchKey = "S#{normalized}" }
+
+[[projections]]
+name = "normalized"
+kind = "index-keys"
+entity = "email"
+set = { normalized = "{lower(searchKey)}" }
+"#,
+        expect![[r#"
+            spec.toml: projection `search-key`: projections `search-key` -> `normalized` -> `search-key` form a loop on entity `email`: each writes an attribute the next one reads, so writes would never stop
+        "#]],
+    );
+}
+
+#[test]
+fn index_keys_over_a_denormalized_attribute_are_a_chain_not_a_loop() {
+    check_with(
+        r#"
+[[projections]]
+name = "profile-primary-email"
+kind = "denormalize"
+source = "email"
+target = "profile"
+when = { isPrimary = true }
+copy = { email = "{email}" }
+
+[[projections]]
+name = "profile-by-email"
+kind = "index-keys"
+entity = "profile"
+set = { GSI2PK = "EMAIL#{lower(email)}" }
+
+[[projections]]
+name = "profile-by-email-sort"
+kind = "index-keys"
+entity = "profile"
+set = { GSI2SK = "{GSI2PK}#{userId}" }
+"#,
+        expect![[r#"
+            ok
+            service user-service - table UserServiceTable (PK PK, SK SK)
+            4 entities
+              email            USER#{userId} / EMAIL#{emailId}
+              follow           USER#{followerId} / FOLLOWS#{followeeId}
+              followed_by      USER#{followeeId} / FOLLOWED_BY#{followerId}
+              profile          USER#{userId} / PROFILE
+            3 projections
+              profile-primary-email        denormalize   email -> profile when isPrimary = true: email = {email}
+              profile-by-email             index-keys    profile: GSI2PK = EMAIL#{lower(email)}
+              profile-by-email-sort        index-keys    profile: GSI2SK = {GSI2PK}#{userId}
+        "#]],
+    );
+}
+
+#[test]
 fn shard_count_out_of_range() {
     for shards in [0, 101] {
         check_with(
