@@ -94,9 +94,26 @@ impl ViewType {
 ///
 /// DynamoDB sequence numbers are decimal strings of up to 40 digits; they
 /// order records of one shard. They are compared as numbers, not as text.
-#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
+///
+/// Equality and hashing agree with that order: `"0042"` equals `"42"`
+/// (DynamoDB Local pads with zeros, AWS does not).
+#[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(transparent)]
 pub struct SequenceNumber(pub String);
+
+impl PartialEq for SequenceNumber {
+    fn eq(&self, other: &Self) -> bool {
+        self.digits() == other.digits()
+    }
+}
+
+impl Eq for SequenceNumber {}
+
+impl std::hash::Hash for SequenceNumber {
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        self.digits().hash(state);
+    }
+}
 
 impl SequenceNumber {
     /// The sequence number as the stream wrote it.
@@ -291,6 +308,13 @@ mod tests {
         let large = SequenceNumber("1000".into());
         assert!(small < large);
         assert!(SequenceNumber("0042".into()) == SequenceNumber("0042".into()));
+        // Equal exactly when the order says so (BTreeMap, sort, dedup rely on it).
+        assert_eq!(SequenceNumber("0042".into()), SequenceNumber("42".into()));
+        assert_eq!(SequenceNumber("000".into()), SequenceNumber("0".into()));
+        assert_ne!(SequenceNumber("42".into()), SequenceNumber("420".into()));
+        let set: std::collections::HashSet<_> =
+            [SequenceNumber("0042".into()), SequenceNumber("42".into())].into();
+        assert_eq!(set.len(), 1);
         assert_eq!(
             SequenceNumber("0042".into()).cmp(&SequenceNumber("42".into())),
             Ordering::Equal

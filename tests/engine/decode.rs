@@ -132,6 +132,7 @@ fn lambda_fixture_sequence_numbers_increase_as_numbers() {
     let local = &records[5].sequence_number;
     assert!(*local > SequenceNumber("5".into()));
     assert!(*local < SequenceNumber("10".into()));
+    assert_eq!(*local, SequenceNumber("6".into()));
     assert!(
         SequenceNumber("99999999999999999999".into())
             < SequenceNumber("111100000000000000000000000000000001".into())
