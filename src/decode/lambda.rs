@@ -108,44 +108,51 @@ fn from_event_record(
     record: EventRecord,
     raw: Option<&serde_json::Value>,
 ) -> Result<ChangeRecord, DecodeProblem> {
-    let problem = |record: &EventRecord, reason: String| DecodeProblem {
-        index,
-        event_id: Some(record.event_id.clone()).filter(|id| !id.is_empty()),
-        sequence_number: record.change.sequence_number.clone(),
-        reason,
-        raw: raw
-            .cloned()
-            .unwrap_or_else(|| serde_json::to_value(record).unwrap_or_default()),
-    };
+    // Without `raw` (the fast path) a problem's record is re-decoded from
+    // the JSON by the caller, so the fallbacks below never reach a dead letter.
     let Some(kind) = ChangeKind::from_event_name(&record.event_name) else {
-        let reason = unknown_event_name(&record.event_name);
-        return Err(problem(&record, reason));
+        return Err(DecodeProblem {
+            index,
+            event_id: Some(record.event_id.clone()).filter(|id| !id.is_empty()),
+            sequence_number: record.change.sequence_number.clone(),
+            reason: unknown_event_name(&record.event_name),
+            raw: raw
+                .cloned()
+                .unwrap_or_else(|| serde_json::to_value(&record).unwrap_or_default()),
+        });
     };
     let ttl_expiry = record
         .user_identity
         .as_ref()
         .is_some_and(|id| id.type_ == "Service" && id.principal_id == "dynamodb.amazonaws.com");
-    let millis = record
-        .change
-        .approximate_creation_date_time
-        .timestamp_millis();
+    let stream = record.change;
+    let millis = stream.approximate_creation_date_time.timestamp_millis();
+    // The images move into the record: they are most of its size.
     let change = ChangeRecord {
-        event_id: record.event_id.clone(),
+        event_id: record.event_id,
         kind,
-        keys: record.change.keys.clone(),
-        old_image: non_empty(record.change.old_image.clone()),
-        new_image: non_empty(record.change.new_image.clone()),
-        sequence_number: SequenceNumber(record.change.sequence_number.clone().unwrap_or_default()),
+        keys: stream.keys,
+        old_image: non_empty(stream.old_image),
+        new_image: non_empty(stream.new_image),
+        sequence_number: SequenceNumber(stream.sequence_number.unwrap_or_default()),
         approximate_creation_ms: (millis != 0).then_some(millis),
         ttl_expiry,
-        view_type: record.change.stream_view_type.as_ref().map(view_type),
-        size_bytes: Some(record.change.size_bytes),
+        view_type: stream.stream_view_type.as_ref().map(view_type),
+        size_bytes: Some(stream.size_bytes),
         origin: Origin::Lambda {
-            event_source_arn: record.event_source_arn.clone(),
+            event_source_arn: record.event_source_arn,
         },
     };
     match check(&change) {
         Ok(()) => Ok(change),
-        Err(reason) => Err(problem(&record, reason)),
+        Err(reason) => Err(DecodeProblem {
+            index,
+            event_id: Some(change.event_id.clone()).filter(|id| !id.is_empty()),
+            sequence_number: Some(change.sequence_number.0.clone()).filter(|seq| !seq.is_empty()),
+            reason,
+            raw: raw
+                .cloned()
+                .unwrap_or_else(|| serde_json::to_value(&change).unwrap_or_default()),
+        }),
     }
 }
