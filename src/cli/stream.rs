@@ -1,4 +1,8 @@
 //! `run` and `replay`: the self-hosted stream runner (see [`crate::source`]).
+//!
+//! `PROJECTOR_BATCH_LIMIT` (1 to 1000, default 1000) sets the records per
+//! `GetRecords` call, so per batch and checkpoint: smaller batches
+//! checkpoint more often but coalesce less.
 
 use std::process::ExitCode;
 
@@ -6,6 +10,7 @@ use anyhow::bail;
 
 use super::{connect, Connection, Target};
 use crate::apply::{Applier, ApplyConfig};
+use crate::source::stream::MAX_BATCH;
 use crate::source::{RunOptions, StreamRunner, Summary};
 
 /// `run`: tail the stream, applying projections, checkpointing per shard.
@@ -47,7 +52,19 @@ pub async fn replay(target: Target, projections: Vec<String>) -> anyhow::Result<
     run_stream(&c, RunOptions::replay(selection), "replay").await
 }
 
-async fn run_stream(c: &Connection, options: RunOptions, verb: &str) -> anyhow::Result<ExitCode> {
+async fn run_stream(
+    c: &Connection,
+    mut options: RunOptions,
+    verb: &str,
+) -> anyhow::Result<ExitCode> {
+    if let Ok(text) = std::env::var("PROJECTOR_BATCH_LIMIT") {
+        match text.parse::<i32>() {
+            Ok(limit) if (1..=MAX_BATCH).contains(&limit) => options.batch_limit = limit,
+            _ => bail!(
+                "PROJECTOR_BATCH_LIMIT must be a whole number from 1 to {MAX_BATCH}, not `{text}`"
+            ),
+        }
+    }
     let (stream_arn, _) = crate::aws::require_stream(&c.dynamodb, &c.table).await?;
     let applier = Applier::new(
         c.dynamodb.clone(),
@@ -57,9 +74,14 @@ async fn run_stream(c: &Connection, options: RunOptions, verb: &str) -> anyhow::
     );
     let runner = StreamRunner::new(applier, crate::aws::streams(&c.config), &stream_arn);
     tracing::info!(table = %c.table, stream = %stream_arn, drain = options.drain, checkpoints = options.checkpoints, "starting");
+    let done = if options.drain {
+        "caught up"
+    } else {
+        "stopped"
+    };
     match runner.run(options, shutdown()).await {
         Ok(summary) => {
-            print_summary(verb, &c.table, &summary, "stopped");
+            print_summary(verb, &c.table, &summary, done);
             Ok(ExitCode::SUCCESS)
         }
         Err(error) => {

@@ -43,6 +43,11 @@ use crate::plan::Skip;
 use crate::record::SequenceNumber;
 use crate::spec::ProjectionId;
 
+/// Why records after a checkpoint are gone, in the usual case.
+const TRIMMED: &str =
+    "DynamoDB Streams keeps records for 24 hours, and they were trimmed before the runner \
+     applied them (it was stopped, or behind, for longer)";
+
 /// The most records `GetRecords` returns at once.
 pub const MAX_BATCH: i32 = 1000;
 
@@ -181,9 +186,9 @@ pub enum RunErrorKind {
     /// The checkpoint's records were trimmed from the stream before they
     /// were applied.
     #[error(
-        "records were lost: shard {shard_id} of stream {stream_arn} no longer holds the records after its checkpoint \
-         (sequence number {sequence_number}); DynamoDB Streams keeps records for 24 hours and the runner was stopped \
-         or behind for longer, so changes were never applied and derived items may be stale. To recover: \
+        "records were lost: shard {shard_id} of stream {stream_arn} cannot be read after its checkpoint \
+         (sequence number {sequence_number}): {detail}. Changes after the checkpoint were never applied and derived \
+         items may be stale. To recover: \
          (1) rebuild derived state with `ddb-projector backfill --spec FILE --table {table}`; \
          (2) reset the checkpoint by deleting its item ({key}), e.g. \
          `aws dynamodb delete-item --table-name {table} --key '{key_json}'`; \
@@ -198,6 +203,8 @@ pub enum RunErrorKind {
         shard_id: String,
         /// The checkpoint's sequence number.
         sequence_number: String,
+        /// Why the records cannot be read.
+        detail: String,
         /// The checkpoint item's key, for people.
         key: String,
         /// The checkpoint item's key as DynamoDB JSON, for the AWS CLI.
@@ -318,6 +325,7 @@ impl Shared {
         &self,
         shard_id: &str,
         sequence_number: Option<&SequenceNumber>,
+        detail: &str,
     ) -> RunErrorKind {
         let store = self.checkpoints.clone().unwrap_or_else(|| {
             CheckpointStore::new(
@@ -346,6 +354,7 @@ impl Shared {
             stream_arn: self.stream_arn.clone(),
             shard_id: shard_id.to_string(),
             sequence_number: sequence_number.map_or("none".to_string(), |s| s.0.clone()),
+            detail: detail.to_string(),
             key: store.describe_key(shard_id),
             key_json,
         }
@@ -455,7 +464,22 @@ impl Shared {
             if service.is_some_and(|e| e.is_trimmed_data_access_exception())
                 && run.position.is_some()
             {
-                return Err(self.records_lost(&run.shard_id, run.position.as_ref()));
+                return Err(self.records_lost(&run.shard_id, run.position.as_ref(), TRIMMED));
+            }
+            // DynamoDB refuses a sequence number the shard does not hold
+            // (DynamoDB Local says so for any it never had, too): reading on
+            // from anywhere else would skip records.
+            if let (Some(seq), Some(service)) = (&run.position, service) {
+                let message = service.meta().message().unwrap_or_default();
+                if service.meta().code() == Some("ValidationException")
+                    && message.contains("SequenceNumber")
+                {
+                    let detail = format!(
+                        "DynamoDB Streams does not accept it for this shard (`{message}`), so the records \
+                         after it cannot be found"
+                    );
+                    return Err(self.records_lost(&run.shard_id, Some(seq), &detail));
+                }
             }
             if service.is_some_and(|e| e.is_resource_not_found_exception()) {
                 return Err(self.stream_error(
@@ -684,9 +708,11 @@ impl Coordinator {
                     if !listed_ids.contains(parent.as_str()) && !self.shards.contains_key(parent) {
                         if let Some(checkpoint) = store.load(parent).await? {
                             if !checkpoint.finished {
-                                return Err(self
-                                    .shared
-                                    .records_lost(parent, checkpoint.sequence_number.as_ref()));
+                                return Err(self.shared.records_lost(
+                                    parent,
+                                    checkpoint.sequence_number.as_ref(),
+                                    "the shard was trimmed away before it was read to its end",
+                                ));
                             }
                         }
                     }
@@ -709,7 +735,11 @@ impl Coordinator {
             for (shard_id, entry) in &self.shards {
                 if !entry.listed && entry.state == ShardState::Waiting {
                     let position = entry.run.as_ref().and_then(|r| r.position.as_ref());
-                    return Err(self.shared.records_lost(shard_id, position));
+                    return Err(self.shared.records_lost(
+                        shard_id,
+                        position,
+                        "the shard was trimmed away before it was read to its end",
+                    ));
                 }
             }
         }
@@ -800,7 +830,11 @@ async fn walk(
                 }
                 if service.is_some_and(|e| e.is_trimmed_data_access_exception()) {
                     if run.position.is_some() {
-                        return Err(shared.records_lost(&run.shard_id, run.position.as_ref()));
+                        return Err(shared.records_lost(
+                            &run.shard_id,
+                            run.position.as_ref(),
+                            TRIMMED,
+                        ));
                     }
                     // The trim horizon moved while we started from it: start
                     // from where it is now.
@@ -882,10 +916,12 @@ async fn apply_page(
         .enumerate()
         .map(|(index, record)| decode_stream_record(index, &run.shard_id, record))
         .collect();
+    let applying = Instant::now();
     let outcome = shared
         .applier
         .apply_batch(&batch, &shared.batch_options)
         .await?;
+    let apply_ms = applying.elapsed().as_millis() as u64;
     let n = records.len();
     let handled = outcome.first_failure().unwrap_or(n);
     let first_seq = sequence_number(&records[0]);
@@ -947,6 +983,7 @@ async fn apply_page(
         writes = outcome.stats.writes,
         write_units = outcome.stats.write_units,
         dead_letters = outcome.stats.dead_letters,
+        apply_ms,
         "batch applied"
     );
     if handled < n {
