@@ -672,19 +672,7 @@ impl Coordinator {
         let listed = self.shared.list_shards().await?;
         let listed_ids: std::collections::HashSet<&str> =
             listed.iter().map(|s| s.shard_id.as_str()).collect();
-        for entry in self.shards.values_mut() {
-            entry.listed = false;
-        }
-        for info in &listed {
-            if let Some(entry) = self.shards.get_mut(&info.shard_id) {
-                entry.listed = true;
-                entry.closed = info.closed;
-                if entry.state == ShardState::CaughtUp && info.closed {
-                    // It closed after it caught up: read the rest.
-                    entry.state = ShardState::Waiting;
-                }
-                continue;
-            }
+        for info in merge_listing(&mut self.shards, &listed) {
             let mut run = ShardRun {
                 shard_id: info.shard_id.clone(),
                 parent: info.parent.clone(),
@@ -730,6 +718,10 @@ impl Coordinator {
                 },
             );
         }
+        // Finished shards trimmed away need no memory; their children
+        // treat an unknown parent as done.
+        self.shards
+            .retain(|_, entry| entry.listed || entry.state != ShardState::Finished);
         // A known shard that disappeared before it was read to its end.
         if self.shared.checkpoints.is_some() {
             for (shard_id, entry) in &self.shards {
@@ -748,20 +740,7 @@ impl Coordinator {
 
     /// Starts every waiting shard whose parent is done.
     fn start_ready(&mut self) {
-        let ready: Vec<String> = self
-            .shards
-            .iter()
-            .filter(|(_, entry)| entry.state == ShardState::Waiting && entry.listed)
-            .filter(|(_, entry)| match &entry.parent {
-                None => true,
-                Some(parent) => match self.shards.get(parent) {
-                    Some(parent) => parent.state == ShardState::Finished,
-                    // Never listed: trimmed before this run (checked in relist).
-                    None => true,
-                },
-            })
-            .map(|(id, _)| id.clone())
-            .collect();
+        let ready = ready_shards(&self.shards);
         for shard_id in ready {
             let entry = self.shards.get_mut(&shard_id).expect("listed above");
             let run = entry.run.take().expect("a waiting shard has its state");
@@ -772,6 +751,46 @@ impl Coordinator {
             self.tasks.push(Box::pin(walk_shard(shared, run, stop)));
         }
     }
+}
+
+/// Marks what a listing says about known shards (listed or not, closed or
+/// not; a caught-up shard that closed is read again) and returns the listed
+/// shards that are new.
+fn merge_listing(shards: &mut BTreeMap<String, Entry>, listed: &[ShardInfo]) -> Vec<ShardInfo> {
+    for entry in shards.values_mut() {
+        entry.listed = false;
+    }
+    let mut new = Vec::new();
+    for info in listed {
+        match shards.get_mut(&info.shard_id) {
+            Some(entry) => {
+                entry.listed = true;
+                entry.closed = info.closed;
+                if entry.state == ShardState::CaughtUp && info.closed {
+                    // It closed after it caught up: read the rest.
+                    entry.state = ShardState::Waiting;
+                }
+            }
+            None => new.push(info.clone()),
+        }
+    }
+    new
+}
+
+/// The waiting, listed shards whose parent is finished or unknown (trimmed
+/// before this run, or forgotten once finished and trimmed).
+fn ready_shards(shards: &BTreeMap<String, Entry>) -> Vec<String> {
+    shards
+        .iter()
+        .filter(|(_, entry)| entry.state == ShardState::Waiting && entry.listed)
+        .filter(|(_, entry)| match &entry.parent {
+            None => true,
+            Some(parent) => shards
+                .get(parent)
+                .is_none_or(|parent| parent.state == ShardState::Finished),
+        })
+        .map(|(id, _)| id.clone())
+        .collect()
 }
 
 async fn walk_shard(
@@ -1076,5 +1095,93 @@ async fn sleep_or_stop(stop: &mut watch::Receiver<bool>, wait: Duration) -> bool
     tokio::select! {
         () = tokio::time::sleep(wait) => false,
         changed = stop.changed() => changed.is_err() || *stop.borrow(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn info(id: &str, parent: Option<&str>, closed: bool) -> ShardInfo {
+        ShardInfo {
+            shard_id: id.to_string(),
+            parent: parent.map(str::to_string),
+            closed,
+        }
+    }
+
+    fn learn(shards: &mut BTreeMap<String, Entry>, listed: &[ShardInfo]) {
+        let new = merge_listing(shards, listed);
+        insert(shards, &new);
+    }
+
+    fn insert(shards: &mut BTreeMap<String, Entry>, new: &[ShardInfo]) {
+        for new in new {
+            shards.insert(
+                new.shard_id.clone(),
+                Entry {
+                    parent: new.parent.clone(),
+                    closed: new.closed,
+                    listed: true,
+                    state: ShardState::Waiting,
+                    run: None,
+                },
+            );
+        }
+    }
+
+    #[test]
+    fn children_start_only_after_their_parent_is_finished() {
+        let mut shards = BTreeMap::new();
+        learn(
+            &mut shards,
+            &[
+                info("b-child", Some("a-parent"), false),
+                info("a-parent", None, true),
+                info("c-grandchild", Some("b-child"), false),
+            ],
+        );
+        assert_eq!(ready_shards(&shards), ["a-parent"]);
+        shards.get_mut("a-parent").unwrap().state = ShardState::Running;
+        assert!(ready_shards(&shards).is_empty());
+        shards.get_mut("a-parent").unwrap().state = ShardState::Finished;
+        assert_eq!(ready_shards(&shards), ["b-child"]);
+    }
+
+    #[test]
+    fn a_trimmed_parent_does_not_block_its_child() {
+        let mut shards = BTreeMap::new();
+        learn(&mut shards, &[info("child", Some("gone"), false)]);
+        assert_eq!(ready_shards(&shards), ["child"]);
+    }
+
+    #[test]
+    fn a_caught_up_shard_that_closes_is_read_again_and_new_shards_are_found() {
+        let mut shards = BTreeMap::new();
+        learn(&mut shards, &[info("open", None, false)]);
+        shards.get_mut("open").unwrap().state = ShardState::CaughtUp;
+        assert!(ready_shards(&shards).is_empty());
+        let new = merge_listing(
+            &mut shards,
+            &[info("open", None, true), info("next", Some("open"), false)],
+        );
+        assert_eq!(new.len(), 1);
+        assert_eq!(new[0].shard_id, "next");
+        assert_eq!(shards["open"].state, ShardState::Waiting);
+        assert!(shards["open"].closed);
+        insert(&mut shards, &new);
+        assert_eq!(ready_shards(&shards), ["open"]);
+    }
+
+    #[test]
+    fn shards_no_longer_listed_are_marked() {
+        let mut shards = BTreeMap::new();
+        learn(
+            &mut shards,
+            &[info("a", None, true), info("b", Some("a"), false)],
+        );
+        let new = merge_listing(&mut shards, &[info("b", Some("a"), false)]);
+        assert!(new.is_empty());
+        assert!(!shards["a"].listed && shards["b"].listed);
     }
 }
