@@ -18,7 +18,11 @@
 //! records are never skipped silently.
 //!
 //! Shard tasks run concurrently; within a shard, batches run one after the
-//! other. See [`crate::source::checkpoint`] for the checkpoint items.
+//! other. The tasks are futures polled by the coordinator itself rather than
+//! spawned tasks, because the applier's batch future is not `Send` (rustc
+//! cannot prove it for the closures in `Applier::write_phase`); the work is
+//! I/O-bound, so one thread drives them well. See
+//! [`crate::source::checkpoint`] for the checkpoint items.
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -857,6 +861,10 @@ async fn walk(
                     }
                     // The trim horizon moved while we started from it: start
                     // from where it is now.
+                    let wait = read_errors.next_backoff().unwrap_or(MAX_WAIT);
+                    if sleep_or_stop(stop, wait).await {
+                        return Ok(ShardExit::Stopped);
+                    }
                     continue;
                 }
                 if service.is_some_and(|e| e.is_resource_not_found_exception()) {
