@@ -38,14 +38,10 @@ pub(super) fn plan(
         // A change to the target: a writer may have overwritten the copied
         // attributes. The projector's own write also lands here once; its
         // recompute finds the value right and writes nothing.
-        let copied: Vec<String> = projection
-            .copy
-            .iter()
-            .map(|(attr, _)| attr.clone())
-            .collect();
+        let copied = projection.copy.iter().map(|(attr, _)| attr);
         match record.kind {
             ChangeKind::Insert => true,
-            ChangeKind::Modify => changed(record, &copied),
+            ChangeKind::Modify => changed(record, copied),
             ChangeKind::Remove => false,
         }
     };

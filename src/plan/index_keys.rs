@@ -19,19 +19,23 @@ pub(super) fn plan(
         return Ok(());
     }
     let image = subject.new_image(subject.record.view_type)?;
-    let mut set = Vec::with_capacity(projection.set.len());
+    let mut values = Vec::with_capacity(projection.set.len());
     let mut differs = false;
     for (attr, template) in &projection.set {
         let value = template.render(&subject.vars, Some(image))?;
-        match image.get(attr) {
-            Some(AttributeValue::S(current)) if *current == value => {}
-            _ => differs = true,
-        }
-        set.push((attr.clone(), AttributeValue::S(value)));
+        differs |=
+            !matches!(image.get(attr), Some(AttributeValue::S(current)) if *current == value);
+        values.push(value);
     }
     if !differs {
         return Ok(());
     }
+    let set = projection
+        .set
+        .iter()
+        .zip(values)
+        .map(|((attr, _), value)| (attr.clone(), AttributeValue::S(value)))
+        .collect();
     let expect = projection
         .reads
         .iter()

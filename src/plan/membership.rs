@@ -37,10 +37,10 @@ pub fn shard_for(key: &ItemKey, shards: u32) -> u32 {
 
 /// The desired marker state for a change, or `None` when the change cannot
 /// move the source in or out of the set and changes no copied attribute.
-fn desired(
+fn desired<'a>(
     subject: &Subject<'_>,
     when: &Condition,
-    reads: &[String],
+    reads: impl IntoIterator<Item = &'a String>,
     needs_image: bool,
 ) -> Result<Option<bool>, PlanProblem> {
     let record = subject.record;
@@ -185,13 +185,8 @@ pub(super) fn plan_counter(
         };
         return plan_edge(spec, edge, edge_projection, subject, selection, effects);
     }
-    let reads: Vec<String> = counter
-        .when
-        .0
-        .iter()
-        .map(|(name, _)| name.clone())
-        .collect();
-    let Some(member) = desired(subject, &counter.when, &reads, !counter.when.is_empty())? else {
+    let reads = counter.when.0.iter().map(|(name, _)| name);
+    let Some(member) = desired(subject, &counter.when, reads, !counter.when.is_empty())? else {
         return Ok(());
     };
     let marker = spec.counter_marker_key(&spec.projections[id].name, &subject.key);

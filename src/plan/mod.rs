@@ -341,9 +341,12 @@ fn plan_custom(
 
 /// Whether any of `names` differs between the old and new image (true when
 /// an image is missing: then the change must be assumed relevant).
-pub(crate) fn changed(record: &ChangeRecord, names: &[String]) -> bool {
+pub(crate) fn changed<'a>(
+    record: &ChangeRecord,
+    names: impl IntoIterator<Item = &'a String>,
+) -> bool {
     match (&record.old_image, &record.new_image) {
-        (Some(old), Some(new)) => names.iter().any(|name| old.get(name) != new.get(name)),
+        (Some(old), Some(new)) => names.into_iter().any(|name| old.get(name) != new.get(name)),
         _ => true,
     }
 }
