@@ -143,11 +143,17 @@ fn now() -> String {
         .unwrap_or_default()
 }
 
+/// Letters of one (projection, source item) pair are redriven together.
+type LetterGroup = (String, Option<ItemKey>);
+
 /// What `dlq redrive` did.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
 pub struct RedriveSummary {
     /// Letters applied and removed.
     pub redriven: usize,
+    /// Letters that still fail but were removed because a later letter of
+    /// the same item and projection applied (its state supersedes theirs).
+    pub superseded: usize,
     /// Letters that still fail (kept, attempts counted).
     pub still_failing: usize,
     /// Letters skipped (their projection is no longer in the spec).
@@ -461,7 +467,7 @@ impl Applier {
         let letters = store.list().await.map_err(fatal)?;
         let mut summary = RedriveSummary::default();
         // Group by (projection, item), keeping stream order inside a group.
-        let mut groups: Vec<((String, Option<ItemKey>), Vec<DeadLetter>)> = Vec::new();
+        let mut groups: Vec<(LetterGroup, Vec<DeadLetter>)> = Vec::new();
         for letter in letters {
             if only_projection.is_some_and(|p| p != letter.projection) {
                 continue;
@@ -516,15 +522,23 @@ impl Applier {
                 ..BatchOptions::default()
             };
             let outcome = self.apply_batch(&batch, &options).await?;
-            let mut failed_from = None;
-            for (i, status) in outcome.statuses.iter().enumerate() {
-                if !matches!(status, RecordStatus::Applied | RecordStatus::Skipped(_)) {
-                    failed_from = Some(i);
-                    break;
-                }
-            }
-            let cut = failed_from.unwrap_or(group.len());
-            summary.redriven += cut;
+            // Effects are states: once a later letter of the pair applies,
+            // the item's derived state is that letter's, and earlier letters
+            // that still fail (a stale image that can never render) are
+            // superseded. Letters after the last one that applied stay.
+            let handled =
+                |s: &RecordStatus| matches!(s, RecordStatus::Applied | RecordStatus::Skipped(_));
+            let cut = outcome
+                .statuses
+                .iter()
+                .rposition(handled)
+                .map_or(0, |i| i + 1);
+            let n_applied = outcome.statuses[..cut]
+                .iter()
+                .filter(|s| handled(s))
+                .count();
+            summary.redriven += n_applied;
+            summary.superseded += cut - n_applied;
             summary.still_failing += group.len() - cut;
             let mut group = group;
             let rest = group.split_off(cut);

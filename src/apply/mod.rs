@@ -254,9 +254,11 @@ impl Applier {
                     .projection
                     .map_or(dlq::WHOLE_RECORD, |id| spec.projections[id].name.as_str());
                 // A record that fails behind an earlier letter of its pair is
-                // also held: redrive must reach it only after that one.
+                // also held: redrive must reach it only after that one. A
+                // redrive holds nothing: it replays a pair's letters in order
+                // and a later state supersedes an earlier failing one.
                 let behind = match (error.projection, &source) {
-                    (Some(id), Some(key)) => !held.insert((id, key.clone())),
+                    (Some(id), Some(key)) if !options.redrive => !held.insert((id, key.clone())),
                     _ => false,
                 };
                 letters.push((
@@ -519,23 +521,30 @@ impl Applier {
                 .collect();
             writes::batch_write(ctx, requests).await
         };
-        let single_writes = futures::stream::iter(singles.iter().map(|&index| {
-            let group = &groups[index];
-            async move {
-                let result = match &group.effect.op {
-                    Op::SetAttributes { key, set, expect } => {
-                        writes::set_attributes(ctx, key, set, expect).await
-                    }
-                    Op::Recompute { target, sources } => {
-                        writes::recompute(ctx, group.effect.projection, target, sources).await
-                    }
-                    _ => unreachable!("partitioned above"),
-                };
-                (index, result)
-            }
-        }))
-        .buffer_unordered(self.config.concurrency.max(1))
-        .collect::<Vec<_>>();
+        // Collected first: a lazily mapped iterator here makes the whole
+        // future non-`Send` (a rustc limitation with higher-ranked closures),
+        // and callers spawn batches on a multi-threaded runtime.
+        let single_futures: Vec<_> = singles
+            .iter()
+            .map(|&index| {
+                let group = &groups[index];
+                async move {
+                    let result = match &group.effect.op {
+                        Op::SetAttributes { key, set, expect } => {
+                            writes::set_attributes(ctx, key, set, expect).await
+                        }
+                        Op::Recompute { target, sources } => {
+                            writes::recompute(ctx, group.effect.projection, target, sources).await
+                        }
+                        _ => unreachable!("partitioned above"),
+                    };
+                    (index, result)
+                }
+            })
+            .collect();
+        let single_writes = futures::stream::iter(single_futures)
+            .buffer_unordered(self.config.concurrency.max(1))
+            .collect::<Vec<_>>();
         let (member_results, plain_results, single_results) =
             tokio::join!(member_writes, plain_writes, single_writes);
         for (&index, result) in members.iter().zip(member_results) {
@@ -574,5 +583,18 @@ fn record_metrics(statuses: &[RecordStatus], stats: &BatchStats) {
     if stats.records > 0 {
         metrics::histogram!("projector_write_units_per_record")
             .record(stats.write_units / stats.records as f64);
+    }
+}
+
+#[cfg(test)]
+mod send_tests {
+    use super::*;
+
+    fn assert_send<T: Send>(_: T) {}
+
+    #[allow(dead_code, clippy::diverging_sub_expression, unreachable_code)]
+    fn apply_batch_is_send(applier: &Applier) {
+        // Compiles only if the future can move between threads.
+        assert_send(applier.apply_batch(&[], &BatchOptions::default()));
     }
 }

@@ -85,8 +85,8 @@ pub async fn dlq_redrive(target: Target, projection: Option<String>) -> anyhow::
     );
     let summary = applier.redrive(projection.as_deref()).await?;
     println!(
-        "redriven {}, still failing {}, skipped {}",
-        summary.redriven, summary.still_failing, summary.skipped
+        "redriven {}, superseded by a later letter {}, still failing {}, skipped {}",
+        summary.redriven, summary.superseded, summary.still_failing, summary.skipped
     );
     Ok(if summary.still_failing > 0 {
         ExitCode::from(1)

@@ -103,7 +103,7 @@ async fn index_keys_are_derived_once_and_stale_records_do_not_overwrite() {
     write(&client, &table, &v1).await;
     let insert = change(1, ChangeKind::Insert, None, Some(&v1));
     let outcome = applier
-        .apply_batch(&[insert.clone()], &BatchOptions::default())
+        .apply_batch(std::slice::from_ref(&insert), &BatchOptions::default())
         .await
         .unwrap();
     assert_eq!(outcome.statuses, vec![RecordStatus::Applied]);
@@ -130,7 +130,7 @@ async fn index_keys_are_derived_once_and_stale_records_do_not_overwrite() {
 
     let modify = change(2, ChangeKind::Modify, Some(&v1), Some(&v2));
     applier
-        .apply_batch(&[modify.clone()], &BatchOptions::default())
+        .apply_batch(std::slice::from_ref(&modify), &BatchOptions::default())
         .await
         .unwrap();
     let stored = get(&client, &table, "USER#u1", "EMAIL#e1").await.unwrap();
@@ -403,11 +403,10 @@ async fn a_poison_record_is_dead_lettered_and_later_records_of_its_item_are_held
         matches!(&outcome.statuses[0], RecordStatus::DeadLettered(r) if r[0].contains("held")),
         "{outcome:?}"
     );
-    assert!(get(&client, &table, "USER#u1", "ACHIEVEMENT#b1")
+    assert!(!get(&client, &table, "USER#u1", "ACHIEVEMENT#b1")
         .await
         .unwrap()
-        .get("GSI1PK")
-        .is_none());
+        .contains_key("GSI1PK"));
 
     let store = applier.dead_letter_store();
     let letters = store.list().await.unwrap();
@@ -427,11 +426,19 @@ async fn a_poison_record_is_dead_lettered_and_later_records_of_its_item_are_held
         "the full record is kept"
     );
 
-    // Redrive: the first letter still fails (its image says "high"), so the
-    // held one stays behind it.
+    // Redrive: the first letter still fails (its image says "high"), but the
+    // writer's fix behind it applies, and its state supersedes the first.
     let summary = applier.redrive(None).await.unwrap();
-    assert_eq!((summary.redriven, summary.still_failing), (0, 2));
-    assert_eq!(store.list().await.unwrap()[0].attempts, 2);
+    assert_eq!(
+        (summary.redriven, summary.superseded, summary.still_failing),
+        (1, 1, 0)
+    );
+    assert!(store.list().await.unwrap().is_empty());
+    let stored = get(&client, &table, "USER#u1", "ACHIEVEMENT#b1")
+        .await
+        .unwrap();
+    assert_eq!(text(&stored, "GSI1PK").as_deref(), Some("TIER#silver"));
+    assert_eq!(text(&stored, "GSI1SK").as_deref(), Some("SCORE#0012"));
 }
 
 /// A spec whose GSI key template reads `{attr}` from email items.

@@ -1204,14 +1204,10 @@ async fn malformed_items_are_dead_lettered_and_hold_their_item_but_not_the_other
     );
 }
 
-/// The fix-and-redrive half of the dead-letter story. Ignored: a letter
-/// whose stored record can never apply (its image says `score = "high"`)
-/// keeps failing on redrive and keeps every later letter of its item
-/// behind it, so after a data fix the store never empties. See the report
-/// on `Applier::redrive`: a failing letter followed by a later letter of
-/// the same item and projection that applies should count as superseded.
+/// The fix-and-redrive half of the dead-letter story: a letter whose
+/// stored record can never apply (its image says `score = "high"`) is
+/// superseded once the writer's fix behind it applies.
 #[tokio::test]
-#[ignore = "Applier::redrive keeps a superseded letter forever after a data fix"]
 async fn after_a_data_fix_redrive_converges_and_empties_the_store() {
     let client = support::client().await;
     let (spec, _dir, spec_file) = combined_spec();

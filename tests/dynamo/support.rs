@@ -50,6 +50,8 @@ pub fn endpoint() -> &'static str {
             pid = std::process::id(),
             script = repo().join("scripts/ddb-local").display(),
         );
+        // The watchdog outlives this process on purpose; nobody waits for it.
+        #[allow(clippy::zombie_processes)]
         std::process::Command::new("sh")
             .args(["-c", &watchdog])
             .stdin(std::process::Stdio::null())
