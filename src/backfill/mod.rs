@@ -65,6 +65,9 @@ pub struct BackfillOptions {
     pub progress: bool,
     /// Stop after this many pages per segment (for tests and Lambda slices).
     pub max_pages: Option<u64>,
+    /// Stop starting new pages after this instant (a Lambda invocation's
+    /// budget); progress is checkpointed, so the next call continues.
+    pub deadline: Option<tokio::time::Instant>,
 }
 
 impl Default for BackfillOptions {
@@ -80,6 +83,7 @@ impl Default for BackfillOptions {
             page_size: 200,
             progress: true,
             max_pages: None,
+            deadline: None,
         }
     }
 }
@@ -103,11 +107,18 @@ pub struct BackfillSummary {
     pub dead_letters: u64,
     /// Segments finished (all pages read).
     pub segments_done: u32,
+    /// Segments this run was given.
+    pub segments: u32,
     /// Wall time.
     pub seconds: f64,
 }
 
 impl BackfillSummary {
+    /// Whether every segment given was read to its end.
+    pub fn is_done(&self) -> bool {
+        self.segments_done >= self.segments
+    }
+
     /// Items scanned per second.
     pub fn items_per_second(&self) -> f64 {
         if self.seconds > 0.0 {
@@ -235,6 +246,7 @@ pub async fn backfill(
         read_units: run.read_micro.load(Ordering::Relaxed) as f64 / 1e6,
         dead_letters: run.dead_letters.load(Ordering::Relaxed),
         segments_done: run.segments_done.load(Ordering::Relaxed) as u32,
+        segments: options.segments.len() as u32,
         seconds: started.elapsed().as_secs_f64(),
     };
     tracing::info!(
@@ -464,7 +476,9 @@ impl Run<'_> {
                 self.segments_done.fetch_add(1, Ordering::Relaxed);
                 return Ok(());
             }
-            if self.options.max_pages.is_some_and(|max| pages >= max) {
+            if self.options.max_pages.is_some_and(|max| pages >= max)
+                || self.options.deadline.is_some_and(|d| tokio::time::Instant::now() >= d)
+            {
                 return Ok(());
             }
         }
