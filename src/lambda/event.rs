@@ -85,6 +85,8 @@ impl<'de> Visitor<'de> for RecordsSeed {
             let index = event.records.len();
             event.records.push(decode_lambda_record(index, &raw));
         }
+        // The records stay for the whole invocation; the growth slack need not.
+        event.records.shrink_to_fit();
         Ok(event)
     }
 }

@@ -9,10 +9,15 @@ use lambda_runtime::{Context, Diagnostic, LambdaEvent};
 use tokio::time::Instant;
 
 use super::event::{table_from_stream_arn, StreamsEvent};
-use crate::apply::{Applier, ApplyConfig, ApplyError, BatchOptions, RecordStatus};
+use crate::apply::{Applier, ApplyConfig, ApplyError, BatchOptions, BatchStats, RecordStatus};
 use crate::decode::DecodeProblem;
 use crate::record::ChangeRecord;
 use crate::spec::Spec;
+
+/// Records planned, coalesced and written together. Larger chunks coalesce
+/// more writes of one item; smaller ones hold less in memory. A Lambda batch
+/// has at most 10,000 records.
+pub const CHUNK_RECORDS: usize = 1000;
 
 /// Why an invocation fails as a whole; Lambda then delivers the whole batch
 /// again (and bisects it, when the mapping says so).
@@ -166,6 +171,13 @@ impl Handler {
                 .to_string(),
         };
         let deadlines = deadlines(context.deadline, SystemTime::now(), started, self.margin);
+        if deadlines.stop_writes <= started {
+            tracing::warn!(
+                request_id = %context.request_id,
+                margin_ms = self.margin.as_millis() as u64,
+                "the invocation has less time left than the margin: nothing will be written (a function timeout shorter than PROJECTOR_DEADLINE_MARGIN_MS fails every batch)"
+            );
+        }
         // A write that keeps failing may retry for a third of the time
         // left, so that the writes after it (recomputes, dead letters) still
         // start before the deadline and only its own records fail.
@@ -182,37 +194,62 @@ impl Handler {
             ..BatchOptions::default()
         };
 
-        let applied =
-            tokio::time::timeout_at(deadlines.abandon, applier.apply_batch(&records, &options))
-                .await;
-        let (statuses, stats, abandoned) = match applied {
-            Ok(Ok(outcome)) => (outcome.statuses, Some(outcome.stats), 0),
+        // Chunks are applied one after the other, in stream order, so that
+        // what planning and writing hold in memory does not grow with the
+        // batch; a chunk's images are dropped once it is written.
+        let mut records = records;
+        let mut done: Vec<Option<RecordStatus>> = vec![None; n_records];
+        let mut stats = BatchStats::default();
+        let run = async {
+            for start in (0..n_records).step_by(CHUNK_RECORDS) {
+                let end = (start + CHUNK_RECORDS).min(n_records);
+                let outcome = applier.apply_batch(&records[start..end], &options).await?;
+                for (slot, status) in done[start..end].iter_mut().zip(outcome.statuses) {
+                    *slot = Some(status);
+                }
+                stats.add(&outcome.stats);
+                for record in records[start..end].iter_mut().flatten() {
+                    record.old_image = None;
+                    record.new_image = None;
+                }
+            }
+            Ok::<(), ApplyError>(())
+        };
+        let abandoned = match tokio::time::timeout_at(deadlines.abandon, run).await {
+            Ok(Ok(())) => 0,
             Ok(Err(error)) => {
                 super::metrics::record_invocation(0, false);
                 return Err(error.into());
             }
             Err(_) => {
-                // Nothing is known of the writes in flight: every record is
-                // delivered again, and applying them again is harmless.
+                // Nothing is known of the writes in flight: the unfinished
+                // records are delivered again, and applying them again is
+                // harmless.
+                let unfinished = done.iter().filter(|s| s.is_none()).count();
                 tracing::warn!(
                     request_id = %context.request_id,
                     records = n_records,
-                    "the deadline came before the batch was written; reporting every record failed"
+                    unfinished,
+                    "the deadline came before the batch was written; reporting the unfinished records failed"
                 );
-                let reason = "the invocation's deadline came before its writes finished";
-                (
-                    vec![RecordStatus::Failed(reason.to_string()); n_records],
-                    None,
-                    n_records,
-                )
+                unfinished
             }
         };
+        let statuses: Vec<RecordStatus> = done
+            .into_iter()
+            .map(|status| {
+                status.unwrap_or_else(|| {
+                    RecordStatus::Failed(
+                        "the invocation's deadline came before its writes finished".to_string(),
+                    )
+                })
+            })
+            .collect();
         let response = batch_response(&records, &statuses)?;
         super::metrics::record_invocation(abandoned, !response.batch_item_failures.is_empty());
 
         let count = |f: fn(&RecordStatus) -> bool| statuses.iter().filter(|s| f(s)).count();
         let first_failure = statuses.iter().position(|s| !s.is_handled());
-        let stats = stats.unwrap_or_default();
         tracing::info!(
             request_id = %context.request_id,
             table,
