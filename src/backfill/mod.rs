@@ -477,7 +477,10 @@ impl Run<'_> {
                 return Ok(());
             }
             if self.options.max_pages.is_some_and(|max| pages >= max)
-                || self.options.deadline.is_some_and(|d| tokio::time::Instant::now() >= d)
+                || self
+                    .options
+                    .deadline
+                    .is_some_and(|d| tokio::time::Instant::now() >= d)
             {
                 return Ok(());
             }

@@ -3,7 +3,7 @@
 pub mod support;
 
 mod applier;
+mod backfill;
 mod lambda;
 mod runner;
 mod table;
-mod backfill;
