@@ -1,17 +1,17 @@
 //! The test harness for DynamoDB Local: one real server per test binary.
 //!
-//! Uses the server named by `AWS_ENDPOINT_URL` when it is set (CI starts
-//! one); otherwise starts one with `scripts/ddb-local` and a watchdog that
-//! stops it when the test process exits. Every test makes its own tables,
-//! so tests run in parallel on one server.
+//! Uses the server named by `AWS_ENDPOINT_URL` when it is set; otherwise
+//! starts a few with `scripts/ddb-local`, each with a watchdog that stops it
+//! when the test process exits. Every test makes its own tables, so tests
+//! run in parallel.
 
 // Not every test module uses every helper.
 #![allow(dead_code)]
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU32, Ordering};
-use std::sync::{Arc, OnceLock};
+use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
 
 use aws_sdk_dynamodb::types::AttributeValue as Av;
 use ddb_projector::spec::Spec;
@@ -21,46 +21,75 @@ pub fn repo() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
 }
 
-/// The endpoint of the shared DynamoDB Local.
+/// How many DynamoDB Local instances the tests spread over. One instance
+/// serializes on a single database lock and, under several heavy tests at
+/// once, times requests out ("too long waiting for a lock"), which real
+/// DynamoDB never does.
+const POOL: usize = 3;
+
+/// The endpoint of the DynamoDB Local this test uses.
+///
+/// `AWS_ENDPOINT_URL`, when set, names the one server every test uses.
+/// Otherwise each test thread is given one of [`POOL`] instances, started
+/// on first use, so a test always talks to one server.
 pub fn endpoint() -> &'static str {
-    static ENDPOINT: OnceLock<String> = OnceLock::new();
-    ENDPOINT.get_or_init(|| {
-        if let Ok(endpoint) = std::env::var("AWS_ENDPOINT_URL") {
-            return endpoint;
-        }
-        let output = std::process::Command::new(repo().join("scripts/ddb-local"))
-            .arg("start")
-            .output()
-            .expect("run scripts/ddb-local start");
-        assert!(
-            output.status.success(),
-            "scripts/ddb-local start failed:\n{}",
-            String::from_utf8_lossy(&output.stderr)
-        );
-        let line = String::from_utf8(output.stdout).expect("utf-8");
-        let endpoint = line
-            .trim()
-            .strip_prefix("AWS_ENDPOINT_URL=")
-            .expect("start prints AWS_ENDPOINT_URL=...")
-            .to_string();
-        let port = endpoint.rsplit(':').next().expect("a port").to_string();
-        // Stop the server when this test process is gone.
-        let watchdog = format!(
-            "while kill -0 {pid} 2>/dev/null; do sleep 1; done; '{script}' stop --port {port} >/dev/null 2>&1",
-            pid = std::process::id(),
-            script = repo().join("scripts/ddb-local").display(),
-        );
-        // The watchdog outlives this process on purpose; nobody waits for it.
-        #[allow(clippy::zombie_processes)]
-        std::process::Command::new("sh")
-            .args(["-c", &watchdog])
-            .stdin(std::process::Stdio::null())
-            .stdout(std::process::Stdio::null())
-            .stderr(std::process::Stdio::null())
-            .spawn()
-            .expect("spawn the watchdog");
-        endpoint
-    })
+    if let Some(endpoint) = shared_from_env() {
+        return endpoint;
+    }
+    static NEXT: AtomicUsize = AtomicUsize::new(0);
+    static SERVERS: [OnceLock<String>; POOL] = [const { OnceLock::new() }; POOL];
+    thread_local! {
+        static SLOT: usize = NEXT.fetch_add(1, Ordering::Relaxed) % POOL;
+    }
+    let slot = SLOT.with(|slot| *slot);
+    SERVERS[slot].get_or_init(start_server)
+}
+
+fn shared_from_env() -> Option<&'static str> {
+    static SHARED: OnceLock<Option<String>> = OnceLock::new();
+    SHARED
+        .get_or_init(|| std::env::var("AWS_ENDPOINT_URL").ok())
+        .as_deref()
+}
+
+fn start_server() -> String {
+    // One start at a time: the script installs DynamoDB Local on first use.
+    static STARTING: Mutex<()> = Mutex::new(());
+    let _guard = STARTING
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner());
+    let output = std::process::Command::new(repo().join("scripts/ddb-local"))
+        .arg("start")
+        .output()
+        .expect("run scripts/ddb-local start");
+    assert!(
+        output.status.success(),
+        "scripts/ddb-local start failed:\n{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let line = String::from_utf8(output.stdout).expect("utf-8");
+    let endpoint = line
+        .trim()
+        .strip_prefix("AWS_ENDPOINT_URL=")
+        .expect("start prints AWS_ENDPOINT_URL=...")
+        .to_string();
+    let port = endpoint.rsplit(':').next().expect("a port").to_string();
+    // Stop the server when this test process is gone.
+    let watchdog = format!(
+        "while kill -0 {pid} 2>/dev/null; do sleep 1; done; '{script}' stop --port {port} >/dev/null 2>&1",
+        pid = std::process::id(),
+        script = repo().join("scripts/ddb-local").display(),
+    );
+    // The watchdog outlives this process on purpose; nobody waits for it.
+    #[allow(clippy::zombie_processes)]
+    std::process::Command::new("sh")
+        .args(["-c", &watchdog])
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .expect("spawn the watchdog");
+    endpoint
 }
 
 /// Environment variables that point a child process at DynamoDB Local.
