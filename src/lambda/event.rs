@@ -1,5 +1,10 @@
 //! The invocation payload: a Lambda DynamoDB Streams event, decoded record
-//! by record while it is read.
+//! by record while it is read, or a backfill request.
+//!
+//! [`Payload`] tells the two apart by shape while reading: an object with a
+//! `Records` array is a stream event, an object with a `backfill` object is
+//! a backfill request ([`BackfillRequest`]); anything else is refused with a
+//! message naming both.
 //!
 //! Each record is read as JSON on its own and decoded with
 //! [`decode_lambda_record`], so one malformed record becomes a
@@ -14,7 +19,58 @@ use std::fmt;
 use serde::de::{self, DeserializeSeed, Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor};
 use serde::Deserialize;
 
+use super::backfill::BackfillRequest;
 use crate::decode::{decode_lambda_record, Decoded, LambdaEventError};
+
+/// What one invocation carries.
+#[derive(Debug)]
+pub enum Payload {
+    /// A batch of the table's stream (`{"Records": [...]}`).
+    Stream(StreamsEvent),
+    /// A backfill slice (`{"backfill": {...}}`).
+    Backfill(BackfillRequest),
+}
+
+impl<'de> Deserialize<'de> for Payload {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        deserializer.deserialize_map(PayloadVisitor)
+    }
+}
+
+struct PayloadVisitor;
+
+impl<'de> Visitor<'de> for PayloadVisitor {
+    type Value = Payload;
+
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("a DynamoDB Streams event (an object with a `Records` array) or a backfill request (an object with a `backfill` object)")
+    }
+
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Payload, A::Error> {
+        let mut stream = None;
+        let mut backfill = None;
+        while let Some(key) = map.next_key::<String>()? {
+            if key == "Records" && stream.is_none() {
+                // Decoded record by record, as a plain stream event is.
+                stream = Some(map.next_value_seed(RecordsSeed)?);
+            } else if key == "backfill" && backfill.is_none() {
+                backfill = Some(map.next_value_seed(BackfillSeed)?);
+            } else {
+                map.next_value::<IgnoredAny>()?;
+            }
+        }
+        match (stream, backfill) {
+            (Some(event), None) => Ok(Payload::Stream(event)),
+            (None, Some(request)) => Ok(Payload::Backfill(request)),
+            (Some(_), Some(_)) => Err(de::Error::custom(
+                "the payload has both a `Records` array and a `backfill` object: send a DynamoDB Streams event or a backfill request, not both",
+            )),
+            (None, None) => Err(de::Error::custom(
+                "the payload has no `Records` array and no `backfill` object: it is neither a DynamoDB Streams event nor a backfill request ({\"backfill\": {\"segment\": 0, \"totalSegments\": 1}})",
+            )),
+        }
+    }
+}
 
 /// A decoded DynamoDB Streams event.
 #[derive(Debug, Default)]
@@ -28,6 +84,33 @@ pub struct StreamsEvent {
 impl<'de> Deserialize<'de> for StreamsEvent {
     fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
         deserializer.deserialize_map(EventVisitor)
+    }
+}
+
+/// Reads the `backfill` object, and only an object: a derived struct would
+/// also take an array of its fields in order, whose errors mislead.
+struct BackfillSeed;
+
+impl<'de> DeserializeSeed<'de> for BackfillSeed {
+    type Value = BackfillRequest;
+
+    fn deserialize<D: Deserializer<'de>>(
+        self,
+        deserializer: D,
+    ) -> Result<BackfillRequest, D::Error> {
+        deserializer.deserialize_map(self)
+    }
+}
+
+impl<'de> Visitor<'de> for BackfillSeed {
+    type Value = BackfillRequest;
+
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("a `backfill` object such as {\"segment\": 0, \"totalSegments\": 4}")
+    }
+
+    fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<BackfillRequest, A::Error> {
+        BackfillRequest::deserialize(de::value::MapAccessDeserializer::new(map))
     }
 }
 
@@ -147,6 +230,84 @@ mod tests {
             .collect();
         assert_eq!(bad, [2, 4]);
         assert_eq!(decoded.records, decode_lambda_event(&bytes).unwrap());
+    }
+
+    #[test]
+    fn a_payload_with_records_is_a_stream_event_decoded_as_before() {
+        for name in ["lambda-event.json", "lambda-event-ttl.json"] {
+            let bytes = fixture(name);
+            let Payload::Stream(event) = serde_json::from_slice::<Payload>(&bytes).unwrap() else {
+                panic!("{name}: not read as a stream event");
+            };
+            assert_eq!(
+                event.records,
+                decode_lambda_event(&bytes).unwrap(),
+                "{name}"
+            );
+            assert!(event.event_source_arn.is_some());
+        }
+        // Other keys beside `Records` are ignored, as before.
+        let payload: Payload =
+            serde_json::from_str(r#"{"note": {"backfill": 1}, "Records": []}"#).unwrap();
+        assert!(matches!(payload, Payload::Stream(event) if event.records.is_empty()));
+    }
+
+    #[test]
+    fn a_payload_with_backfill_is_a_backfill_request() {
+        let payload: Payload = serde_json::from_str(
+            r#"{"backfill": {"projections": ["email-gsi1-keys"], "segment": 1, "totalSegments": 4, "maxWcu": 100}}"#,
+        )
+        .unwrap();
+        let Payload::Backfill(request) = payload else {
+            panic!("not read as a backfill request");
+        };
+        assert_eq!(
+            request,
+            BackfillRequest {
+                projections: Some(vec!["email-gsi1-keys".to_string()]),
+                segment: 1,
+                total_segments: 4,
+                max_wcu: Some(100.0),
+                ..BackfillRequest::default()
+            }
+        );
+        let payload: Payload = serde_json::from_str(r#"{"backfill": {}}"#).unwrap();
+        assert!(matches!(payload, Payload::Backfill(r) if r == BackfillRequest::default()));
+    }
+
+    #[test]
+    fn a_payload_of_another_shape_is_refused_naming_both_kinds() {
+        let message = |body: &str| {
+            serde_json::from_str::<Payload>(body)
+                .unwrap_err()
+                .to_string()
+        };
+        for body in [r#"{"Items": []}"#, "{}", r#"{"Backfill": {}}"#] {
+            let text = message(body);
+            assert!(
+                text.contains("no `Records` array and no `backfill` object"),
+                "{body}: {text}"
+            );
+        }
+        for body in ["[1, 2]", "3", r#""backfill""#, "null"] {
+            let text = message(body);
+            assert!(
+                text.contains("a DynamoDB Streams event") && text.contains("a backfill request"),
+                "{body}: {text}"
+            );
+        }
+        let both = message(r#"{"Records": [], "backfill": {}}"#);
+        assert!(
+            both.contains("both a `Records` array and a `backfill` object"),
+            "{both}"
+        );
+        let records = message(r#"{"Records": 3}"#);
+        assert!(records.contains("`Records` array"), "{records}");
+        let backfill = message(r#"{"backfill": [0, 4]}"#);
+        assert!(backfill.contains("a `backfill` object"), "{backfill}");
+        let field = message(r#"{"backfill": {"segments": [0, 1]}}"#);
+        assert!(field.contains("unknown field `segments`"), "{field}");
+        assert!(serde_json::from_str::<Payload>("not json").is_err());
     }
 
     #[test]

@@ -1,14 +1,17 @@
 //! One invocation: apply the decoded batch before the deadline, then report
-//! the first record that is not handled.
+//! the first record that is not handled; or run a backfill slice
+//! ([`super::backfill`]).
 
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use aws_lambda_events::event::streams::{DynamoDbBatchItemFailure, DynamoDbEventResponse};
 use lambda_runtime::{Context, Diagnostic, LambdaEvent};
+use serde::Serialize;
 use tokio::time::Instant;
 
-use super::event::{table_from_stream_arn, StreamsEvent};
+use super::backfill::{BackfillRequestError, BackfillResponse};
+use super::event::{table_from_stream_arn, Payload, StreamsEvent};
 use crate::apply::{Applier, ApplyConfig, ApplyError, BatchOptions, BatchStats, RecordStatus};
 use crate::decode::DecodeProblem;
 use crate::record::ChangeRecord;
@@ -36,6 +39,24 @@ pub enum InvocationError {
         /// The record's position in the batch.
         index: usize,
     },
+    /// A backfill request that cannot run as sent.
+    #[error("{0}")]
+    Backfill(#[from] BackfillRequestError),
+    /// A backfill invocation with less time left than the margin.
+    #[error("backfill: the invocation has less time left than PROJECTOR_DEADLINE_MARGIN_MS ({margin_ms} ms), so no scan page can start; give the function a longer timeout")]
+    BackfillNoTime {
+        /// The margin.
+        margin_ms: u64,
+    },
+    /// A backfill page was still being written when the invocation had to
+    /// answer.
+    #[error("backfill segment {segment} of {total}: the invocation's deadline came while a page was being written; that page is not checkpointed and the next invocation redoes it (harmless); if this repeats, give the function a longer timeout or send a smaller pageSize")]
+    BackfillAbandoned {
+        /// The segment.
+        segment: u32,
+        /// The number of segments.
+        total: u32,
+    },
 }
 
 impl From<InvocationError> for Diagnostic {
@@ -44,6 +65,10 @@ impl From<InvocationError> for Diagnostic {
             InvocationError::NoTable => "Projector.NoTable",
             InvocationError::Apply(_) => "Projector.CannotWrite",
             InvocationError::NoIdentifier { .. } => "Projector.NoItemIdentifier",
+            InvocationError::Backfill(_) => "Projector.InvalidBackfillRequest",
+            InvocationError::BackfillNoTime { .. } | InvocationError::BackfillAbandoned { .. } => {
+                "Projector.BackfillTimeout"
+            }
         };
         Diagnostic {
             error_type: error_type.to_string(),
@@ -114,6 +139,16 @@ fn sequence_number(record: &Result<ChangeRecord, DecodeProblem>) -> Option<Strin
     .filter(|seq| !seq.is_empty())
 }
 
+/// The answer to an invocation, by the payload's kind.
+#[derive(Debug, Clone, Serialize)]
+#[serde(untagged)]
+pub enum Response {
+    /// To a stream event: the first record not handled, if any.
+    Stream(DynamoDbEventResponse),
+    /// To a backfill request: whether the segment is done, and what was done.
+    Backfill(BackfillResponse),
+}
+
 /// What every invocation shares: built once at init.
 pub struct Handler {
     /// The compiled spec.
@@ -131,13 +166,17 @@ pub struct Handler {
 }
 
 impl Handler {
-    /// Handles one invocation and flushes its metrics.
-    pub async fn handle(
-        &self,
-        event: LambdaEvent<StreamsEvent>,
-    ) -> Result<DynamoDbEventResponse, InvocationError> {
+    /// Handles one invocation (a stream batch or a backfill slice) and
+    /// flushes its metrics.
+    pub async fn handle(&self, event: LambdaEvent<Payload>) -> Result<Response, InvocationError> {
         let LambdaEvent { payload, context } = event;
-        let result = self.process(payload, &context).await;
+        let result = match payload {
+            Payload::Stream(event) => self.process(event, &context).await.map(Response::Stream),
+            Payload::Backfill(request) => self
+                .backfill(request, &context)
+                .await
+                .map(Response::Backfill),
+        };
         if let Err(error) = &result {
             tracing::error!(request_id = %context.request_id, %error, "invocation failed");
         }

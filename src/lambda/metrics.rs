@@ -7,8 +7,8 @@
 //! ...) lands in the namespace [`NAMESPACE`] (or `PROJECTOR_METRICS_NAMESPACE`)
 //! with the dimension `FunctionName`, plus one dimension per label. CloudWatch
 //! Logs turns each document into metrics; no API call is made. This module
-//! adds what only the Lambda side knows: the iterator age and the batch item
-//! failures reported.
+//! adds what only the Lambda side knows: the iterator age, the batch item
+//! failures reported and the backfill invocations by outcome.
 
 use std::time::{SystemTime, UNIX_EPOCH};
 
@@ -60,6 +60,17 @@ pub fn record_invocation(abandoned: usize, reported_failure: bool) {
     if reported_failure {
         metrics::counter!("projector_batch_item_failures_total").increment(1);
     }
+}
+
+/// Counts a backfill invocation: `Some(done)` when it answered, `None` when
+/// it failed.
+pub fn record_backfill(done: Option<bool>) {
+    let outcome = match done {
+        Some(true) => "done",
+        Some(false) => "continue",
+        None => "failed",
+    };
+    metrics::counter!("projector_backfill_invocations_total", "outcome" => outcome).increment(1);
 }
 
 /// Writes this invocation's metrics as EMF lines on stdout.

@@ -10,7 +10,9 @@
 //! says what to fix. Each invocation then decodes the event record by record
 //! ([`event`]), applies it with a deadline ([`handler`]) and answers with a
 //! `DynamoDbEventResponse` naming the first record that is not handled
-//! (`ReportBatchItemFailures`).
+//! (`ReportBatchItemFailures`). A payload `{"backfill": {...}}` instead runs
+//! one slice of a backfill scan segment ([`backfill`]) and answers whether
+//! the segment is done, for a Step Functions loop.
 //!
 //! | variable | meaning |
 //! | --- | --- |
@@ -24,6 +26,7 @@
 //! applier says so; a batch that could not finish before the deadline is
 //! reported failed from its first unfinished record, never left half-known.
 
+pub mod backfill;
 pub mod event;
 pub mod filters;
 mod handler;
@@ -35,7 +38,7 @@ use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::Duration;
 
-pub use handler::{batch_response, deadlines, Deadlines, Handler, InvocationError};
+pub use handler::{batch_response, deadlines, Deadlines, Handler, InvocationError, Response};
 
 use crate::apply::ApplyConfig;
 use crate::cli::{Cli, Command, LogFormat};
