@@ -1054,6 +1054,264 @@ async fn lambda_init_fails_clearly_without_a_usable_spec() {
     eprintln!("lambda_init_fails_clearly: {:?}", started.elapsed());
 }
 
+// --------------------------------------------------------------- backfill ---
+
+/// Users whose items were written before the function was deployed: no
+/// stream record of them is ever delivered.
+fn backfill_users(n: usize) -> Vec<String> {
+    (0..n).map(|i| format!("b{i:03}")).collect()
+}
+
+fn backfill_payload(segment: u32, total: u32) -> Value {
+    json!({ "backfill": { "segment": segment, "totalSegments": total, "pageSize": 10 } })
+}
+
+/// The error type and message of an invocation error.
+fn invocation_error(outcome: &Outcome) -> (String, String) {
+    match outcome {
+        Outcome::Error { body, .. } => (
+            body["errorType"].as_str().unwrap_or_default().to_string(),
+            body["errorMessage"]
+                .as_str()
+                .unwrap_or_default()
+                .to_string(),
+        ),
+        Outcome::Response(body) => panic!("expected an invocation error, got {body}"),
+    }
+}
+
+/// The table without the projector's own items (backfill checkpoints).
+async fn source_and_derived(client: &aws_sdk_dynamodb::Client, table: &str) -> Vec<Attrs> {
+    support::scan_all(client, table)
+        .await
+        .into_iter()
+        .filter(|item| !support::text(item, "PK").is_some_and(|pk| pk.starts_with("_ddbp#")))
+        .collect()
+}
+
+#[tokio::test]
+async fn lambda_backfills_each_segment_in_slices_until_done_and_stream_events_still_work() {
+    let started = Instant::now();
+    let client = support::client().await;
+    let spec = support::shipped_spec("user-service.toml");
+    let table = support::fresh_table(&client, &spec, "lambda-backfill").await;
+    let users = backfill_users(100);
+    let names: Vec<&str> = users.iter().map(String::as_str).collect();
+    write_users(&client, &table, &names).await;
+    for user in &users {
+        assert!(untouched(&client, &table, user).await);
+    }
+
+    let api = RuntimeApi::start().await;
+    let function = Function::start(
+        support::binary(),
+        &api,
+        &function_env("user-service.toml", Some(&table)),
+    );
+    api.ready().await;
+
+    // 1.6 s per invocation against the default 1.5 s margin: writes may
+    // start for 0.1 s only, so each invocation scans a page or a few of 10
+    // items and answers "not done"; the segments are driven in turn, as a
+    // state machine with two iterations would.
+    const TOTAL: u32 = 2;
+    let budget = Duration::from_millis(1600);
+    let mut done = [false; TOTAL as usize];
+    let mut invocations = [0u32; TOTAL as usize];
+    let mut timeouts = 0u32;
+    let mut scanned = 0u64;
+    while done.contains(&false) {
+        for segment in 0..TOTAL {
+            if done[segment as usize] {
+                continue;
+            }
+            invocations[segment as usize] += 1;
+            assert!(
+                invocations[segment as usize] <= 200,
+                "segment {segment} is not done after 200 invocations:\n{}",
+                function.stderr()
+            );
+            let outcome = api
+                .invoke_event(&backfill_payload(segment, TOTAL), budget)
+                .await;
+            match &outcome {
+                Outcome::Response(body) => {
+                    assert_eq!(body["segment"], segment, "{body}");
+                    assert_eq!(body["totalSegments"], TOTAL, "{body}");
+                    assert_eq!(body["table"], table.as_str(), "{body}");
+                    assert_eq!(body["deadLetters"], 0, "{body}");
+                    assert_eq!(
+                        body["projections"],
+                        json!(["email-gsi1-keys", "profile-primary-email"])
+                    );
+                    scanned += body["scanned"].as_u64().expect("scanned");
+                    done[segment as usize] = body["done"].as_bool().expect("done");
+                }
+                // A page still being written at the deadline: the state
+                // machine retries that error, and so does this loop.
+                Outcome::Error { .. } => {
+                    let (error_type, message) = invocation_error(&outcome);
+                    assert_eq!(error_type, "Projector.BackfillTimeout", "{message}");
+                    timeouts += 1;
+                }
+            }
+        }
+    }
+    eprintln!(
+        "backfill: invocations per segment {invocations:?}, {timeouts} timed out, {scanned} items scanned"
+    );
+    assert!(
+        invocations.iter().all(|&n| n > 1),
+        "each segment took several slices: {invocations:?}"
+    );
+    // The checkpoints live in the table, so a segment may also scan the
+    // other's; every source item is scanned at least once.
+    assert!(scanned >= 300, "{scanned}");
+    for user in &users {
+        check_user(&client, &table, user).await.unwrap();
+    }
+    let indexed = source_and_derived(&client, &table)
+        .await
+        .iter()
+        .filter(|item| item.contains_key("GSI1PK"))
+        .count();
+    assert_eq!(indexed, 200, "exactly the emails carry index keys");
+    assert!(dead_letters(&client, &table).await.is_empty());
+
+    // A done segment answers done at once; started over, it finds
+    // everything right and writes nothing.
+    let before = source_and_derived(&client, &table).await;
+    let mut rescanned = 0;
+    for segment in 0..TOTAL {
+        let Outcome::Response(body) = api
+            .invoke_event(&backfill_payload(segment, TOTAL), GENEROUS)
+            .await
+        else {
+            panic!("{}", function.stderr());
+        };
+        assert_eq!(body["done"], true, "{body}");
+        assert_eq!(body["scanned"], 0, "{body}");
+        let restart = json!({ "backfill": {
+            "segment": segment, "totalSegments": TOTAL, "restart": true,
+            "projections": ["email-gsi1-keys"],
+        }});
+        let Outcome::Response(body) = api.invoke_event(&restart, GENEROUS).await else {
+            panic!("{}", function.stderr());
+        };
+        assert_eq!(body["done"], true, "{body}");
+        rescanned += body["scanned"].as_u64().expect("scanned");
+        assert_eq!(body["writes"], 0, "{body}");
+        assert_eq!(body["projections"], json!(["email-gsi1-keys"]));
+    }
+    assert!(rescanned >= 300, "{rescanned}");
+    assert_eq!(source_and_derived(&client, &table).await, before);
+
+    // The same environment still serves stream events.
+    write_users(&client, &table, &["s1"]).await;
+    let records: Vec<Value> = stream_records(&client, &table)
+        .await
+        .into_iter()
+        .filter(|r| r["dynamodb"]["Keys"]["PK"]["S"] == "USER#s1")
+        .collect();
+    assert_eq!(records.len(), 3);
+    let outcome = api.invoke_event(&event(&records), GENEROUS).await;
+    assert_eq!(
+        failures(&outcome),
+        Vec::<String>::new(),
+        "{}",
+        function.stderr()
+    );
+    check_user(&client, &table, "s1").await.unwrap();
+
+    // Logs and metrics like the stream path's.
+    let stderr = function.stderr();
+    let slices = stderr
+        .lines()
+        .filter_map(|line| serde_json::from_str::<Value>(line).ok())
+        .filter(|line| line["message"] == "backfill slice done")
+        .count();
+    assert!(slices >= 4, "{stderr}");
+    let emf = function.emf();
+    assert!(
+        emf.iter().any(|doc| doc["outcome"] == "done"
+            && doc.get("projector_backfill_invocations_total").is_some()),
+        "{emf:#?}"
+    );
+    assert!(
+        emf.iter()
+            .any(|doc| doc.get("projector_backfill_items_scanned_total").is_some()),
+        "{emf:#?}"
+    );
+    eprintln!("lambda_backfills_each_segment: {:?}", started.elapsed());
+}
+
+#[tokio::test]
+async fn lambda_refuses_a_backfill_request_it_cannot_run_and_writes_nothing() {
+    let started = Instant::now();
+    let (client, table, records) = user_batch("lambda-backfill-bad", &["u1"]).await;
+    let before = support::scan_all(&client, &table).await;
+    let api = RuntimeApi::start().await;
+    let function = Function::start(
+        support::binary(),
+        &api,
+        &function_env("user-service.toml", Some(&table)),
+    );
+    api.ready().await;
+
+    let invalid = "Projector.InvalidBackfillRequest";
+    for (backfill, error_type, says) in [
+        (
+            json!({ "projections": ["email-gsi1-keys", "emial-keys"], "totalSegments": 2 }),
+            invalid,
+            "no projection `emial-keys` in",
+        ),
+        (
+            json!({ "segment": 2, "totalSegments": 2 }),
+            invalid,
+            "segment 2 is out of range for totalSegments 2",
+        ),
+        (json!({ "totalSegments": 0 }), invalid, "totalSegments is 0"),
+        (
+            json!({ "dryRun": true }),
+            invalid,
+            "dryRun is not supported",
+        ),
+        // Refused while the payload is read, before the handler runs.
+        (json!({ "segement": 1 }), "", "unknown field `segement`"),
+        (json!([0, 2]), "", "a `backfill` object"),
+    ] {
+        let outcome = api
+            .invoke_event(&json!({ "backfill": backfill }), GENEROUS)
+            .await;
+        let (have_type, message) = invocation_error(&outcome);
+        if !error_type.is_empty() {
+            assert_eq!(have_type, error_type, "{message}");
+        }
+        assert!(message.contains(says), "{message}");
+        assert_eq!(support::scan_all(&client, &table).await, before);
+    }
+    // Less time than the margin: no page could start, and "not done" would
+    // be answered forever.
+    let outcome = api
+        .invoke_event(&backfill_payload(0, 1), Duration::from_millis(1000))
+        .await;
+    let (error_type, message) = invocation_error(&outcome);
+    assert_eq!(error_type, "Projector.BackfillTimeout");
+    assert!(message.contains("less time left"), "{message}");
+    assert_eq!(support::scan_all(&client, &table).await, before);
+
+    // The environment survives and serves the next event.
+    let outcome = api.invoke_event(&event(&records), GENEROUS).await;
+    assert_eq!(
+        failures(&outcome),
+        Vec::<String>::new(),
+        "{}",
+        function.stderr()
+    );
+    check_user(&client, &table, "u1").await.unwrap();
+    eprintln!("lambda_refuses_a_backfill_request: {:?}", started.elapsed());
+}
+
 /// Cold start and peak memory of the release build on a 10,000-record batch
 /// (`cargo build --release`, then
 /// `cargo test --test tests lambda_cold_start -- --ignored --nocapture`).
