@@ -18,7 +18,7 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use super::raw::{RawEntity, RawGsi, RawProjection, RawSpec, RawTable};
+use super::raw::{RawEntity, RawGsi, RawInvariant, RawProjection, RawSpec, RawTable};
 use super::{Spec, SpecErrors};
 use crate::plan::CustomProjection;
 
@@ -110,6 +110,12 @@ impl SpecBuilder {
     /// Adds any raw projection (denormalize, inverse-edge, counter ...).
     pub fn projection(mut self, projection: RawProjection) -> Self {
         self.raw.projections.push(projection);
+        self
+    }
+
+    /// Adds an invariant (exactly-one, at-most-one, implies, unique).
+    pub fn invariant(mut self, invariant: RawInvariant) -> Self {
+        self.raw.invariants.push(invariant);
         self
     }
 

@@ -17,7 +17,7 @@ use std::sync::Arc;
 use crate::plan::CustomProjection;
 use crate::record::{AttributeValue, Item, ItemKey};
 pub use builder::SpecBuilder;
-use raw::{RawCondition, RawProjection, RawSpec};
+use raw::{RawCondition, RawInvariant, RawProjection, RawSpec};
 pub use template::{Bindings, KeyPattern, RenderError, Template, TemplateError};
 
 /// Keys starting with this prefix belong to the projector itself (dead
@@ -311,6 +311,88 @@ impl Projection {
     }
 }
 
+/// What the worker may do on its own when a count invariant is broken by
+/// too many items satisfying its condition.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RepairPolicy {
+    /// Keep the item that most recently came to satisfy the condition (by
+    /// stream order) and make the others stop satisfying it.
+    KeepLatest,
+}
+
+impl RepairPolicy {
+    /// The policy as written in spec files.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            RepairPolicy::KeepLatest => "keep-latest",
+        }
+    }
+}
+
+/// What an invariant requires.
+#[derive(Debug, Clone)]
+pub enum InvariantKind {
+    /// Per partition: exactly one (`exactly`) or at most one item of the
+    /// entity satisfies `when`. `exactly` only applies to partitions that
+    /// hold items of the entity at all.
+    Count {
+        /// The counted condition.
+        when: Condition,
+        /// Exactly one (true) or at most one (false).
+        exactly: bool,
+        /// Declared repair policy, if any.
+        repair: Option<RepairPolicy>,
+    },
+    /// Every item satisfying `premise` satisfies `then`.
+    Implies {
+        /// The premise.
+        premise: Condition,
+        /// The consequence.
+        then: Condition,
+    },
+    /// The value of `attribute` (a GSI partition key derived by
+    /// `projection`) is carried by items of one partition only.
+    Unique {
+        /// The GSI queried.
+        index: String,
+        /// The GSI's partition key attribute.
+        attribute: String,
+        /// The index-keys projection deriving it.
+        projection: ProjectionId,
+        /// Its template.
+        template: Template,
+    },
+}
+
+/// A compiled invariant over the items of one entity.
+#[derive(Debug, Clone)]
+pub struct Invariant {
+    /// Unique name.
+    pub name: String,
+    /// The entity whose items it constrains.
+    pub entity: EntityId,
+    /// What it requires.
+    pub kind: InvariantKind,
+}
+
+impl Invariant {
+    /// The kind as written in spec files.
+    pub fn kind_name(&self) -> &'static str {
+        match &self.kind {
+            InvariantKind::Count { exactly: true, .. } => "exactly-one",
+            InvariantKind::Count { exactly: false, .. } => "at-most-one",
+            InvariantKind::Implies { .. } => "implies",
+            InvariantKind::Unique { .. } => "unique",
+        }
+    }
+
+    /// Whether it is checked per partition (count and implies) rather than
+    /// per derived value (unique).
+    pub fn is_partition_scoped(&self) -> bool {
+        !matches!(self.kind, InvariantKind::Unique { .. })
+    }
+}
+
 /// A compiled, validated spec: the rule set the planner runs.
 #[derive(Debug, Clone)]
 pub struct Spec {
@@ -324,6 +406,8 @@ pub struct Spec {
     pub entities: Vec<Entity>,
     /// Projections in planning order.
     pub projections: Vec<Projection>,
+    /// Invariants, checked after each batch and by `audit`.
+    pub invariants: Vec<Invariant>,
     /// For each entity, the projections that plan on its records.
     interested: Vec<Vec<ProjectionId>>,
 }
@@ -371,6 +455,11 @@ impl Spec {
     /// The projection with this name.
     pub fn projection_id(&self, name: &str) -> Option<ProjectionId> {
         self.projections.iter().position(|p| p.name == name)
+    }
+
+    /// The invariant with this name.
+    pub fn invariant_id(&self, name: &str) -> Option<usize> {
+        self.invariants.iter().position(|i| i.name == name)
     }
 
     /// The projections that plan on records of `entity`.
@@ -479,7 +568,56 @@ impl Spec {
                 self.describe(projection)
             ));
         }
+        if !self.invariants.is_empty() {
+            out.push_str(&format!("{} invariants\n", self.invariants.len()));
+            for invariant in &self.invariants {
+                out.push_str(&format!(
+                    "  {:<28} {:<13} {}\n",
+                    invariant.name,
+                    invariant.kind_name(),
+                    self.describe_invariant(invariant)
+                ));
+            }
+        }
         out
+    }
+
+    /// One line saying what an invariant requires.
+    pub fn describe_invariant(&self, invariant: &Invariant) -> String {
+        let entity = &self.entities[invariant.entity].name;
+        let cond = |c: &Condition| {
+            c.0.iter()
+                .map(|(k, v)| format!("{k} = {}", crate::record::value_to_json(v)))
+                .collect::<Vec<_>>()
+                .join(" and ")
+        };
+        match &invariant.kind {
+            InvariantKind::Count {
+                when,
+                exactly,
+                repair,
+            } => format!(
+                "{} `{entity}` per partition with {}{}",
+                if *exactly {
+                    "exactly one"
+                } else {
+                    "at most one"
+                },
+                cond(when),
+                repair
+                    .map(|r| format!(" (repair: {})", r.as_str()))
+                    .unwrap_or_default()
+            ),
+            InvariantKind::Implies { premise, then } => {
+                format!("`{entity}` with {} has {}", cond(premise), cond(then))
+            }
+            InvariantKind::Unique {
+                index,
+                attribute,
+                template,
+                ..
+            } => format!("`{entity}` {attribute} = {template} in {index} has one owner"),
+        }
     }
 
     fn describe(&self, projection: &Projection) -> String {
@@ -666,6 +804,7 @@ impl Compiler {
         self.check_loops(&projections, &entities);
         self.check_attributes(&projections, &entities);
         self.check_derived_items(&projections, &entities, &table);
+        let invariants = self.invariants(&raw, &projections, &entities, &table, &seen);
         if !self.errors.is_empty() {
             return Err(SpecErrors(self.errors));
         }
@@ -676,8 +815,170 @@ impl Compiler {
             table,
             entities,
             projections,
+            invariants,
             interested,
         })
+    }
+
+    fn invariants(
+        &mut self,
+        raw: &RawSpec,
+        projections: &[Projection],
+        entities: &[Entity],
+        table: &TableSpec,
+        projection_names: &HashSet<String>,
+    ) -> Vec<Invariant> {
+        let mut out = Vec::new();
+        let mut seen = HashSet::new();
+        for raw_invariant in &raw.invariants {
+            let name = raw_invariant.name().to_string();
+            let context = format!("invariant `{name}`");
+            if name.trim().is_empty() {
+                self.error(
+                    format!("{} invariant", raw_invariant.kind()),
+                    "`name` must not be empty",
+                );
+                continue;
+            }
+            if !seen.insert(name.clone()) || projection_names.contains(&name) {
+                self.error(
+                    &context,
+                    "duplicate name; invariant and projection names must be unique in a spec",
+                );
+                continue;
+            }
+            if name.contains('|') {
+                self.error(&context, "the name must not contain `|`");
+                continue;
+            }
+            if let Some(invariant) =
+                self.invariant(raw, raw_invariant, &context, projections, entities, table)
+            {
+                out.push(Invariant {
+                    name,
+                    entity: invariant.0,
+                    kind: invariant.1,
+                });
+            }
+        }
+        out
+    }
+
+    fn invariant(
+        &mut self,
+        spec: &RawSpec,
+        raw: &RawInvariant,
+        context: &str,
+        projections: &[Projection],
+        entities: &[Entity],
+        table: &TableSpec,
+    ) -> Option<(EntityId, InvariantKind)> {
+        match raw {
+            RawInvariant::ExactlyOne {
+                entity,
+                when,
+                repair,
+                ..
+            }
+            | RawInvariant::AtMostOne {
+                entity,
+                when,
+                repair,
+                ..
+            } => {
+                let entity = self.entity(context, "", entity, entities)?;
+                if when.is_empty() {
+                    self.error(context, "`when` is empty: name the condition that at most one item per partition may satisfy (`when = { isPrimary = true }`)");
+                    return None;
+                }
+                let when = self.condition(context, when);
+                let repair = match repair.as_deref() {
+                    None => None,
+                    Some("keep-latest") => Some(RepairPolicy::KeepLatest),
+                    Some(other) => {
+                        self.error(
+                            context,
+                            format!(
+                                "unknown repair policy `{other}`{}",
+                                suggest(other, ["keep-latest"].into_iter())
+                            ),
+                        );
+                        return None;
+                    }
+                };
+                Some((
+                    entity,
+                    InvariantKind::Count {
+                        when,
+                        exactly: matches!(raw, RawInvariant::ExactlyOne { .. }),
+                        repair,
+                    },
+                ))
+            }
+            RawInvariant::Implies {
+                entity,
+                premise,
+                then,
+                ..
+            } => {
+                let entity = self.entity(context, "", entity, entities)?;
+                if premise.is_empty() || then.is_empty() {
+                    self.error(context, "`if` and `then` must each name at least one attribute (`if = { isPrimary = true }`, `then = { isVerified = true }`)");
+                    return None;
+                }
+                let premise = self.condition(context, premise);
+                let then = self.condition(context, then);
+                Some((entity, InvariantKind::Implies { premise, then }))
+            }
+            RawInvariant::Unique { entity, index, .. } => {
+                let entity = self.entity(context, "", entity, entities)?;
+                let Some(gsi) = table.gsis.iter().find(|g| &g.name == index) else {
+                    let hint = suggest(index, table.gsis.iter().map(|g| g.name.as_str()));
+                    self.error(context, format!("unknown index `{index}`{hint}"));
+                    return None;
+                };
+                let derived = projections
+                    .iter()
+                    .enumerate()
+                    .find_map(|(id, p)| match &p.kind {
+                        ProjectionKind::IndexKeys(keys) if keys.entity == entity => keys
+                            .set
+                            .iter()
+                            .find(|(attr, _)| *attr == gsi.partition_key)
+                            .map(|(_, template)| (id, template.clone())),
+                        _ => None,
+                    });
+                let Some((projection, template)) = derived else {
+                    // A projection that would derive it but did not compile
+                    // is reported already; do not pile on.
+                    let entity_name = &entities[entity].name;
+                    let broken = spec.projections.iter().any(|p| {
+                        matches!(p, RawProjection::IndexKeys { entity: e, set, .. }
+                            if e == entity_name && set.contains_key(&gsi.partition_key))
+                    });
+                    if broken {
+                        return None;
+                    }
+                    self.error(
+                        context,
+                        format!(
+                            "no index-keys projection of entity `{}` derives `{}`, the partition key of {index}; uniqueness is checked through that derived key",
+                            entities[entity].name, gsi.partition_key
+                        ),
+                    );
+                    return None;
+                };
+                Some((
+                    entity,
+                    InvariantKind::Unique {
+                        index: index.clone(),
+                        attribute: gsi.partition_key.clone(),
+                        projection,
+                        template,
+                    },
+                ))
+            }
+        }
     }
 
     fn table(&mut self, raw: &RawSpec) -> TableSpec {

@@ -8,7 +8,7 @@ use std::sync::Arc;
 
 use ddb_projector::plan::{CustomOp, CustomProjection, EntityChange};
 use ddb_projector::record::{AttributeValue, ChangeKind, Item, ItemKey};
-use ddb_projector::spec::raw::RawProjection;
+use ddb_projector::spec::raw::{RawInvariant, RawProjection};
 use ddb_projector::spec::template::lookup;
 use ddb_projector::spec::{Spec, SpecBuilder, SpecErrors};
 use expect_test::{expect, Expect};
@@ -667,6 +667,10 @@ fn shipped_specs_compile() {
                 2 projections
                   email-gsi1-keys              index-keys    email: GSI1PK = EMAIL#{lower(trim(email))}, GSI1SK = USER#{userId}
                   profile-primary-email        denormalize   email -> profile when isPrimary = true: email = {email}
+                3 invariants
+                  one-primary-email            exactly-one   exactly one `email` per partition with isPrimary = true
+                  primary-email-verified       implies       `email` with isPrimary = true has isVerified = true
+                  unique-email-address         unique        `email` GSI1PK = EMAIL#{lower(trim(email))} in GSI1 has one owner
             "#]],
         ),
         (
@@ -732,6 +736,23 @@ fn user_service_builder() -> SpecBuilder {
             target: "profile".to_string(),
             when: BTreeMap::from([("isPrimary".to_string(), toml::Value::Boolean(true))]),
             copy: BTreeMap::from([("email".to_string(), "{email}".to_string())]),
+        })
+        .invariant(RawInvariant::ExactlyOne {
+            name: "one-primary-email".to_string(),
+            entity: "email".to_string(),
+            when: BTreeMap::from([("isPrimary".to_string(), toml::Value::Boolean(true))]),
+            repair: None,
+        })
+        .invariant(RawInvariant::Implies {
+            name: "primary-email-verified".to_string(),
+            entity: "email".to_string(),
+            premise: BTreeMap::from([("isPrimary".to_string(), toml::Value::Boolean(true))]),
+            then: BTreeMap::from([("isVerified".to_string(), toml::Value::Boolean(true))]),
+        })
+        .invariant(RawInvariant::Unique {
+            name: "unique-email-address".to_string(),
+            entity: "email".to_string(),
+            index: "GSI1".to_string(),
         })
 }
 
