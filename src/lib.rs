@@ -26,11 +26,13 @@
 //! I/O; SDK types never reach the planner.
 
 pub mod apply;
+pub mod audit;
 pub mod aws;
 pub mod backfill;
 pub mod cli;
 pub mod counter;
 pub mod decode;
+pub mod invariant;
 pub mod lambda;
 pub mod plan;
 pub mod record;

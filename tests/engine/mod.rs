@@ -3,6 +3,7 @@
 
 mod cli;
 mod decode;
+mod invariants;
 mod planner;
 mod spec_errors;
 mod util;
