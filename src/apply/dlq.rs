@@ -137,7 +137,7 @@ fn hold_member(projection: &str, key: &ItemKey) -> String {
     serde_json::json!([projection, key.pk, key.sk]).to_string()
 }
 
-fn now() -> String {
+pub(crate) fn now() -> String {
     aws_smithy_types::DateTime::from(SystemTime::now())
         .fmt(Format::DateTime)
         .unwrap_or_default()

@@ -18,6 +18,7 @@
 //! effect it contributed to has been written (or found already written);
 //! dead letters are written before their records count as handled.
 
+mod check;
 mod coalesce;
 mod dlq;
 mod retry;
@@ -27,8 +28,10 @@ use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::Duration;
 
+pub use check::{CheckStats, RecordedViolation};
 pub use dlq::{DeadLetter, DeadLetterStore, RedriveSummary};
 pub use retry::{classify, describe as retry_describe, ErrorClass};
+pub(crate) use retry::{sdk, with_retries};
 pub use writes::COUNT_ATTRIBUTE;
 
 use crate::decode::DecodeProblem;
@@ -45,6 +48,8 @@ pub struct ApplyConfig {
     pub max_retry_time: Duration,
     /// Whether poison records go to the dead-letter store (off: they fail).
     pub dead_letters: bool,
+    /// Whether the spec's invariants are checked after each batch.
+    pub check_invariants: bool,
 }
 
 impl Default for ApplyConfig {
@@ -53,6 +58,7 @@ impl Default for ApplyConfig {
             concurrency: 16,
             max_retry_time: Duration::from_secs(20),
             dead_letters: true,
+            check_invariants: true,
         }
     }
 }
@@ -111,6 +117,8 @@ pub struct BatchStats {
     pub retries: u64,
     /// Records dead-lettered.
     pub dead_letters: usize,
+    /// What the invariant check after the batch did.
+    pub checks: CheckStats,
 }
 
 impl BatchStats {
@@ -123,6 +131,7 @@ impl BatchStats {
         self.read_units += other.read_units;
         self.retries += other.retries;
         self.dead_letters += other.dead_letters;
+        self.checks.add(&other.checks);
     }
 }
 
@@ -389,7 +398,15 @@ impl Applier {
             }
         }
 
-        // 7. Report.
+        // 7. Check the invariants whose scope the batch touched; never
+        // changes a record's status.
+        let checks = if self.config.check_invariants && !spec.invariants.is_empty() {
+            check::check_batch(&ctx, batch, options.deadline, self.config.concurrency).await
+        } else {
+            CheckStats::default()
+        };
+
+        // 8. Report.
         let mut reasons: Vec<Vec<String>> = vec![Vec::new(); n];
         for (i, letter) in &letters {
             reasons[*i].push(format!("{}: {}", letter.projection, letter.error));
@@ -424,9 +441,77 @@ impl Applier {
                 .iter()
                 .filter(|s| matches!(s, RecordStatus::DeadLettered(_)))
                 .count(),
+            checks,
         };
         record_metrics(&statuses, &stats);
         Ok(BatchOutcome { statuses, stats })
+    }
+
+    /// Applies effects planned outside a stream batch (`audit --repair`),
+    /// coalesced and written exactly as a batch's are. One result per
+    /// effect, and the counts.
+    pub async fn apply_effects(
+        &self,
+        effects: Vec<crate::plan::Effect>,
+    ) -> (Vec<Result<(), String>>, BatchStats) {
+        let n = effects.len();
+        let spec = &*self.spec;
+        let groups = coalesce::coalesce(effects.into_iter().enumerate(), &spec.table);
+        let ctx = writes::Ctx::new(&self.client, &self.table, spec, &self.config);
+        let (recomputes, first): (Vec<_>, Vec<_>) = groups
+            .into_iter()
+            .partition(|g| matches!(g.effect.op, crate::plan::Op::Recompute { .. }));
+        let mut results: Vec<Result<(), String>> = vec![Ok(()); n];
+        for phase in [first, recomputes] {
+            for Written { group, result } in self.write_phase(&ctx, phase, false).await {
+                if let Err(error) = result {
+                    for &i in &group.contributors {
+                        results[i] = Err(error.to_string());
+                    }
+                }
+            }
+        }
+        let stats = BatchStats {
+            effects: n,
+            writes: ctx.writes.load(std::sync::atomic::Ordering::Relaxed) as usize,
+            write_units: ctx
+                .write_micro_units
+                .load(std::sync::atomic::Ordering::Relaxed) as f64
+                / 1e6,
+            read_units: ctx
+                .read_micro_units
+                .load(std::sync::atomic::Ordering::Relaxed) as f64
+                / 1e6,
+            retries: ctx.retries.load(std::sync::atomic::Ordering::Relaxed),
+            ..BatchStats::default()
+        };
+        (results, stats)
+    }
+
+    /// The violations the online check recorded, for every invariant of
+    /// the spec.
+    pub async fn recorded_violations(&self) -> Result<Vec<RecordedViolation>, ApplyError> {
+        let ctx = writes::Ctx::new(&self.client, &self.table, &self.spec, &self.config);
+        check::recorded(&ctx).await.map_err(|e| ApplyError::Fatal {
+            table: self.table.clone(),
+            message: e.to_string(),
+        })
+    }
+
+    /// Makes the recorded violations exactly `found` (what a full audit
+    /// found): records the new ones, deletes the resolved ones. Returns
+    /// (recorded, cleared).
+    pub async fn replace_violations(
+        &self,
+        found: &[crate::invariant::Violation],
+    ) -> Result<(usize, usize), ApplyError> {
+        let ctx = writes::Ctx::new(&self.client, &self.table, &self.spec, &self.config);
+        check::replace_all(&ctx, found)
+            .await
+            .map_err(|e| ApplyError::Fatal {
+                table: self.table.clone(),
+                message: e.to_string(),
+            })
     }
 
     async fn write_phase(

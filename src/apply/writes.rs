@@ -50,11 +50,11 @@ impl<'a> Ctx<'a> {
         }
     }
 
-    fn key(&self, key: &ItemKey) -> HashMap<String, Av> {
+    pub(crate) fn key(&self, key: &ItemKey) -> HashMap<String, Av> {
         self.spec.table.key_item(key).into()
     }
 
-    fn count_units<'c>(
+    pub(crate) fn count_units<'c>(
         &self,
         consumed: impl IntoIterator<Item = &'c ConsumedCapacity>,
         write: bool,
@@ -76,7 +76,7 @@ impl<'a> Ctx<'a> {
         }
     }
 
-    fn sent(&self) {
+    pub(crate) fn sent(&self) {
         self.writes.fetch_add(1, Ordering::Relaxed);
     }
 
@@ -85,19 +85,19 @@ impl<'a> Ctx<'a> {
     }
 }
 
-fn av(value: &AttributeValue) -> Av {
+pub(crate) fn av(value: &AttributeValue) -> Av {
     value.clone().into()
 }
 
 /// Builds expression attribute names and values without collisions.
 #[derive(Default)]
-struct Expr {
+pub(crate) struct Expr {
     names: HashMap<String, String>,
     values: HashMap<String, Av>,
 }
 
 impl Expr {
-    fn name(&mut self, name: &str) -> String {
+    pub(crate) fn name(&mut self, name: &str) -> String {
         let placeholder = format!("#n{}", self.names.len());
         for (k, v) in &self.names {
             if v == name {
@@ -108,13 +108,13 @@ impl Expr {
         placeholder
     }
 
-    fn value(&mut self, value: Av) -> String {
+    pub(crate) fn value(&mut self, value: Av) -> String {
         let placeholder = format!(":v{}", self.values.len());
         self.values.insert(placeholder.clone(), value);
         placeholder
     }
 
-    fn values(self) -> (HashMap<String, String>, Option<HashMap<String, Av>>) {
+    pub(crate) fn values(self) -> (HashMap<String, String>, Option<HashMap<String, Av>>) {
         let values = (!self.values.is_empty()).then_some(self.values);
         (self.names, values)
     }
@@ -190,7 +190,10 @@ pub(crate) async fn set_attributes(
 }
 
 /// Reads every source item of a denormalized target, consistently.
-async fn read_sources(ctx: &Ctx<'_>, sources: &SourceQuery) -> Result<Vec<Item>, WriteError> {
+pub(crate) async fn read_sources(
+    ctx: &Ctx<'_>,
+    sources: &SourceQuery,
+) -> Result<Vec<Item>, WriteError> {
     let mut items = Vec::new();
     let mut start: Option<HashMap<String, Av>> = None;
     loop {

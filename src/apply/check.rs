@@ -1,0 +1,760 @@
+//! Online invariant checking, after a batch is written.
+//!
+//! For every invariant whose scope the batch touched (the partition of a
+//! changed item for `exactly-one`, `at-most-one` and `implies`; the old and
+//! new derived value for `unique`), the checker reads the current state
+//! (a strongly consistent query of the partition; the GSI for `unique`,
+//! with holders confirmed by consistent reads) and brings the recorded
+//! violations of that scope in step: new ones are recorded (with the record
+//! that revealed them and since when), resolved ones are deleted.
+//!
+//! **Architecture Invariant:** checking never blocks projection. It runs
+//! after the batch's effects and dead letters are durable, its errors are
+//! logged and counted but change no record's status, and it is skipped when
+//! the deadline has come. `audit` finds whatever a skipped check missed.
+//!
+//! A declared repair policy (`keep-latest`) is the only way the projector
+//! writes a source item: when several items satisfy a count invariant's
+//! condition and the batch shows which one came to satisfy it last, the
+//! others are made to stop satisfying it, each on condition that it still
+//! does. Those writes come back through the stream and are checked again.
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+
+use aws_sdk_dynamodb::types::{AttributeValue as Av, ReturnConsumedCapacity};
+use futures::stream::StreamExt;
+
+use super::dlq::now;
+use super::retry::{sdk, with_retries, ErrorClass, WriteError};
+use super::writes::{av, read_markers, read_sources, Ctx, Expr};
+use crate::decode::DecodeProblem;
+use crate::invariant::{
+    check_partition, check_unique, keep_latest, scope_prefix, unique_value, violation_pk,
+    RepairWrite, Violation,
+};
+use crate::plan::SourceQuery;
+use crate::record::{ChangeKind, ChangeRecord, Item, ItemKey, Origin};
+use crate::spec::{InvariantKind, RepairPolicy};
+
+/// What the check after a batch did.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct CheckStats {
+    /// Scopes (partitions, unique values) checked.
+    pub scopes: usize,
+    /// Violations found (new or still there).
+    pub violations: usize,
+    /// Violations newly recorded.
+    pub recorded: usize,
+    /// Recorded violations deleted because they are resolved.
+    pub cleared: usize,
+    /// Source items changed by a repair policy.
+    pub repaired: usize,
+    /// Scopes not checked (deadline, or an error reading them).
+    pub unchecked: usize,
+}
+
+impl CheckStats {
+    pub(crate) fn add(&mut self, other: &CheckStats) {
+        self.scopes += other.scopes;
+        self.violations += other.violations;
+        self.recorded += other.recorded;
+        self.cleared += other.cleared;
+        self.repaired += other.repaired;
+        self.unchecked += other.unchecked;
+    }
+}
+
+/// One scope to check, with the record that touched it last.
+enum Scope<'a> {
+    Partition {
+        entity: usize,
+        pk: String,
+        record: &'a ChangeRecord,
+    },
+    Value {
+        invariant: usize,
+        value: String,
+        record: &'a ChangeRecord,
+    },
+}
+
+/// Checks what the batch touched. Never fails: problems are logged,
+/// counted, and left to the next check or to `audit`.
+pub(crate) async fn check_batch(
+    ctx: &Ctx<'_>,
+    batch: &[Result<ChangeRecord, DecodeProblem>],
+    deadline: Option<tokio::time::Instant>,
+    concurrency: usize,
+) -> CheckStats {
+    let spec = ctx.spec;
+    if spec.invariants.is_empty() {
+        return CheckStats::default();
+    }
+    let mut partitions: BTreeMap<(usize, String), &ChangeRecord> = BTreeMap::new();
+    let mut values: BTreeMap<(usize, String), &ChangeRecord> = BTreeMap::new();
+    // For keep-latest: the item that most recently came to satisfy a count
+    // invariant's condition, per (invariant, partition).
+    let mut latest: HashMap<(usize, String), ItemKey> = HashMap::new();
+    // The last state the batch shows of each item (None: removed).
+    let mut last_state: HashMap<ItemKey, Option<&Item>> = HashMap::new();
+    for record in batch.iter().flatten() {
+        if matches!(record.origin, Origin::Scan { .. }) {
+            continue;
+        }
+        let Some(key) = spec.table.item_key(&record.keys) else {
+            continue;
+        };
+        let mut vars = Vec::new();
+        let Some(entity) = spec.match_entity(&key.pk, key.sk.as_deref(), &mut vars) else {
+            continue;
+        };
+        let removed = record.kind == ChangeKind::Remove;
+        let new_image = if removed {
+            None
+        } else {
+            record.new_image.as_ref()
+        };
+        for (id, invariant) in spec.invariants.iter().enumerate() {
+            if invariant.entity != entity {
+                continue;
+            }
+            match &invariant.kind {
+                InvariantKind::Count {
+                    when,
+                    repair: Some(RepairPolicy::KeepLatest),
+                    ..
+                } => {
+                    let slot = (id, key.pk.clone());
+                    let now_member = when.holds(new_image);
+                    let was_member = when.holds(record.old_image.as_ref());
+                    if now_member && (!was_member || record.kind == ChangeKind::Insert) {
+                        latest.insert(slot, key.clone());
+                    } else if !now_member && latest.get(&slot) == Some(&key) {
+                        latest.remove(&slot);
+                    }
+                }
+                InvariantKind::Unique { .. } => {
+                    for image in [record.old_image.as_ref(), new_image].into_iter().flatten() {
+                        if let Some(value) = unique_value(spec, invariant, image) {
+                            values.insert((id, value), record);
+                        }
+                    }
+                }
+                _ => {}
+            }
+            if invariant.is_partition_scoped() {
+                partitions.insert((entity, key.pk.clone()), record);
+            }
+        }
+        last_state.insert(key, new_image);
+    }
+    let scopes: Vec<Scope<'_>> = partitions
+        .into_iter()
+        .map(|((entity, pk), record)| Scope::Partition { entity, pk, record })
+        .chain(
+            values
+                .into_iter()
+                .map(|((invariant, value), record)| Scope::Value {
+                    invariant,
+                    value,
+                    record,
+                }),
+        )
+        .collect();
+    let futures: Vec<_> = scopes
+        .iter()
+        .map(|scope| check_scope(ctx, scope, deadline, &latest, &last_state))
+        .collect();
+    let results: Vec<CheckStats> = futures::stream::iter(futures)
+        .buffer_unordered(concurrency.max(1))
+        .collect()
+        .await;
+    let mut total = CheckStats::default();
+    for stats in &results {
+        total.add(stats);
+    }
+    total
+}
+
+async fn check_scope(
+    ctx: &Ctx<'_>,
+    scope: &Scope<'_>,
+    deadline: Option<tokio::time::Instant>,
+    latest: &HashMap<(usize, String), ItemKey>,
+    last_state: &HashMap<ItemKey, Option<&Item>>,
+) -> CheckStats {
+    let mut stats = CheckStats {
+        scopes: 1,
+        ..CheckStats::default()
+    };
+    if deadline.is_some_and(|d| tokio::time::Instant::now() >= d) {
+        stats.unchecked = 1;
+        metrics::counter!("projector_invariant_checks_skipped_total", "reason" => "deadline")
+            .increment(1);
+        return stats;
+    }
+    let result = match scope {
+        Scope::Partition { entity, pk, record } => {
+            check_partition_scope(ctx, *entity, pk, record, latest, &mut stats).await
+        }
+        Scope::Value {
+            invariant,
+            value,
+            record,
+        } => check_value_scope(ctx, *invariant, value, record, last_state, &mut stats).await,
+    };
+    if let Err(error) = result {
+        stats.unchecked = 1;
+        metrics::counter!("projector_invariant_checks_skipped_total", "reason" => "error")
+            .increment(1);
+        tracing::warn!(%error, "invariant check failed; `audit` will find what it missed");
+    }
+    stats
+}
+
+async fn check_partition_scope(
+    ctx: &Ctx<'_>,
+    entity: usize,
+    pk: &str,
+    record: &ChangeRecord,
+    latest: &HashMap<(usize, String), ItemKey>,
+    stats: &mut CheckStats,
+) -> Result<(), WriteError> {
+    let spec = ctx.spec;
+    let query = SourceQuery {
+        pk: pk.to_string(),
+        sk_prefix: spec.entities[entity]
+            .sk
+            .as_ref()
+            .map(|sk| sk.literal_prefix().to_string())
+            .filter(|p| !p.is_empty()),
+    };
+    let items = read_sources(ctx, &query).await?;
+    for (id, invariant) in spec.invariants.iter().enumerate() {
+        if invariant.entity != entity || !invariant.is_partition_scoped() {
+            continue;
+        }
+        let mut found = check_partition(spec, invariant, pk, &items);
+        if let (Some(keep), Some(violation)) = (latest.get(&(id, pk.to_string())), found.first()) {
+            if violation.keys.len() > 1 && violation.keys.contains(keep) {
+                let writes = keep_latest(invariant, &violation.keys, keep);
+                let mut all = !writes.is_empty();
+                for write in &writes {
+                    match repair(ctx, write).await {
+                        Ok(true) => {
+                            stats.repaired += 1;
+                            metrics::counter!("projector_invariant_repairs_total", "invariant" => invariant.name.clone()).increment(1);
+                            tracing::info!(invariant = %invariant.name, item = %write.key, kept = %keep, "repaired: the item no longer satisfies the invariant's condition");
+                        }
+                        Ok(false) => all = false,
+                        Err(error) => {
+                            all = false;
+                            tracing::warn!(invariant = %invariant.name, item = %write.key, %error, "repair failed");
+                        }
+                    }
+                }
+                if all {
+                    found.clear();
+                }
+            }
+        }
+        sync(ctx, invariant.name.as_str(), pk, found, record, stats).await?;
+    }
+    Ok(())
+}
+
+async fn check_value_scope(
+    ctx: &Ctx<'_>,
+    id: usize,
+    value: &str,
+    record: &ChangeRecord,
+    last_state: &HashMap<ItemKey, Option<&Item>>,
+    stats: &mut CheckStats,
+) -> Result<(), WriteError> {
+    let spec = ctx.spec;
+    let invariant = &spec.invariants[id];
+    let InvariantKind::Unique {
+        index, attribute, ..
+    } = &invariant.kind
+    else {
+        return Ok(());
+    };
+    let mut holders: HashSet<ItemKey> = HashSet::new();
+    let mut start: Option<HashMap<String, Av>> = None;
+    loop {
+        let mut expr = Expr::default();
+        let name = expr.name(attribute);
+        let v = expr.value(Av::S(value.to_string()));
+        let condition = format!("{name} = {v}");
+        let (names, values) = expr.values();
+        let page = with_retries(
+            "check_unique",
+            ctx.config.max_retry_time,
+            &ctx.retries,
+            || {
+                let request = ctx
+                    .client
+                    .query()
+                    .table_name(ctx.table)
+                    .index_name(index)
+                    .key_condition_expression(&condition)
+                    .set_expression_attribute_names(Some(names.clone()))
+                    .set_expression_attribute_values(values.clone())
+                    .set_exclusive_start_key(start.clone())
+                    .return_consumed_capacity(ReturnConsumedCapacity::Total);
+                async move { request.send().await.map_err(sdk) }
+            },
+        )
+        .await?;
+        ctx.count_units(page.consumed_capacity(), false);
+        for item in page.items() {
+            let item = Item::from(item.clone());
+            if let Some(key) = spec.table.item_key(&item) {
+                holders.insert(key);
+            }
+        }
+        match page.last_evaluated_key() {
+            Some(key) if !key.is_empty() && holders.len() < 1000 => start = Some(key.clone()),
+            _ => break,
+        }
+    }
+    // The GSI lags the table: add what the batch just made hold the value.
+    for (key, state) in last_state {
+        if state
+            .and_then(|item| unique_value(spec, invariant, item))
+            .as_deref()
+            == Some(value)
+        {
+            holders.insert(key.clone());
+        }
+    }
+    let owners: HashSet<&str> = holders.iter().map(|k| k.pk.as_str()).collect();
+    let mut confirmed: Vec<ItemKey> = Vec::new();
+    if owners.len() > 1 {
+        // Confirm each holder with a consistent read before accusing it.
+        let items = read_markers(ctx, holders.iter().collect()).await?;
+        for (key, item) in items {
+            if unique_value(spec, invariant, &item).as_deref() == Some(value) {
+                confirmed.push(key);
+            }
+        }
+    }
+    let found: Vec<Violation> = check_unique(invariant, value, &confirmed)
+        .into_iter()
+        .collect();
+    sync(ctx, &invariant.name, value, found, record, stats).await
+}
+
+/// Makes a repair write; `Ok(false)` when the item no longer needs it.
+async fn repair(ctx: &Ctx<'_>, write: &RepairWrite) -> Result<bool, WriteError> {
+    let mut expr = Expr::default();
+    let attr = expr.name(&write.attribute);
+    let update = match &write.value {
+        Some(value) => {
+            let v = expr.value(av(value));
+            format!("SET {attr} = {v}")
+        }
+        None => format!("REMOVE {attr}"),
+    };
+    let condition = write
+        .expect
+        .0
+        .iter()
+        .map(|(name, value)| {
+            let n = expr.name(name);
+            let v = expr.value(av(value));
+            format!("{n} = {v}")
+        })
+        .collect::<Vec<_>>()
+        .join(" AND ");
+    let (names, values) = expr.values();
+    let key = ctx.key(&write.key);
+    let result = with_retries(
+        "invariant_repair",
+        ctx.config.max_retry_time,
+        &ctx.retries,
+        || {
+            let request = ctx
+                .client
+                .update_item()
+                .table_name(ctx.table)
+                .set_key(Some(key.clone()))
+                .update_expression(&update)
+                .condition_expression(&condition)
+                .set_expression_attribute_names(Some(names.clone()))
+                .set_expression_attribute_values(values.clone())
+                .return_consumed_capacity(ReturnConsumedCapacity::Total);
+            async move {
+                match request.send().await {
+                    Ok(output) => Ok(Some(output)),
+                    Err(error) => {
+                        let (class, message) = sdk(error);
+                        match class {
+                            ErrorClass::Conditional => Ok(None),
+                            other => Err((other, message)),
+                        }
+                    }
+                }
+            }
+        },
+    )
+    .await?;
+    ctx.sent();
+    match result {
+        Some(output) => {
+            ctx.count_units(output.consumed_capacity(), true);
+            Ok(true)
+        }
+        None => Ok(false),
+    }
+}
+
+/// Brings the recorded violations of one (invariant, scope) in step with
+/// what was found.
+async fn sync(
+    ctx: &Ctx<'_>,
+    invariant: &str,
+    scope: &str,
+    found: Vec<Violation>,
+    record: &ChangeRecord,
+    stats: &mut CheckStats,
+) -> Result<(), WriteError> {
+    stats.violations += found.len();
+    let stored = stored_in_scope(ctx, invariant, scope).await?;
+    let wanted: HashSet<String> = found.iter().map(Violation::record_sk).collect();
+    for violation in &found {
+        let sk = violation.record_sk();
+        if stored.get(&sk).map(String::as_str) == Some(violation.message.as_str()) {
+            continue;
+        }
+        let new = !stored.contains_key(&sk);
+        put_violation(ctx, violation, Some(record)).await?;
+        if new {
+            stats.recorded += 1;
+            // Unlabelled, so the alarm on FunctionName alone matches it.
+            metrics::counter!("projector_invariant_violations_total").increment(1);
+            metrics::counter!("projector_invariant_violations_by_invariant_total", "invariant" => invariant.to_string()).increment(1);
+            tracing::warn!(
+                invariant,
+                scope,
+                message = %violation.message,
+                event_id = %record.event_id,
+                "invariant violated"
+            );
+        }
+    }
+    for sk in stored.keys().filter(|sk| !wanted.contains(*sk)) {
+        delete_violation(ctx, invariant, sk).await?;
+        stats.cleared += 1;
+        metrics::counter!("projector_invariant_violations_cleared_total", "invariant" => invariant.to_string()).increment(1);
+        tracing::info!(invariant, scope, "invariant violation resolved");
+    }
+    Ok(())
+}
+
+/// Recorded violations of a scope: sort key to message.
+async fn stored_in_scope(
+    ctx: &Ctx<'_>,
+    invariant: &str,
+    scope: &str,
+) -> Result<HashMap<String, String>, WriteError> {
+    let Some(sk_name) = ctx.spec.table.sort_key.clone() else {
+        return Err(WriteError::Fatal(
+            "invariants need a table with a sort key to record violations".to_string(),
+        ));
+    };
+    let mut out = HashMap::new();
+    let mut start: Option<HashMap<String, Av>> = None;
+    loop {
+        let mut expr = Expr::default();
+        let pk = expr.name(&ctx.spec.table.partition_key);
+        let pk_value = expr.value(Av::S(violation_pk(invariant)));
+        let sk = expr.name(&sk_name);
+        let prefix = expr.value(Av::S(scope_prefix(scope)));
+        let condition = format!("{pk} = {pk_value} AND begins_with({sk}, {prefix})");
+        let (names, values) = expr.values();
+        let page = with_retries(
+            "read_violations",
+            ctx.config.max_retry_time,
+            &ctx.retries,
+            || {
+                let request = ctx
+                    .client
+                    .query()
+                    .table_name(ctx.table)
+                    .consistent_read(true)
+                    .key_condition_expression(&condition)
+                    .set_expression_attribute_names(Some(names.clone()))
+                    .set_expression_attribute_values(values.clone())
+                    .set_exclusive_start_key(start.clone())
+                    .return_consumed_capacity(ReturnConsumedCapacity::Total);
+                async move { request.send().await.map_err(sdk) }
+            },
+        )
+        .await?;
+        ctx.count_units(page.consumed_capacity(), false);
+        for item in page.items() {
+            let same_scope = matches!(item.get("scope"), Some(Av::S(s)) if s == scope);
+            if let (true, Some(Av::S(sk))) = (same_scope, item.get(&sk_name)) {
+                let message = match item.get("message") {
+                    Some(Av::S(m)) => m.clone(),
+                    _ => String::new(),
+                };
+                out.insert(sk.clone(), message);
+            }
+        }
+        match page.last_evaluated_key() {
+            Some(key) if !key.is_empty() => start = Some(key.clone()),
+            _ => return Ok(out),
+        }
+    }
+}
+
+/// Records (or refreshes) a violation; `since` keeps its first value.
+pub(crate) async fn put_violation(
+    ctx: &Ctx<'_>,
+    violation: &Violation,
+    record: Option<&ChangeRecord>,
+) -> Result<(), WriteError> {
+    let key = ctx.key(&ItemKey {
+        pk: violation_pk(&violation.invariant),
+        sk: Some(violation.record_sk()),
+    });
+    let mut expr = Expr::default();
+    let mut sets = Vec::new();
+    let mut set = |expr: &mut Expr, name: &str, value: Av| {
+        let n = expr.name(name);
+        let v = expr.value(value);
+        sets.push(format!("{n} = {v}"));
+    };
+    set(&mut expr, "invariant", Av::S(violation.invariant.clone()));
+    set(&mut expr, "kind", Av::S(violation.kind.to_string()));
+    set(&mut expr, "scope", Av::S(violation.scope.clone()));
+    set(&mut expr, "message", Av::S(violation.message.clone()));
+    set(
+        &mut expr,
+        "keys",
+        Av::L(
+            violation
+                .keys
+                .iter()
+                .map(|k| Av::S(k.to_string()))
+                .collect(),
+        ),
+    );
+    let at = now();
+    set(&mut expr, "lastSeen", Av::S(at.clone()));
+    if let Some(record) = record {
+        let mut revealed = HashMap::new();
+        revealed.insert("eventId".to_string(), Av::S(record.event_id.clone()));
+        revealed.insert(
+            "sequenceNumber".to_string(),
+            Av::S(record.sequence_number.to_string()),
+        );
+        revealed.insert(
+            "eventName".to_string(),
+            Av::S(record.kind.as_str().to_string()),
+        );
+        if let Some(key) = ctx.spec.table.item_key(&record.keys) {
+            revealed.insert("key".to_string(), Av::S(key.to_string()));
+        }
+        set(&mut expr, "revealedBy", Av::M(revealed));
+    }
+    let since = expr.name("since");
+    let since_value = expr.value(Av::S(at));
+    sets.push(format!("{since} = if_not_exists({since}, {since_value})"));
+    let update = format!("SET {}", sets.join(", "));
+    let (names, values) = expr.values();
+    let output = with_retries(
+        "record_violation",
+        ctx.config.max_retry_time,
+        &ctx.retries,
+        || {
+            let request = ctx
+                .client
+                .update_item()
+                .table_name(ctx.table)
+                .set_key(Some(key.clone()))
+                .update_expression(&update)
+                .set_expression_attribute_names(Some(names.clone()))
+                .set_expression_attribute_values(values.clone())
+                .return_consumed_capacity(ReturnConsumedCapacity::Total);
+            async move { request.send().await.map_err(sdk) }
+        },
+    )
+    .await?;
+    ctx.sent();
+    ctx.count_units(output.consumed_capacity(), true);
+    Ok(())
+}
+
+/// Deletes a recorded violation.
+pub(crate) async fn delete_violation(
+    ctx: &Ctx<'_>,
+    invariant: &str,
+    sk: &str,
+) -> Result<(), WriteError> {
+    let key = ctx.key(&ItemKey {
+        pk: violation_pk(invariant),
+        sk: Some(sk.to_string()),
+    });
+    let output = with_retries(
+        "clear_violation",
+        ctx.config.max_retry_time,
+        &ctx.retries,
+        || {
+            let request = ctx
+                .client
+                .delete_item()
+                .table_name(ctx.table)
+                .set_key(Some(key.clone()))
+                .return_consumed_capacity(ReturnConsumedCapacity::Total);
+            async move { request.send().await.map_err(sdk) }
+        },
+    )
+    .await?;
+    ctx.sent();
+    ctx.count_units(output.consumed_capacity(), true);
+    Ok(())
+}
+
+/// A violation as recorded in the table.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct RecordedViolation {
+    /// The invariant's name.
+    pub invariant: String,
+    /// Its kind.
+    pub kind: String,
+    /// The partition key or unique value.
+    pub scope: String,
+    /// The items involved (`pk / sk`).
+    pub keys: Vec<String>,
+    /// What is wrong.
+    pub message: String,
+    /// When it was first recorded.
+    pub since: String,
+    /// When it was last confirmed.
+    pub last_seen: String,
+    /// The record that revealed it (event id, sequence number, event name, key).
+    pub revealed_by: BTreeMap<String, String>,
+    /// Its sort key in `_ddbp#violation#<invariant>`.
+    #[serde(skip)]
+    pub record_sk: String,
+}
+
+fn text(item: &HashMap<String, Av>, name: &str) -> String {
+    match item.get(name) {
+        Some(Av::S(s)) => s.clone(),
+        _ => String::new(),
+    }
+}
+
+/// Every recorded violation of every invariant of the spec.
+pub(crate) async fn recorded(ctx: &Ctx<'_>) -> Result<Vec<RecordedViolation>, WriteError> {
+    let mut out = Vec::new();
+    let Some(sk_name) = ctx.spec.table.sort_key.clone() else {
+        return Ok(out);
+    };
+    for invariant in &ctx.spec.invariants {
+        let mut start: Option<HashMap<String, Av>> = None;
+        loop {
+            let mut expr = Expr::default();
+            let pk = expr.name(&ctx.spec.table.partition_key);
+            let pk_value = expr.value(Av::S(violation_pk(&invariant.name)));
+            let condition = format!("{pk} = {pk_value}");
+            let (names, values) = expr.values();
+            let page = with_retries(
+                "read_violations",
+                ctx.config.max_retry_time,
+                &ctx.retries,
+                || {
+                    let request = ctx
+                        .client
+                        .query()
+                        .table_name(ctx.table)
+                        .consistent_read(true)
+                        .key_condition_expression(&condition)
+                        .set_expression_attribute_names(Some(names.clone()))
+                        .set_expression_attribute_values(values.clone())
+                        .set_exclusive_start_key(start.clone());
+                    async move { request.send().await.map_err(sdk) }
+                },
+            )
+            .await?;
+            for item in page.items() {
+                let revealed_by = match item.get("revealedBy") {
+                    Some(Av::M(map)) => map
+                        .iter()
+                        .filter_map(|(k, v)| match v {
+                            Av::S(s) => Some((k.clone(), s.clone())),
+                            _ => None,
+                        })
+                        .collect(),
+                    _ => BTreeMap::new(),
+                };
+                let keys = match item.get("keys") {
+                    Some(Av::L(list)) => list
+                        .iter()
+                        .filter_map(|v| match v {
+                            Av::S(s) => Some(s.clone()),
+                            _ => None,
+                        })
+                        .collect(),
+                    _ => Vec::new(),
+                };
+                out.push(RecordedViolation {
+                    invariant: text(item, "invariant"),
+                    kind: text(item, "kind"),
+                    scope: text(item, "scope"),
+                    keys,
+                    message: text(item, "message"),
+                    since: text(item, "since"),
+                    last_seen: text(item, "lastSeen"),
+                    revealed_by,
+                    record_sk: text(item, &sk_name),
+                });
+            }
+            match page.last_evaluated_key() {
+                Some(key) if !key.is_empty() => start = Some(key.clone()),
+                _ => break,
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// Makes the recorded violations exactly `found`.
+pub(crate) async fn replace_all(
+    ctx: &Ctx<'_>,
+    found: &[Violation],
+) -> Result<(usize, usize), WriteError> {
+    let stored = recorded(ctx).await?;
+    let mut recorded_n = 0;
+    let mut cleared = 0;
+    let wanted: HashSet<(String, String)> = found
+        .iter()
+        .map(|v| (v.invariant.clone(), v.record_sk()))
+        .collect();
+    for violation in found {
+        let existing = stored
+            .iter()
+            .find(|s| s.invariant == violation.invariant && s.record_sk == violation.record_sk());
+        if existing.is_some_and(|s| s.message == violation.message) {
+            continue;
+        }
+        put_violation(ctx, violation, None).await?;
+        if existing.is_none() {
+            recorded_n += 1;
+            metrics::counter!("projector_invariant_violations_total").increment(1);
+            metrics::counter!("projector_invariant_violations_by_invariant_total", "invariant" => violation.invariant.clone()).increment(1);
+        }
+    }
+    for stale in stored
+        .iter()
+        .filter(|s| !wanted.contains(&(s.invariant.clone(), s.record_sk.clone())))
+    {
+        delete_violation(ctx, &stale.invariant, &stale.record_sk).await?;
+        cleared += 1;
+    }
+    Ok((recorded_n, cleared))
+}
