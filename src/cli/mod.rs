@@ -1,5 +1,6 @@
 //! Command-line interface: argument parsing and one function per command.
 
+mod audit;
 mod offline;
 mod online;
 mod stream;
@@ -135,6 +136,50 @@ pub enum Command {
         #[command(subcommand)]
         command: DlqCommand,
     },
+    /// Recompute every derived item and counter from the source items and
+    /// check every invariant (full scan). Exit 0 clean, 1 found, 2 error.
+    Audit {
+        #[command(flatten)]
+        target: Target,
+        /// Output format.
+        #[arg(long, value_enum, default_value_t = OutputFormat::Text)]
+        format: OutputFormat,
+        /// Rewrite derived state to what it should be (never source items)
+        /// and record the violations found.
+        #[arg(long)]
+        repair: bool,
+        /// Parallel scan segments.
+        #[arg(long, default_value_t = 4)]
+        segments: u32,
+    },
+    /// Invariant violations recorded by the online check.
+    Violations {
+        /// What to do.
+        #[command(subcommand)]
+        command: ViolationsCommand,
+    },
+}
+
+/// Output formats of `audit` and `violations list`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum OutputFormat {
+    /// For people.
+    Text,
+    /// For programs.
+    Json,
+}
+
+/// `violations` subcommands.
+#[derive(Debug, Subcommand)]
+pub enum ViolationsCommand {
+    /// Print the recorded violations (exit 1 when there are any).
+    List {
+        #[command(flatten)]
+        target: Target,
+        /// Output format (`json`: one object per line).
+        #[arg(long, value_enum, default_value_t = OutputFormat::Text)]
+        format: OutputFormat,
+    },
 }
 
 /// The spec file and the table it applies to.
@@ -254,6 +299,15 @@ pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Dlq {
             command: DlqCommand::Redrive { target, projection },
         } => block_on(online::dlq_redrive(target, projection)),
+        Command::Audit {
+            target,
+            format,
+            repair,
+            segments,
+        } => block_on(audit::audit(target, format, repair, segments)),
+        Command::Violations {
+            command: ViolationsCommand::List { target, format },
+        } => block_on(audit::violations_list(target, format)),
     }
 }
 

@@ -3,6 +3,7 @@
 pub mod support;
 
 mod applier;
+mod audit;
 mod backfill;
 mod lambda;
 mod runner;
