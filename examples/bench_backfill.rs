@@ -31,7 +31,12 @@ async fn main() {
     let projection = spec.projection_id("email-gsi1-keys").expect("projection");
     println!("| segments | items | seconds | items/s | WCU | WCU/item |");
     println!("|---|---|---|---|---|---|");
-    for segments in [1u32, 2, 4] {
+    // `BENCH_SEGMENTS=4,2,1` runs other segment counts, in that order.
+    let plan: Vec<u32> = std::env::var("BENCH_SEGMENTS")
+        .ok()
+        .map(|list| list.split(',').filter_map(|n| n.trim().parse().ok()).collect())
+        .unwrap_or_else(|| vec![1, 2, 4]);
+    for segments in plan {
         let table = format!("bench-backfill-{segments}-{}", std::process::id());
         ddb_projector::table::create_table(&client, &spec, &table)
             .await
