@@ -154,6 +154,26 @@ fn projector(args: &[&str]) -> String {
     )
 }
 
+/// Runs the binary and returns its exit code and stdout (exit 1 means
+/// "found something" for `audit` and `violations list`).
+fn projector_code(args: &[&str]) -> (i32, String) {
+    let bin = std::env::var("DDB_PROJECTOR_BIN")
+        .unwrap_or_else(|_| "target/debug/ddb-projector".to_string());
+    let output = Command::new(&bin)
+        .args(args)
+        .output()
+        .unwrap_or_else(|e| panic!("run {bin}: {e}"));
+    let code = output.status.code().unwrap_or(-1);
+    if code > 1 {
+        panic!(
+            "ddb-projector {} failed:\n{}",
+            args.join(" "),
+            String::from_utf8_lossy(&output.stderr)
+        );
+    }
+    (code, String::from_utf8_lossy(&output.stdout).into_owned())
+}
+
 fn heading(text: &str) {
     println!("\n== {text}");
 }
@@ -497,7 +517,55 @@ async fn main() {
         "  followers(alice) after replay = {} (items in table: {before} before, {after} after)",
         value.trim()
     );
-    let _ = get(&client, &users, "USER#sam", "PROFILE").await;
+
+    heading("7. Invariants: the worker checked seed 001's rules after each batch");
+    let (code, listed) = projector_code(&[
+        "violations",
+        "list",
+        "--spec",
+        "projections/user-service.toml",
+    ]);
+    println!(
+        "  ddb-projector violations list (exit {code}):\n{}",
+        indent(&listed)
+    );
+
+    heading("8. Audit: recompute everything from the sources, find drift, repair it");
+    client
+        .delete_item()
+        .table_name(&social)
+        .key("PK", s("USER#alice"))
+        .key("SK", s("FOLLOWED_BY#bob"))
+        .send()
+        .await
+        .unwrap();
+    client
+        .update_item()
+        .table_name(&social)
+        .key("PK", s("COUNTER#followers#alice#0"))
+        .key("SK", s("COUNTER"))
+        .update_expression("ADD #c :d")
+        .expression_attribute_names("#c", "count")
+        .expression_attribute_values(":d", Av::N("3".into()))
+        .send()
+        .await
+        .unwrap();
+    println!(
+        "  someone deleted USER#alice / FOLLOWED_BY#bob by hand and bumped a followers shard by 3"
+    );
+    let social_spec = "projections/social-service.toml";
+    let (code, report) = projector_code(&["audit", "--spec", social_spec]);
+    println!("  ddb-projector audit (exit {code}):\n{}", indent(&report));
+    let (code, report) = projector_code(&["audit", "--spec", social_spec, "--repair"]);
+    println!(
+        "  ddb-projector audit --repair (exit {code}): {}",
+        report.lines().last().unwrap_or_default()
+    );
+    let (code, report) = projector_code(&["audit", "--spec", social_spec]);
+    println!(
+        "  ddb-projector audit again (exit {code}): {}",
+        report.lines().last().unwrap_or_default()
+    );
     println!("\nDone. The tables live in DynamoDB Local until the demo stops it.");
 }
 
