@@ -34,7 +34,11 @@ async fn main() {
     // `BENCH_SEGMENTS=4,2,1` runs other segment counts, in that order.
     let plan: Vec<u32> = std::env::var("BENCH_SEGMENTS")
         .ok()
-        .map(|list| list.split(',').filter_map(|n| n.trim().parse().ok()).collect())
+        .map(|list| {
+            list.split(',')
+                .filter_map(|n| n.trim().parse().ok())
+                .collect()
+        })
         .unwrap_or_else(|| vec![1, 2, 4]);
     for segments in plan {
         let table = format!("bench-backfill-{segments}-{}", std::process::id());
