@@ -70,12 +70,42 @@ enum Scope<'a> {
         entity: usize,
         pk: String,
         record: &'a ChangeRecord,
+        /// Items of the entity the batch changed there (removed ones too).
+        touched: Vec<ItemKey>,
     },
     Value {
         invariant: usize,
         value: String,
         record: &'a ChangeRecord,
     },
+}
+
+/// What checking one (invariant, scope) found, before the store is synced.
+struct Checked<'a> {
+    invariant: usize,
+    scope: String,
+    found: Vec<Violation>,
+    /// Sort keys under which a violation of this scope may be recorded.
+    candidates: Vec<String>,
+    record: &'a ChangeRecord,
+}
+
+/// Scopes are checked this many at a time, to bound memory on big batches.
+const SCOPES_PER_ROUND: usize = 500;
+
+/// The attributes an invariant reads: a change to none of them cannot
+/// change its verdict.
+fn reads(invariant: &crate::spec::Invariant) -> Vec<String> {
+    match &invariant.kind {
+        InvariantKind::Count { when, .. } => when.0.iter().map(|(n, _)| n.clone()).collect(),
+        InvariantKind::Implies { premise, then } => premise
+            .0
+            .iter()
+            .chain(then.0.iter())
+            .map(|(n, _)| n.clone())
+            .collect(),
+        InvariantKind::Unique { template, .. } => template.names().map(str::to_string).collect(),
+    }
 }
 
 /// Checks what the batch touched. Never fails: problems are logged,
@@ -90,7 +120,8 @@ pub(crate) async fn check_batch(
     if spec.invariants.is_empty() {
         return CheckStats::default();
     }
-    let mut partitions: BTreeMap<(usize, String), &ChangeRecord> = BTreeMap::new();
+    let invariant_reads: Vec<Vec<String>> = spec.invariants.iter().map(reads).collect();
+    let mut partitions: BTreeMap<(usize, String), (&ChangeRecord, Vec<ItemKey>)> = BTreeMap::new();
     let mut values: BTreeMap<(usize, String), &ChangeRecord> = BTreeMap::new();
     // For keep-latest: the item that most recently came to satisfy a count
     // invariant's condition, per (invariant, partition).
@@ -115,7 +146,10 @@ pub(crate) async fn check_batch(
             record.new_image.as_ref()
         };
         for (id, invariant) in spec.invariants.iter().enumerate() {
-            if invariant.entity != entity {
+            if invariant.entity != entity
+                || (record.kind == ChangeKind::Modify
+                    && !crate::plan::changed(record, &invariant_reads[id]))
+            {
                 continue;
             }
             match &invariant.kind {
@@ -143,14 +177,25 @@ pub(crate) async fn check_batch(
                 _ => {}
             }
             if invariant.is_partition_scoped() {
-                partitions.insert((entity, key.pk.clone()), record);
+                let slot = partitions
+                    .entry((entity, key.pk.clone()))
+                    .or_insert_with(|| (record, Vec::new()));
+                slot.0 = record;
+                if !slot.1.contains(&key) {
+                    slot.1.push(key.clone());
+                }
             }
         }
         last_state.insert(key, new_image);
     }
     let scopes: Vec<Scope<'_>> = partitions
         .into_iter()
-        .map(|((entity, pk), record)| Scope::Partition { entity, pk, record })
+        .map(|((entity, pk), (record, touched))| Scope::Partition {
+            entity,
+            pk,
+            record,
+            touched,
+        })
         .chain(
             values
                 .into_iter()
@@ -161,65 +206,82 @@ pub(crate) async fn check_batch(
                 }),
         )
         .collect();
-    let futures: Vec<_> = scopes
-        .iter()
-        .map(|scope| check_scope(ctx, scope, deadline, &latest, &last_state))
-        .collect();
-    let results: Vec<CheckStats> = futures::stream::iter(futures)
-        .buffer_unordered(concurrency.max(1))
-        .collect()
-        .await;
     let mut total = CheckStats::default();
-    for stats in &results {
-        total.add(stats);
+    for round in scopes.chunks(SCOPES_PER_ROUND) {
+        if deadline.is_some_and(|d| tokio::time::Instant::now() >= d) {
+            total.scopes += round.len();
+            total.unchecked += round.len();
+            metrics::counter!("projector_invariant_checks_skipped_total", "reason" => "deadline")
+                .increment(round.len() as u64);
+            continue;
+        }
+        let futures: Vec<_> = round
+            .iter()
+            .map(|scope| check_scope(ctx, scope, &latest, &last_state))
+            .collect();
+        let results: Vec<(CheckStats, Vec<Checked<'_>>)> = futures::stream::iter(futures)
+            .buffer_unordered(concurrency.max(1))
+            .collect()
+            .await;
+        let mut checked = Vec::new();
+        for (stats, found) in results {
+            total.add(&stats);
+            checked.extend(found);
+        }
+        if let Err(error) = sync(ctx, &checked, &mut total).await {
+            total.unchecked += checked.len();
+            metrics::counter!("projector_invariant_checks_skipped_total", "reason" => "error")
+                .increment(checked.len() as u64);
+            tracing::warn!(%error, "recording invariant violations failed; `audit` will find them");
+        }
     }
     total
 }
 
-async fn check_scope(
+async fn check_scope<'a>(
     ctx: &Ctx<'_>,
-    scope: &Scope<'_>,
-    deadline: Option<tokio::time::Instant>,
+    scope: &Scope<'a>,
     latest: &HashMap<(usize, String), ItemKey>,
     last_state: &HashMap<ItemKey, Option<&Item>>,
-) -> CheckStats {
+) -> (CheckStats, Vec<Checked<'a>>) {
     let mut stats = CheckStats {
         scopes: 1,
         ..CheckStats::default()
     };
-    if deadline.is_some_and(|d| tokio::time::Instant::now() >= d) {
-        stats.unchecked = 1;
-        metrics::counter!("projector_invariant_checks_skipped_total", "reason" => "deadline")
-            .increment(1);
-        return stats;
-    }
     let result = match scope {
-        Scope::Partition { entity, pk, record } => {
-            check_partition_scope(ctx, *entity, pk, record, latest, &mut stats).await
-        }
+        Scope::Partition {
+            entity,
+            pk,
+            record,
+            touched,
+        } => check_partition_scope(ctx, *entity, pk, record, touched, latest, &mut stats).await,
         Scope::Value {
             invariant,
             value,
             record,
-        } => check_value_scope(ctx, *invariant, value, record, last_state, &mut stats).await,
+        } => check_value_scope(ctx, *invariant, value, record, last_state).await,
     };
-    if let Err(error) = result {
-        stats.unchecked = 1;
-        metrics::counter!("projector_invariant_checks_skipped_total", "reason" => "error")
-            .increment(1);
-        tracing::warn!(%error, "invariant check failed; `audit` will find what it missed");
+    match result {
+        Ok(checked) => (stats, checked),
+        Err(error) => {
+            stats.unchecked = 1;
+            metrics::counter!("projector_invariant_checks_skipped_total", "reason" => "error")
+                .increment(1);
+            tracing::warn!(%error, "invariant check failed; `audit` will find what it missed");
+            (stats, Vec::new())
+        }
     }
-    stats
 }
 
-async fn check_partition_scope(
+async fn check_partition_scope<'a>(
     ctx: &Ctx<'_>,
     entity: usize,
     pk: &str,
-    record: &ChangeRecord,
+    record: &'a ChangeRecord,
+    touched: &[ItemKey],
     latest: &HashMap<(usize, String), ItemKey>,
     stats: &mut CheckStats,
-) -> Result<(), WriteError> {
+) -> Result<Vec<Checked<'a>>, WriteError> {
     let spec = ctx.spec;
     let query = SourceQuery {
         pk: pk.to_string(),
@@ -230,6 +292,7 @@ async fn check_partition_scope(
             .filter(|p| !p.is_empty()),
     };
     let items = read_sources(ctx, &query).await?;
+    let mut out = Vec::new();
     for (id, invariant) in spec.invariants.iter().enumerate() {
         if invariant.entity != entity || !invariant.is_partition_scoped() {
             continue;
@@ -258,26 +321,45 @@ async fn check_partition_scope(
                 }
             }
         }
-        sync(ctx, invariant.name.as_str(), pk, found, record, stats).await?;
+        let prefix = scope_prefix(pk);
+        let mut candidates = vec![prefix.clone()];
+        if matches!(invariant.kind, InvariantKind::Implies { .. }) {
+            let items_here = items
+                .iter()
+                .filter_map(|item| spec.table.item_key(item))
+                .chain(touched.iter().cloned());
+            for key in items_here {
+                let sk = format!("{prefix}{}", key.sk.as_deref().unwrap_or(""));
+                if !candidates.contains(&sk) {
+                    candidates.push(sk);
+                }
+            }
+        }
+        out.push(Checked {
+            invariant: id,
+            scope: pk.to_string(),
+            found,
+            candidates,
+            record,
+        });
     }
-    Ok(())
+    Ok(out)
 }
 
-async fn check_value_scope(
+async fn check_value_scope<'a>(
     ctx: &Ctx<'_>,
     id: usize,
     value: &str,
-    record: &ChangeRecord,
+    record: &'a ChangeRecord,
     last_state: &HashMap<ItemKey, Option<&Item>>,
-    stats: &mut CheckStats,
-) -> Result<(), WriteError> {
+) -> Result<Vec<Checked<'a>>, WriteError> {
     let spec = ctx.spec;
     let invariant = &spec.invariants[id];
     let InvariantKind::Unique {
         index, attribute, ..
     } = &invariant.kind
     else {
-        return Ok(());
+        return Ok(Vec::new());
     };
     let mut holders: HashSet<ItemKey> = HashSet::new();
     let mut start: Option<HashMap<String, Av>> = None;
@@ -339,10 +421,15 @@ async fn check_value_scope(
             }
         }
     }
-    let found: Vec<Violation> = check_unique(invariant, value, &confirmed)
-        .into_iter()
-        .collect();
-    sync(ctx, &invariant.name, value, found, record, stats).await
+    Ok(vec![Checked {
+        invariant: id,
+        scope: value.to_string(),
+        found: check_unique(invariant, value, &confirmed)
+            .into_iter()
+            .collect(),
+        candidates: vec![scope_prefix(value)],
+        record,
+    }])
 }
 
 /// Makes a repair write; `Ok(false)` when the item no longer needs it.
@@ -409,105 +496,86 @@ async fn repair(ctx: &Ctx<'_>, write: &RepairWrite) -> Result<bool, WriteError> 
     }
 }
 
-/// Brings the recorded violations of one (invariant, scope) in step with
-/// what was found.
+/// Brings the recorded violations of the checked scopes in step with what
+/// was found: one consistent batch read of every key a violation of those
+/// scopes may be recorded under, then puts and deletes.
 async fn sync(
     ctx: &Ctx<'_>,
-    invariant: &str,
-    scope: &str,
-    found: Vec<Violation>,
-    record: &ChangeRecord,
+    checked: &[Checked<'_>],
     stats: &mut CheckStats,
 ) -> Result<(), WriteError> {
-    stats.violations += found.len();
-    let stored = stored_in_scope(ctx, invariant, scope).await?;
-    let wanted: HashSet<String> = found.iter().map(Violation::record_sk).collect();
-    for violation in &found {
-        let sk = violation.record_sk();
-        if stored.get(&sk).map(String::as_str) == Some(violation.message.as_str()) {
-            continue;
-        }
-        let new = !stored.contains_key(&sk);
-        put_violation(ctx, violation, Some(record)).await?;
-        if new {
-            stats.recorded += 1;
-            // Unlabelled, so the alarm on FunctionName alone matches it.
-            metrics::counter!("projector_invariant_violations_total").increment(1);
-            metrics::counter!("projector_invariant_violations_by_invariant_total", "invariant" => invariant.to_string()).increment(1);
-            tracing::warn!(
-                invariant,
-                scope,
-                message = %violation.message,
-                event_id = %record.event_id,
-                "invariant violated"
-            );
-        }
-    }
-    for sk in stored.keys().filter(|sk| !wanted.contains(*sk)) {
-        delete_violation(ctx, invariant, sk).await?;
-        stats.cleared += 1;
-        metrics::counter!("projector_invariant_violations_cleared_total", "invariant" => invariant.to_string()).increment(1);
-        tracing::info!(invariant, scope, "invariant violation resolved");
-    }
-    Ok(())
-}
-
-/// Recorded violations of a scope: sort key to message.
-async fn stored_in_scope(
-    ctx: &Ctx<'_>,
-    invariant: &str,
-    scope: &str,
-) -> Result<HashMap<String, String>, WriteError> {
-    let Some(sk_name) = ctx.spec.table.sort_key.clone() else {
-        return Err(WriteError::Fatal(
-            "invariants need a table with a sort key to record violations".to_string(),
-        ));
-    };
-    let mut out = HashMap::new();
-    let mut start: Option<HashMap<String, Av>> = None;
-    loop {
-        let mut expr = Expr::default();
-        let pk = expr.name(&ctx.spec.table.partition_key);
-        let pk_value = expr.value(Av::S(violation_pk(invariant)));
-        let sk = expr.name(&sk_name);
-        let prefix = expr.value(Av::S(scope_prefix(scope)));
-        let condition = format!("{pk} = {pk_value} AND begins_with({sk}, {prefix})");
-        let (names, values) = expr.values();
-        let page = with_retries(
-            "read_violations",
-            ctx.config.max_retry_time,
-            &ctx.retries,
-            || {
-                let request = ctx
-                    .client
-                    .query()
-                    .table_name(ctx.table)
-                    .consistent_read(true)
-                    .key_condition_expression(&condition)
-                    .set_expression_attribute_names(Some(names.clone()))
-                    .set_expression_attribute_values(values.clone())
-                    .set_exclusive_start_key(start.clone())
-                    .return_consumed_capacity(ReturnConsumedCapacity::Total);
-                async move { request.send().await.map_err(sdk) }
-            },
-        )
-        .await?;
-        ctx.count_units(page.consumed_capacity(), false);
-        for item in page.items() {
-            let same_scope = matches!(item.get("scope"), Some(Av::S(s)) if s == scope);
-            if let (true, Some(Av::S(sk))) = (same_scope, item.get(&sk_name)) {
-                let message = match item.get("message") {
-                    Some(Av::S(m)) => m.clone(),
-                    _ => String::new(),
-                };
-                out.insert(sk.clone(), message);
+    let mut keys: Vec<ItemKey> = Vec::new();
+    for c in checked {
+        let pk = violation_pk(&ctx.spec.invariants[c.invariant].name);
+        let sks = c
+            .candidates
+            .iter()
+            .cloned()
+            .chain(c.found.iter().map(Violation::record_sk));
+        for sk in sks {
+            let key = ItemKey {
+                pk: pk.clone(),
+                sk: Some(sk),
+            };
+            if !keys.contains(&key) {
+                keys.push(key);
             }
         }
-        match page.last_evaluated_key() {
-            Some(key) if !key.is_empty() => start = Some(key.clone()),
-            _ => return Ok(out),
+    }
+    let stored = if keys.is_empty() {
+        HashMap::new()
+    } else {
+        read_markers(ctx, keys.iter().collect()).await?
+    };
+    for c in checked {
+        let invariant = ctx.spec.invariants[c.invariant].name.as_str();
+        let pk = violation_pk(invariant);
+        stats.violations += c.found.len();
+        let message_of = |sk: &str| {
+            stored
+                .get(&ItemKey {
+                    pk: pk.clone(),
+                    sk: Some(sk.to_string()),
+                })
+                .map(|item| match item.get("message") {
+                    Some(crate::record::AttributeValue::S(m)) => m.clone(),
+                    _ => String::new(),
+                })
+        };
+        let mut wanted = HashSet::new();
+        for violation in &c.found {
+            let sk = violation.record_sk();
+            wanted.insert(sk.clone());
+            let existing = message_of(&sk);
+            if existing.as_deref() == Some(violation.message.as_str()) {
+                continue;
+            }
+            put_violation(ctx, violation, Some(c.record)).await?;
+            if existing.is_none() {
+                stats.recorded += 1;
+                // Unlabelled, so the alarm on FunctionName alone matches it.
+                metrics::counter!("projector_invariant_violations_total").increment(1);
+                metrics::counter!("projector_invariant_violations_by_invariant_total", "invariant" => invariant.to_string()).increment(1);
+                tracing::warn!(
+                    invariant,
+                    scope = %c.scope,
+                    message = %violation.message,
+                    event_id = %c.record.event_id,
+                    "invariant violated"
+                );
+            }
+        }
+        for sk in &c.candidates {
+            if wanted.contains(sk) || message_of(sk).is_none() {
+                continue;
+            }
+            delete_violation(ctx, invariant, sk).await?;
+            stats.cleared += 1;
+            metrics::counter!("projector_invariant_violations_cleared_total", "invariant" => invariant.to_string()).increment(1);
+            tracing::info!(invariant, scope = %c.scope, "invariant violation resolved");
         }
     }
+    Ok(())
 }
 
 /// Records (or refreshes) a violation; `since` keeps its first value.

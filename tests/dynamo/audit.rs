@@ -394,6 +394,20 @@ async fn the_online_check_records_a_violation_in_the_batch_that_causes_it_and_cl
     assert_eq!(stats.checks.cleared, 1, "{stats:?}");
     assert!(recorded(&applier).await.is_empty());
 
+    // A change to nothing an invariant reads checks nothing.
+    let mut e1_touched = e1_off.clone();
+    e1_touched.insert("verifiedAt".to_string(), s("2026-11-22"));
+    let stats = write_and_apply(
+        &applier,
+        &client,
+        &table,
+        31,
+        Some(&e1_off),
+        Some(&e1_touched),
+    )
+    .await;
+    assert_eq!(stats.checks.scopes, 0, "{stats:?}");
+
     // An unverified primary, then verified.
     let e2_unverified = email("u9", "e2", "b@x.org", true, false);
     write_and_apply(
