@@ -244,10 +244,24 @@ impl Applier {
         let store = self.dead_letter_store();
         let mut held: HashSet<(ProjectionId, ItemKey)> = HashSet::new();
         if self.config.dead_letters && !options.redrive && n_effects > 0 {
-            let stored = store
-                .holds(self.config.max_retry_time)
-                .await
-                .map_err(|e| fatal(e.to_string()))?;
+            let stored = match store.holds(self.config.max_retry_time).await {
+                Ok(stored) => stored,
+                // DynamoDB kept failing (throttling, 5xx): nothing is
+                // written, and the whole batch is delivered again. Only a
+                // wrong configuration fails the batch as a whole.
+                Err(retry::WriteError::Transient(message)) => {
+                    let reason = format!("reading the holds failed: {message}");
+                    let statuses = vec![RecordStatus::Failed(reason); n];
+                    let stats = BatchStats {
+                        records: n,
+                        effects: n_effects,
+                        ..BatchStats::default()
+                    };
+                    record_metrics(&statuses, &stats);
+                    return Ok(BatchOutcome { statuses, stats });
+                }
+                Err(error) => return Err(fatal(error.to_string())),
+            };
             held.extend(stored.into_iter().filter_map(|(projection, key)| {
                 spec.projection_id(&projection).map(|id| (id, key))
             }));
