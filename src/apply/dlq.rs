@@ -229,7 +229,6 @@ impl DeadLetterStore {
             let mut sets: Vec<(&str, &str)> = vec![
                 ("projection", ":projection"),
                 ("error", ":error"),
-                ("held", ":held"),
                 ("record", ":record"),
                 ("decoded", ":decoded"),
                 ("lastFailedAt", ":at"),
@@ -255,6 +254,11 @@ impl DeadLetterStore {
             names.insert("#first".to_string(), "firstFailedAt".to_string());
             names.insert("#attempts".to_string(), "attempts".to_string());
             parts.push("#first = if_not_exists(#first, :at)".to_string());
+            // Whether a record waits behind an earlier letter is decided when
+            // it is first dead-lettered; delivered again, it finds its own
+            // hold and would seem to wait behind itself.
+            names.insert("#held".to_string(), "held".to_string());
+            parts.push("#held = if_not_exists(#held, :held)".to_string());
             let update = format!("SET {} ADD #attempts :one", parts.join(", "));
             with_retries("dead_letter", max_retry, &retries, || {
                 let request = self
