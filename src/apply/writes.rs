@@ -644,6 +644,14 @@ async fn transact_members(
                 })
                 .map(|(_, &i)| i)
                 .collect();
+            // A guard that met a conflict (or throttling) settles nothing:
+            // back off as for any item, or the same transaction is sent
+            // again at once for as long as the conflict lasts.
+            for reason in reasons.iter().skip(live.len()).take(guarded.len()) {
+                if let Some(ErrorClass::Retry(r)) = reason_class(reason) {
+                    retry_class = Some(r);
+                }
+            }
             for (position, &i) in live.iter().enumerate() {
                 if stale.contains(&i) {
                     // The source changed since the scan: its own record
