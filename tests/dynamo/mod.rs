@@ -5,6 +5,7 @@ pub mod support;
 mod applier;
 mod audit;
 mod backfill;
+mod faults;
 mod lambda;
 mod runner;
 mod table;

@@ -1,0 +1,1488 @@
+//! Fault injection through the SDK: the projector converges exactly while
+//! DynamoDB throttles, fails, times out, conflicts and loses answers.
+//!
+//! [`Faults`] is an SDK interceptor. At a seeded rate it makes a call fail
+//! the way real DynamoDB fails, with DynamoDB's own error bodies, so the
+//! SDK's deserializers and the projector's classification see what they
+//! would see from AWS:
+//!
+//! - **not applied** (throttling, `InternalServerError`, a timeout, a
+//!   transaction conflict): the request is rewritten into a harmless
+//!   `DescribeLimits` before it is sent, and the answer replaced;
+//! - **dropped after apply**, the worst case: the request reaches DynamoDB
+//!   Local and is applied, then its answer is replaced with a 500 or a
+//!   reset connection.
+//!
+//! The tests feed generated histories through the applier, the stream
+//! runner and the Lambda handler with faulty clients, deliver again from
+//! the first record not handled (as Lambda and the runner do), and compare
+//! the table with what the spec computes from the final source items.
+//!
+//! The seed (`FAULT_SEED`, printed by each test) fixes the workload and the
+//! sequence of fault decisions; which request meets which decision also
+//! depends on the order concurrent requests are made in.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use aws_sdk_dynamodb::types::AttributeValue as Av;
+use aws_smithy_runtime_api::box_error::BoxError;
+use aws_smithy_runtime_api::client::interceptors::context::{
+    BeforeDeserializationInterceptorContextMut, BeforeTransmitInterceptorContextMut,
+    BeforeTransmitInterceptorContextRef, FinalizerInterceptorContextMut,
+};
+use aws_smithy_runtime_api::client::interceptors::Intercept;
+use aws_smithy_runtime_api::client::orchestrator::{HttpResponse, OrchestratorError};
+use aws_smithy_runtime_api::client::result::ConnectorError;
+use aws_smithy_runtime_api::client::runtime_components::RuntimeComponents;
+use aws_smithy_runtime_api::http::StatusCode;
+use aws_smithy_types::body::SdkBody;
+use aws_smithy_types::config_bag::{ConfigBag, Storable, StoreReplace};
+use ddb_projector::apply::{Applier, ApplyConfig, BatchOptions, BatchStats, RecordStatus};
+use ddb_projector::decode::DecodeProblem;
+use ddb_projector::record::{ChangeKind, ChangeRecord, Item, Origin, SequenceNumber, ViewType};
+use ddb_projector::source::{RunOptions, StreamRunner};
+use ddb_projector::spec::Spec;
+use futures::stream::{self, StreamExt};
+
+use super::support::{self, s, text};
+
+type Attrs = HashMap<String, Av>;
+type Record = Result<ChangeRecord, DecodeProblem>;
+
+// ------------------------------------------------------------ the faults ---
+
+/// A kind of fault.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Fault {
+    /// 400 `ProvisionedThroughputExceededException` or `ThrottlingException`; not applied.
+    Throttling,
+    /// 500 `InternalServerError`; not applied.
+    ServerError,
+    /// The attempt timed out before an answer came; not applied.
+    Timeout,
+    /// `TransactionCanceledException` with a `TransactionConflict` reason
+    /// (`TransactWriteItems`), `TransactionConflictException` (single-item
+    /// writes); not applied.
+    TransactionConflict,
+    /// Applied, then the answer was lost: a 500 or a reset connection.
+    DroppedAfterApply,
+}
+
+impl Fault {
+    const ALL: [Fault; 5] = [
+        Fault::Throttling,
+        Fault::ServerError,
+        Fault::Timeout,
+        Fault::TransactionConflict,
+        Fault::DroppedAfterApply,
+    ];
+
+    fn index(self) -> usize {
+        Fault::ALL.iter().position(|f| *f == self).expect("listed")
+    }
+}
+
+/// DynamoDB operations that write; only they meet transaction conflicts.
+const WRITES: &[&str] = &["TransactWriteItems", "UpdateItem", "PutItem", "DeleteItem"];
+
+/// The decision for one attempt, kept in the attempt's config bag from
+/// `read_before_attempt` to the hooks that carry it out.
+#[derive(Debug, Clone)]
+struct Planned {
+    fault: Fault,
+    /// The operation (`TransactWriteItems`, `GetRecords`...).
+    operation: String,
+    /// Whether the request is a DynamoDB (not Streams) call.
+    dynamodb: bool,
+    /// Picks a variant: which throttling code, 500 or reset, which item conflicts.
+    variant: u64,
+    /// Items of a `TransactWriteItems`.
+    items: usize,
+}
+
+impl Storable for Planned {
+    type Storer = StoreReplace<Planned>;
+}
+
+/// A small deterministic generator (xorshift64*).
+#[derive(Debug)]
+struct Rng(u64);
+
+impl Rng {
+    fn new(seed: u64) -> Rng {
+        Rng(seed.max(1))
+    }
+
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
+    }
+
+    fn below(&mut self, n: u64) -> u64 {
+        self.next() % n
+    }
+
+    fn chance(&mut self, percent: u64) -> bool {
+        self.below(100) < percent
+    }
+}
+
+/// The fault-injecting interceptor; clones share their state and counts.
+#[derive(Debug, Clone)]
+pub struct Faults(Arc<State>);
+
+#[derive(Debug)]
+struct State {
+    /// Calls that fault, in millionths.
+    per_million: u64,
+    /// Only this fault, only on these operations (regression tests).
+    only: Option<(Fault, &'static [&'static str])>,
+    /// The transaction item that conflicts (else a random one).
+    conflict_item: Option<usize>,
+    rng: Mutex<Rng>,
+    enabled: AtomicBool,
+    calls: AtomicU64,
+    injected: [AtomicU64; 5],
+    /// Dropped answers of writes DynamoDB had applied successfully.
+    lost_writes: AtomicU64,
+}
+
+impl Faults {
+    /// Faults on a `rate` (0..1) of all calls, every kind.
+    pub fn new(seed: u64, rate: f64) -> Faults {
+        Faults::build(seed, rate, None)
+    }
+
+    /// `fault` on every call of `operations`.
+    pub fn always(fault: Fault, operations: &'static [&'static str]) -> Faults {
+        Faults::build(1, 1.0, Some((fault, operations)))
+    }
+
+    /// A conflict on item `item` of every `TransactWriteItems`.
+    pub fn always_conflict_at(item: usize) -> Faults {
+        let mut faults = Faults::always(Fault::TransactionConflict, &["TransactWriteItems"]);
+        Arc::get_mut(&mut faults.0)
+            .expect("not shared yet")
+            .conflict_item = Some(item);
+        faults
+    }
+
+    fn build(seed: u64, rate: f64, only: Option<(Fault, &'static [&'static str])>) -> Faults {
+        Faults(Arc::new(State {
+            per_million: (rate * 1e6) as u64,
+            only,
+            conflict_item: None,
+            rng: Mutex::new(Rng::new(seed)),
+            enabled: AtomicBool::new(true),
+            calls: AtomicU64::new(0),
+            injected: Default::default(),
+            lost_writes: AtomicU64::new(0),
+        }))
+    }
+
+    /// A DynamoDB client whose calls go through this interceptor. Without
+    /// `sdk_retries` every fault reaches the projector's own retries; with
+    /// them the SDK's standard mode (3 attempts, as in production) retries
+    /// first, after 20 ms rather than up to a second so the test stays short.
+    pub fn dynamodb(
+        &self,
+        config: &aws_config::SdkConfig,
+        sdk_retries: bool,
+    ) -> aws_sdk_dynamodb::Client {
+        let retries = if sdk_retries {
+            sdk_retry_config()
+        } else {
+            aws_sdk_dynamodb::config::retry::RetryConfig::disabled()
+        };
+        let builder = aws_sdk_dynamodb::config::Builder::from(config)
+            .interceptor(self.clone())
+            .retry_config(retries);
+        aws_sdk_dynamodb::Client::from_conf(builder.build())
+    }
+
+    /// A DynamoDB Streams client whose calls go through this interceptor,
+    /// with the SDK's standard retries (see [`Faults::dynamodb`]).
+    pub fn streams(&self, config: &aws_config::SdkConfig) -> aws_sdk_dynamodbstreams::Client {
+        let builder = aws_sdk_dynamodbstreams::config::Builder::from(config)
+            .interceptor(self.clone())
+            .retry_config(sdk_retry_config());
+        aws_sdk_dynamodbstreams::Client::from_conf(builder.build())
+    }
+
+    /// Turns injection on or off.
+    pub fn set_enabled(&self, enabled: bool) {
+        self.0.enabled.store(enabled, Ordering::Relaxed);
+    }
+
+    /// How many faults of `kind` were injected.
+    pub fn injected(&self, kind: Fault) -> u64 {
+        self.0.injected[kind.index()].load(Ordering::Relaxed)
+    }
+
+    /// Calls seen, faults per kind, lost applied writes.
+    pub fn report(&self) -> String {
+        let kinds: Vec<String> = Fault::ALL
+            .iter()
+            .map(|kind| format!("{kind:?} {}", self.injected(*kind)))
+            .collect();
+        format!(
+            "{} calls; injected: {}; answers of applied writes lost: {}",
+            self.0.calls.load(Ordering::Relaxed),
+            kinds.join(", "),
+            self.0.lost_writes.load(Ordering::Relaxed)
+        )
+    }
+
+    /// Every kind was injected at least once, and some applied write lost its answer.
+    pub fn assert_every_kind(&self, seed: u64) {
+        if self.0.per_million < 200_000 {
+            // Too few faults in a short test to expect each kind.
+            eprintln!(
+                "below a 20% rate, not every kind is expected ({})",
+                self.report()
+            );
+            return;
+        }
+        for kind in Fault::ALL {
+            assert!(
+                self.injected(kind) > 0,
+                "seed {seed}: no {kind:?} fault was injected ({})",
+                self.report()
+            );
+        }
+        assert!(
+            self.0.lost_writes.load(Ordering::Relaxed) > 0,
+            "seed {seed}: no applied write lost its answer ({})",
+            self.report()
+        );
+    }
+
+    fn count(&self, kind: Fault) {
+        self.0.injected[kind.index()].fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Decides whether this attempt faults, and how.
+    fn plan(&self, target: &str, body: Option<&[u8]>) -> Option<Planned> {
+        self.0.calls.fetch_add(1, Ordering::Relaxed);
+        if !self.0.enabled.load(Ordering::Relaxed) {
+            return None;
+        }
+        let (service, operation) = target.split_once('.')?;
+        let dynamodb = service.starts_with("DynamoDB_");
+        let write = dynamodb && WRITES.contains(&operation);
+        let mut rng = self.0.rng.lock().expect("not poisoned");
+        let fault = match self.0.only {
+            Some((fault, operations)) => {
+                if !operations.contains(&operation) {
+                    return None;
+                }
+                fault
+            }
+            None => {
+                if rng.below(1_000_000) >= self.0.per_million {
+                    return None;
+                }
+                let kinds: &[Fault] = if write {
+                    &Fault::ALL
+                } else {
+                    &[
+                        Fault::Throttling,
+                        Fault::ServerError,
+                        Fault::Timeout,
+                        Fault::DroppedAfterApply,
+                    ]
+                };
+                kinds[rng.below(kinds.len() as u64) as usize]
+            }
+        };
+        let items = if operation == "TransactWriteItems" {
+            body.and_then(|body| serde_json::from_slice::<serde_json::Value>(body).ok())
+                .and_then(|json| json["TransactItems"].as_array().map(Vec::len))
+                .unwrap_or(1)
+        } else {
+            0
+        };
+        Some(Planned {
+            fault,
+            operation: operation.to_string(),
+            dynamodb,
+            variant: rng.next(),
+            items,
+        })
+    }
+}
+
+fn sdk_retry_config() -> aws_sdk_dynamodb::config::retry::RetryConfig {
+    aws_sdk_dynamodb::config::retry::RetryConfig::standard()
+        .with_initial_backoff(Duration::from_millis(20))
+}
+
+/// An answer as DynamoDB sends it.
+fn answer(status: u16, body: String) -> HttpResponse {
+    let mut response = HttpResponse::new(
+        StatusCode::try_from(status).expect("a valid status"),
+        SdkBody::from(body),
+    );
+    response
+        .headers_mut()
+        .insert("content-type", "application/x-amz-json-1.0");
+    response
+}
+
+fn error_body(type_name: &str, message: &str) -> String {
+    serde_json::json!({ "__type": type_name, "message": message }).to_string()
+}
+
+fn server_error() -> HttpResponse {
+    answer(
+        500,
+        error_body(
+            "com.amazon.coral.service#InternalServerError",
+            "Internal server error",
+        ),
+    )
+}
+
+/// What real DynamoDB answers when a transaction meets another one on one
+/// of its items: every other item's reason is `None`.
+fn transaction_conflict(items: usize, which: usize) -> String {
+    let reasons: Vec<serde_json::Value> = (0..items.max(1))
+        .map(|i| {
+            if i == which % items.max(1) {
+                serde_json::json!({ "Code": "TransactionConflict", "Message": "Transaction is ongoing for the item" })
+            } else {
+                serde_json::json!({ "Code": "None" })
+            }
+        })
+        .collect();
+    let codes: Vec<&str> = reasons
+        .iter()
+        .map(|r| r["Code"].as_str().unwrap_or("None"))
+        .collect();
+    serde_json::json!({
+        "__type": "com.amazonaws.dynamodb.v20120810#TransactionCanceledException",
+        "CancellationReasons": reasons,
+        "Message": format!(
+            "Transaction cancelled, please refer cancellation reasons for specific reasons [{}]",
+            codes.join(", ")
+        ),
+    })
+    .to_string()
+}
+
+impl Intercept for Faults {
+    fn name(&self) -> &'static str {
+        "FaultInjection"
+    }
+
+    fn read_before_attempt(
+        &self,
+        context: &BeforeTransmitInterceptorContextRef<'_>,
+        _components: &RuntimeComponents,
+        cfg: &mut ConfigBag,
+    ) -> Result<(), BoxError> {
+        cfg.interceptor_state().unset::<Planned>();
+        let request = context.request();
+        let target = request.headers().get("x-amz-target").unwrap_or_default();
+        if let Some(planned) = self.plan(target, request.body().bytes()) {
+            cfg.interceptor_state().store_put(planned);
+        }
+        Ok(())
+    }
+
+    fn modify_before_transmit(
+        &self,
+        context: &mut BeforeTransmitInterceptorContextMut<'_>,
+        _components: &RuntimeComponents,
+        cfg: &mut ConfigBag,
+    ) -> Result<(), BoxError> {
+        let Some(planned) = cfg.load::<Planned>() else {
+            return Ok(());
+        };
+        // Streams calls only read: sending them changes nothing.
+        if planned.fault != Fault::DroppedAfterApply && planned.dynamodb {
+            let request = context.request_mut();
+            request
+                .headers_mut()
+                .insert("x-amz-target", "DynamoDB_20120810.DescribeLimits");
+            request.headers_mut().insert("content-length", "2");
+            *request.body_mut() = SdkBody::from("{}");
+        }
+        Ok(())
+    }
+
+    fn modify_before_deserialization(
+        &self,
+        context: &mut BeforeDeserializationInterceptorContextMut<'_>,
+        _components: &RuntimeComponents,
+        cfg: &mut ConfigBag,
+    ) -> Result<(), BoxError> {
+        let Some(planned) = cfg.load::<Planned>() else {
+            return Ok(());
+        };
+        let replacement = match planned.fault {
+            Fault::Throttling if planned.variant % 2 == 0 => answer(
+                400,
+                error_body(
+                    "com.amazonaws.dynamodb.v20120810#ProvisionedThroughputExceededException",
+                    "The level of configured provisioned throughput for the table was exceeded. \
+                     Consider increasing your provisioning level with the UpdateTable API.",
+                ),
+            ),
+            Fault::Throttling => answer(
+                400,
+                error_body(
+                    "com.amazon.coral.availability#ThrottlingException",
+                    "Rate of requests exceeds the allowed throughput.",
+                ),
+            ),
+            Fault::ServerError => server_error(),
+            Fault::TransactionConflict if planned.operation == "TransactWriteItems" => answer(
+                400,
+                transaction_conflict(
+                    planned.items,
+                    self.0
+                        .conflict_item
+                        .unwrap_or((planned.variant >> 8) as usize),
+                ),
+            ),
+            Fault::TransactionConflict => answer(
+                400,
+                error_body(
+                    "com.amazonaws.dynamodb.v20120810#TransactionConflictException",
+                    "Transaction is ongoing for the item",
+                ),
+            ),
+            Fault::DroppedAfterApply if planned.variant % 2 == 0 => {
+                self.note_lost_write(planned, context.response().status().is_success());
+                server_error()
+            }
+            // Carried out in `modify_before_attempt_completion`.
+            Fault::Timeout | Fault::DroppedAfterApply => return Ok(()),
+        };
+        *context.response_mut() = replacement;
+        self.count(planned.fault);
+        Ok(())
+    }
+
+    fn modify_before_attempt_completion(
+        &self,
+        context: &mut FinalizerInterceptorContextMut<'_>,
+        _components: &RuntimeComponents,
+        cfg: &mut ConfigBag,
+    ) -> Result<(), BoxError> {
+        let Some(planned) = cfg.load::<Planned>() else {
+            return Ok(());
+        };
+        let error = match planned.fault {
+            Fault::Timeout => {
+                OrchestratorError::timeout("the attempt timed out (injected fault)".into())
+            }
+            Fault::DroppedAfterApply if planned.variant % 2 == 1 => {
+                let applied = context
+                    .response()
+                    .is_some_and(|response| response.status().is_success());
+                self.note_lost_write(planned, applied);
+                OrchestratorError::connector(ConnectorError::io(
+                    std::io::Error::new(
+                        std::io::ErrorKind::ConnectionReset,
+                        "connection reset by peer (injected fault)",
+                    )
+                    .into(),
+                ))
+            }
+            _ => return Ok(()),
+        };
+        context.inner_mut().set_output_or_error(Err(error));
+        self.count(planned.fault);
+        Ok(())
+    }
+}
+
+impl Faults {
+    fn note_lost_write(&self, planned: &Planned, applied: bool) {
+        if applied && planned.dynamodb && WRITES.contains(&planned.operation.as_str()) {
+            self.0.lost_writes.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+}
+
+// ----------------------------------------------------------- the workload ---
+
+/// The seed: `FAULT_SEED`, or a fixed default.
+fn seed() -> u64 {
+    let seed = std::env::var("FAULT_SEED")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(0x5eed_f417);
+    eprintln!("fault seed {seed} (set FAULT_SEED to change it)");
+    seed
+}
+
+/// The share of calls that fault.
+const RATE: f64 = 0.25;
+
+/// The share of calls that fault: `FAULT_RATE` (0.1 to 0.3 is the range
+/// the tests are meant for), or [`RATE`].
+fn rate() -> f64 {
+    let rate = std::env::var("FAULT_RATE")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(RATE);
+    eprintln!("fault rate {rate} (set FAULT_RATE to change it)");
+    rate
+}
+
+/// Short, so that some writes give up and their records are delivered
+/// again: the path a long outage takes.
+const MAX_RETRY: Duration = Duration::from_millis(800);
+
+/// Passes over one batch before the test calls the retries unbounded.
+const MAX_PASSES: usize = 40;
+
+/// Records per delivered batch.
+const BATCH: usize = 100;
+
+fn apply_config() -> ApplyConfig {
+    ApplyConfig {
+        max_retry_time: MAX_RETRY,
+        ..ApplyConfig::default()
+    }
+}
+
+fn attrs(pairs: &[(&str, Av)]) -> Attrs {
+    support::item(pairs)
+}
+
+/// A writer's history: the stream records it produces, in order, and the
+/// items it leaves.
+#[derive(Default)]
+struct History {
+    records: Vec<Record>,
+    items: BTreeMap<(String, String), Attrs>,
+}
+
+impl History {
+    fn key(item: &Attrs) -> (String, String) {
+        (text(item, "PK").expect("PK"), text(item, "SK").expect("SK"))
+    }
+
+    fn put(&mut self, item: Attrs) {
+        let old = self.items.insert(History::key(&item), item.clone());
+        let kind = if old.is_some() {
+            ChangeKind::Modify
+        } else {
+            ChangeKind::Insert
+        };
+        self.record(kind, old, Some(item));
+    }
+
+    fn delete(&mut self, pk: &str, sk: &str) {
+        if let Some(old) = self.items.remove(&(pk.to_string(), sk.to_string())) {
+            self.record(ChangeKind::Remove, Some(old), None);
+        }
+    }
+
+    fn get(&self, pk: &str, sk: &str) -> Option<&Attrs> {
+        self.items.get(&(pk.to_string(), sk.to_string()))
+    }
+
+    fn record(&mut self, kind: ChangeKind, old: Option<Attrs>, new: Option<Attrs>) {
+        let seq = self.records.len() as u64 + 1;
+        let any = new.as_ref().or(old.as_ref()).expect("an image");
+        let mut keys = Item::default();
+        for name in ["PK", "SK"] {
+            keys.insert(name.to_string(), any[name].clone().into());
+        }
+        self.records.push(Ok(ChangeRecord {
+            event_id: format!("e{seq}"),
+            kind,
+            keys,
+            old_image: old.map(Item::from),
+            new_image: new.map(Item::from),
+            sequence_number: SequenceNumber(format!("{seq:021}")),
+            approximate_creation_ms: None,
+            ttl_expiry: false,
+            view_type: Some(ViewType::NewAndOldImages),
+            size_bytes: None,
+            origin: Origin::Synthetic,
+        }));
+    }
+
+    /// Writes the final items, as the writers left them.
+    async fn write_final(&self, client: &aws_sdk_dynamodb::Client, table: &str) {
+        stream::iter(self.items.values())
+            .map(|item| put_item(client, table, item))
+            .buffer_unordered(16)
+            .collect::<Vec<_>>()
+            .await;
+    }
+}
+
+/// Puts an item as a plain writer would (on the clean client).
+async fn put_item(client: &aws_sdk_dynamodb::Client, table: &str, item: &Attrs) {
+    with_patience("put item", || {
+        client
+            .put_item()
+            .table_name(table)
+            .set_item(Some(item.clone()))
+            .send()
+    })
+    .await;
+}
+
+/// Deletes an item as a plain writer would (on the clean client).
+async fn delete_item(client: &aws_sdk_dynamodb::Client, table: &str, key: Attrs) {
+    with_patience("delete item", || {
+        client
+            .delete_item()
+            .table_name(table)
+            .set_key(Some(key.clone()))
+            .send()
+    })
+    .await;
+}
+
+/// A setup write, tried again a few times: under a full parallel test run
+/// DynamoDB Local answers "too long waiting for a lock" (a 500 real
+/// DynamoDB never gives) even after the SDK's own retries.
+async fn with_patience<T, E: std::fmt::Debug, F, Fut>(what: &str, mut send: F)
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<T, E>>,
+{
+    for attempt in 1.. {
+        match send().await {
+            Ok(_) => return,
+            Err(error) if attempt < 6 => {
+                eprintln!("{what} failed ({error:?}); trying again");
+                tokio::time::sleep(Duration::from_millis(200 * attempt)).await;
+            }
+            Err(error) => panic!("{what}: {error:?}"),
+        }
+    }
+}
+
+fn follow(a: &str, b: &str, at: &str) -> Attrs {
+    attrs(&[
+        ("PK", s(&format!("USER#{a}"))),
+        ("SK", s(&format!("FOLLOWS#{b}"))),
+        ("followerId", s(a)),
+        ("followeeId", s(b)),
+        ("followedAt", s(at)),
+    ])
+}
+
+fn achievement(user: &str, badge: &str, tier: &str, score: Av) -> Attrs {
+    attrs(&[
+        ("PK", s(&format!("USER#{user}"))),
+        ("SK", s(&format!("ACHIEVEMENT#{badge}"))),
+        ("userId", s(user)),
+        ("badgeId", s(badge)),
+        ("tier", s(tier)),
+        ("score", score),
+    ])
+}
+
+fn profile(user: &str) -> Attrs {
+    attrs(&[
+        ("PK", s(&format!("USER#{user}"))),
+        ("SK", s("PROFILE")),
+        ("userId", s(user)),
+        ("firstName", s("Sam")),
+    ])
+}
+
+fn email(user: &str, id: &str, address: &str, primary: bool) -> Attrs {
+    attrs(&[
+        ("PK", s(&format!("USER#{user}"))),
+        ("SK", s(&format!("EMAIL#{id}"))),
+        ("userId", s(user)),
+        ("emailId", s(id)),
+        ("email", s(address)),
+        ("isPrimary", Av::Bool(primary)),
+        ("isVerified", Av::Bool(true)),
+    ])
+}
+
+/// The users of the social history: `star` is the hot one.
+fn social_users(n: usize) -> Vec<String> {
+    let mut users: Vec<String> = (0..n).map(|i| format!("u{i}")).collect();
+    users.push("star".to_string());
+    users
+}
+
+/// Follows, unfollows, re-follows and `followedAt` changes (a third of
+/// them on the hot user), and achievement scores.
+fn social_history(history: &mut History, rng: &mut Rng, users: &[String], steps: usize) {
+    let plain = &users[..users.len() - 1];
+    for step in 0..steps {
+        let a = &plain[rng.below(plain.len() as u64) as usize];
+        if rng.chance(25) {
+            let badge = format!("b{}", rng.below(3));
+            let tier = ["gold", "silver", "bronze"][rng.below(3) as usize];
+            let score = support::n(rng.below(10_000) as i64);
+            history.put(achievement(a, &badge, tier, score));
+            continue;
+        }
+        let b = if rng.chance(35) {
+            "star"
+        } else {
+            let b = &plain[rng.below(plain.len() as u64) as usize];
+            if b == a {
+                continue;
+            }
+            b
+        };
+        let (pk, sk) = (format!("USER#{a}"), format!("FOLLOWS#{b}"));
+        if history.get(&pk, &sk).is_none() {
+            history.put(follow(a, b, &format!("t{step}")));
+        } else if rng.chance(60) {
+            history.delete(&pk, &sk);
+        } else {
+            history.put(follow(a, b, &format!("t{step}-again")));
+        }
+    }
+}
+
+/// Profiles with three emails each; primaries switch as two plain writes
+/// (the old one first), addresses change, non-primary emails go and come
+/// back. Every user ends with exactly one primary.
+fn user_history(history: &mut History, rng: &mut Rng, n_users: usize, steps: usize) {
+    let users: Vec<String> = (0..n_users).map(|i| format!("v{i}")).collect();
+    let mut primary: HashMap<String, usize> = HashMap::new();
+    let address = |user: &str, id: usize, version: usize| {
+        format!("  {}.E{id}.v{version}@Example.COM ", user.to_uppercase())
+    };
+    for user in &users {
+        history.put(profile(user));
+        for id in 0..3 {
+            history.put(email(
+                user,
+                &format!("e{id}"),
+                &address(user, id, 0),
+                id == 0,
+            ));
+        }
+        primary.insert(user.clone(), 0);
+    }
+    for step in 1..=steps {
+        let user = &users[rng.below(users.len() as u64) as usize];
+        let pk = format!("USER#{user}");
+        let current = primary[user];
+        let id = rng.below(3) as usize;
+        let sk = format!("EMAIL#e{id}");
+        let existing = history.get(&pk, &sk).cloned();
+        match (rng.below(10), existing) {
+            (0..=4, Some(new)) if id != current => {
+                let old = history
+                    .get(&pk, &format!("EMAIL#e{current}"))
+                    .cloned()
+                    .expect("the primary exists");
+                let mut old = old;
+                old.insert("isPrimary".into(), Av::Bool(false));
+                history.put(old);
+                let mut new = new;
+                new.insert("isPrimary".into(), Av::Bool(true));
+                history.put(new);
+                primary.insert(user.clone(), id);
+            }
+            (5..=7, Some(mut item)) => {
+                item.insert("email".into(), s(&address(user, id, step)));
+                history.put(item);
+            }
+            (_, Some(_)) if id != current => history.delete(&pk, &sk),
+            (_, None) => history.put(email(
+                user,
+                &format!("e{id}"),
+                &address(user, id, step),
+                false,
+            )),
+            _ => {}
+        }
+    }
+}
+
+// ------------------------------------------------------------ the driver ---
+
+/// What delivering a history took.
+#[derive(Debug, Default)]
+struct Delivery {
+    batches: usize,
+    passes: usize,
+    stats: BatchStats,
+}
+
+/// Delivers `records` in batches; a batch with a record not handled is
+/// delivered again from that record, as Lambda and the runner do.
+async fn deliver(applier: &Applier, records: &[Record], seed: u64) -> Delivery {
+    let mut delivery = Delivery::default();
+    for batch in records.chunks(BATCH) {
+        delivery.batches += 1;
+        let mut start = 0;
+        for pass in 1.. {
+            assert!(
+                pass <= MAX_PASSES,
+                "seed {seed}: a batch was still not handled after {MAX_PASSES} passes"
+            );
+            delivery.passes += 1;
+            let outcome = applier
+                .apply_batch(&batch[start..], &BatchOptions::default())
+                .await
+                .unwrap_or_else(|error| {
+                    panic!("seed {seed}: the batch failed as a whole: {error}")
+                });
+            delivery.stats.add(&outcome.stats);
+            match outcome.first_failure() {
+                Some(index) => start += index,
+                None => break,
+            }
+        }
+    }
+    delivery
+}
+
+// ----------------------------------------------------------- the checker ---
+
+/// Compares derived state with what the spec computes from the source items
+/// (emails, profiles, follows, achievements); returns every difference.
+async fn check_derived(
+    client: &aws_sdk_dynamodb::Client,
+    table: &str,
+    spec: &Spec,
+    counted_users: &[String],
+) -> Vec<String> {
+    let items: Vec<Attrs> = support::scan_all(client, table)
+        .await
+        .into_iter()
+        .filter(|item| !text(item, "PK").is_some_and(|pk| pk.starts_with("_ddbp#")))
+        .collect();
+    let by_key: HashMap<(String, String), &Attrs> = items
+        .iter()
+        .map(|item| ((text(item, "PK").unwrap(), text(item, "SK").unwrap()), item))
+        .collect();
+    let mut problems = Vec::new();
+    let mut primary: HashMap<String, Vec<String>> = HashMap::new();
+    let mut profiles = BTreeSet::new();
+    let mut followers: BTreeMap<String, i64> = BTreeMap::new();
+    let mut following: BTreeMap<String, i64> = BTreeMap::new();
+    for item in &items {
+        let pk = text(item, "PK").unwrap();
+        let sk = text(item, "SK").unwrap();
+        let gsi = (text(item, "GSI1PK"), text(item, "GSI1SK"));
+        let Some(user) = pk.strip_prefix("USER#") else {
+            continue;
+        };
+        if sk == "PROFILE" {
+            profiles.insert(user.to_string());
+            if gsi != (None, None) {
+                problems.push(format!("{pk}/{sk}: a profile has GSI1 keys {gsi:?}"));
+            }
+        } else if sk.starts_with("EMAIL#") {
+            let address = text(item, "email").unwrap_or_default();
+            let expected = (
+                Some(format!("EMAIL#{}", address.trim().to_lowercase())),
+                Some(format!("USER#{user}")),
+            );
+            if gsi != expected {
+                problems.push(format!(
+                    "{pk}/{sk}: GSI1 keys {gsi:?}, expected {expected:?}"
+                ));
+            }
+            if item.get("isPrimary") == Some(&Av::Bool(true)) {
+                primary.entry(user.to_string()).or_default().push(address);
+            }
+        } else if let Some(b) = sk.strip_prefix("FOLLOWS#") {
+            *followers.entry(b.to_string()).or_default() += 1;
+            *following.entry(user.to_string()).or_default() += 1;
+            match by_key.get(&(format!("USER#{b}"), format!("FOLLOWED_BY#{user}"))) {
+                None => problems.push(format!("{pk}/{sk}: no inverse edge")),
+                Some(edge) if edge.get("followedAt") != item.get("followedAt") => {
+                    problems.push(format!(
+                        "USER#{b}/FOLLOWED_BY#{user}: followedAt {:?}, the follow has {:?}",
+                        edge.get("followedAt"),
+                        item.get("followedAt")
+                    ))
+                }
+                Some(_) => {}
+            }
+        } else if let Some(a) = sk.strip_prefix("FOLLOWED_BY#") {
+            if !by_key.contains_key(&(format!("USER#{a}"), format!("FOLLOWS#{user}"))) {
+                problems.push(format!("{pk}/{sk}: an inverse edge without its follow"));
+            }
+        } else if sk.starts_with("ACHIEVEMENT#") {
+            // A score `pad` cannot render derives nothing (it is dead-lettered).
+            let expected = match item.get("score") {
+                Some(Av::N(score)) => (
+                    Some(format!("TIER#{}", text(item, "tier").unwrap_or_default())),
+                    Some(format!("SCORE#{score:0>4}")),
+                ),
+                _ => (None, None),
+            };
+            if gsi != expected {
+                problems.push(format!(
+                    "{pk}/{sk}: GSI1 keys {gsi:?}, expected {expected:?}"
+                ));
+            }
+        }
+    }
+    for user in &profiles {
+        let item = by_key[&(format!("USER#{user}"), "PROFILE".to_string())];
+        let expected = match primary.get(user).map(Vec::as_slice) {
+            Some([one]) => Some(one.clone()),
+            other => {
+                problems.push(format!(
+                    "USER#{user}: the workload left primaries {other:?}"
+                ));
+                continue;
+            }
+        };
+        if text(item, "email") != expected {
+            problems.push(format!(
+                "USER#{user}/PROFILE: email {:?}, expected {expected:?}",
+                text(item, "email")
+            ));
+        }
+    }
+    for user in counted_users {
+        let vars = [("userId".to_string(), user.clone())];
+        for (name, expected) in [("followers", &followers), ("following", &following)] {
+            let value = ddb_projector::counter::read_counter(client, table, spec, name, &vars)
+                .await
+                .expect("read counter");
+            let expected = expected.get(user).copied().unwrap_or(0);
+            if value != expected {
+                problems.push(format!("{user}: {name} = {value}, expected {expected}"));
+            }
+        }
+    }
+    problems
+}
+
+/// Checks the table against the history's final items too: the source
+/// items are exactly what the writers left (the projector never wrote one).
+async fn assert_converged(
+    client: &aws_sdk_dynamodb::Client,
+    table: &str,
+    spec: &Spec,
+    counted_users: &[String],
+    seed: u64,
+) {
+    let problems = check_derived(client, table, spec, counted_users).await;
+    assert!(
+        problems.is_empty(),
+        "seed {seed}: {} differences, first ones:\n  {}",
+        problems.len(),
+        problems
+            .iter()
+            .take(20)
+            .cloned()
+            .collect::<Vec<_>>()
+            .join("\n  ")
+    );
+}
+
+fn assert_sources_untouched(history: &History, scanned: &[Attrs], seed: u64) {
+    let derived = ["GSI1PK", "GSI1SK"];
+    for (key, wanted) in &history.items {
+        let found = scanned
+            .iter()
+            .find(|item| History::key(item) == *key)
+            .unwrap_or_else(|| panic!("seed {seed}: source item {key:?} is gone"));
+        // Derived attributes: GSI keys, and the profile's copied email.
+        let sources: Attrs = found
+            .iter()
+            .filter(|(name, _)| {
+                !(derived.contains(&name.as_str())
+                    || key.1 == "PROFILE" && name.as_str() == "email")
+            })
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect();
+        assert_eq!(&sources, wanted, "seed {seed}: source item {key:?} changed");
+    }
+}
+
+async fn assert_no_dead_letters(applier: &Applier, seed: u64) {
+    let letters = applier.dead_letter_store().list().await.expect("list");
+    assert!(
+        letters.is_empty(),
+        "seed {seed}: records that are not poison were dead-lettered: {letters:#?}"
+    );
+}
+
+// ----------------------------------------------------------------- tests ---
+
+/// A faulty applier and a clean one (for setup and checks) over a fresh table.
+async fn setup(
+    spec_file: &str,
+    prefix: &str,
+    faults: &Faults,
+) -> (Applier, Applier, Arc<Spec>, String) {
+    let config = support::sdk_config().await;
+    let clean = aws_sdk_dynamodb::Client::new(&config);
+    let spec = support::shipped_spec(spec_file);
+    let table = support::fresh_table(&clean, &spec, prefix).await;
+    let faulty = Applier::new(
+        faults.dynamodb(&config, false),
+        spec.clone(),
+        &table,
+        apply_config(),
+    );
+    let clean = Applier::new(clean, spec.clone(), &table, ApplyConfig::default());
+    (faulty, clean, spec, table)
+}
+
+#[tokio::test]
+async fn the_applier_converges_on_a_social_history_under_every_fault() {
+    let started = Instant::now();
+    let seed = seed();
+    let faults = Faults::new(seed, rate());
+    let (applier, clean, spec, table) = setup("social-service.toml", "fault-social", &faults).await;
+    let users = social_users(20);
+    let mut history = History::default();
+    social_history(&mut history, &mut Rng::new(seed), &users, 700);
+    history.write_final(clean.client(), &table).await;
+    let delivery = deliver(&applier, &history.records, seed).await;
+    eprintln!(
+        "social: {} records, {delivery:?}; {}",
+        history.records.len(),
+        faults.report()
+    );
+
+    assert_converged(clean.client(), &table, &spec, &users, seed).await;
+    assert_sources_untouched(
+        &history,
+        &support::scan_all(clean.client(), &table).await,
+        seed,
+    );
+    assert_no_dead_letters(&clean, seed).await;
+    assert!(delivery.stats.retries > 0, "seed {seed}: {delivery:?}");
+    faults.assert_every_kind(seed);
+    eprintln!(
+        "timing: social fault test took {:.1} s",
+        started.elapsed().as_secs_f64()
+    );
+}
+
+#[tokio::test]
+async fn the_applier_converges_on_a_user_history_under_every_fault() {
+    let started = Instant::now();
+    let seed = seed();
+    let faults = Faults::new(seed ^ 0x0ddb, rate());
+    let (applier, clean, spec, table) = setup("user-service.toml", "fault-user", &faults).await;
+    let mut history = History::default();
+    user_history(&mut history, &mut Rng::new(seed), 12, 250);
+    history.write_final(clean.client(), &table).await;
+
+    let delivery = deliver(&applier, &history.records, seed).await;
+    eprintln!(
+        "user: {} records, {delivery:?}; {}",
+        history.records.len(),
+        faults.report()
+    );
+
+    assert_converged(clean.client(), &table, &spec, &[], seed).await;
+    assert_sources_untouched(
+        &history,
+        &support::scan_all(clean.client(), &table).await,
+        seed,
+    );
+    assert_no_dead_letters(&clean, seed).await;
+    assert!(delivery.stats.retries > 0, "seed {seed}: {delivery:?}");
+    faults.assert_every_kind(seed);
+    eprintln!(
+        "timing: user fault test took {:.1} s",
+        started.elapsed().as_secs_f64()
+    );
+}
+
+#[tokio::test]
+async fn under_faults_only_the_poison_record_is_dead_lettered() {
+    let seed = seed();
+    let faults = Faults::new(seed ^ 0xbad, rate());
+    let (applier, clean, spec, table) = setup("social-service.toml", "fault-poison", &faults).await;
+    let users = social_users(12);
+    let mut rng = Rng::new(seed);
+    let mut history = History::default();
+    social_history(&mut history, &mut rng, &users, 200);
+    // A score `pad(score, 4)` cannot render: this record can never apply.
+    history.put(achievement("u3", "poison", "gold", s("high")));
+    let poison_seq = format!("{:021}", history.records.len());
+    social_history(&mut history, &mut rng, &users, 200);
+    history.write_final(clean.client(), &table).await;
+
+    let delivery = deliver(&applier, &history.records, seed).await;
+    eprintln!("poison: {delivery:?}; {}", faults.report());
+
+    assert_converged(clean.client(), &table, &spec, &users, seed).await;
+    let letters = clean.dead_letter_store().list().await.expect("list");
+    assert_eq!(letters.len(), 1, "seed {seed}: {letters:#?}");
+    let letter = &letters[0];
+    assert_eq!(letter.projection, "achievement-leaderboard-keys");
+    assert_eq!(letter.sequence_number.as_deref(), Some(poison_seq.as_str()));
+    assert!(letter.error.contains("`high`"), "{}", letter.error);
+    assert!(
+        !letter.held,
+        "seed {seed}: the poison record is held behind nothing: {letter:#?}"
+    );
+    assert!(delivery.stats.dead_letters >= 1, "{delivery:?}");
+}
+
+/// A spec with every kind the shipped specs use, over one table, for the
+/// runner: emails and profiles, follows and achievements.
+const COMBINED_SPEC: &str = r#"
+service = "fault-test"
+
+[table]
+name = "FaultTest"
+partition_key = "PK"
+sort_key = "SK"
+
+[[table.gsi]]
+name = "GSI1"
+partition_key = "GSI1PK"
+sort_key = "GSI1SK"
+
+[entities.profile]
+pk = "USER#{userId}"
+sk = "PROFILE"
+
+[entities.email]
+pk = "USER#{userId}"
+sk = "EMAIL#{emailId}"
+
+[entities.follow]
+pk = "USER#{followerId}"
+sk = "FOLLOWS#{followeeId}"
+
+[entities.followed_by]
+pk = "USER#{followeeId}"
+sk = "FOLLOWED_BY#{followerId}"
+
+[entities.achievement]
+pk = "USER#{userId}"
+sk = "ACHIEVEMENT#{badgeId}"
+
+[[projections]]
+name = "email-gsi1-keys"
+kind = "index-keys"
+entity = "email"
+set = { GSI1PK = "EMAIL#{lower(trim(email))}", GSI1SK = "USER#{userId}" }
+
+[[projections]]
+name = "profile-primary-email"
+kind = "denormalize"
+source = "email"
+target = "profile"
+when = { isPrimary = true }
+copy = { email = "{email}" }
+
+[[projections]]
+name = "followed-by"
+kind = "inverse-edge"
+source = "follow"
+target = "followed_by"
+copy = { followedAt = "{followedAt}" }
+
+[[projections]]
+name = "followers"
+kind = "counter"
+source = "follow"
+of = { userId = "{followeeId}" }
+shards = 8
+
+[[projections]]
+name = "following"
+kind = "counter"
+source = "follow"
+of = { userId = "{followerId}" }
+shards = 4
+
+[[projections]]
+name = "achievement-leaderboard-keys"
+kind = "index-keys"
+entity = "achievement"
+set = { GSI1PK = "TIER#{tier}", GSI1SK = "SCORE#{pad(score, 4)}" }
+"#;
+
+/// Writes a history to the table as its writers would, in order: the
+/// table's stream then holds its records.
+async fn write_history(client: &aws_sdk_dynamodb::Client, table: &str, history: &History) {
+    for record in history.records.iter().flatten() {
+        match &record.new_image {
+            Some(image) => put_item(client, table, &image.clone().into()).await,
+            None => delete_item(client, table, record.keys.clone().into()).await,
+        }
+    }
+}
+
+#[tokio::test]
+async fn the_stream_runner_drains_a_faulty_table_exactly_and_checkpoints_past_it() {
+    let started = Instant::now();
+    let seed = seed();
+    let config = support::sdk_config().await;
+    let clean = aws_sdk_dynamodb::Client::new(&config);
+    let spec = Arc::new(Spec::from_toml(COMBINED_SPEC, "fault-test.toml").expect("spec"));
+    let table = support::fresh_table(&clean, &spec, "fault-run").await;
+    let users = social_users(12);
+    let mut rng = Rng::new(seed);
+    let mut history = History::default();
+    social_history(&mut history, &mut rng, &users, 350);
+    user_history(&mut history, &mut rng, 6, 80);
+    write_history(&clean, &table, &history).await;
+
+    // The production retry settings of the SDK on DynamoDB, faults on both
+    // DynamoDB and DynamoDB Streams.
+    let faults = Faults::new(seed ^ 0x5757, rate());
+    let (arn, _) = ddb_projector::aws::require_stream(&clean, &table)
+        .await
+        .expect("the table has a stream");
+    let runner = StreamRunner::new(
+        Applier::new(
+            faults.dynamodb(&config, true),
+            spec.clone(),
+            &table,
+            apply_config(),
+        ),
+        faults.streams(&config),
+        &arn,
+    );
+    let summary = runner
+        .run(RunOptions::drain(), std::future::pending())
+        .await
+        .unwrap_or_else(|error| panic!("seed {seed}: drain failed: {error}"));
+    eprintln!("{summary}\n{}", faults.report());
+
+    assert_converged(&clean, &table, &spec, &users, seed).await;
+    let clean_applier = Applier::new(clean.clone(), spec.clone(), &table, ApplyConfig::default());
+    assert_no_dead_letters(&clean_applier, seed).await;
+    assert!(
+        summary.records >= history.records.len() as u64,
+        "seed {seed}: {summary:?}"
+    );
+    faults.assert_every_kind(seed);
+
+    // Checkpoints are past every record: a second drain, faults still on,
+    // finds only the runner's own writes and writes nothing.
+    let again = runner
+        .run(RunOptions::drain(), std::future::pending())
+        .await
+        .unwrap_or_else(|error| panic!("seed {seed}: second drain failed: {error}"));
+    assert_eq!(again.effects, 0, "seed {seed}: {again:?}");
+    assert_eq!(again.checkpoints, 0, "seed {seed}: {again:?}");
+    assert_converged(&clean, &table, &spec, &users, seed).await;
+    eprintln!(
+        "timing: runner fault test took {:.1} s",
+        started.elapsed().as_secs_f64()
+    );
+}
+
+#[tokio::test]
+async fn the_lambda_handler_converges_under_every_fault() {
+    use ddb_projector::lambda::event::{Payload, StreamsEvent};
+    use ddb_projector::lambda::{Handler, Response};
+
+    let seed = seed();
+    let faults = Faults::new(seed ^ 0x1a4b, rate());
+    let (_, clean, spec, table) = setup("social-service.toml", "fault-lambda", &faults).await;
+    let config = support::sdk_config().await;
+    let handler = Handler {
+        spec: spec.clone(),
+        client: faults.dynamodb(&config, false),
+        table: Some(table.clone()),
+        margin: Duration::from_millis(1500),
+        config: apply_config(),
+        metrics: None,
+    };
+    let users = social_users(16);
+    let mut history = History::default();
+    social_history(&mut history, &mut Rng::new(seed), &users, 400);
+    history.write_final(clean.client(), &table).await;
+
+    // Lambda: a batch is delivered again from the record the answer names.
+    let mut invocations = 0;
+    for batch in history.records.chunks(BATCH) {
+        let mut start = 0;
+        for attempt in 1.. {
+            assert!(
+                attempt <= MAX_PASSES,
+                "seed {seed}: {MAX_PASSES} invocations"
+            );
+            invocations += 1;
+            let mut context = lambda_runtime::Context::default();
+            context.request_id = format!("r{invocations}");
+            context.deadline = SystemTime::now()
+                .duration_since(UNIX_EPOCH)
+                .unwrap()
+                .as_millis() as u64
+                + 60_000;
+            let payload = Payload::Stream(StreamsEvent {
+                records: batch[start..].to_vec(),
+                event_source_arn: None,
+            });
+            let response = handler
+                .handle(lambda_runtime::LambdaEvent::new(payload, context))
+                .await
+                .unwrap_or_else(|error| panic!("seed {seed}: the invocation failed: {error}"));
+            let Response::Stream(response) = response else {
+                panic!("a stream answer");
+            };
+            let Some(failure) = response.batch_item_failures.first() else {
+                break;
+            };
+            let reported = failure.item_identifier.clone().expect("an identifier");
+            start += batch[start..]
+                .iter()
+                .position(|r| r.as_ref().is_ok_and(|r| r.sequence_number.0 == reported))
+                .expect("the reported record is in the batch");
+        }
+    }
+    eprintln!(
+        "lambda: {} records, {invocations} invocations; {}",
+        history.records.len(),
+        faults.report()
+    );
+    assert_converged(clean.client(), &table, &spec, &users, seed).await;
+    assert_no_dead_letters(&clean, seed).await;
+    faults.assert_every_kind(seed);
+}
+
+// ---------------------------------------------------- regression tests ---
+
+/// Reading the hold set is the first thing a batch with effects does; when
+/// it keeps failing (throttled, 500s), the records must be delivered again,
+/// not the table declared unusable (which stops the runner).
+#[tokio::test]
+async fn a_holds_read_that_keeps_failing_fails_the_records_not_the_batch() {
+    let config = support::sdk_config().await;
+    let clean = aws_sdk_dynamodb::Client::new(&config);
+    let spec = support::shipped_spec("social-service.toml");
+    let table = support::fresh_table(&clean, &spec, "fault-holds").await;
+    let faults = Faults::always(Fault::ServerError, &["GetItem"]);
+    let applier = Applier::new(
+        faults.dynamodb(&config, false),
+        spec.clone(),
+        &table,
+        ApplyConfig {
+            max_retry_time: Duration::from_millis(200),
+            ..ApplyConfig::default()
+        },
+    );
+    let mut history = History::default();
+    history.put(follow("a", "b", "t1"));
+    history.write_final(&clean, &table).await;
+    let outcome = applier
+        .apply_batch(&history.records, &BatchOptions::default())
+        .await
+        .expect("a transient failure is not a batch failure");
+    assert!(
+        matches!(&outcome.statuses[..], [RecordStatus::Failed(reason)] if reason.contains("InternalServerError")),
+        "{outcome:?}"
+    );
+    assert!(faults.injected(Fault::ServerError) > 0);
+    // Delivered again once DynamoDB recovers, it applies.
+    faults.set_enabled(false);
+    let outcome = applier
+        .apply_batch(&history.records, &BatchOptions::default())
+        .await
+        .unwrap();
+    assert_eq!(outcome.statuses, vec![RecordStatus::Applied]);
+    assert!(support::get(&clean, &table, "USER#b", "FOLLOWED_BY#a")
+        .await
+        .is_some());
+}
+
+/// A poison record delivered again (its batch was retried from an earlier
+/// record) finds its own hold: its letter must not become "held".
+#[tokio::test]
+async fn a_poison_record_delivered_again_is_not_held_behind_its_own_letter() {
+    let config = support::sdk_config().await;
+    let clean = aws_sdk_dynamodb::Client::new(&config);
+    let spec = support::shipped_spec("social-service.toml");
+    let table = support::fresh_table(&clean, &spec, "fault-again").await;
+    let applier = Applier::new(clean.clone(), spec, &table, ApplyConfig::default());
+    let mut history = History::default();
+    history.put(achievement("u1", "b1", "gold", s("high")));
+    // A record with effects after it: a batch with effects reads the holds.
+    history.put(follow("a", "b", "t1"));
+    history.write_final(&clean, &table).await;
+    for _ in 0..2 {
+        let outcome = applier
+            .apply_batch(&history.records, &BatchOptions::default())
+            .await
+            .unwrap();
+        assert!(
+            matches!(
+                &outcome.statuses[..],
+                [RecordStatus::DeadLettered(_), RecordStatus::Applied]
+            ),
+            "{outcome:?}"
+        );
+    }
+    let letters = applier.dead_letter_store().list().await.unwrap();
+    assert_eq!(letters.len(), 1, "{letters:#?}");
+    assert!(!letters[0].held, "{letters:#?}");
+    assert_eq!(letters[0].attempts, 2);
+}
+
+/// Memberships planned from a scan (backfill) carry a guard, a
+/// `ConditionCheck` after the markers. A conflict reported on the guard
+/// must be retried with backoff and within the retry time, like one on any
+/// other item, not sent again at once for as long as the conflict lasts.
+#[tokio::test]
+async fn a_transaction_conflict_on_a_scan_guard_backs_off_and_gives_up_in_time() {
+    let config = support::sdk_config().await;
+    let clean = aws_sdk_dynamodb::Client::new(&config);
+    let spec = support::shipped_spec("social-service.toml");
+    let table = support::fresh_table(&clean, &spec, "fault-guard").await;
+    let item = follow("a", "b", "t1");
+    put_item(&clean, &table, &item).await;
+    let record = ddb_projector::decode::decode_scanned_item(&spec.table, 0, 1, item.clone());
+    // The transaction: the edge (0), its guard (1), two counter shards.
+    let faults = Faults::always_conflict_at(1);
+    let applier = Applier::new(
+        faults.dynamodb(&config, false),
+        spec.clone(),
+        &table,
+        ApplyConfig {
+            max_retry_time: Duration::from_secs(2),
+            ..ApplyConfig::default()
+        },
+    );
+    let options = BatchOptions {
+        read_markers_first: true,
+        ..BatchOptions::default()
+    };
+    let batch = [record];
+    let outcome = tokio::time::timeout(
+        Duration::from_secs(20),
+        applier.apply_batch(&batch, &options),
+    )
+    .await
+    .unwrap_or_else(|_| {
+        panic!(
+            "still retrying after 20 s with a 2 s retry time ({})",
+            faults.report()
+        )
+    })
+    .unwrap();
+    assert!(
+        matches!(&outcome.statuses[..], [RecordStatus::Failed(reason)] if reason.contains("conflict")),
+        "{outcome:?}"
+    );
+    assert!(outcome.stats.retries > 0, "{outcome:?}");
+    let conflicts = faults.injected(Fault::TransactionConflict);
+    assert!((2..100).contains(&conflicts), "{}", faults.report());
+    // Once the conflict is gone, the membership applies.
+    faults.set_enabled(false);
+    let outcome = applier.apply_batch(&batch, &options).await.unwrap();
+    assert_eq!(outcome.statuses, vec![RecordStatus::Applied]);
+    assert!(support::get(&clean, &table, "USER#b", "FOLLOWED_BY#a")
+        .await
+        .is_some());
+}
