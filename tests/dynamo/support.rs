@@ -45,6 +45,16 @@ pub fn endpoint() -> &'static str {
     SERVERS[slot].get_or_init(start_server)
 }
 
+/// A DynamoDB Local of its own, for a test heavy enough to time out the
+/// others' requests on a shared one (or `AWS_ENDPOINT_URL` when set). It
+/// stops with the test process.
+pub fn dedicated_endpoint() -> String {
+    match shared_from_env() {
+        Some(endpoint) => endpoint.to_string(),
+        None => start_server(),
+    }
+}
+
 fn shared_from_env() -> Option<&'static str> {
     static SHARED: OnceLock<Option<String>> = OnceLock::new();
     SHARED
@@ -104,12 +114,20 @@ pub fn env() -> Vec<(&'static str, String)> {
 
 /// An SDK configuration for DynamoDB Local.
 pub async fn sdk_config() -> aws_config::SdkConfig {
+    sdk_config_for(endpoint()).await
+}
+
+/// An SDK configuration for the DynamoDB Local at `endpoint`.
+pub async fn sdk_config_for(endpoint: &str) -> aws_config::SdkConfig {
     aws_config::defaults(aws_config::BehaviorVersion::latest())
-        .endpoint_url(endpoint())
+        .endpoint_url(endpoint)
         .region(aws_config::Region::new("us-east-1"))
         .credentials_provider(aws_sdk_dynamodb::config::Credentials::new(
             "local", "local", None, None, "tests",
         ))
+        // DynamoDB Local answers 500 "too long waiting for a lock" under
+        // load; a test's own setup writes ride that out.
+        .retry_config(aws_config::retry::RetryConfig::standard().with_max_attempts(10))
         .load()
         .await
 }
