@@ -217,7 +217,7 @@ pub(crate) async fn check_batch(
         }
         let futures: Vec<_> = round
             .iter()
-            .map(|scope| check_scope(ctx, scope, &latest, &last_state))
+            .map(|scope| check_scope(ctx, scope, deadline, &latest, &last_state))
             .collect();
         let results: Vec<(CheckStats, Vec<Checked<'_>>)> = futures::stream::iter(futures)
             .buffer_unordered(concurrency.max(1))
@@ -241,6 +241,7 @@ pub(crate) async fn check_batch(
 async fn check_scope<'a>(
     ctx: &Ctx<'_>,
     scope: &Scope<'a>,
+    deadline: Option<tokio::time::Instant>,
     latest: &HashMap<(usize, String), ItemKey>,
     last_state: &HashMap<ItemKey, Option<&Item>>,
 ) -> (CheckStats, Vec<Checked<'a>>) {
@@ -248,6 +249,13 @@ async fn check_scope<'a>(
         scopes: 1,
         ..CheckStats::default()
     };
+    // Checked per scope too: a round may outlast the time that was left.
+    if deadline.is_some_and(|d| tokio::time::Instant::now() >= d) {
+        stats.unchecked = 1;
+        metrics::counter!("projector_invariant_checks_skipped_total", "reason" => "deadline")
+            .increment(1);
+        return (stats, Vec::new());
+    }
     let result = match scope {
         Scope::Partition {
             entity,

@@ -564,3 +564,34 @@ async fn the_audit_command_exits_0_clean_1_found_2_error_and_lists_violations() 
     assert_eq!(bad_spec.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&bad_spec.stderr).contains("/nonexistent/spec.toml"));
 }
+
+#[tokio::test]
+async fn checking_stops_at_the_deadline_and_records_nothing() {
+    let spec = support::shipped_spec("user-service.toml");
+    let (client, table, applier) = setup(spec, "check-deadline").await;
+    put_profile(&client, &table, "u1").await;
+    let e1 = email("u1", "e1", "a@x.org", true, false);
+    put_item(&client, &table, &e1).await;
+    let outcome = applier
+        .apply_batch(
+            &[change(1, ChangeKind::Insert, None, Some(&e1))],
+            &BatchOptions {
+                deadline: Some(tokio::time::Instant::now()),
+                ..BatchOptions::default()
+            },
+        )
+        .await
+        .unwrap();
+    let checks = &outcome.stats.checks;
+    assert!(checks.scopes > 0, "{checks:?}");
+    assert_eq!(checks.unchecked, checks.scopes, "{checks:?}");
+    assert!(recorded(&applier).await.is_empty());
+    // The record is not handled (its writes hit the deadline too): it
+    // comes again, and then the check records the unverified primary.
+    assert!(!outcome.statuses[0].is_handled());
+    write_and_apply(&applier, &client, &table, 1, None, Some(&e1)).await;
+    assert_eq!(
+        recorded(&applier).await,
+        [pair("primary-email-verified", "USER#u1")]
+    );
+}
