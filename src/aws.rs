@@ -104,6 +104,10 @@ fn explain<E: std::error::Error>(table: &str, error: &E, detail: String) -> Stri
         || detail.contains("Cannot do operations on a non-existent table")
     {
         format!("table `{table}` does not exist (create it with `ddb-projector table create --spec FILE`)")
+    } else if detail.contains("credentials") || detail.contains("Credentials") {
+        // Checked before the connection errors: the SDK reports a failed
+        // credentials lookup as a dispatch failure too.
+        format!("no AWS credentials found: set AWS_PROFILE, or AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (for DynamoDB Local any values work): {detail}")
     } else if detail.contains("dispatch failure")
         || detail.contains("Connection refused")
         || detail.contains("timeout")
@@ -112,8 +116,6 @@ fn explain<E: std::error::Error>(table: &str, error: &E, detail: String) -> Stri
         let endpoint = std::env::var("AWS_ENDPOINT_URL")
             .unwrap_or_else(|_| "the default AWS endpoint".to_string());
         format!("cannot reach DynamoDB at {endpoint}: {detail}")
-    } else if detail.contains("credentials") || detail.contains("Credentials") {
-        format!("no usable AWS credentials: {detail} (set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, or AWS_PROFILE)")
     } else {
         format!("DescribeTable `{table}` failed: {detail}")
     }

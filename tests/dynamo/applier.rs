@@ -613,3 +613,78 @@ async fn unrelated_and_bookkeeping_records_write_nothing() {
     assert!(matches!(&outcome.statuses[1], RecordStatus::Skipped(r) if r.contains("bookkeeping")));
     assert_eq!(outcome.stats.writes, 0);
 }
+
+/// An email item of exactly `size` bytes as DynamoDB counts them (names
+/// plus values, one byte per boolean), padded by a `notes` attribute.
+fn email_of_size(user: &str, size: usize) -> Attrs {
+    let mut item = email(user, "e1", "sam@x.org", false);
+    let used: usize = item
+        .iter()
+        .map(|(name, value)| {
+            name.len()
+                + match value {
+                    Av::S(text) => text.len(),
+                    Av::Bool(_) => 1,
+                    other => panic!("unexpected {other:?}"),
+                }
+        })
+        .sum();
+    let pad = size - used - "notes".len();
+    item.insert("notes".to_string(), s(&"n".repeat(pad)));
+    item
+}
+
+#[tokio::test]
+async fn an_item_near_the_400_kb_limit_whose_derived_keys_do_not_fit_is_not_consumed() {
+    const LIMIT: usize = 400 * 1024;
+    let (applier, client, table, _) = setup("user-service.toml", "big").await;
+    // GSI1PK = EMAIL#sam@x.org and GSI1SK = USER#uN add 34 bytes.
+    let too_big = email_of_size("u1", LIMIT - 10);
+    let fits = email_of_size("u2", LIMIT - 100);
+    let small = email("u3", "e1", "fine@x.org", false);
+    for item in [&too_big, &fits, &small] {
+        write(&client, &table, item).await;
+    }
+    let outcome = applier
+        .apply_batch(
+            &[
+                change(1, ChangeKind::Insert, None, Some(&too_big)),
+                change(2, ChangeKind::Insert, None, Some(&fits)),
+                change(3, ChangeKind::Insert, None, Some(&small)),
+            ],
+            &BatchOptions::default(),
+        )
+        .await
+        .unwrap();
+    // DynamoDB rejects the derived write, and the dead letter (which carries
+    // the ~400 KB image) does not fit either: the record is not handled, so
+    // it is not checkpointed past and will be delivered again. Nothing is
+    // lost, but its shard waits on it (see README "Bad input").
+    assert_eq!(
+        outcome.statuses[0],
+        RecordStatus::Failed(
+            "ValidationException: Item size to update has exceeded the maximum allowed size \
+             (and storing the dead letter failed: ValidationException: Item size to update \
+             has exceeded the maximum allowed size)"
+                .to_string()
+        ),
+        "{outcome:?}"
+    );
+    assert!(!outcome.statuses[0].is_handled());
+    assert_eq!(outcome.statuses[1], RecordStatus::Applied, "{outcome:?}");
+    assert_eq!(outcome.statuses[2], RecordStatus::Applied, "{outcome:?}");
+    assert!(applier.dead_letter_store().list().await.unwrap().is_empty());
+    // The item is untouched; the other two carry their derived keys.
+    let stored = get(&client, &table, "USER#u1", "EMAIL#e1").await.unwrap();
+    assert!(!stored.contains_key("GSI1PK"));
+    assert_eq!(stored["notes"], too_big["notes"]);
+    for user in ["u2", "u3"] {
+        let stored = get(&client, &table, &format!("USER#{user}"), "EMAIL#e1")
+            .await
+            .unwrap();
+        assert_eq!(
+            text(&stored, "GSI1SK").as_deref(),
+            Some(format!("USER#{user}").as_str())
+        );
+    }
+}

@@ -1509,3 +1509,58 @@ async fn a_checkpoint_whose_records_are_gone_stops_the_runner_loudly() {
         .unwrap();
     assert_eq!(text(&c2, "GSI1PK").as_deref(), Some("PROFILE#p1"));
 }
+
+#[tokio::test]
+async fn missing_credentials_fail_within_seconds_and_write_nothing() {
+    let client = support::client().await;
+    let spec = support::shipped_spec("user-service.toml");
+    let table = support::fresh_table(&client, &spec, "run-nocreds").await;
+    support::put(
+        &client,
+        &table,
+        &[
+            ("PK", s("USER#u1")),
+            ("SK", s("EMAIL#e1")),
+            ("email", s("sam@x.org")),
+            ("isPrimary", Av::Bool(true)),
+        ],
+    )
+    .await;
+    let spec_file = shipped("user-service.toml");
+    // An empty HOME: no ~/.aws; no instance metadata to fall back on.
+    let home = std::env::temp_dir().join(format!("ddbp-nocreds-{}", std::process::id()));
+    std::fs::create_dir_all(&home).unwrap();
+    for endpoint in [support::endpoint(), "http://127.0.0.1:9"] {
+        let started = Instant::now();
+        let output = Command::new(support::binary())
+            .args([
+                "run",
+                "--drain",
+                "--spec",
+                path(&spec_file),
+                "--table",
+                &table,
+            ])
+            .env_clear()
+            .env("PATH", std::env::var("PATH").unwrap_or_default())
+            .env("HOME", &home)
+            .env("AWS_ENDPOINT_URL", endpoint)
+            .env("AWS_REGION", "us-east-1")
+            .env("AWS_EC2_METADATA_DISABLED", "true")
+            .stdin(Stdio::null())
+            .output()
+            .unwrap();
+        let elapsed = started.elapsed();
+        let message = stderr(&output);
+        eprintln!("timing: no credentials ({endpoint}) failed after {elapsed:?}: {message}");
+        assert_eq!(output.status.code(), Some(2), "{message}");
+        assert!(elapsed < Duration::from_secs(10), "{elapsed:?}");
+        assert!(
+            message.contains("no AWS credentials found: set AWS_PROFILE, or AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY"),
+            "{message}"
+        );
+    }
+    let _ = std::fs::remove_dir_all(&home);
+    let stored = get(&client, &table, "USER#u1", "EMAIL#e1").await.unwrap();
+    assert!(!stored.contains_key("GSI1PK"), "nothing was written");
+}
