@@ -58,7 +58,17 @@ pub struct DeadLetter {
     pub record: serde_json::Value,
     /// Whether `record` is a decoded change record.
     pub decoded: bool,
+    /// Set when the record was too big to store whole (an item near
+    /// DynamoDB's 400 KB limit): its images were left out, and this is the
+    /// size of the whole record in bytes. Redrive reads the item's current
+    /// state instead.
+    #[serde(rename = "imagesOmitted", skip_serializing_if = "Option::is_none")]
+    pub images_omitted: Option<usize>,
 }
+
+/// The largest record stored in a dead letter whole: the letter must fit in
+/// one 400 KB item with its other attributes.
+pub const MAX_STORED_RECORD_BYTES: usize = 300 * 1024;
 
 fn ser_key<S: serde::Serializer>(key: &Option<ItemKey>, serializer: S) -> Result<S::Ok, S::Error> {
     match key {
@@ -88,6 +98,7 @@ impl DeadLetter {
             last_failed_at: String::new(),
             record: serde_json::to_value(record).unwrap_or_default(),
             decoded: true,
+            images_omitted: None,
         }
     }
 
@@ -105,6 +116,7 @@ impl DeadLetter {
             last_failed_at: String::new(),
             record: problem.raw.clone(),
             decoded: false,
+            images_omitted: None,
         }
     }
 
@@ -208,7 +220,7 @@ impl DeadLetterStore {
         let at = now();
         for letter in letters {
             let key = self.key(DLQ_PK, &letter.sort_key());
-            let record = serde_json::to_string(&letter.record).unwrap_or_default();
+            let (record, omitted) = stored_record(letter);
             let mut values = HashMap::from([
                 (":projection".to_string(), Av::S(letter.projection.clone())),
                 (":error".to_string(), Av::S(letter.error.clone())),
@@ -226,6 +238,14 @@ impl DeadLetterStore {
                     Av::S(letter.event_id.clone().unwrap_or_default()),
                 ),
             ]);
+            if let Some(bytes) = omitted {
+                values.insert(":omitted".to_string(), Av::N(bytes.to_string()));
+                tracing::warn!(
+                    bytes,
+                    event_id = letter.event_id.as_deref().unwrap_or(""),
+                    "record too big for a dead letter: stored without its images; redrive reads the item"
+                );
+            }
             let mut sets: Vec<(&str, &str)> = vec![
                 ("projection", ":projection"),
                 ("error", ":error"),
@@ -235,6 +255,9 @@ impl DeadLetterStore {
                 ("sequenceNumber", ":seq"),
                 ("eventId", ":event"),
             ];
+            if omitted.is_some() {
+                sets.push(("imagesOmitted", ":omitted"));
+            }
             if let Some(source) = &letter.source_key {
                 values.insert(":spk".to_string(), Av::S(source.pk.clone()));
                 values.insert(
@@ -447,10 +470,98 @@ fn from_item(item: &HashMap<String, Av>) -> DeadLetter {
             .and_then(|text| serde_json::from_str(&text).ok())
             .unwrap_or_default(),
         decoded: b("decoded"),
+        images_omitted: match item.get("imagesOmitted") {
+            Some(Av::N(n)) => n.parse().ok(),
+            _ => None,
+        },
     }
 }
 
+/// The record text a letter stores, and the whole record's size when it
+/// had to be slimmed: a decoded record keeps everything but its images; a
+/// raw one keeps its first bytes as a string.
+fn stored_record(letter: &DeadLetter) -> (String, Option<usize>) {
+    let whole = serde_json::to_string(&letter.record).unwrap_or_default();
+    if whole.len() <= MAX_STORED_RECORD_BYTES {
+        return (whole, None);
+    }
+    let mut slim = letter.record.clone();
+    if let Some(map) = slim.as_object_mut() {
+        if letter.decoded {
+            map.remove("old_image");
+            map.remove("new_image");
+        }
+    }
+    let text = serde_json::to_string(&slim).unwrap_or_default();
+    if text.len() <= MAX_STORED_RECORD_BYTES {
+        return (text, Some(whole.len()));
+    }
+    let mut cut = MAX_STORED_RECORD_BYTES;
+    while !whole.is_char_boundary(cut) {
+        cut -= 1;
+    }
+    (
+        serde_json::to_string(&serde_json::Value::String(whole[..cut].to_string()))
+            .unwrap_or_default(),
+        Some(whole.len()),
+    )
+}
+
 impl Applier {
+    /// For a letter stored without its images: the item's current state,
+    /// read consistently, as the record to apply (effects are states, so
+    /// the current state supersedes the one the letter was about).
+    async fn current_state(
+        &self,
+        index: usize,
+        letter: &DeadLetter,
+        key: &ItemKey,
+    ) -> Result<Result<ChangeRecord, crate::decode::DecodeProblem>, WriteError> {
+        let retries = std::sync::atomic::AtomicU64::new(0);
+        let item_key: HashMap<String, Av> = self.spec.table.key_item(key).into();
+        let output = with_retries(
+            "redrive_read",
+            std::time::Duration::from_secs(20),
+            &retries,
+            || {
+                let request = self
+                    .client
+                    .get_item()
+                    .table_name(&self.table)
+                    .set_key(Some(item_key.clone()))
+                    .consistent_read(true);
+                async move { request.send().await.map_err(sdk) }
+            },
+        )
+        .await?;
+        let mut record: ChangeRecord = match serde_json::from_value(letter.record.clone()) {
+            Ok(record) => record,
+            Err(error) => {
+                return Ok(Err(crate::decode::DecodeProblem {
+                    index,
+                    event_id: letter.event_id.clone(),
+                    sequence_number: letter.sequence_number.clone(),
+                    reason: format!("stored record is unreadable: {error}"),
+                    raw: letter.record.clone(),
+                }))
+            }
+        };
+        match output.item {
+            Some(item) => {
+                record.kind = crate::record::ChangeKind::Insert;
+                record.old_image = None;
+                record.new_image = Some(crate::record::Item::from(item));
+            }
+            None => {
+                record.kind = crate::record::ChangeKind::Remove;
+                record.old_image = None;
+                record.new_image = None;
+            }
+        }
+        record.origin = crate::record::Origin::Scan { segment: 0 };
+        Ok(Ok(record))
+    }
+
     /// The dead-letter store of this applier's table.
     pub fn dead_letter_store(&self) -> DeadLetterStore {
         DeadLetterStore::new(self.client.clone(), &self.table, &self.spec)
@@ -501,25 +612,28 @@ impl Applier {
                     }
                 }
             };
-            let batch: Vec<_> = group
-                .iter()
-                .enumerate()
-                .map(|(i, letter)| {
-                    if letter.decoded {
-                        serde_json::from_value::<ChangeRecord>(letter.record.clone()).map_err(
-                            |error| crate::decode::DecodeProblem {
-                                index: i,
-                                event_id: letter.event_id.clone(),
-                                sequence_number: letter.sequence_number.clone(),
-                                reason: format!("stored record is unreadable: {error}"),
-                                raw: letter.record.clone(),
-                            },
-                        )
-                    } else {
-                        decode_lambda_record(i, &letter.record)
-                    }
-                })
-                .collect();
+            let mut batch = Vec::with_capacity(group.len());
+            for (i, letter) in group.iter().enumerate() {
+                if let (Some(_), true, Some(key)) =
+                    (letter.images_omitted, letter.decoded, &letter.source_key)
+                {
+                    batch.push(self.current_state(i, letter, key).await.map_err(fatal)?);
+                    continue;
+                }
+                batch.push(if letter.decoded {
+                    serde_json::from_value::<ChangeRecord>(letter.record.clone()).map_err(|error| {
+                        crate::decode::DecodeProblem {
+                            index: i,
+                            event_id: letter.event_id.clone(),
+                            sequence_number: letter.sequence_number.clone(),
+                            reason: format!("stored record is unreadable: {error}"),
+                            raw: letter.record.clone(),
+                        }
+                    })
+                } else {
+                    decode_lambda_record(i, &letter.record)
+                });
+            }
             let options = BatchOptions {
                 selection,
                 redrive: true,

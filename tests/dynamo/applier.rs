@@ -635,7 +635,8 @@ fn email_of_size(user: &str, size: usize) -> Attrs {
 }
 
 #[tokio::test]
-async fn an_item_near_the_400_kb_limit_whose_derived_keys_do_not_fit_is_not_consumed() {
+async fn an_item_near_the_400_kb_limit_whose_derived_keys_do_not_fit_is_dead_lettered_without_its_images(
+) {
     const LIMIT: usize = 400 * 1024;
     let (applier, client, table, _) = setup("user-service.toml", "big").await;
     // GSI1PK = EMAIL#sam@x.org and GSI1SK = USER#uN add 34 bytes.
@@ -645,35 +646,48 @@ async fn an_item_near_the_400_kb_limit_whose_derived_keys_do_not_fit_is_not_cons
     for item in [&too_big, &fits, &small] {
         write(&client, &table, item).await;
     }
+    let batch = [
+        change(1, ChangeKind::Insert, None, Some(&too_big)),
+        change(2, ChangeKind::Insert, None, Some(&fits)),
+        change(3, ChangeKind::Insert, None, Some(&small)),
+    ];
     let outcome = applier
-        .apply_batch(
-            &[
-                change(1, ChangeKind::Insert, None, Some(&too_big)),
-                change(2, ChangeKind::Insert, None, Some(&fits)),
-                change(3, ChangeKind::Insert, None, Some(&small)),
-            ],
-            &BatchOptions::default(),
-        )
+        .apply_batch(&batch, &BatchOptions::default())
         .await
         .unwrap();
-    // DynamoDB rejects the derived write, and the dead letter (which carries
-    // the ~400 KB image) does not fit either: the record is not handled, so
-    // it is not checkpointed past and will be delivered again. Nothing is
-    // lost, but its shard waits on it (see README "Bad input").
+    // DynamoDB rejects the derived write. The letter cannot carry the
+    // ~400 KB image, so it is stored without the images, with the size of
+    // the whole record: the record is handled and the shard goes on.
     assert_eq!(
         outcome.statuses[0],
-        RecordStatus::Failed(
-            "ValidationException: Item size to update has exceeded the maximum allowed size \
-             (and storing the dead letter failed: ValidationException: Item size to update \
-             has exceeded the maximum allowed size)"
+        RecordStatus::DeadLettered(vec![
+            "email-gsi1-keys: ValidationException: Item size to update has exceeded the maximum allowed size"
                 .to_string()
-        ),
+        ]),
         "{outcome:?}"
     );
-    assert!(!outcome.statuses[0].is_handled());
     assert_eq!(outcome.statuses[1], RecordStatus::Applied, "{outcome:?}");
     assert_eq!(outcome.statuses[2], RecordStatus::Applied, "{outcome:?}");
-    assert!(applier.dead_letter_store().list().await.unwrap().is_empty());
+    let letters = applier.dead_letter_store().list().await.unwrap();
+    assert_eq!(letters.len(), 1, "{letters:?}");
+    let letter = &letters[0];
+    assert!(
+        letter.images_omitted.unwrap() > LIMIT,
+        "{:?}",
+        letter.images_omitted
+    );
+    assert_eq!(letter.record["event_id"], "e1", "{}", letter.record);
+    assert!(letter.record.get("new_image").is_none());
+    // Delivered again, it is the same letter (one more attempt), not lost.
+    let again = applier
+        .apply_batch(&batch[..1], &BatchOptions::default())
+        .await
+        .unwrap();
+    assert!(again.statuses[0].is_handled(), "{again:?}");
+    assert_eq!(
+        applier.dead_letter_store().list().await.unwrap()[0].attempts,
+        2
+    );
     // The item is untouched; the other two carry their derived keys.
     let stored = get(&client, &table, "USER#u1", "EMAIL#e1").await.unwrap();
     assert!(!stored.contains_key("GSI1PK"));
@@ -687,4 +701,13 @@ async fn an_item_near_the_400_kb_limit_whose_derived_keys_do_not_fit_is_not_cons
             Some(format!("USER#{user}").as_str())
         );
     }
+    // After a data fix (the notes shrink), redrive reads the item's current
+    // state, applies it and empties the store.
+    let fixed = email_of_size("u1", 2_000);
+    write(&client, &table, &fixed).await;
+    let summary = applier.redrive(None).await.unwrap();
+    assert_eq!(summary.redriven, 1, "{summary:?}");
+    assert!(applier.dead_letter_store().list().await.unwrap().is_empty());
+    let stored = get(&client, &table, "USER#u1", "EMAIL#e1").await.unwrap();
+    assert_eq!(text(&stored, "GSI1PK").as_deref(), Some("EMAIL#sam@x.org"));
 }
