@@ -26,7 +26,7 @@ use futures::stream::StreamExt;
 
 use super::dlq::now;
 use super::retry::{sdk, with_retries, ErrorClass, WriteError};
-use super::writes::{av, read_markers, read_sources, Ctx, Expr};
+use super::writes::{av, query_all, read_markers, read_sources, Ctx, Expr, KeyQuery};
 use crate::decode::DecodeProblem;
 use crate::invariant::{
     check_partition, check_unique, keep_latest, scope_prefix, unique_value, violation_pk,
@@ -369,45 +369,21 @@ async fn check_value_scope<'a>(
     else {
         return Ok(Vec::new());
     };
-    let mut holders: HashSet<ItemKey> = HashSet::new();
-    let mut start: Option<HashMap<String, Av>> = None;
-    loop {
-        let mut expr = Expr::default();
-        let name = expr.name(attribute);
-        let v = expr.value(Av::S(value.to_string()));
-        let condition = format!("{name} = {v}");
-        let (names, values) = expr.values();
-        let page = with_retries(
-            "check_unique",
-            ctx.config.max_retry_time,
-            &ctx.retries,
-            || {
-                let request = ctx
-                    .client
-                    .query()
-                    .table_name(ctx.table)
-                    .index_name(index)
-                    .key_condition_expression(&condition)
-                    .set_expression_attribute_names(Some(names.clone()))
-                    .set_expression_attribute_values(values.clone())
-                    .set_exclusive_start_key(start.clone())
-                    .return_consumed_capacity(ReturnConsumedCapacity::Total);
-                async move { request.send().await.map_err(sdk) }
-            },
-        )
-        .await?;
-        ctx.count_units(page.consumed_capacity(), false);
-        for item in page.items() {
-            let item = Item::from(item.clone());
-            if let Some(key) = spec.table.item_key(&item) {
-                holders.insert(key);
-            }
-        }
-        match page.last_evaluated_key() {
-            Some(key) if !key.is_empty() && holders.len() < 1000 => start = Some(key.clone()),
-            _ => break,
-        }
-    }
+    let mut expr = Expr::default();
+    let name = expr.name(attribute);
+    let v = expr.value(Av::S(value.to_string()));
+    let query = KeyQuery {
+        what: "check_unique",
+        index: Some(index),
+        condition: format!("{name} = {v}"),
+        expr,
+        limit: Some(1000),
+    };
+    let mut holders: HashSet<ItemKey> = query_all(ctx, query)
+        .await?
+        .into_iter()
+        .filter_map(|item| spec.table.item_key(&Item::from(item)))
+        .collect();
     // The GSI lags the table: add what the batch just made hold the value.
     for (key, state) in last_state {
         if state
@@ -732,68 +708,48 @@ pub(crate) async fn recorded(ctx: &Ctx<'_>) -> Result<Vec<RecordedViolation>, Wr
         return Ok(out);
     };
     for invariant in &ctx.spec.invariants {
-        let mut start: Option<HashMap<String, Av>> = None;
-        loop {
-            let mut expr = Expr::default();
-            let pk = expr.name(&ctx.spec.table.partition_key);
-            let pk_value = expr.value(Av::S(violation_pk(&invariant.name)));
-            let condition = format!("{pk} = {pk_value}");
-            let (names, values) = expr.values();
-            let page = with_retries(
-                "read_violations",
-                ctx.config.max_retry_time,
-                &ctx.retries,
-                || {
-                    let request = ctx
-                        .client
-                        .query()
-                        .table_name(ctx.table)
-                        .consistent_read(true)
-                        .key_condition_expression(&condition)
-                        .set_expression_attribute_names(Some(names.clone()))
-                        .set_expression_attribute_values(values.clone())
-                        .set_exclusive_start_key(start.clone());
-                    async move { request.send().await.map_err(sdk) }
-                },
-            )
-            .await?;
-            for item in page.items() {
-                let revealed_by = match item.get("revealedBy") {
-                    Some(Av::M(map)) => map
-                        .iter()
-                        .filter_map(|(k, v)| match v {
-                            Av::S(s) => Some((k.clone(), s.clone())),
-                            _ => None,
-                        })
-                        .collect(),
-                    _ => BTreeMap::new(),
-                };
-                let keys = match item.get("keys") {
-                    Some(Av::L(list)) => list
-                        .iter()
-                        .filter_map(|v| match v {
-                            Av::S(s) => Some(s.clone()),
-                            _ => None,
-                        })
-                        .collect(),
-                    _ => Vec::new(),
-                };
-                out.push(RecordedViolation {
-                    invariant: text(item, "invariant"),
-                    kind: text(item, "kind"),
-                    scope: text(item, "scope"),
-                    keys,
-                    message: text(item, "message"),
-                    since: text(item, "since"),
-                    last_seen: text(item, "lastSeen"),
-                    revealed_by,
-                    record_sk: text(item, &sk_name),
-                });
-            }
-            match page.last_evaluated_key() {
-                Some(key) if !key.is_empty() => start = Some(key.clone()),
-                _ => break,
-            }
+        let mut expr = Expr::default();
+        let pk = expr.name(&ctx.spec.table.partition_key);
+        let pk_value = expr.value(Av::S(violation_pk(&invariant.name)));
+        let query = KeyQuery {
+            what: "read_violations",
+            index: None,
+            condition: format!("{pk} = {pk_value}"),
+            expr,
+            limit: None,
+        };
+        for item in &query_all(ctx, query).await? {
+            let revealed_by = match item.get("revealedBy") {
+                Some(Av::M(map)) => map
+                    .iter()
+                    .filter_map(|(k, v)| match v {
+                        Av::S(s) => Some((k.clone(), s.clone())),
+                        _ => None,
+                    })
+                    .collect(),
+                _ => BTreeMap::new(),
+            };
+            let keys = match item.get("keys") {
+                Some(Av::L(list)) => list
+                    .iter()
+                    .filter_map(|v| match v {
+                        Av::S(s) => Some(s.clone()),
+                        _ => None,
+                    })
+                    .collect(),
+                _ => Vec::new(),
+            };
+            out.push(RecordedViolation {
+                invariant: text(item, "invariant"),
+                kind: text(item, "kind"),
+                scope: text(item, "scope"),
+                keys,
+                message: text(item, "message"),
+                since: text(item, "since"),
+                last_seen: text(item, "lastSeen"),
+                revealed_by,
+                record_sk: text(item, &sk_name),
+            });
         }
     }
     Ok(out)

@@ -189,50 +189,82 @@ pub(crate) async fn set_attributes(
     .await
 }
 
+/// A key condition to query with: on the table (read consistently) or on
+/// a GSI (eventually consistent, the only way a GSI reads).
+pub(crate) struct KeyQuery<'q> {
+    /// Names the operation in retry metrics.
+    pub what: &'static str,
+    /// The GSI, if any.
+    pub index: Option<&'q str>,
+    /// The key condition expression.
+    pub condition: String,
+    /// Its attribute names and values.
+    pub expr: Expr,
+    /// Stop paging once this many items are read.
+    pub limit: Option<usize>,
+}
+
+/// Every item a query returns, page after page, with retries; read
+/// capacity is counted.
+pub(crate) async fn query_all(
+    ctx: &Ctx<'_>,
+    query: KeyQuery<'_>,
+) -> Result<Vec<HashMap<String, Av>>, WriteError> {
+    let (names, values) = query.expr.values();
+    let mut items = Vec::new();
+    let mut start: Option<HashMap<String, Av>> = None;
+    loop {
+        let page = with_retries(query.what, ctx.config.max_retry_time, &ctx.retries, || {
+            let request = ctx
+                .client
+                .query()
+                .table_name(ctx.table)
+                .set_index_name(query.index.map(str::to_string))
+                .consistent_read(query.index.is_none())
+                .key_condition_expression(&query.condition)
+                .set_expression_attribute_names(Some(names.clone()))
+                .set_expression_attribute_values(values.clone())
+                .set_exclusive_start_key(start.clone())
+                .return_consumed_capacity(ReturnConsumedCapacity::Total);
+            async move { request.send().await.map_err(sdk) }
+        })
+        .await?;
+        ctx.count_units(page.consumed_capacity(), false);
+        items.extend(page.items().iter().cloned());
+        let full = query.limit.is_some_and(|limit| items.len() >= limit);
+        match page.last_evaluated_key() {
+            Some(key) if !key.is_empty() && !full => start = Some(key.clone()),
+            _ => return Ok(items),
+        }
+    }
+}
+
 /// Reads every source item of a denormalized target, consistently.
 pub(crate) async fn read_sources(
     ctx: &Ctx<'_>,
     sources: &SourceQuery,
 ) -> Result<Vec<Item>, WriteError> {
-    let mut items = Vec::new();
-    let mut start: Option<HashMap<String, Av>> = None;
-    loop {
-        let mut expr = Expr::default();
-        let pk = expr.name(ctx.pk_name());
-        let pk_value = expr.value(Av::S(sources.pk.clone()));
-        let mut condition = format!("{pk} = {pk_value}");
-        if let (Some(prefix), Some(sk_name)) = (&sources.sk_prefix, &ctx.spec.table.sort_key) {
-            let sk = expr.name(sk_name);
-            let p = expr.value(Av::S(prefix.clone()));
-            condition.push_str(&format!(" AND begins_with({sk}, {p})"));
-        }
-        let (names, values) = expr.values();
-        let page = with_retries(
-            "read_sources",
-            ctx.config.max_retry_time,
-            &ctx.retries,
-            || {
-                let request = ctx
-                    .client
-                    .query()
-                    .table_name(ctx.table)
-                    .consistent_read(true)
-                    .key_condition_expression(&condition)
-                    .set_expression_attribute_names(Some(names.clone()))
-                    .set_expression_attribute_values(values.clone())
-                    .set_exclusive_start_key(start.clone())
-                    .return_consumed_capacity(ReturnConsumedCapacity::Total);
-                async move { request.send().await.map_err(sdk) }
-            },
-        )
-        .await?;
-        ctx.count_units(page.consumed_capacity(), false);
-        items.extend(page.items().iter().map(|item| Item::from(item.clone())));
-        match page.last_evaluated_key() {
-            Some(key) if !key.is_empty() => start = Some(key.clone()),
-            _ => return Ok(items),
-        }
+    let mut expr = Expr::default();
+    let pk = expr.name(ctx.pk_name());
+    let pk_value = expr.value(Av::S(sources.pk.clone()));
+    let mut condition = format!("{pk} = {pk_value}");
+    if let (Some(prefix), Some(sk_name)) = (&sources.sk_prefix, &ctx.spec.table.sort_key) {
+        let sk = expr.name(sk_name);
+        let p = expr.value(Av::S(prefix.clone()));
+        condition.push_str(&format!(" AND begins_with({sk}, {p})"));
     }
+    let query = KeyQuery {
+        what: "read_sources",
+        index: None,
+        condition,
+        expr,
+        limit: None,
+    };
+    Ok(query_all(ctx, query)
+        .await?
+        .into_iter()
+        .map(Item::from)
+        .collect())
 }
 
 /// `denormalize`: reads the target and its sources, computes the copied

@@ -254,7 +254,10 @@ pub async fn audit(applier: &Applier, options: &AuditOptions) -> Result<AuditRep
     let started = Instant::now();
     let spec = applier.spec();
     let read_micro = AtomicU64::new(0);
-    let progress = Progress::new(options.progress, estimate_items(applier).await);
+    let progress = Progress::new(
+        options.progress,
+        crate::backfill::estimate_items(applier).await,
+    );
     let segments = options.segments.max(1);
     let scans = (0..segments).map(|segment| {
         scan_segment(
@@ -968,17 +971,6 @@ async fn scan_segment(
             _ => return Ok(items),
         }
     }
-}
-
-async fn estimate_items(applier: &Applier) -> Option<u64> {
-    let output = applier
-        .client()
-        .describe_table()
-        .table_name(applier.table())
-        .send()
-        .await
-        .ok()?;
-    output.table()?.item_count().map(|n| n.max(0) as u64)
 }
 
 /// A bar on a terminal, log lines every few seconds otherwise.

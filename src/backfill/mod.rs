@@ -260,7 +260,8 @@ pub async fn backfill(
     Ok(summary)
 }
 
-async fn estimate_items(applier: &Applier) -> Option<u64> {
+/// The table's approximate item count (DescribeTable), for progress bars.
+pub(crate) async fn estimate_items(applier: &Applier) -> Option<u64> {
     let output = applier
         .client()
         .describe_table()
