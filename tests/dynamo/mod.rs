@@ -7,5 +7,6 @@ mod audit;
 mod backfill;
 mod faults;
 mod lambda;
+mod model;
 mod runner;
 mod table;

@@ -3,7 +3,7 @@
 //! stream, and the table is then checked against what the spec computes
 //! from the final source items.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 use std::sync::Arc;
@@ -15,9 +15,11 @@ use ddb_projector::source::{RunErrorKind, RunOptions, StreamRunner, Summary};
 use ddb_projector::spec::Spec;
 use futures::stream::{self, StreamExt};
 
+use super::model::{
+    achievement, assert_no_problems, attrs, campaign, check_derived, email, follow, profile,
+    put_item, seed_from_env, user_items, Attrs, Rng, COMBINED_SPEC,
+};
 use super::support::{self, delete, get, s, text};
-
-type Attrs = HashMap<String, Av>;
 
 // ---------------------------------------------------------------- helpers ---
 
@@ -91,83 +93,6 @@ async fn drain_library(runner: &StreamRunner) -> Summary {
         .unwrap_or_else(|error| panic!("drain failed: {error}"))
 }
 
-fn attrs(pairs: &[(&str, Av)]) -> Attrs {
-    support::item(pairs)
-}
-
-async fn write(client: &aws_sdk_dynamodb::Client, table: &str, item: Attrs) {
-    let mut attempt = 0;
-    loop {
-        match client
-            .put_item()
-            .table_name(table)
-            .set_item(Some(item.clone()))
-            .send()
-            .await
-        {
-            Ok(_) => return,
-            Err(error) if attempt < 5 => {
-                attempt += 1;
-                eprintln!("put failed ({error:?}); retrying");
-                tokio::time::sleep(Duration::from_millis(100 * attempt)).await;
-            }
-            Err(error) => panic!("put failed: {error:?}"),
-        }
-    }
-}
-
-fn profile(user: &str) -> Attrs {
-    attrs(&[
-        ("PK", s(&format!("USER#{user}"))),
-        ("SK", s("PROFILE")),
-        ("userId", s(user)),
-        ("firstName", s("Sam")),
-    ])
-}
-
-fn email(user: &str, id: &str, address: &str, primary: bool) -> Attrs {
-    attrs(&[
-        ("PK", s(&format!("USER#{user}"))),
-        ("SK", s(&format!("EMAIL#{id}"))),
-        ("userId", s(user)),
-        ("emailId", s(id)),
-        ("email", s(address)),
-        ("isPrimary", Av::Bool(primary)),
-    ])
-}
-
-fn follow(a: &str, b: &str, at: &str) -> Attrs {
-    attrs(&[
-        ("PK", s(&format!("USER#{a}"))),
-        ("SK", s(&format!("FOLLOWS#{b}"))),
-        ("followerId", s(a)),
-        ("followeeId", s(b)),
-        ("followedAt", s(at)),
-    ])
-}
-
-fn achievement(user: &str, badge: &str, tier: &str, score: Av) -> Attrs {
-    attrs(&[
-        ("PK", s(&format!("USER#{user}"))),
-        ("SK", s(&format!("ACHIEVEMENT#{badge}"))),
-        ("userId", s(user)),
-        ("badgeId", s(badge)),
-        ("tier", s(tier)),
-        ("score", score),
-    ])
-}
-
-fn campaign(id: &str, profile: &str, status: &str) -> Attrs {
-    attrs(&[
-        ("PK", s(&format!("CAMPAIGN#{id}"))),
-        ("SK", s("METADATA")),
-        ("campaignId", s(id)),
-        ("profileId", s(profile)),
-        ("status", s(status)),
-        ("name", s(&format!("Campaign {id}"))),
-    ])
-}
-
 async fn counter(
     client: &aws_sdk_dynamodb::Client,
     table: &str,
@@ -186,15 +111,6 @@ async fn counter(
     .expect("read counter")
 }
 
-/// Every item but the projector's own bookkeeping.
-async fn user_items(client: &aws_sdk_dynamodb::Client, table: &str) -> Vec<Attrs> {
-    support::scan_all(client, table)
-        .await
-        .into_iter()
-        .filter(|item| !text(item, "PK").is_some_and(|pk| pk.starts_with("_ddbp#")))
-        .collect()
-}
-
 fn timed(name: &str, started: Instant) {
     eprintln!(
         "timing: {name} took {:.1} s",
@@ -202,116 +118,16 @@ fn timed(name: &str, started: Instant) {
     );
 }
 
-/// A small deterministic generator (xorshift64*), seeded per test.
-struct Rng(u64);
-
-impl Rng {
-    fn new(seed: u64) -> Rng {
-        Rng(seed.max(1))
-    }
-
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
-    }
-
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n
-    }
-}
-
 fn seed() -> u64 {
-    std::env::var("RUNNER_TEST_SEED")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or_else(|| {
-            std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .unwrap()
-                .as_nanos() as u64
-        })
+    seed_from_env("RUNNER_TEST_SEED", || {
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_nanos() as u64
+    })
 }
 
 // ------------------------------------------------------------ the checker ---
-
-/// A spec with every kind the shipped specs use, over one table: emails and
-/// profiles (user-service), follows and achievements (social-service).
-const COMBINED_SPEC: &str = r#"
-service = "runner-test"
-
-[table]
-name = "RunnerTest"
-partition_key = "PK"
-sort_key = "SK"
-
-[[table.gsi]]
-name = "GSI1"
-partition_key = "GSI1PK"
-sort_key = "GSI1SK"
-
-[entities.profile]
-pk = "USER#{userId}"
-sk = "PROFILE"
-
-[entities.email]
-pk = "USER#{userId}"
-sk = "EMAIL#{emailId}"
-
-[entities.follow]
-pk = "USER#{followerId}"
-sk = "FOLLOWS#{followeeId}"
-
-[entities.followed_by]
-pk = "USER#{followeeId}"
-sk = "FOLLOWED_BY#{followerId}"
-
-[entities.achievement]
-pk = "USER#{userId}"
-sk = "ACHIEVEMENT#{badgeId}"
-
-[[projections]]
-name = "email-gsi1-keys"
-kind = "index-keys"
-entity = "email"
-set = { GSI1PK = "EMAIL#{lower(trim(email))}", GSI1SK = "USER#{userId}" }
-
-[[projections]]
-name = "profile-primary-email"
-kind = "denormalize"
-source = "email"
-target = "profile"
-when = { isPrimary = true }
-copy = { email = "{email}" }
-
-[[projections]]
-name = "followed-by"
-kind = "inverse-edge"
-source = "follow"
-target = "followed_by"
-copy = { followedAt = "{followedAt}" }
-
-[[projections]]
-name = "followers"
-kind = "counter"
-source = "follow"
-of = { userId = "{followeeId}" }
-shards = 8
-
-[[projections]]
-name = "following"
-kind = "counter"
-source = "follow"
-of = { userId = "{followerId}" }
-shards = 4
-
-[[projections]]
-name = "achievement-leaderboard-keys"
-kind = "index-keys"
-entity = "achievement"
-set = { GSI1PK = "TIER#{tier}", GSI1SK = "SCORE#{pad(score, 4)}" }
-"#;
 
 /// The combined spec, compiled and written to a file for the binary.
 fn combined_spec() -> (Arc<Spec>, tempfile::TempDir, PathBuf) {
@@ -320,142 +136,6 @@ fn combined_spec() -> (Arc<Spec>, tempfile::TempDir, PathBuf) {
     std::fs::write(&file, COMBINED_SPEC).expect("write spec");
     let spec = Arc::new(Spec::from_file(&file).expect("the combined spec compiles"));
     (spec, dir, file)
-}
-
-/// Compares derived state with what the spec computes from the source
-/// items of a scan; returns every difference.
-async fn check_derived(client: &aws_sdk_dynamodb::Client, table: &str, spec: &Spec) -> Vec<String> {
-    let items = user_items(client, table).await;
-    let mut problems = Vec::new();
-    let by_key: HashMap<(String, String), &Attrs> = items
-        .iter()
-        .map(|item| ((text(item, "PK").unwrap(), text(item, "SK").unwrap()), item))
-        .collect();
-    let mut primary: HashMap<String, Vec<String>> = HashMap::new();
-    let mut profiles = BTreeSet::new();
-    let mut followers: BTreeMap<String, i64> = BTreeMap::new();
-    let mut following: BTreeMap<String, i64> = BTreeMap::new();
-    let mut users = BTreeSet::new();
-    for item in &items {
-        let pk = text(item, "PK").unwrap();
-        let sk = text(item, "SK").unwrap();
-        let gsi = (text(item, "GSI1PK"), text(item, "GSI1SK"));
-        let Some(user) = pk.strip_prefix("USER#") else {
-            continue;
-        };
-        users.insert(user.to_string());
-        if sk == "PROFILE" {
-            profiles.insert(user.to_string());
-            if gsi.0.is_some() || gsi.1.is_some() {
-                problems.push(format!("{pk}/{sk}: a profile has GSI1 keys"));
-            }
-        } else if let Some(_email_id) = sk.strip_prefix("EMAIL#") {
-            let address = text(item, "email").unwrap_or_default();
-            let expected = (
-                Some(format!("EMAIL#{}", address.trim().to_lowercase())),
-                Some(format!("USER#{user}")),
-            );
-            if gsi != expected {
-                problems.push(format!(
-                    "{pk}/{sk}: GSI1 keys {gsi:?}, expected {expected:?}"
-                ));
-            }
-            if item.get("isPrimary") == Some(&Av::Bool(true)) {
-                primary.entry(user.to_string()).or_default().push(address);
-            }
-        } else if let Some(b) = sk.strip_prefix("FOLLOWS#") {
-            *followers.entry(b.to_string()).or_default() += 1;
-            *following.entry(user.to_string()).or_default() += 1;
-            users.insert(b.to_string());
-            let edge = by_key.get(&(format!("USER#{b}"), format!("FOLLOWED_BY#{user}")));
-            match edge {
-                None => problems.push(format!(
-                    "{pk}/{sk}: no inverse edge USER#{b}/FOLLOWED_BY#{user}"
-                )),
-                Some(edge) if edge.get("followedAt") != item.get("followedAt") => {
-                    problems.push(format!(
-                        "USER#{b}/FOLLOWED_BY#{user}: followedAt {:?}, the follow has {:?}",
-                        edge.get("followedAt"),
-                        item.get("followedAt")
-                    ))
-                }
-                Some(_) => {}
-            }
-        } else if let Some(a) = sk.strip_prefix("FOLLOWED_BY#") {
-            if !by_key.contains_key(&(format!("USER#{a}"), format!("FOLLOWS#{user}"))) {
-                problems.push(format!("{pk}/{sk}: an inverse edge without its follow"));
-            }
-        } else if sk.starts_with("ACHIEVEMENT#") {
-            let score = text(item, "score").unwrap_or_default();
-            let expected = (
-                Some(format!("TIER#{}", text(item, "tier").unwrap_or_default())),
-                Some(format!("SCORE#{score:0>4}")),
-            );
-            if gsi != expected {
-                problems.push(format!(
-                    "{pk}/{sk}: GSI1 keys {gsi:?}, expected {expected:?}"
-                ));
-            }
-        }
-    }
-    for user in &profiles {
-        let item = by_key[&(format!("USER#{user}"), "PROFILE".to_string())];
-        let expected = match primary.get(user).map(Vec::as_slice) {
-            None | Some([]) => None,
-            Some([one]) => Some(one.clone()),
-            Some(many) => {
-                problems.push(format!(
-                    "USER#{user}: the workload left {} primary emails",
-                    many.len()
-                ));
-                continue;
-            }
-        };
-        if text(item, "email") != expected {
-            problems.push(format!(
-                "USER#{user}/PROFILE: email {:?}, expected {expected:?}",
-                text(item, "email")
-            ));
-        }
-    }
-    let users: Vec<String> = users.into_iter().collect();
-    let counts = stream::iter(users.iter())
-        .map(|user| async move {
-            (
-                user,
-                counter(client, table, spec, "followers", user).await,
-                counter(client, table, spec, "following", user).await,
-            )
-        })
-        .buffer_unordered(8)
-        .collect::<Vec<_>>()
-        .await;
-    for (user, n_followers, n_following) in counts {
-        let expected = (
-            followers.get(user).copied().unwrap_or(0),
-            following.get(user).copied().unwrap_or(0),
-        );
-        if (n_followers, n_following) != expected {
-            problems.push(format!(
-                "{user}: counters (followers, following) = ({n_followers}, {n_following}), expected {expected:?}"
-            ));
-        }
-    }
-    problems
-}
-
-fn assert_no_problems(problems: &[String]) {
-    assert!(
-        problems.is_empty(),
-        "{} differences, first ones:\n  {}",
-        problems.len(),
-        problems
-            .iter()
-            .take(20)
-            .cloned()
-            .collect::<Vec<_>>()
-            .join("\n  ")
-    );
 }
 
 // ------------------------------------------------------------------ tests ---
@@ -467,40 +147,45 @@ async fn user_service_end_to_end_through_run_drain() {
     let spec = support::shipped_spec("user-service.toml");
     let table = support::fresh_table(&client, &spec, "run-user").await;
     for user in ["u1", "u2", "u3"] {
-        write(&client, &table, profile(user)).await;
+        put_item(&client, &table, &profile(user)).await;
     }
     // u1: two addresses, then the primary switches as two plain writes.
-    write(
+    put_item(
         &client,
         &table,
-        email("u1", "e1", "  Alice@Example.COM ", true),
+        &email("u1", "e1", "  Alice@Example.COM ", true),
     )
     .await;
-    write(
+    put_item(
         &client,
         &table,
-        email("u1", "e2", "alice.work@example.com", false),
+        &email("u1", "e2", "alice.work@example.com", false),
     )
     .await;
-    write(
+    put_item(
         &client,
         &table,
-        email("u1", "e1", "  Alice@Example.COM ", false),
+        &email("u1", "e1", "  Alice@Example.COM ", false),
     )
     .await;
-    write(
+    put_item(
         &client,
         &table,
-        email("u1", "e2", "alice.work@example.com", true),
+        &email("u1", "e2", "alice.work@example.com", true),
     )
     .await;
     // u2: an address, never primary.
-    write(&client, &table, email("u2", "e1", "Bob@Example.com", false)).await;
-    // u3: a primary address that is then deleted.
-    write(
+    put_item(
         &client,
         &table,
-        email("u3", "e1", "carol@example.com", true),
+        &email("u2", "e1", "Bob@Example.com", false),
+    )
+    .await;
+    // u3: a primary address that is then deleted.
+    put_item(
+        &client,
+        &table,
+        &email("u3", "e1", "carol@example.com", true),
     )
     .await;
     delete(&client, &table, "USER#u3", "EMAIL#e1").await;
@@ -569,15 +254,15 @@ async fn social_service_end_to_end_through_run_drain() {
             let (client, table) = (client.clone(), table.clone());
             async move {
                 let at = format!("2024-05-01T00:{:02}:{:02}Z", i / 60, i % 60);
-                write(&client, &table, follow(&format!("f{i}"), "hot", &at)).await;
+                put_item(&client, &table, &follow(&format!("f{i}"), "hot", &at)).await;
             }
         })
         .buffer_unordered(16)
         .collect::<Vec<_>>()
         .await;
-    write(&client, &table, follow("a", "b", "2024-05-02T10:00:00Z")).await;
-    write(&client, &table, follow("a", "c", "2024-05-02T10:01:00Z")).await;
-    write(&client, &table, follow("b", "a", "2024-05-02T10:02:00Z")).await;
+    put_item(&client, &table, &follow("a", "b", "2024-05-02T10:00:00Z")).await;
+    put_item(&client, &table, &follow("a", "c", "2024-05-02T10:01:00Z")).await;
+    put_item(&client, &table, &follow("b", "a", "2024-05-02T10:02:00Z")).await;
     // Unfollows: a stops following c; ten of the hot user's followers leave.
     delete(&client, &table, "USER#a", "FOLLOWS#c").await;
     for i in 0..10 {
@@ -590,10 +275,10 @@ async fn social_service_end_to_end_through_run_drain() {
         ("c", "b1", "gold", 5),
         ("c", "b2", "silver", 700),
     ] {
-        write(
+        put_item(
             &client,
             &table,
-            achievement(user, badge, tier, support::n(score)),
+            &achievement(user, badge, tier, support::n(score)),
         )
         .await;
     }
@@ -667,15 +352,15 @@ async fn ads_platform_campaigns_get_gsi1_keys_through_run_drain() {
     let client = support::client().await;
     let spec = support::shipped_spec("ads-platform.toml");
     let table = support::fresh_table(&client, &spec, "run-ads").await;
-    write(&client, &table, campaign("c1", "p1", "ENABLED")).await;
-    write(&client, &table, campaign("c2", "p1", "ENABLED")).await;
-    write(&client, &table, campaign("c3", "p2", "ENABLED")).await;
-    write(&client, &table, campaign("c2", "p1", "PAUSED")).await;
+    put_item(&client, &table, &campaign("c1", "p1", "ENABLED")).await;
+    put_item(&client, &table, &campaign("c2", "p1", "ENABLED")).await;
+    put_item(&client, &table, &campaign("c3", "p2", "ENABLED")).await;
+    put_item(&client, &table, &campaign("c2", "p1", "PAUSED")).await;
     // An ad group is not a campaign: it gets no keys.
-    write(
+    put_item(
         &client,
         &table,
-        attrs(&[
+        &attrs(&[
             ("PK", s("CAMPAIGN#c1")),
             ("SK", s("ADGROUP#g1")),
             ("campaignId", s("c1")),
@@ -731,17 +416,17 @@ async fn a_full_replay_after_draining_changes_nothing() {
     let mut rng = Rng::new(seed());
     for user in 0..20 {
         let user = format!("u{user}");
-        write(&client, &table, profile(&user)).await;
-        write(
+        put_item(&client, &table, &profile(&user)).await;
+        put_item(
             &client,
             &table,
-            email(&user, "e1", &format!(" {user}@Example.com"), true),
+            &email(&user, "e1", &format!(" {user}@Example.com"), true),
         )
         .await;
-        write(
+        put_item(
             &client,
             &table,
-            email(&user, "e2", &format!("{user}.alt@example.com"), false),
+            &email(&user, "e2", &format!("{user}.alt@example.com"), false),
         )
         .await;
     }
@@ -754,7 +439,7 @@ async fn a_full_replay_after_draining_changes_nothing() {
             format!("u{}", rng.below(20))
         };
         match rng.below(6) {
-            0..=2 => write(&client, &table, follow(&a, &b, &format!("t{i}"))).await,
+            0..=2 => put_item(&client, &table, &follow(&a, &b, &format!("t{i}"))).await,
             3 => {
                 delete(
                     &client,
@@ -765,32 +450,35 @@ async fn a_full_replay_after_draining_changes_nothing() {
                 .await
             }
             4 => {
-                write(
+                put_item(
                     &client,
                     &table,
-                    email(&a, "e1", &format!("{a}@example.com"), false),
+                    &email(&a, "e1", &format!("{a}@example.com"), false),
                 )
                 .await;
-                write(
+                put_item(
                     &client,
                     &table,
-                    email(&a, "e2", &format!("{a}.{i}@example.com"), true),
+                    &email(&a, "e2", &format!("{a}.{i}@example.com"), true),
                 )
                 .await;
             }
             _ => {
                 let score = support::n(rng.below(1000) as i64);
-                write(
+                put_item(
                     &client,
                     &table,
-                    achievement(&a, "b1", ["gold", "silver"][i % 2], score),
+                    &achievement(&a, "b1", ["gold", "silver"][i % 2], score),
                 )
                 .await;
             }
         }
     }
     drain(&spec_file, &table);
-    assert_no_problems(&check_derived(&client, &table, &spec).await);
+    assert_no_problems(
+        &check_derived(&client, &table, &spec, &[]).await,
+        "the table",
+    );
     let before = user_items(&client, &table).await;
     let hot_before = counter(&client, &table, &spec, "followers", "hot").await;
 
@@ -889,7 +577,7 @@ async fn churn(
             _ => format!("u{}", rng.below(users)),
         };
         match rng.below(10) {
-            0..=3 => write(&client, &table, follow(&a, &b, &format!("{lane}.{i}"))).await,
+            0..=3 => put_item(&client, &table, &follow(&a, &b, &format!("{lane}.{i}"))).await,
             4 | 5 => {
                 delete(
                     &client,
@@ -911,7 +599,7 @@ async fn churn(
                 .expect("emails are never deleted");
                 let primary = current.get("isPrimary") == Some(&Av::Bool(true));
                 let address = format!(" {a}.{i}@Example.COM");
-                write(&client, &table, email(&a, id, &address, primary)).await;
+                put_item(&client, &table, &email(&a, id, &address, primary)).await;
             }
             7 | 8 => {
                 // The primary switch, as two plain writes.
@@ -927,14 +615,19 @@ async fn churn(
                     (("e2", e2), ("e1", e1))
                 };
                 let address = |item: &Attrs| text(item, "email").unwrap();
-                write(&client, &table, email(&a, from.0, &address(&from.1), false)).await;
-                write(&client, &table, email(&a, to.0, &address(&to.1), true)).await;
+                put_item(
+                    &client,
+                    &table,
+                    &email(&a, from.0, &address(&from.1), false),
+                )
+                .await;
+                put_item(&client, &table, &email(&a, to.0, &address(&to.1), true)).await;
                 writes += 1;
             }
             _ => {
                 let score = support::n(rng.below(10_000) as i64);
                 let tier = ["gold", "silver", "bronze"][rng.below(3) as usize];
-                write(&client, &table, achievement(&a, "b1", tier, score)).await;
+                put_item(&client, &table, &achievement(&a, "b1", tier, score)).await;
             }
         }
         writes += 1;
@@ -967,17 +660,17 @@ async fn killing_the_runner_at_random_points_loses_and_double_counts_nothing() {
             let (client, table) = (client.clone(), table.clone());
             async move {
                 let user = format!("u{user}");
-                write(&client, &table, profile(&user)).await;
-                write(
+                put_item(&client, &table, &profile(&user)).await;
+                put_item(
                     &client,
                     &table,
-                    email(&user, "e1", &format!("{user}@example.com"), true),
+                    &email(&user, "e1", &format!("{user}@example.com"), true),
                 )
                 .await;
-                write(
+                put_item(
                     &client,
                     &table,
-                    email(&user, "e2", &format!("{user}@work.example"), false),
+                    &email(&user, "e2", &format!("{user}@work.example"), false),
                 )
                 .await;
             }
@@ -1039,7 +732,10 @@ async fn killing_the_runner_at_random_points_loses_and_double_counts_nothing() {
         finished.elapsed().as_secs_f64(),
         summary_value(&summary, "write units") / source_writes as f64
     );
-    assert_no_problems(&check_derived(&client, &table, &spec).await);
+    assert_no_problems(
+        &check_derived(&client, &table, &spec, &[]).await,
+        "the table",
+    );
     let output = cli(&["dlq", "list", "--spec", path(&spec_file), "--table", &table])
         .output()
         .unwrap();
@@ -1091,25 +787,25 @@ fn letter_of<'a>(
 /// every other item is projected.
 async fn poison_then_drain(client: &aws_sdk_dynamodb::Client, table: &str, spec_file: &Path) {
     let score_map = Av::M(HashMap::from([("value".to_string(), support::n(1))]));
-    write(client, table, achievement("u1", "b1", "gold", s("high"))).await;
-    write(client, table, achievement("u2", "b1", "gold", score_map)).await;
+    put_item(client, table, &achievement("u1", "b1", "gold", s("high"))).await;
+    put_item(client, table, &achievement("u2", "b1", "gold", score_map)).await;
     let mut no_address = email("u3", "e1", "", false);
     no_address.remove("email");
-    write(client, table, no_address).await;
+    put_item(client, table, &no_address).await;
     // Good items around them.
-    write(
+    put_item(
         client,
         table,
-        achievement("u4", "b1", "gold", support::n(850)),
+        &achievement("u4", "b1", "gold", support::n(850)),
     )
     .await;
-    write(client, table, email("u5", "e1", "Eve@Example.com", false)).await;
-    write(client, table, follow("x", "y", "2024-05-01")).await;
+    put_item(client, table, &email("u5", "e1", "Eve@Example.com", false)).await;
+    put_item(client, table, &follow("x", "y", "2024-05-01")).await;
     // A later, valid record of a poisoned item and projection.
-    write(
+    put_item(
         client,
         table,
-        achievement("u1", "b1", "silver", support::n(900)),
+        &achievement("u1", "b1", "silver", support::n(900)),
     )
     .await;
 
@@ -1176,10 +872,10 @@ async fn malformed_items_are_dead_lettered_and_hold_their_item_but_not_the_other
 
     // A record of the held item written later is held as well, and a
     // second drain neither applies it nor stops on it.
-    write(
+    put_item(
         &client,
         &table,
-        achievement("u1", "b1", "gold", support::n(10)),
+        &achievement("u1", "b1", "gold", support::n(10)),
     )
     .await;
     drain(&spec_file, &table);
@@ -1215,19 +911,24 @@ async fn after_a_data_fix_redrive_converges_and_empties_the_store() {
     poison_then_drain(&client, &table, &spec_file).await;
 
     // The team fixes the items; the fixes are held behind the letters.
-    write(
+    put_item(
         &client,
         &table,
-        achievement("u1", "b1", "gold", support::n(850)),
+        &achievement("u1", "b1", "gold", support::n(850)),
     )
     .await;
-    write(
+    put_item(
         &client,
         &table,
-        achievement("u2", "b1", "gold", support::n(42)),
+        &achievement("u2", "b1", "gold", support::n(42)),
     )
     .await;
-    write(&client, &table, email("u3", "e1", "Zed@Example.com", false)).await;
+    put_item(
+        &client,
+        &table,
+        &email("u3", "e1", "Zed@Example.com", false),
+    )
+    .await;
     drain(&spec_file, &table);
     let output = cli(&[
         "dlq",
@@ -1245,7 +946,10 @@ async fn after_a_data_fix_redrive_converges_and_empties_the_store() {
         String::from_utf8_lossy(&output.stdout),
         stderr(&output)
     );
-    assert_no_problems(&check_derived(&client, &table, &spec).await);
+    assert_no_problems(
+        &check_derived(&client, &table, &spec, &[]).await,
+        "the table",
+    );
     assert_eq!(
         dead_letters(&spec_file, &table),
         Vec::<serde_json::Value>::new()
@@ -1266,16 +970,17 @@ async fn many_keys_changed_many_times_end_in_their_final_state() {
             let (client, table) = (client.clone(), table.clone());
             async move {
                 let user = format!("u{k}");
-                write(&client, &table, profile(&user)).await;
+                put_item(&client, &table, &profile(&user)).await;
                 for i in 0..changes {
                     let address = format!(" {user}.V{i}@Example.com ");
-                    write(&client, &table, email(&user, "e1", &address, i % 3 != 1)).await;
+                    put_item(&client, &table, &email(&user, "e1", &address, i % 3 != 1)).await;
                     let score = support::n((k * 100 + i) as i64);
                     let tier = ["gold", "silver"][i as usize % 2];
-                    write(&client, &table, achievement(&user, "b1", tier, score)).await;
+                    put_item(&client, &table, &achievement(&user, "b1", tier, score)).await;
                     let followee = format!("u{}", (k + 1) % keys);
                     if i % 2 == 0 {
-                        write(&client, &table, follow(&user, &followee, &format!("t{i}"))).await;
+                        put_item(&client, &table, &follow(&user, &followee, &format!("t{i}")))
+                            .await;
                     } else {
                         delete(
                             &client,
@@ -1288,7 +993,7 @@ async fn many_keys_changed_many_times_end_in_their_final_state() {
                     // Ends followed (the last change of an even count is an unfollow
                     // only when `changes` is even): the hot user too.
                     if k % 2 == 0 {
-                        write(&client, &table, follow(&user, "hot", &format!("h{i}"))).await;
+                        put_item(&client, &table, &follow(&user, "hot", &format!("h{i}"))).await;
                     }
                 }
             }
@@ -1299,7 +1004,10 @@ async fn many_keys_changed_many_times_end_in_their_final_state() {
     let runner = runner(&client, spec.clone(), &table).await;
     let summary = drain_library(&runner).await;
     eprintln!("{summary}");
-    assert_no_problems(&check_derived(&client, &table, &spec).await);
+    assert_no_problems(
+        &check_derived(&client, &table, &spec, &[]).await,
+        "the table",
+    );
     assert_eq!(
         counter(&client, &table, &spec, "followers", "hot").await,
         keys as i64 / 2
@@ -1326,7 +1034,7 @@ async fn sigterm_stops_the_runner_cleanly_with_a_summary() {
     let client = support::client().await;
     let spec = support::shipped_spec("ads-platform.toml");
     let table = support::fresh_table(&client, &spec, "run-term").await;
-    write(&client, &table, campaign("c1", "p1", "ENABLED")).await;
+    put_item(&client, &table, &campaign("c1", "p1", "ENABLED")).await;
     let spec_file = shipped("ads-platform.toml");
     let child = cli(&["run", "--spec", path(&spec_file), "--table", &table])
         .stderr(Stdio::piped())
@@ -1464,7 +1172,7 @@ async fn a_checkpoint_whose_records_are_gone_stops_the_runner_loudly() {
     let client = support::client().await;
     let spec = support::shipped_spec("ads-platform.toml");
     let table = support::fresh_table(&client, &spec, "run-trimmed").await;
-    write(&client, &table, campaign("c1", "p1", "ENABLED")).await;
+    put_item(&client, &table, &campaign("c1", "p1", "ENABLED")).await;
     let runner = runner(&client, spec.clone(), &table).await;
     drain_library(&runner).await;
     // Pretend the runner was away for days: its checkpoint points before
@@ -1476,7 +1184,7 @@ async fn a_checkpoint_whose_records_are_gone_stops_the_runner_loudly() {
     old.sequence_number = Some(ddb_projector::record::SequenceNumber(format!("{:021}", 1)));
     store.reset(None).await.unwrap();
     store.save(None, &old).await.unwrap();
-    write(&client, &table, campaign("c2", "p1", "ENABLED")).await;
+    put_item(&client, &table, &campaign("c2", "p1", "ENABLED")).await;
 
     let error = runner
         .run(RunOptions::drain(), std::future::pending())
