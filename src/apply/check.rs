@@ -33,7 +33,7 @@ use crate::invariant::{
     RepairWrite, Violation,
 };
 use crate::plan::SourceQuery;
-use crate::record::{ChangeKind, ChangeRecord, Item, ItemKey, Origin};
+use crate::record::{AttributeValue, ChangeKind, ChangeRecord, Item, ItemKey, Origin};
 use crate::spec::{InvariantKind, RepairPolicy};
 
 /// What the check after a batch did.
@@ -515,23 +515,18 @@ async fn sync(
         let invariant = ctx.spec.invariants[c.invariant].name.as_str();
         let pk = violation_pk(invariant);
         stats.violations += c.found.len();
-        let message_of = |sk: &str| {
-            stored
-                .get(&ItemKey {
-                    pk: pk.clone(),
-                    sk: Some(sk.to_string()),
-                })
-                .map(|item| match item.get("message") {
-                    Some(crate::record::AttributeValue::S(m)) => m.clone(),
-                    _ => String::new(),
-                })
+        let stored_of = |sk: &str| {
+            stored.get(&ItemKey {
+                pk: pk.clone(),
+                sk: Some(sk.to_string()),
+            })
         };
         let mut wanted = HashSet::new();
         for violation in &c.found {
             let sk = violation.record_sk();
             wanted.insert(sk.clone());
-            let existing = message_of(&sk);
-            if existing.as_deref() == Some(violation.message.as_str()) {
+            let existing = stored_of(&sk);
+            if existing.is_some_and(|item| stored_matches(item, violation)) {
                 continue;
             }
             put_violation(ctx, violation, Some(c.record)).await?;
@@ -550,7 +545,7 @@ async fn sync(
             }
         }
         for sk in &c.candidates {
-            if wanted.contains(sk) || message_of(sk).is_none() {
+            if wanted.contains(sk) || stored_of(sk).is_none() {
                 continue;
             }
             delete_violation(ctx, invariant, sk).await?;
@@ -560,6 +555,32 @@ async fn sync(
         }
     }
     Ok(())
+}
+
+/// The keys of a violation as stored (`pk / sk`).
+fn key_texts(violation: &Violation) -> Vec<String> {
+    violation.keys.iter().map(ToString::to_string).collect()
+}
+
+/// Whether a stored violation item says what `violation` says (message and
+/// the items involved), so it need not be written again. Comparing the
+/// message alone misses a third item joining the same owners.
+fn stored_matches(item: &Item, violation: &Violation) -> bool {
+    let message = match item.get("message") {
+        Some(AttributeValue::S(m)) => m.as_str(),
+        _ => return false,
+    };
+    let keys: Vec<&str> = match item.get("keys") {
+        Some(AttributeValue::L(keys)) => keys
+            .iter()
+            .filter_map(|k| match k {
+                AttributeValue::S(k) => Some(k.as_str()),
+                _ => None,
+            })
+            .collect(),
+        _ => return false,
+    };
+    message == violation.message && keys == key_texts(violation)
 }
 
 /// Records (or refreshes) a violation; `since` keeps its first value.
@@ -771,7 +792,9 @@ pub(crate) async fn replace_all(
         let existing = stored
             .iter()
             .find(|s| s.invariant == violation.invariant && s.record_sk == violation.record_sk());
-        if existing.is_some_and(|s| s.message == violation.message) {
+        if existing
+            .is_some_and(|s| s.message == violation.message && s.keys == key_texts(violation))
+        {
             continue;
         }
         put_violation(ctx, violation, None).await?;
