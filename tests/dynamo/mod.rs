@@ -8,5 +8,6 @@ mod backfill;
 mod faults;
 mod lambda;
 mod model;
+mod properties;
 mod runner;
 mod table;
