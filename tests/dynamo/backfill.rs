@@ -9,6 +9,7 @@ use ddb_projector::apply::{Applier, ApplyConfig, BatchOptions, RecordStatus};
 use ddb_projector::backfill::{backfill, BackfillOptions};
 use ddb_projector::spec::Spec;
 
+use super::model;
 use super::support::{self, get, s, text};
 
 /// Writes items with `BatchWriteItem`, 25 a call, 8 calls at a time.
@@ -132,19 +133,27 @@ async fn twenty_thousand_items_get_their_gsi_keys_with_four_segments_and_a_secon
     );
 }
 
-#[tokio::test]
-async fn a_killed_backfill_resumes_and_ends_exact() {
-    let (client, table, _spec, _applier) = setup("social-service.toml", "bfkill").await;
-    let n = 3_000;
-    let items: Vec<_> = (0..n)
-        .map(|i| {
-            support::item(&[
-                ("PK", s(&format!("USER#a{i}"))),
-                ("SK", s(&format!("FOLLOWS#b{}", i % 7))),
-                ("followedAt", s("2026-11-01T00:00:00Z")),
-            ])
-        })
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_backfill_killed_twenty_times_resumes_and_ends_exact() {
+    // A server of its own, as for the 20k test.
+    let endpoint = support::dedicated_endpoint();
+    let client = aws_sdk_dynamodb::Client::new(&support::sdk_config_for(&endpoint).await);
+    let spec = support::shipped_spec("social-service.toml");
+    let table = support::fresh_table(&client, &spec, "bfkill").await;
+    // 10,000 follows of 7 users (inverse edges and both counters) and 2,000
+    // achievements (GSI keys), written before the projections existed.
+    let n = 10_000;
+    let mut items: Vec<_> = (0..n)
+        .map(|i| model::follow(&format!("a{i}"), &format!("b{}", i % 7), "2026-11-01"))
         .collect();
+    items.extend((0..2_000).map(|i| {
+        model::achievement(
+            &format!("a{i}"),
+            "b1",
+            ["gold", "silver"][i % 2],
+            support::n(i as i64),
+        )
+    }));
     load(&client, &table, items).await;
     let args = |resume: bool| {
         let mut args = vec![
@@ -164,34 +173,65 @@ async fn a_killed_backfill_resumes_and_ends_exact() {
         }
         args
     };
-    // Kill it with SIGKILL part way.
-    let mut child = std::process::Command::new(support::binary())
-        .args(args(false))
-        .envs(support::env())
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
-        .spawn()
-        .unwrap();
-    std::thread::sleep(std::time::Duration::from_millis(2500));
-    child.kill().unwrap();
-    child.wait().unwrap();
-    let partial = count(&client, &table, "USER#b0").await;
-    let output = std::process::Command::new(support::binary())
-        .args(args(true))
-        .envs(support::env())
-        .output()
-        .unwrap();
-    assert!(
-        output.status.success(),
-        "{}",
-        String::from_utf8_lossy(&output.stderr)
-    );
+    let backfill = |resume: bool| {
+        let mut command = std::process::Command::new(support::binary());
+        command
+            .args(args(resume))
+            .envs(support::env())
+            .env("AWS_ENDPOINT_URL", &endpoint)
+            .env("RUST_LOG", "warn");
+        command
+    };
+    let seed = model::seed_from_env("BACKFILL_KILL_SEED", || {
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_nanos() as u64
+    });
+    let mut rng = model::Rng::new(seed);
+    // SIGKILL it 20 times at random points, resuming each time.
+    let mut edges = Vec::new();
+    for kill in 0..20 {
+        let mut child = backfill(kill > 0)
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap();
+        // Kill at a random point after this run has written something
+        // (polled, so a slow machine still kills mid-work).
+        let before = edges.last().copied().unwrap_or(0);
+        let waited = std::time::Instant::now();
+        while count(&client, &table, "USER#b0").await <= before
+            && waited.elapsed() < std::time::Duration::from_secs(120)
+        {
+            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(rng.below(600))).await;
+        assert!(
+            child.try_wait().unwrap().is_none(),
+            "seed {seed}: the backfill ended before kill {}; edges so far {edges:?}",
+            kill + 1
+        );
+        child.kill().unwrap();
+        child.wait().unwrap();
+        edges.push(count(&client, &table, "USER#b0").await);
+    }
+    let output = backfill(true).output().unwrap();
     let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(output.status.success(), "{stderr}");
     eprintln!(
-        "after the kill: {partial} of b0's edges; resumed: {}",
+        "b0's edges after each of 20 kills: {edges:?}; resumed: {}",
         stderr.lines().last().unwrap_or("")
     );
-    let spec = support::shipped_spec("social-service.toml");
+    let expected_b0 = (0..n).filter(|i| i % 7 == 0).count();
+    assert!(
+        edges.last().is_some_and(|&last| last < expected_b0),
+        "seed {seed}: the kills came after the work was done: {edges:?}"
+    );
+    model::assert_no_problems(
+        &model::check_derived(&client, &table, &spec, &[]).await,
+        &format!("seed {seed}"),
+    );
     for b in 0..7 {
         let expected = (0..n).filter(|i| i % 7 == b).count() as i64;
         let value = ddb_projector::counter::read_counter(
@@ -204,11 +244,6 @@ async fn a_killed_backfill_resumes_and_ends_exact() {
         .await
         .unwrap();
         assert_eq!(value, expected, "followers of b{b}");
-        assert_eq!(
-            count(&client, &table, &format!("USER#b{b}")).await as i64,
-            expected,
-            "edges of b{b}"
-        );
     }
 }
 

@@ -638,19 +638,36 @@ async fn churn(
     writes
 }
 
+/// Records the runner's checkpoints are past, over all shards.
+async fn checkpointed_records(runner: &StreamRunner) -> u64 {
+    runner
+        .checkpoints()
+        .list()
+        .await
+        .unwrap()
+        .iter()
+        .map(|c| c.records)
+        .sum()
+}
+
+/// Kills of the runner in the crash-restart test.
+const KILLS: usize = 20;
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn killing_the_runner_at_random_points_loses_and_double_counts_nothing() {
     let started = Instant::now();
     let seed = seed();
-    eprintln!("crash-restart seed {seed} (RUNNER_TEST_SEED={seed} repeats it)");
     let mut rng = Rng::new(seed);
-    let client = support::client().await;
+    // A server of its own: over 10,000 writes plus the runner's on the
+    // shared DynamoDB Local would time out the other tests' requests.
+    let endpoint = support::dedicated_endpoint();
+    let client = aws_sdk_dynamodb::Client::new(&support::sdk_config_for(&endpoint).await);
     let (spec, _dir, spec_file) = combined_spec();
     let table = support::fresh_table(&client, &spec, "run-crash").await;
     let workload = Workload {
         users: 64,
         lanes: 4,
-        ops: 650,
+        ops: 2_500,
         pace: Duration::from_millis(5),
         seed,
     };
@@ -685,10 +702,13 @@ async fn killing_the_runner_at_random_points_loses_and_double_counts_nothing() {
     // The killed runners' logs (RUNNER_TEST_LOG=debug fills them).
     let log = tempfile::NamedTempFile::new().unwrap();
     eprintln!("killed runners log to {}", log.path().display());
-    let kills = 6;
-    for kill in 0..kills {
+    let runner = runner(&client, spec.clone(), &table).await;
+    let mut landed = 0;
+    let mut checkpointed = Vec::new();
+    while landed < KILLS {
         // Small batches, so that kills land between many checkpoints.
         let mut child = cli(&["run", "--spec", path(&spec_file), "--table", &table])
+            .env("AWS_ENDPOINT_URL", &endpoint)
             .env("PROJECTOR_BATCH_LIMIT", "100")
             .stderr(
                 std::fs::OpenOptions::new()
@@ -698,45 +718,72 @@ async fn killing_the_runner_at_random_points_loses_and_double_counts_nothing() {
             )
             .spawn()
             .expect("start the runner");
-        let delay = Duration::from_millis(500 + rng.below(5500));
-        tokio::time::sleep(delay).await;
+        // Kill at a random point after this run has checkpointed something
+        // (polling the checkpoints, so a slow machine still kills mid-work).
+        let before = checkpointed.last().copied().unwrap_or(0);
+        let waited = Instant::now();
+        let mut records = before;
+        while records <= before && waited.elapsed() < Duration::from_secs(120) {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            records = checkpointed_records(&runner).await;
+        }
+        tokio::time::sleep(Duration::from_millis(rng.below(1500))).await;
+        assert!(
+            child.try_wait().unwrap().is_none(),
+            "seed {seed}: the runner stopped by itself; see {}",
+            log.path().display()
+        );
         child.kill().expect("SIGKILL the runner");
         child.wait().unwrap();
-        eprintln!("kill {}: after {} ms", kill + 1, delay.as_millis());
+        landed += 1;
+        checkpointed.push(checkpointed_records(&runner).await);
     }
     let mut source_writes = users * 3;
     for writer in writers {
         source_writes += writer.await.unwrap();
     }
     eprintln!(
-        "timing: {source_writes} source writes and {kills} kills took {:.1} s",
+        "timing: {source_writes} source writes and {KILLS} kills took {:.1} s; \
+         records checkpointed after each kill: {checkpointed:?}",
         started.elapsed().as_secs_f64()
     );
-
-    let checkpoints = runner(&client, spec.clone(), &table)
-        .await
-        .checkpoints()
-        .list()
-        .await
-        .unwrap();
-    eprintln!(
-        "before the final drain, the killed runners had checkpointed {} records",
-        checkpoints.iter().map(|c| c.records).sum::<u64>()
+    assert!(source_writes >= 10_000, "{source_writes} source writes");
+    // The kills landed while there was work: the checkpoints moved between
+    // most of them, and not all work was done before the last.
+    let moved = checkpointed.windows(2).filter(|w| w[1] > w[0]).count();
+    assert!(
+        moved >= KILLS / 2,
+        "seed {seed}: checkpoints moved between only {moved} kills: {checkpointed:?}"
     );
 
     let finished = Instant::now();
-    let summary = drain(&spec_file, &table);
+    let output = cli(&[
+        "run",
+        "--drain",
+        "--spec",
+        path(&spec_file),
+        "--table",
+        &table,
+    ])
+    .env("AWS_ENDPOINT_URL", &endpoint)
+    .output()
+    .expect("run the binary");
+    let summary = stderr(&output);
+    assert!(output.status.success(), "run --drain failed: {summary}");
     eprintln!("{summary}");
+    let drained = summary_value(&summary, "records");
+    assert!(drained > 0.0, "the final drain had work left: {summary}");
     eprintln!(
-        "final drain: {:.1} s, write units per source write {:.2}",
+        "final drain: {drained} records in {:.1} s, write units per source write {:.2}",
         finished.elapsed().as_secs_f64(),
         summary_value(&summary, "write units") / source_writes as f64
     );
     assert_no_problems(
         &check_derived(&client, &table, &spec, &[]).await,
-        "the table",
+        &format!("seed {seed}"),
     );
     let output = cli(&["dlq", "list", "--spec", path(&spec_file), "--table", &table])
+        .env("AWS_ENDPOINT_URL", &endpoint)
         .output()
         .unwrap();
     assert!(
