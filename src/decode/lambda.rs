@@ -67,6 +67,27 @@ pub fn decode_lambda_event(bytes: &[u8]) -> Result<Decoded, LambdaEventError> {
         .collect())
 }
 
+/// Decodes one record of a Lambda event from its JSON text: straight into
+/// the record type, and only when that fails through a JSON value, so that
+/// the problem carries the record as received.
+pub fn decode_lambda_record_json(index: usize, json: &str) -> Result<ChangeRecord, DecodeProblem> {
+    if let Ok(decoded @ Ok(_)) = serde_json::from_str::<EventRecord>(json)
+        .map(|record| from_event_record(index, record, None))
+    {
+        return decoded;
+    }
+    match serde_json::from_str::<serde_json::Value>(json) {
+        Ok(raw) => decode_lambda_record(index, &raw),
+        Err(error) => Err(DecodeProblem {
+            index,
+            event_id: None,
+            sequence_number: None,
+            reason: format!("the record is not valid JSON: {error}"),
+            raw: serde_json::Value::String(json.to_string()),
+        }),
+    }
+}
+
 /// Decodes one record of a Lambda event from JSON.
 pub fn decode_lambda_record(
     index: usize,

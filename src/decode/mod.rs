@@ -10,7 +10,9 @@ mod lambda;
 mod scan;
 mod streams;
 
-pub use lambda::{decode_lambda_event, decode_lambda_record, LambdaEventError};
+pub use lambda::{
+    decode_lambda_event, decode_lambda_record, decode_lambda_record_json, LambdaEventError,
+};
 pub use scan::decode_scanned_item;
 pub use streams::decode_stream_record;
 

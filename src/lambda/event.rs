@@ -6,21 +6,23 @@
 //! a backfill request ([`BackfillRequest`]); anything else is refused with a
 //! message naming both.
 //!
-//! Each record is read as JSON on its own and decoded with
-//! [`decode_lambda_record`], so one malformed record becomes a
-//! [`crate::decode::DecodeProblem`] in its place (and is dead-lettered)
-//! instead of failing the whole event, and the event is never held twice in
-//! memory (once as JSON, once decoded). A body that is not a Streams event
+//! Each record is kept as its JSON text and decoded on its own, a chunk at
+//! a time, with [`decode_lambda_record_json`], so one malformed record
+//! becomes a [`crate::decode::DecodeProblem`] in its place (and is
+//! dead-lettered) instead of failing the whole event, and the batch is
+//! never held decoded whole. A body that is not a Streams event
 //! at all fails deserialization, which the runtime reports as an
 //! invocation error before anything is written.
 
 use std::fmt;
+use std::ops::Range;
 
 use serde::de::{self, DeserializeSeed, Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor};
 use serde::Deserialize;
+use serde_json::value::RawValue;
 
 use super::backfill::BackfillRequest;
-use crate::decode::{decode_lambda_record, Decoded, LambdaEventError};
+use crate::decode::{decode_lambda_record_json, Decoded, LambdaEventError};
 
 /// What one invocation carries.
 #[derive(Debug)]
@@ -72,13 +74,68 @@ impl<'de> Visitor<'de> for PayloadVisitor {
     }
 }
 
-/// A decoded DynamoDB Streams event.
+/// A DynamoDB Streams event: its records as received, decoded a chunk at a
+/// time ([`StreamsEvent::decode`]), so that a batch of 10,000 records is
+/// never held decoded whole (the JSON is a third of the decoded size).
 #[derive(Debug, Default)]
 pub struct StreamsEvent {
-    /// The records, in stream order.
-    pub records: Decoded,
+    records: Records,
     /// The first `eventSourceARN` of the batch (the stream ARN).
     pub event_source_arn: Option<String>,
+}
+
+#[derive(Debug)]
+enum Records {
+    /// Each record's JSON, in stream order (an invocation's payload).
+    Json(Vec<Box<RawValue>>),
+    /// Records decoded already (built by a caller of the library).
+    Decoded(Decoded),
+}
+
+impl Default for Records {
+    fn default() -> Self {
+        Records::Json(Vec::new())
+    }
+}
+
+impl StreamsEvent {
+    /// An event of records decoded already (for callers of the handler
+    /// that read records some other way, and tests).
+    pub fn from_records(records: Decoded, event_source_arn: Option<String>) -> StreamsEvent {
+        StreamsEvent {
+            records: Records::Decoded(records),
+            event_source_arn,
+        }
+    }
+
+    /// The number of records.
+    pub fn len(&self) -> usize {
+        match &self.records {
+            Records::Json(raw) => raw.len(),
+            Records::Decoded(records) => records.len(),
+        }
+    }
+
+    /// Whether the batch has no records.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Decodes the records in `range` (indexes are the batch's); a record
+    /// that does not decode is a [`crate::decode::DecodeProblem`] in its place.
+    pub fn decode(&self, range: Range<usize>) -> Decoded {
+        match &self.records {
+            Records::Json(raw) => range
+                .map(|index| decode_lambda_record_json(index, raw[index].get()))
+                .collect(),
+            Records::Decoded(records) => records[range].to_vec(),
+        }
+    }
+
+    /// Decodes every record.
+    pub fn records(&self) -> Decoded {
+        self.decode(0..self.len())
+    }
 }
 
 impl<'de> Deserialize<'de> for StreamsEvent {
@@ -154,23 +211,28 @@ impl<'de> Visitor<'de> for RecordsSeed {
     }
 
     fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<StreamsEvent, A::Error> {
-        let mut event = StreamsEvent {
-            records: Vec::with_capacity(seq.size_hint().unwrap_or(0)),
-            event_source_arn: None,
-        };
-        while let Some(raw) = seq.next_element::<serde_json::Value>()? {
-            if event.event_source_arn.is_none() {
-                event.event_source_arn = raw
-                    .get("eventSourceARN")
-                    .and_then(|arn| arn.as_str())
-                    .map(str::to_string);
+        #[derive(Deserialize)]
+        struct Source<'a> {
+            #[serde(rename = "eventSourceARN", borrow)]
+            arn: Option<std::borrow::Cow<'a, str>>,
+        }
+        let mut raw: Vec<Box<RawValue>> = Vec::with_capacity(seq.size_hint().unwrap_or(0));
+        let mut event_source_arn = None;
+        while let Some(record) = seq.next_element::<Box<RawValue>>()? {
+            if event_source_arn.is_none() {
+                event_source_arn = serde_json::from_str::<Source>(record.get())
+                    .ok()
+                    .and_then(|source| source.arn)
+                    .map(|arn| arn.into_owned());
             }
-            let index = event.records.len();
-            event.records.push(decode_lambda_record(index, &raw));
+            raw.push(record);
         }
         // The records stay for the whole invocation; the growth slack need not.
-        event.records.shrink_to_fit();
-        Ok(event)
+        raw.shrink_to_fit();
+        Ok(StreamsEvent {
+            records: Records::Json(raw),
+            event_source_arn,
+        })
     }
 }
 
@@ -201,7 +263,7 @@ mod tests {
             let bytes = fixture(name);
             let event: StreamsEvent = serde_json::from_slice(&bytes).unwrap();
             assert_eq!(
-                event.records,
+                event.records(),
                 decode_lambda_event(&bytes).unwrap(),
                 "{name}"
             );
@@ -220,16 +282,17 @@ mod tests {
         event["Records"][4]["dynamodb"] = serde_json::json!(7);
         let bytes = serde_json::to_vec(&event).unwrap();
         let decoded: StreamsEvent = serde_json::from_slice(&bytes).unwrap();
-        assert_eq!(decoded.records.len(), 6);
+        assert_eq!(decoded.len(), 6);
         let bad: Vec<usize> = decoded
-            .records
+            .records()
             .iter()
             .enumerate()
             .filter(|(_, r)| r.is_err())
             .map(|(i, _)| i)
             .collect();
         assert_eq!(bad, [2, 4]);
-        assert_eq!(decoded.records, decode_lambda_event(&bytes).unwrap());
+        assert_eq!(decoded.records(), decode_lambda_event(&bytes).unwrap());
+        assert_eq!(decoded.decode(2..5)[..], decoded.records()[2..5]);
     }
 
     #[test]
@@ -240,7 +303,7 @@ mod tests {
                 panic!("{name}: not read as a stream event");
             };
             assert_eq!(
-                event.records,
+                event.records(),
                 decode_lambda_event(&bytes).unwrap(),
                 "{name}"
             );
@@ -249,7 +312,7 @@ mod tests {
         // Other keys beside `Records` are ignored, as before.
         let payload: Payload =
             serde_json::from_str(r#"{"note": {"backfill": 1}, "Records": []}"#).unwrap();
-        assert!(matches!(payload, Payload::Stream(event) if event.records.is_empty()));
+        assert!(matches!(payload, Payload::Stream(event) if event.is_empty()));
     }
 
     #[test]

@@ -13,7 +13,7 @@ use tokio::time::Instant;
 use super::backfill::{BackfillRequestError, BackfillResponse};
 use super::event::{table_from_stream_arn, Payload, StreamsEvent};
 use crate::apply::{Applier, ApplyConfig, ApplyError, BatchOptions, BatchStats, RecordStatus};
-use crate::decode::DecodeProblem;
+use crate::decode::{DecodeProblem, Decoded};
 use crate::record::ChangeRecord;
 use crate::spec::Spec;
 
@@ -21,6 +21,18 @@ use crate::spec::Spec;
 /// more writes of one item; smaller ones hold less in memory. A Lambda batch
 /// has at most 10,000 records.
 pub const CHUNK_RECORDS: usize = 1000;
+
+/// Keeps of records already written only what the response needs (event
+/// id and sequence number): their images, keys and source ARN are most of
+/// their size, and a batch holds up to 10,000 of them.
+fn slim(records: &mut Decoded) {
+    for record in records.iter_mut().flatten() {
+        record.old_image = None;
+        record.new_image = None;
+        record.keys = Default::default();
+        record.origin = crate::record::Origin::Synthetic;
+    }
+}
 
 /// Why an invocation fails as a whole; Lambda then delivers the whole batch
 /// again (and bisects it, when the mapping says so).
@@ -192,9 +204,7 @@ impl Handler {
         context: &Context,
     ) -> Result<DynamoDbEventResponse, InvocationError> {
         let started = Instant::now();
-        let records = event.records;
-        let n_records = records.len();
-        super::metrics::record_iterator_age(&records);
+        let n_records = event.len();
         if n_records == 0 {
             super::metrics::record_invocation(0, false);
             tracing::info!(request_id = %context.request_id, records = 0, "empty batch");
@@ -233,24 +243,28 @@ impl Handler {
             ..BatchOptions::default()
         };
 
-        // Chunks are applied one after the other, in stream order, so that
-        // what planning and writing hold in memory does not grow with the
-        // batch; a chunk's images are dropped once it is written.
-        let mut records = records;
+        // Chunks are decoded and applied one after the other, in stream
+        // order, so that what decoding, planning and writing hold in memory
+        // does not grow with the batch; a chunk's images are dropped once it
+        // is written (its event id and sequence number stay for the response).
+        let mut records: Decoded = Vec::with_capacity(n_records);
         let mut done: Vec<Option<RecordStatus>> = vec![None; n_records];
         let mut stats = BatchStats::default();
         let run = async {
             for start in (0..n_records).step_by(CHUNK_RECORDS) {
                 let end = (start + CHUNK_RECORDS).min(n_records);
-                let outcome = applier.apply_batch(&records[start..end], &options).await?;
+                let mut chunk = event.decode(start..end);
+                if start == 0 {
+                    // A batch comes from one shard, oldest record first.
+                    super::metrics::record_iterator_age(&chunk);
+                }
+                let outcome = applier.apply_batch(&chunk, &options).await?;
                 for (slot, status) in done[start..end].iter_mut().zip(outcome.statuses) {
                     *slot = Some(status);
                 }
                 stats.add(&outcome.stats);
-                for record in records[start..end].iter_mut().flatten() {
-                    record.old_image = None;
-                    record.new_image = None;
-                }
+                slim(&mut chunk);
+                records.append(&mut chunk);
             }
             Ok::<(), ApplyError>(())
         };
@@ -274,6 +288,11 @@ impl Handler {
                 unfinished
             }
         };
+        // Records the deadline left undecoded still need their sequence
+        // numbers for the response.
+        let mut rest = event.decode(records.len()..n_records);
+        slim(&mut rest);
+        records.append(&mut rest);
         let statuses: Vec<RecordStatus> = done
             .into_iter()
             .map(|status| {

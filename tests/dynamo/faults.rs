@@ -777,10 +777,8 @@ async fn the_lambda_handler_converges_under_every_fault() {
                 .unwrap()
                 .as_millis() as u64
                 + 60_000;
-            let payload = Payload::Stream(StreamsEvent {
-                records: batch[start..].to_vec(),
-                event_source_arn: None,
-            });
+            let payload =
+                Payload::Stream(StreamsEvent::from_records(batch[start..].to_vec(), None));
             let response = handler
                 .handle(lambda_runtime::LambdaEvent::new(payload, context))
                 .await
