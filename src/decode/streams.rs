@@ -1,9 +1,17 @@
 //! Records returned by the DynamoDB Streams API (`aws-sdk-dynamodbstreams`).
 
-use aws_sdk_dynamodbstreams::types::{OperationType, Record, StreamViewType};
+use std::collections::HashMap;
+
+use aws_sdk_dynamodbstreams::types::{
+    AttributeValue as SdkValue, OperationType, Record, StreamViewType,
+};
 
 use super::{check, unknown_event_name, DecodeProblem};
-use crate::record::{ChangeKind, ChangeRecord, Item, Origin, SequenceNumber, ViewType};
+use crate::record::{
+    AttributeValue, ChangeKind, ChangeRecord, Item, Origin, SequenceNumber, ViewType,
+};
+
+type SdkImage = HashMap<String, SdkValue>;
 
 /// Decodes one Streams API record read from `shard_id`.
 pub fn decode_stream_record(
@@ -29,9 +37,19 @@ pub fn decode_stream_record(
     let Some(stream) = stream else {
         return Err(problem("the record has no `dynamodb` section".to_string()));
     };
-    let image = |map: Option<
-        &std::collections::HashMap<String, aws_sdk_dynamodbstreams::types::AttributeValue>,
-    >| { map.filter(|m| !m.is_empty()).map(|m| Item::from(m.clone())) };
+    for (section, map) in [
+        ("Keys", stream.keys()),
+        ("NewImage", stream.new_image()),
+        ("OldImage", stream.old_image()),
+    ] {
+        if let Some(path) = map.and_then(unknown_type_at) {
+            return Err(problem(format!(
+                "{section} attribute `{path}` has a DynamoDB type this build does not know (the SDK read it as `Unknown`); upgrade ddb-projector to decode it"
+            )));
+        }
+    }
+    let image =
+        |map: Option<&SdkImage>| map.filter(|m| !m.is_empty()).map(|m| Item::from(m.clone()));
     let ttl_expiry = record.user_identity().is_some_and(|id| {
         id.r#type() == Some("Service") && id.principal_id() == Some("dynamodb.amazonaws.com")
     });
@@ -61,12 +79,52 @@ pub fn decode_stream_record(
     Ok(change)
 }
 
+/// Where in an image the first value the SDK read as `Unknown` is (a
+/// DynamoDB type newer than this build's SDK): `name`, `name.inner` or
+/// `name[2]`. Converting such a value to an [`Item`] panics (in
+/// `serde_dynamo`), so images are searched first.
+fn unknown_type_at(map: &SdkImage) -> Option<String> {
+    map.iter()
+        .filter_map(|(name, value)| unknown_in(value).map(|rest| format!("{name}{rest}")))
+        .min()
+}
+
+fn unknown_in(value: &SdkValue) -> Option<String> {
+    match value {
+        SdkValue::M(map) => unknown_type_at(map).map(|path| format!(".{path}")),
+        SdkValue::L(list) => list
+            .iter()
+            .enumerate()
+            .find_map(|(i, value)| unknown_in(value).map(|rest| format!("[{i}]{rest}"))),
+        other if other.is_unknown() => Some(String::new()),
+        _ => None,
+    }
+}
+
+/// An image as DynamoDB JSON. A value the SDK read as `Unknown` (it keeps
+/// nothing of it) is written `{"UNKNOWN": null}`.
+fn image_json(map: &SdkImage) -> serde_json::Value {
+    serde_json::Value::Object(
+        map.iter()
+            .map(|(name, value)| (name.clone(), value_json(value)))
+            .collect(),
+    )
+}
+
+fn value_json(value: &SdkValue) -> serde_json::Value {
+    match value {
+        SdkValue::M(map) => serde_json::json!({ "M": image_json(map) }),
+        SdkValue::L(list) => {
+            serde_json::json!({ "L": list.iter().map(value_json).collect::<Vec<_>>() })
+        }
+        other if other.is_unknown() => serde_json::json!({ "UNKNOWN": null }),
+        other => serde_json::to_value(AttributeValue::from(other.clone())).unwrap_or_default(),
+    }
+}
+
 /// The record in the Streams API's JSON shape, for dead letters.
 fn raw_json(record: &Record) -> serde_json::Value {
-    let image =
-        |map: Option<
-            &std::collections::HashMap<String, aws_sdk_dynamodbstreams::types::AttributeValue>,
-        >| { map.map(|m| serde_json::to_value(Item::from(m.clone())).unwrap_or_default()) };
+    let image = |map: Option<&SdkImage>| map.map(image_json);
     serde_json::json!({
         "eventID": record.event_id(),
         "eventName": record.event_name().map(|n| n.as_str()),
