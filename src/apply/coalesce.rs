@@ -7,7 +7,7 @@
 
 use std::collections::HashMap;
 
-use crate::plan::{CustomOp, Effect, Op};
+use crate::plan::{CustomOp, Effect, MarkerState, Op};
 use crate::record::ItemKey;
 use crate::spec::ProjectionId;
 
@@ -51,6 +51,49 @@ impl Group {
     }
 }
 
+/// The effect that stands for `earlier` then `later` on one target: the
+/// later one, except that a refresh of a marker does not undo the state an
+/// earlier record gave it (a marker created in the batch is still created,
+/// with the refreshed attributes; a deleted one stays deleted).
+fn merge(earlier: &Effect, later: Effect) -> Effect {
+    match (&earlier.op, later.op) {
+        (
+            Op::Membership {
+                state: MarkerState::Present(_),
+                ..
+            },
+            Op::Membership {
+                marker,
+                state: MarkerState::Refresh(item),
+                counters,
+                guard,
+            },
+        ) => Effect {
+            projection: later.projection,
+            op: Op::Membership {
+                marker,
+                state: MarkerState::Present(item),
+                counters,
+                guard,
+            },
+        },
+        (
+            Op::Membership {
+                state: MarkerState::Absent,
+                ..
+            },
+            Op::Membership {
+                state: MarkerState::Refresh(_),
+                ..
+            },
+        ) => earlier.clone(),
+        (_, op) => Effect {
+            projection: later.projection,
+            op,
+        },
+    }
+}
+
 /// Coalesces `(record index, effect)` pairs given in stream order.
 pub fn coalesce(
     effects: impl IntoIterator<Item = (usize, Effect)>,
@@ -62,7 +105,7 @@ pub fn coalesce(
         match index.entry(target(&effect, table)) {
             std::collections::hash_map::Entry::Occupied(slot) => {
                 let group = &mut groups[*slot.get()];
-                group.effect = effect;
+                group.effect = merge(&group.effect, effect);
                 if group.contributors.last() != Some(&record) {
                     group.contributors.push(record);
                 }
@@ -82,7 +125,6 @@ pub fn coalesce(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::plan::MarkerState;
     use crate::record::Item;
 
     fn table() -> crate::spec::TableSpec {
@@ -133,6 +175,57 @@ mod tests {
         ));
         assert_eq!(groups[0].last(), 3);
         assert_eq!(groups[1].contributors, vec![1]);
+    }
+
+    fn refresh(pk: &str, at: &str) -> Effect {
+        let mut item = Item::default();
+        item.insert("at".into(), crate::record::AttributeValue::S(at.into()));
+        Effect {
+            projection: 0,
+            op: Op::Membership {
+                marker: ItemKey::new(pk, "M"),
+                state: MarkerState::Refresh(item),
+                counters: vec![],
+                guard: None,
+            },
+        }
+    }
+
+    fn state(group: &Group) -> &MarkerState {
+        match &group.effect.op {
+            Op::Membership { state, .. } => state,
+            other => panic!("not a membership: {other:?}"),
+        }
+    }
+
+    #[test]
+    fn a_refresh_keeps_what_earlier_records_did_to_the_marker() {
+        // Created in the batch, then refreshed: still created, with the
+        // refreshed attributes (and its counters).
+        let groups = coalesce(
+            vec![(0, membership("a", true)), (1, refresh("a", "t1"))],
+            &table(),
+        );
+        assert!(matches!(state(&groups[0]), MarkerState::Present(item) if item.contains_key("at")));
+        // Deleted, then a stale refresh: stays deleted.
+        let groups = coalesce(
+            vec![(0, membership("a", false)), (1, refresh("a", "t1"))],
+            &table(),
+        );
+        assert_eq!(state(&groups[0]), &MarkerState::Absent);
+        // Refreshed, then deleted or created again: the later state wins.
+        let groups = coalesce(
+            vec![(0, refresh("a", "t1")), (1, membership("a", false))],
+            &table(),
+        );
+        assert_eq!(state(&groups[0]), &MarkerState::Absent);
+        let groups = coalesce(
+            vec![(0, refresh("a", "t1")), (1, refresh("a", "t2"))],
+            &table(),
+        );
+        assert!(matches!(state(&groups[0]), MarkerState::Refresh(item)
+            if item.get("at") == Some(&crate::record::AttributeValue::S("t2".into()))));
+        assert_eq!(groups[0].contributors, vec![0, 1]);
     }
 
     #[test]

@@ -567,6 +567,9 @@ impl Applier {
                     let settled = match state {
                         crate::plan::MarkerState::Present(item) => found.get(marker) == Some(item),
                         crate::plan::MarkerState::Absent => !found.contains_key(marker),
+                        crate::plan::MarkerState::Refresh(item) => {
+                            found.get(marker).is_none_or(|found| found == item)
+                        }
                     };
                     if settled {
                         results[index] = Some(Ok(()));

@@ -566,11 +566,15 @@ pub(crate) async fn memberships(
 async fn transact_members(
     ctx: &Ctx<'_>,
     changes: &[MemberChange<'_>],
-    mut live: Vec<usize>,
+    live: Vec<usize>,
 ) -> Vec<(usize, Result<(), WriteError>)> {
     let mut done: Vec<(usize, Result<(), WriteError>)> = Vec::new();
-    // Present markers that existed already but with other attributes.
-    let mut refresh: Vec<usize> = Vec::new();
+    // Present markers that existed already but with other attributes, and
+    // refreshes (written alone, outside any transaction: they move nothing).
+    let (mut refresh, rest): (Vec<usize>, Vec<usize>) = live
+        .into_iter()
+        .partition(|&i| matches!(changes[i].state, MarkerState::Refresh(_)));
+    let mut live = rest;
     let deadline = tokio::time::Instant::now() + ctx.config.max_retry_time;
     let mut policy = super::retry::policy(ctx.config.max_retry_time);
     loop {
@@ -596,6 +600,7 @@ async fn transact_members(
                     items.push(TransactWriteItem::builder().put(put).build());
                     1
                 }
+                MarkerState::Refresh(_) => unreachable!("refreshes are not transacted"),
                 MarkerState::Absent => {
                     let delete = Delete::builder()
                         .table_name(ctx.table)
@@ -771,7 +776,7 @@ async fn transact_members(
         }
     }
     for i in refresh {
-        let MarkerState::Present(item) = changes[i].state else {
+        let (MarkerState::Present(item) | MarkerState::Refresh(item)) = changes[i].state else {
             continue;
         };
         // The marker exists with stale attributes: overwrite it while it exists.

@@ -93,6 +93,18 @@ fn shard_key(
     Ok(spec.counter_shard_key(&spec.projections[id].name, &values, shard))
 }
 
+/// Whether a change keeps its source in the set: a modify whose old image
+/// shows it was a member and whose new image shows it still is. Its marker
+/// then only needs its copied attributes refreshed, and no counter moves
+/// (a transaction that would create it would be cancelled).
+fn stays_member(subject: &Subject<'_>, when: &Condition) -> bool {
+    let record = subject.record;
+    record.kind == ChangeKind::Modify
+        && !record.ttl_expiry
+        && record.old_image.is_some()
+        && (when.is_empty() || when.holds(record.old_image.as_ref()))
+}
+
 /// A guard for memberships planned from a scan snapshot.
 fn guard(subject: &Subject<'_>, member: bool, when: &Condition) -> Option<SourceGuard> {
     matches!(subject.record.origin, Origin::Scan { .. }).then(|| SourceGuard {
@@ -132,10 +144,18 @@ pub(super) fn plan_edge(
             }
         }
     }
+    let stays = member && stays_member(subject, &edge.when);
+    if stays && edge.copy.is_empty() {
+        return Ok(());
+    }
     let state = if member {
         let mut item = spec.table.key_item(&target);
         render_copies(&edge.copy, subject, &mut item)?;
-        MarkerState::Present(item)
+        if stays {
+            MarkerState::Refresh(item)
+        } else {
+            MarkerState::Present(item)
+        }
     } else {
         MarkerState::Absent
     };
@@ -189,6 +209,10 @@ pub(super) fn plan_counter(
     let Some(member) = desired(subject, &counter.when, reads, !counter.when.is_empty())? else {
         return Ok(());
     };
+    if member && stays_member(subject, &counter.when) {
+        // The marker has no attributes to refresh.
+        return Ok(());
+    }
     let marker = spec.counter_marker_key(&spec.projections[id].name, &subject.key);
     let state = if member {
         MarkerState::Present(spec.table.key_item(&marker))

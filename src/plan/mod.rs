@@ -76,6 +76,10 @@ pub enum MarkerState {
     Present(Item),
     /// The marker does not exist.
     Absent,
+    /// The source item stays in the set (a change to its copied
+    /// attributes): if the marker exists, it becomes exactly this item; it
+    /// is never created, and no counter moves.
+    Refresh(Item),
 }
 
 /// For a membership planned from a scan snapshot: the state of the source
@@ -401,6 +405,10 @@ impl Effect {
                     MarkerState::Absent => json!({
                         "projection": projection, "op": "delete-if-exists", "key": key(marker),
                         "counters_sub_1_if_deleted": counters,
+                    }),
+                    MarkerState::Refresh(item) => json!({
+                        "projection": projection, "op": "put-if-exists", "key": key(marker),
+                        "item": item_to_json(item),
                     }),
                 }
             }

@@ -658,6 +658,20 @@ fn follow_modify_of_the_copied_attribute_updates_the_reverse_edge() {
                "old": {"followedAt": "2024-05-01T10:00:00Z"},
                "new": {"followedAt": "2024-06-01T10:00:00Z"}}),
         expect![[r#"
+            {"item":{"PK":"USER#bob","SK":"FOLLOWED_BY#alice","followedAt":"2024-06-01T10:00:00Z"},"key":{"PK":"USER#bob","SK":"FOLLOWED_BY#alice"},"op":"put-if-exists","projection":"followed-by"}
+        "#]],
+    );
+}
+
+#[test]
+fn follow_modify_without_its_old_image_may_create_the_edge_and_count_it() {
+    // NEW_IMAGE: nothing says the follow existed, so the edge must be there
+    // (created and counted if it was not), not only refreshed.
+    check(
+        social_service(),
+        json!({"kind": "MODIFY", "pk": "USER#alice", "sk": "FOLLOWS#bob", "view": "NEW_IMAGE",
+               "new": {"followedAt": "2024-06-01T10:00:00Z"}}),
+        expect![[r#"
             {"counters_add_1_if_new":[{"counter":"followers","key":{"PK":"COUNTER#followers#bob#3","SK":"COUNTER"}},{"counter":"following","key":{"PK":"COUNTER#following#alice#3","SK":"COUNTER"}}],"item":{"PK":"USER#bob","SK":"FOLLOWED_BY#alice","followedAt":"2024-06-01T10:00:00Z"},"key":{"PK":"USER#bob","SK":"FOLLOWED_BY#alice"},"op":"put-if-changed","projection":"followed-by"}
         "#]],
     );
