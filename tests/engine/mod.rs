@@ -4,6 +4,7 @@
 mod bad_inputs;
 mod cli;
 mod decode;
+mod fuzz_regressions;
 mod invariants;
 mod planner;
 mod spec_errors;
