@@ -1741,7 +1741,8 @@ fn chart(runs: &[RunResult], path: &Path) -> Result<(), Box<dyn std::error::Erro
         .y_label_area_size(64)
         .build_cartesian_2d(
             (0.7f64..1500f64).log_scale(),
-            ((min / 2.0).max(1.0)..max * 2.0).log_scale(),
+            // From a power of ten, so the axis always has labelled points.
+            (10f64.powf((min / 1.5).max(1.0).log10().floor())..max * 1.5).log_scale(),
         )?;
     chart
         .configure_mesh()
