@@ -93,10 +93,10 @@ fn shard_key(
     Ok(spec.counter_shard_key(&spec.projections[id].name, &values, shard))
 }
 
-/// Whether a change keeps its source in the set: a modify whose old image
-/// shows it was a member and whose new image shows it still is. Its marker
-/// then only needs its copied attributes refreshed, and no counter moves
-/// (a transaction that would create it would be cancelled).
+/// Whether a modify's old image shows its source was in the set already.
+/// When the new image is in the set too (the caller knows), the marker only
+/// needs its copied attributes refreshed and no counter moves (a
+/// transaction that would create it would be cancelled).
 fn stays_member(subject: &Subject<'_>, when: &Condition) -> bool {
     let record = subject.record;
     record.kind == ChangeKind::Modify

@@ -581,6 +581,31 @@ async fn setup(
     (faulty, clean, spec, table)
 }
 
+/// What a faulty delivery of `history` must leave: derived state exact,
+/// sources untouched, no dead letters, retries that happened and every
+/// kind of fault injected.
+#[allow(clippy::too_many_arguments)]
+async fn assert_delivered_exactly(
+    faults: &Faults,
+    clean: &Applier,
+    spec: &Spec,
+    table: &str,
+    history: &History,
+    counted_users: &[String],
+    delivery: &Delivery,
+    seed: u64,
+) {
+    assert_converged(clean.client(), table, spec, counted_users, seed).await;
+    assert_sources_untouched(
+        history,
+        &support::scan_all(clean.client(), table).await,
+        seed,
+    );
+    assert_no_dead_letters(clean, seed).await;
+    assert!(delivery.stats.retries > 0, "seed {seed}: {delivery:?}");
+    faults.assert_every_kind(seed);
+}
+
 #[tokio::test]
 async fn the_applier_converges_on_a_social_history_under_every_fault() {
     let started = Instant::now();
@@ -598,15 +623,10 @@ async fn the_applier_converges_on_a_social_history_under_every_fault() {
         faults.report()
     );
 
-    assert_converged(clean.client(), &table, &spec, &users, seed).await;
-    assert_sources_untouched(
-        &history,
-        &support::scan_all(clean.client(), &table).await,
-        seed,
-    );
-    assert_no_dead_letters(&clean, seed).await;
-    assert!(delivery.stats.retries > 0, "seed {seed}: {delivery:?}");
-    faults.assert_every_kind(seed);
+    assert_delivered_exactly(
+        &faults, &clean, &spec, &table, &history, &users, &delivery, seed,
+    )
+    .await;
     eprintln!(
         "timing: social fault test took {:.1} s",
         started.elapsed().as_secs_f64()
@@ -630,15 +650,17 @@ async fn the_applier_converges_on_a_user_history_under_every_fault() {
         faults.report()
     );
 
-    assert_converged(clean.client(), &table, &spec, &[], seed).await;
-    assert_sources_untouched(
+    assert_delivered_exactly(
+        &faults,
+        &clean,
+        &spec,
+        &table,
         &history,
-        &support::scan_all(clean.client(), &table).await,
+        &[],
+        &delivery,
         seed,
-    );
-    assert_no_dead_letters(&clean, seed).await;
-    assert!(delivery.stats.retries > 0, "seed {seed}: {delivery:?}");
-    faults.assert_every_kind(seed);
+    )
+    .await;
     eprintln!(
         "timing: user fault test took {:.1} s",
         started.elapsed().as_secs_f64()
