@@ -11,6 +11,15 @@
 //! in the CPU time of the benchmarking thread, which is what one core does
 //! when the machine is busy with other work (a 2-core CI box building).
 //!
+//! A third group, `plan-floor/...` (CPU time, 10,000 records), measures
+//! what any decoder built on `serde_json` pays on the same events, to show
+//! how far the record model is from the parser's limit:
+//!
+//! - `json-skip`: reading the event without keeping anything;
+//! - `borrowed-images`: records whose images are lists of (name, value)
+//!   pairs borrowed from the event, no map and no owned string: the cost of
+//!   a zero-copy record model before any planning.
+//!
 //! `cargo bench --bench plan -- --warm-up-time 1 --measurement-time 5`
 
 use std::hint::black_box;
@@ -529,10 +538,130 @@ fn cpu(c: &mut Criterion<ThreadCpuTime>) {
     bench_in(c, "plan-cpu");
 }
 
+/// The parser's limit; see the module documentation.
+mod floor {
+    use std::borrow::Cow;
+    use std::fmt;
+
+    use serde::de::{Deserializer, IgnoredAny, MapAccess, Visitor};
+    use serde::Deserialize;
+
+    use super::*;
+
+    #[derive(Deserialize)]
+    struct Event<'a> {
+        #[serde(rename = "Records", borrow)]
+        records: Vec<Record<'a>>,
+    }
+
+    #[derive(Deserialize)]
+    struct Record<'a> {
+        #[serde(rename = "eventID", borrow)]
+        event_id: Cow<'a, str>,
+        #[serde(rename = "eventName", borrow)]
+        event_name: Cow<'a, str>,
+        #[serde(borrow)]
+        dynamodb: Change<'a>,
+    }
+
+    #[derive(Deserialize)]
+    struct Change<'a> {
+        #[serde(rename = "Keys", borrow)]
+        keys: Image<'a>,
+        #[serde(rename = "NewImage", borrow, default)]
+        new_image: Option<Image<'a>>,
+        #[serde(rename = "OldImage", borrow, default)]
+        old_image: Option<Image<'a>>,
+        #[serde(rename = "SequenceNumber", borrow)]
+        sequence_number: Cow<'a, str>,
+    }
+
+    /// The workload's attribute types; `M` and `L` would nest the same way.
+    #[derive(Deserialize)]
+    enum Value<'a> {
+        S(#[serde(borrow)] Cow<'a, str>),
+        N(#[serde(borrow)] Cow<'a, str>),
+        #[serde(rename = "BOOL")]
+        Bool(bool),
+    }
+
+    struct Image<'a>(Vec<(Cow<'a, str>, Value<'a>)>);
+
+    impl Image<'_> {
+        /// Touches every name and value, as a planner reading it would.
+        fn weight(&self) -> usize {
+            let value = |value: &Value| match value {
+                Value::S(text) | Value::N(text) => text.len(),
+                Value::Bool(flag) => usize::from(*flag),
+            };
+            self.0.iter().map(|(name, v)| name.len() + value(v)).sum()
+        }
+    }
+
+    impl<'de: 'a, 'a> Deserialize<'de> for Image<'a> {
+        fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+            struct ImageVisitor;
+            impl<'de> Visitor<'de> for ImageVisitor {
+                type Value = Image<'de>;
+                fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+                    f.write_str("an image")
+                }
+                fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Image<'de>, A::Error> {
+                    let mut pairs = Vec::with_capacity(12);
+                    while let Some(name) = map.next_key()? {
+                        pairs.push((name, map.next_value()?));
+                    }
+                    Ok(Image(pairs))
+                }
+            }
+            deserializer.deserialize_map(ImageVisitor)
+        }
+    }
+
+    pub fn bench(c: &mut Criterion<ThreadCpuTime>) {
+        let mut group = c.benchmark_group("plan-floor");
+        let events = workload(10_000);
+        group.throughput(Throughput::Elements(10_000));
+        group.bench_function("json-skip", |b| {
+            b.iter(|| {
+                for (_, event) in &events {
+                    black_box(serde_json::from_slice::<IgnoredAny>(event).unwrap());
+                }
+            });
+        });
+        group.bench_function("borrowed-images", |b| {
+            b.iter(|| {
+                for (_, event) in &events {
+                    let event: Event = serde_json::from_slice(event).unwrap();
+                    for record in &event.records {
+                        black_box((&record.event_id, &record.event_name));
+                        let change = &record.dynamodb;
+                        black_box((change.keys.weight(), &change.sequence_number));
+                        let images = [&change.new_image, &change.old_image];
+                        black_box(
+                            images
+                                .iter()
+                                .flat_map(|i| i.iter())
+                                .map(Image::weight)
+                                .sum::<usize>(),
+                        );
+                    }
+                }
+            });
+        });
+        group.finish();
+    }
+}
+
 criterion_group!(wall_time, wall);
 criterion_group! {
     name = cpu_time;
     config = Criterion::default().with_measurement(ThreadCpuTime);
     targets = cpu
 }
-criterion_main!(wall_time, cpu_time);
+criterion_group! {
+    name = floor_time;
+    config = Criterion::default().with_measurement(ThreadCpuTime);
+    targets = floor::bench
+}
+criterion_main!(wall_time, cpu_time, floor_time);
