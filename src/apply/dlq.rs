@@ -546,11 +546,20 @@ impl Applier {
                 }))
             }
         };
-        match output.item {
-            Some(item) => {
+        match output.item.map(crate::decode::item_from_sdk) {
+            Some(Err(error)) => {
+                return Ok(Err(crate::decode::DecodeProblem {
+                    index,
+                    event_id: letter.event_id.clone(),
+                    sequence_number: letter.sequence_number.clone(),
+                    reason: format!("the item's current state {key}: {error}"),
+                    raw: letter.record.clone(),
+                }))
+            }
+            Some(Ok(item)) => {
                 record.kind = crate::record::ChangeKind::Insert;
                 record.old_image = None;
-                record.new_image = Some(crate::record::Item::from(item));
+                record.new_image = Some(item);
             }
             None => {
                 record.kind = crate::record::ChangeKind::Remove;

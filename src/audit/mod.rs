@@ -965,7 +965,24 @@ async fn scan_segment(
             );
         }
         progress.advance(page.items().len() as u64);
-        items.extend(page.items().iter().map(|i| Item::from(i.clone())));
+        for raw in page.items() {
+            let item = crate::decode::item_from_sdk(raw.clone()).map_err(|error| {
+                let table = &applier.spec().table;
+                let key: HashMap<String, Av> = raw
+                    .iter()
+                    .filter(|(name, _)| table.is_key_attribute(name))
+                    .map(|(name, value)| (name.clone(), value.clone()))
+                    .collect();
+                ApplyError::Fatal {
+                    table: applier.table().to_string(),
+                    message: format!(
+                        "cannot audit the item {}: {error}",
+                        crate::decode::item_json(&key)
+                    ),
+                }
+            })?;
+            items.push(item);
+        }
         match page.last_evaluated_key() {
             Some(key) if !key.is_empty() => start = Some(key.clone()),
             _ => return Ok(items),

@@ -8,12 +8,15 @@
 
 mod lambda;
 mod scan;
+mod sdk;
 mod streams;
 
 pub use lambda::{
     decode_lambda_event, decode_lambda_record, decode_lambda_record_json, LambdaEventError,
 };
 pub use scan::decode_scanned_item;
+pub use sdk::UnknownAttributeType;
+pub(crate) use sdk::{item_from_sdk, item_json};
 pub use streams::decode_stream_record;
 
 use crate::record::{ChangeKind, ChangeRecord};

@@ -4,6 +4,7 @@ use std::collections::HashMap;
 
 use aws_sdk_dynamodb::types::AttributeValue as SdkValue;
 
+use super::sdk::{item_from_sdk, item_json};
 use super::DecodeProblem;
 use crate::record::{ChangeKind, ChangeRecord, Item, Origin, SequenceNumber, ViewType};
 use crate::spec::TableSpec;
@@ -15,7 +16,18 @@ pub fn decode_scanned_item(
     n: u64,
     item: HashMap<String, SdkValue>,
 ) -> Result<ChangeRecord, DecodeProblem> {
-    let item = Item::from(item);
+    let item = match item_from_sdk(item.clone()) {
+        Ok(item) => item,
+        Err(error) => {
+            return Err(DecodeProblem {
+                index: n as usize,
+                event_id: None,
+                sequence_number: None,
+                reason: format!("scanned item: {error}"),
+                raw: item_json(&item),
+            })
+        }
+    };
     let mut keys = Item::default();
     for name in std::iter::once(&table.partition_key).chain(table.sort_key.iter()) {
         match item.get(name) {

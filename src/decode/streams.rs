@@ -6,10 +6,9 @@ use aws_sdk_dynamodbstreams::types::{
     AttributeValue as SdkValue, OperationType, Record, StreamViewType,
 };
 
+use super::sdk::{item_from_sdk, item_json, unknown_type_at};
 use super::{check, unknown_event_name, DecodeProblem};
-use crate::record::{
-    AttributeValue, ChangeKind, ChangeRecord, Item, Origin, SequenceNumber, ViewType,
-};
+use crate::record::{ChangeKind, ChangeRecord, Origin, SequenceNumber, ViewType};
 
 type SdkImage = HashMap<String, SdkValue>;
 
@@ -48,8 +47,11 @@ pub fn decode_stream_record(
             )));
         }
     }
-    let image =
-        |map: Option<&SdkImage>| map.filter(|m| !m.is_empty()).map(|m| Item::from(m.clone()));
+    // No `Unknown` left (searched above), so the conversion cannot fail.
+    let image = |map: Option<&SdkImage>| {
+        map.filter(|m| !m.is_empty())
+            .and_then(|m| item_from_sdk(m.clone()).ok())
+    };
     let ttl_expiry = record.user_identity().is_some_and(|id| {
         id.r#type() == Some("Service") && id.principal_id() == Some("dynamodb.amazonaws.com")
     });
@@ -79,52 +81,9 @@ pub fn decode_stream_record(
     Ok(change)
 }
 
-/// Where in an image the first value the SDK read as `Unknown` is (a
-/// DynamoDB type newer than this build's SDK): `name`, `name.inner` or
-/// `name[2]`. Converting such a value to an [`Item`] panics (in
-/// `serde_dynamo`), so images are searched first.
-fn unknown_type_at(map: &SdkImage) -> Option<String> {
-    map.iter()
-        .filter_map(|(name, value)| unknown_in(value).map(|rest| format!("{name}{rest}")))
-        .min()
-}
-
-fn unknown_in(value: &SdkValue) -> Option<String> {
-    match value {
-        SdkValue::M(map) => unknown_type_at(map).map(|path| format!(".{path}")),
-        SdkValue::L(list) => list
-            .iter()
-            .enumerate()
-            .find_map(|(i, value)| unknown_in(value).map(|rest| format!("[{i}]{rest}"))),
-        other if other.is_unknown() => Some(String::new()),
-        _ => None,
-    }
-}
-
-/// An image as DynamoDB JSON. A value the SDK read as `Unknown` (it keeps
-/// nothing of it) is written `{"UNKNOWN": null}`.
-fn image_json(map: &SdkImage) -> serde_json::Value {
-    serde_json::Value::Object(
-        map.iter()
-            .map(|(name, value)| (name.clone(), value_json(value)))
-            .collect(),
-    )
-}
-
-fn value_json(value: &SdkValue) -> serde_json::Value {
-    match value {
-        SdkValue::M(map) => serde_json::json!({ "M": image_json(map) }),
-        SdkValue::L(list) => {
-            serde_json::json!({ "L": list.iter().map(value_json).collect::<Vec<_>>() })
-        }
-        other if other.is_unknown() => serde_json::json!({ "UNKNOWN": null }),
-        other => serde_json::to_value(AttributeValue::from(other.clone())).unwrap_or_default(),
-    }
-}
-
 /// The record in the Streams API's JSON shape, for dead letters.
 fn raw_json(record: &Record) -> serde_json::Value {
-    let image = |map: Option<&SdkImage>| map.map(image_json);
+    let image = |map: Option<&SdkImage>| map.map(item_json);
     serde_json::json!({
         "eventID": record.event_id(),
         "eventName": record.event_name().map(|n| n.as_str()),

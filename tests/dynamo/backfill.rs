@@ -501,3 +501,101 @@ async fn slices_resumed_call_after_call_finish_the_segment_exactly() {
         );
     }
 }
+
+/// Answers every `Scan` with the ten items `email_item` makes, except that
+/// the `email` of `USER#u3 / EMAIL#e1` has a type DynamoDB might add after
+/// this build (`VECTOR`): the SDK's own deserializer reads it as
+/// `AttributeValue::Unknown`, with nothing of the value.
+#[derive(Debug)]
+struct NewTypeInScans;
+
+impl aws_smithy_runtime_api::client::interceptors::Intercept for NewTypeInScans {
+    fn name(&self) -> &'static str {
+        "NewTypeInScans"
+    }
+
+    fn modify_before_deserialization(
+        &self,
+        context: &mut aws_smithy_runtime_api::client::interceptors::context::BeforeDeserializationInterceptorContextMut<'_>,
+        _components: &aws_smithy_runtime_api::client::runtime_components::RuntimeComponents,
+        cfg: &mut aws_smithy_types::config_bag::ConfigBag,
+    ) -> Result<(), aws_smithy_runtime_api::box_error::BoxError> {
+        use aws_smithy_runtime_api::client::orchestrator::{HttpResponse, Metadata};
+        if cfg.load::<Metadata>().map(Metadata::name) != Some("Scan") {
+            return Ok(());
+        }
+        let items: Vec<serde_json::Value> = (0..10)
+            .map(|i| {
+                let email = if i == 3 {
+                    serde_json::json!({ "VECTOR": [1, 2] })
+                } else {
+                    serde_json::json!({ "S": format!(" User{i}@Example.ORG") })
+                };
+                serde_json::json!({
+                    "PK": { "S": format!("USER#u{i}") }, "SK": { "S": "EMAIL#e1" },
+                    "emailId": { "S": "e1" }, "userId": { "S": format!("u{i}") },
+                    "email": email, "isPrimary": { "BOOL": false },
+                })
+            })
+            .collect();
+        let body = serde_json::json!({ "Items": items, "Count": 10, "ScannedCount": 10 });
+        let mut response = HttpResponse::new(
+            aws_smithy_runtime_api::http::StatusCode::try_from(200).expect("200 is a status"),
+            aws_smithy_types::body::SdkBody::from(body.to_string()),
+        );
+        response
+            .headers_mut()
+            .insert("content-type", "application/x-amz-json-1.0");
+        *context.response_mut() = response;
+        Ok(())
+    }
+}
+
+#[tokio::test]
+async fn a_scanned_value_of_an_unknown_type_is_dead_lettered_and_the_rest_backfilled() {
+    let (client, table, spec, _) = setup("user-service.toml", "bfunk").await;
+    load(&client, &table, (0..10).map(email_item).collect()).await;
+    let config = support::sdk_config().await;
+    let odd = aws_sdk_dynamodb::Client::from_conf(
+        aws_sdk_dynamodb::config::Builder::from(&config)
+            .interceptor(NewTypeInScans)
+            .build(),
+    );
+    let applier = Applier::new(odd, spec.clone(), &table, ApplyConfig::default());
+    let summary = backfill(&applier, &quiet(BackfillOptions::default()))
+        .await
+        .unwrap();
+    assert_eq!(
+        (summary.planned, summary.dead_letters),
+        (9, 1),
+        "{summary:?}"
+    );
+    for i in (0..10).filter(|&i| i != 3) {
+        let item = get(&client, &table, &format!("USER#u{i}"), "EMAIL#e1")
+            .await
+            .unwrap();
+        assert_eq!(
+            text(&item, "GSI1PK"),
+            Some(format!("EMAIL#user{i}@example.org"))
+        );
+    }
+    let untouched = get(&client, &table, "USER#u3", "EMAIL#e1").await.unwrap();
+    assert_eq!(untouched.get("GSI1PK"), None);
+    let letters = applier.dead_letter_store().list().await.unwrap();
+    let [letter] = letters.as_slice() else {
+        panic!("one letter, not {letters:?}");
+    };
+    assert!(
+        letter
+            .error
+            .contains("attribute `email` has a DynamoDB type this build does not know"),
+        "{}",
+        letter.error
+    );
+    // The letter keeps what the SDK kept of the item.
+    assert_eq!(letter.record["PK"], serde_json::json!({ "S": "USER#u3" }));
+    assert_eq!(
+        letter.record["email"],
+        serde_json::json!({ "UNKNOWN": null })
+    );
+}
