@@ -382,7 +382,15 @@ async fn check_value_scope<'a>(
     let mut holders: HashSet<ItemKey> = query_all(ctx, query)
         .await?
         .into_iter()
-        .filter_map(|item| spec.table.item_key(&Item::from(item)))
+        .filter_map(|item| {
+            // The key alone: other attributes may hold types this build
+            // cannot read, and the key is all that is needed here.
+            let key: HashMap<String, Av> = item
+                .into_iter()
+                .filter(|(name, _)| spec.table.is_key_attribute(name))
+                .collect();
+            spec.table.item_key(&Item::from(key))
+        })
         .collect();
     // The GSI lags the table: add what the batch just made hold the value.
     for (key, state) in last_state {

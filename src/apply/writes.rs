@@ -11,6 +11,7 @@ use aws_sdk_dynamodb::types::{
 
 use super::retry::{classify_code, sdk, with_retries, ErrorClass, WriteError};
 use super::ApplyConfig;
+use crate::decode::item_from_sdk;
 use crate::plan::{compute_denormalized, CounterShard, MarkerState, SourceGuard, SourceQuery};
 use crate::record::{AttributeValue, Item, ItemKey};
 use crate::spec::{values_equal, ProjectionId, Spec};
@@ -260,11 +261,14 @@ pub(crate) async fn read_sources(
         expr,
         limit: None,
     };
-    Ok(query_all(ctx, query)
+    query_all(ctx, query)
         .await?
         .into_iter()
-        .map(Item::from)
-        .collect())
+        .map(|item| {
+            item_from_sdk(item)
+                .map_err(|error| WriteError::Poison(format!("a source item of the query: {error}")))
+        })
+        .collect()
 }
 
 /// `denormalize`: reads the target and its sources, computes the copied
@@ -301,7 +305,8 @@ pub(crate) async fn recompute(
             // No target item (yet): its INSERT will trigger a recompute.
             return Ok(());
         };
-        let current = Item::from(current.clone());
+        let current = item_from_sdk(current.clone())
+            .map_err(|error| WriteError::Poison(format!("the target {target}: {error}")))?;
         let items = read_sources(ctx, sources).await?;
         let wanted = compute_denormalized(ctx.spec, projection, &items).map_err(|error| {
             WriteError::Poison(format!(
@@ -701,7 +706,10 @@ async fn transact_members(
                     Some(ErrorClass::Conditional) => {
                         // Already in its state: its counters are right.
                         if let MarkerState::Present(wanted) = changes[i].state {
-                            let old = reason.and_then(|r| r.item()).map(|m| Item::from(m.clone()));
+                            // Unreadable (a type newer than this build): rewrite it.
+                            let old = reason
+                                .and_then(|r| r.item())
+                                .and_then(|m| item_from_sdk(m.clone()).ok());
                             if old.as_ref() != Some(wanted) {
                                 refresh.push(i);
                                 continue;
@@ -906,7 +914,13 @@ pub(crate) async fn read_markers(
                 .map(|(k, v)| (k.clone(), v.clone()))
                 .collect();
             if let Some(key) = by_key.get(&flat(&key_map)) {
-                found.insert(key.clone(), Item::from(item.clone()));
+                let item = item_from_sdk(item.clone()).unwrap_or_else(|error| {
+                    // It exists; with its key alone it equals no wanted
+                    // state, so the conditional write that follows decides.
+                    tracing::warn!(%key, %error, "a marker this build cannot read");
+                    Item::from(key_map)
+                });
+                found.insert(key.clone(), item);
             }
         }
         if let Some(left) = output.unprocessed_keys().and_then(|u| u.get(ctx.table)) {
