@@ -711,3 +711,112 @@ async fn an_item_near_the_400_kb_limit_whose_derived_keys_do_not_fit_is_dead_let
     let stored = get(&client, &table, "USER#u1", "EMAIL#e1").await.unwrap();
     assert_eq!(text(&stored, "GSI1PK").as_deref(), Some("EMAIL#sam@x.org"));
 }
+
+/// Answers `Query`s of the partition `USER#u1` with u1's email whose
+/// `isVerified` has a type DynamoDB might add after this build (`VECTOR`):
+/// the SDK's deserializer reads it as `AttributeValue::Unknown`.
+#[derive(Debug)]
+struct NewTypeInUserOnesPartition;
+
+#[derive(Debug, Clone)]
+struct RewriteThisAnswer;
+
+impl aws_smithy_types::config_bag::Storable for RewriteThisAnswer {
+    type Storer = aws_smithy_types::config_bag::StoreReplace<RewriteThisAnswer>;
+}
+
+impl aws_smithy_runtime_api::client::interceptors::Intercept for NewTypeInUserOnesPartition {
+    fn name(&self) -> &'static str {
+        "NewTypeInUserOnesPartition"
+    }
+
+    fn read_before_transmit(
+        &self,
+        context: &aws_smithy_runtime_api::client::interceptors::context::BeforeTransmitInterceptorContextRef<'_>,
+        _components: &aws_smithy_runtime_api::client::runtime_components::RuntimeComponents,
+        cfg: &mut aws_smithy_types::config_bag::ConfigBag,
+    ) -> Result<(), aws_smithy_runtime_api::box_error::BoxError> {
+        let request = context.request();
+        let query = request.headers().get("x-amz-target") == Some("DynamoDB_20120810.Query");
+        let body = request.body().bytes().unwrap_or_default();
+        if query && String::from_utf8_lossy(body).contains(r#""USER#u1""#) {
+            cfg.interceptor_state().store_put(RewriteThisAnswer);
+        }
+        Ok(())
+    }
+
+    fn modify_before_deserialization(
+        &self,
+        context: &mut aws_smithy_runtime_api::client::interceptors::context::BeforeDeserializationInterceptorContextMut<'_>,
+        _components: &aws_smithy_runtime_api::client::runtime_components::RuntimeComponents,
+        cfg: &mut aws_smithy_types::config_bag::ConfigBag,
+    ) -> Result<(), aws_smithy_runtime_api::box_error::BoxError> {
+        if cfg.load::<RewriteThisAnswer>().is_none() {
+            return Ok(());
+        }
+        let item = serde_json::json!({
+            "PK": { "S": "USER#u1" }, "SK": { "S": "EMAIL#e1" },
+            "emailId": { "S": "e1" }, "userId": { "S": "u1" },
+            "email": { "S": "one@x.org" }, "isPrimary": { "BOOL": true },
+            "isVerified": { "VECTOR": [1, 2] },
+        });
+        let body = serde_json::json!({ "Items": [item], "Count": 1, "ScannedCount": 1 });
+        let mut response = aws_smithy_runtime_api::client::orchestrator::HttpResponse::new(
+            aws_smithy_runtime_api::http::StatusCode::try_from(200).expect("200 is a status"),
+            aws_smithy_types::body::SdkBody::from(body.to_string()),
+        );
+        response
+            .headers_mut()
+            .insert("content-type", "application/x-amz-json-1.0");
+        *context.response_mut() = response;
+        Ok(())
+    }
+}
+
+#[tokio::test]
+async fn a_source_read_holding_a_type_newer_than_this_build_dead_letters_its_record_only() {
+    let (_, client, table, spec) = setup("user-service.toml", "dnunk").await;
+    let (one, two) = (
+        email("u1", "e1", "one@x.org", true),
+        email("u2", "e1", "two@x.org", true),
+    );
+    for item in [&profile("u1"), &profile("u2"), &one, &two] {
+        write(&client, &table, item).await;
+    }
+    let config = support::sdk_config().await;
+    let odd = aws_sdk_dynamodb::Client::from_conf(
+        aws_sdk_dynamodb::config::Builder::from(&config)
+            .interceptor(NewTypeInUserOnesPartition)
+            .build(),
+    );
+    let applier = Applier::new(odd, spec, &table, ApplyConfig::default());
+    let records = [
+        change(1, ChangeKind::Insert, None, Some(&one)),
+        change(2, ChangeKind::Insert, None, Some(&two)),
+    ];
+    let outcome = applier
+        .apply_batch(&records, &BatchOptions::default())
+        .await
+        .unwrap();
+    let RecordStatus::DeadLettered(reasons) = &outcome.statuses[0] else {
+        panic!(
+            "u1's record is dead-lettered, not {:?}",
+            outcome.statuses[0]
+        );
+    };
+    assert!(
+        reasons
+            .iter()
+            .any(|r| r
+                .contains("attribute `isVerified` has a DynamoDB type this build does not know")),
+        "{reasons:?}"
+    );
+    assert_eq!(outcome.statuses[1], RecordStatus::Applied);
+    let profile_two = get(&client, &table, "USER#u2", "PROFILE").await.unwrap();
+    assert_eq!(text(&profile_two, "email").as_deref(), Some("two@x.org"));
+    let profile_one = get(&client, &table, "USER#u1", "PROFILE").await.unwrap();
+    assert_eq!(text(&profile_one, "email"), None);
+    let letters = applier.dead_letter_store().list().await.unwrap();
+    assert_eq!(letters.len(), 1, "{letters:?}");
+    assert_eq!(letters[0].projection, "profile-primary-email");
+}
