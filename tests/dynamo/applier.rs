@@ -761,14 +761,7 @@ impl aws_smithy_runtime_api::client::interceptors::Intercept for NewTypeInUserOn
             "isVerified": { "VECTOR": [1, 2] },
         });
         let body = serde_json::json!({ "Items": [item], "Count": 1, "ScannedCount": 1 });
-        let mut response = aws_smithy_runtime_api::client::orchestrator::HttpResponse::new(
-            aws_smithy_runtime_api::http::StatusCode::try_from(200).expect("200 is a status"),
-            aws_smithy_types::body::SdkBody::from(body.to_string()),
-        );
-        response
-            .headers_mut()
-            .insert("content-type", "application/x-amz-json-1.0");
-        *context.response_mut() = response;
+        *context.response_mut() = support::dynamodb_answer(body);
         Ok(())
     }
 }
@@ -783,12 +776,7 @@ async fn a_source_read_holding_a_type_newer_than_this_build_dead_letters_its_rec
     for item in [&profile("u1"), &profile("u2"), &one, &two] {
         write(&client, &table, item).await;
     }
-    let config = support::sdk_config().await;
-    let odd = aws_sdk_dynamodb::Client::from_conf(
-        aws_sdk_dynamodb::config::Builder::from(&config)
-            .interceptor(NewTypeInUserOnesPartition)
-            .build(),
-    );
+    let odd = support::client_through(NewTypeInUserOnesPartition).await;
     let applier = Applier::new(odd, spec, &table, ApplyConfig::default());
     let records = [
         change(1, ChangeKind::Insert, None, Some(&one)),

@@ -520,7 +520,7 @@ impl aws_smithy_runtime_api::client::interceptors::Intercept for NewTypeInScans 
         _components: &aws_smithy_runtime_api::client::runtime_components::RuntimeComponents,
         cfg: &mut aws_smithy_types::config_bag::ConfigBag,
     ) -> Result<(), aws_smithy_runtime_api::box_error::BoxError> {
-        use aws_smithy_runtime_api::client::orchestrator::{HttpResponse, Metadata};
+        use aws_smithy_runtime_api::client::orchestrator::Metadata;
         if cfg.load::<Metadata>().map(Metadata::name) != Some("Scan") {
             return Ok(());
         }
@@ -539,14 +539,7 @@ impl aws_smithy_runtime_api::client::interceptors::Intercept for NewTypeInScans 
             })
             .collect();
         let body = serde_json::json!({ "Items": items, "Count": 10, "ScannedCount": 10 });
-        let mut response = HttpResponse::new(
-            aws_smithy_runtime_api::http::StatusCode::try_from(200).expect("200 is a status"),
-            aws_smithy_types::body::SdkBody::from(body.to_string()),
-        );
-        response
-            .headers_mut()
-            .insert("content-type", "application/x-amz-json-1.0");
-        *context.response_mut() = response;
+        *context.response_mut() = support::dynamodb_answer(body);
         Ok(())
     }
 }
@@ -555,12 +548,7 @@ impl aws_smithy_runtime_api::client::interceptors::Intercept for NewTypeInScans 
 async fn a_scanned_value_of_an_unknown_type_is_dead_lettered_and_the_rest_backfilled() {
     let (client, table, spec, _) = setup("user-service.toml", "bfunk").await;
     load(&client, &table, (0..10).map(email_item).collect()).await;
-    let config = support::sdk_config().await;
-    let odd = aws_sdk_dynamodb::Client::from_conf(
-        aws_sdk_dynamodb::config::Builder::from(&config)
-            .interceptor(NewTypeInScans)
-            .build(),
-    );
+    let odd = support::client_through(NewTypeInScans).await;
     let applier = Applier::new(odd, spec.clone(), &table, ApplyConfig::default());
     let summary = backfill(&applier, &quiet(BackfillOptions::default()))
         .await

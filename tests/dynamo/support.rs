@@ -269,3 +269,31 @@ pub fn text(item: &HashMap<String, Av>, name: &str) -> Option<String> {
 pub fn binary() -> &'static Path {
     Path::new(env!("CARGO_BIN_EXE_ddb-projector"))
 }
+
+/// A DynamoDB client of the shared test server whose calls go through
+/// `interceptor`.
+pub async fn client_through(
+    interceptor: impl aws_smithy_runtime_api::client::interceptors::Intercept + 'static,
+) -> aws_sdk_dynamodb::Client {
+    let config = sdk_config().await;
+    aws_sdk_dynamodb::Client::from_conf(
+        aws_sdk_dynamodb::config::Builder::from(&config)
+            .interceptor(interceptor)
+            .build(),
+    )
+}
+
+/// A 200 answer of DynamoDB with `body`, for an interceptor to put in
+/// place of the real one: the SDK's own deserializer then reads it.
+pub fn dynamodb_answer(
+    body: serde_json::Value,
+) -> aws_smithy_runtime_api::client::orchestrator::HttpResponse {
+    let mut response = aws_smithy_runtime_api::client::orchestrator::HttpResponse::new(
+        aws_smithy_runtime_api::http::StatusCode::try_from(200).expect("200 is a status"),
+        aws_smithy_types::body::SdkBody::from(body.to_string()),
+    );
+    response
+        .headers_mut()
+        .insert("content-type", "application/x-amz-json-1.0");
+    response
+}
