@@ -29,6 +29,63 @@ pub(crate) struct Ctx<'a> {
     pub read_micro_units: AtomicU64,
     pub writes: AtomicU64,
     pub retries: AtomicU64,
+    /// Requests by purpose.
+    pub requests: std::sync::Mutex<Requests>,
+}
+
+/// Requests a batch sent, by purpose. A retried request counts once (the
+/// retries are counted apart); a transaction sent again after a
+/// cancellation counts again.
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct Requests {
+    /// Consistent `GetItem`s of the hold set (one per batch with effects).
+    pub holds_reads: u64,
+    /// Recomputes: consistent `GetItem`s of targets and `Query`s of sources.
+    pub recompute_reads: u64,
+    /// Consistent `BatchGetItem`s of markers before their transactions.
+    pub marker_reads: u64,
+    /// Invariant checks: partition and GSI `Query`s, `BatchGetItem`s
+    /// confirming holders and reading recorded violations.
+    pub check_reads: u64,
+    /// `UpdateItem`s: index keys, recompute writes, invariant repairs and
+    /// recorded violations.
+    pub updates: u64,
+    /// `PutItem`s refreshing markers that exist, and `DeleteItem`s of
+    /// resolved violations.
+    pub single_writes: u64,
+    /// `BatchWriteItem`s of plain puts and deletes.
+    pub batch_writes: u64,
+    /// `TransactWriteItems` of markers and counter shards.
+    pub transactions: u64,
+    /// Of these, transactions DynamoDB cancelled.
+    pub cancelled_transactions: u64,
+}
+
+impl Requests {
+    /// Adds another batch's counts.
+    pub fn add(&mut self, other: &Requests) {
+        self.holds_reads += other.holds_reads;
+        self.recompute_reads += other.recompute_reads;
+        self.marker_reads += other.marker_reads;
+        self.check_reads += other.check_reads;
+        self.updates += other.updates;
+        self.single_writes += other.single_writes;
+        self.batch_writes += other.batch_writes;
+        self.transactions += other.transactions;
+        self.cancelled_transactions += other.cancelled_transactions;
+    }
+
+    /// Every request counted.
+    pub fn total(&self) -> u64 {
+        self.holds_reads
+            + self.recompute_reads
+            + self.marker_reads
+            + self.check_reads
+            + self.updates
+            + self.single_writes
+            + self.batch_writes
+            + self.transactions
+    }
 }
 
 impl<'a> Ctx<'a> {
@@ -47,7 +104,18 @@ impl<'a> Ctx<'a> {
             read_micro_units: AtomicU64::new(0),
             writes: AtomicU64::new(0),
             retries: AtomicU64::new(0),
+            requests: std::sync::Mutex::new(Requests::default()),
         }
+    }
+
+    /// Counts a request by purpose.
+    pub(crate) fn count(&self, purpose: impl FnOnce(&mut Requests) -> &mut u64) {
+        *purpose(&mut self.requests.lock().expect("not poisoned")) += 1;
+    }
+
+    /// The requests counted so far.
+    pub(crate) fn requests(&self) -> Requests {
+        self.requests.lock().expect("not poisoned").clone()
     }
 
     pub(crate) fn key(&self, key: &ItemKey) -> HashMap<String, Av> {
@@ -151,6 +219,7 @@ pub(crate) async fn set_attributes(
     let condition = condition.join(" AND ");
     let (names, values) = expr.values();
     let key = ctx.key(key);
+    ctx.count(|r| &mut r.updates);
     with_retries(
         "set_attributes",
         ctx.config.max_retry_time,
@@ -280,6 +349,7 @@ pub(crate) async fn recompute(
     const ATTEMPTS: usize = 6;
     let key = ctx.key(target);
     for _ in 0..ATTEMPTS {
+        ctx.count(|r| &mut r.recompute_reads);
         let current = with_retries(
             "read_target",
             ctx.config.max_retry_time,
@@ -302,6 +372,7 @@ pub(crate) async fn recompute(
             return Ok(());
         };
         let current = Item::from(current.clone());
+        ctx.count(|r| &mut r.recompute_reads);
         let items = read_sources(ctx, sources).await?;
         let wanted = compute_denormalized(ctx.spec, projection, &items).map_err(|error| {
             WriteError::Poison(format!(
@@ -349,6 +420,7 @@ pub(crate) async fn recompute(
         }
         let condition = condition.join(" AND ");
         let (names, values) = expr.values();
+        ctx.count(|r| &mut r.updates);
         let written = with_retries(
             "write_target",
             ctx.config.max_retry_time,
@@ -413,6 +485,7 @@ pub(crate) async fn batch_write(
 }
 
 async fn write_chunk(ctx: &Ctx<'_>, chunk: Vec<WriteRequest>) -> Result<(), WriteError> {
+    ctx.count(|r| &mut r.batch_writes);
     let pending = std::sync::Mutex::new(chunk);
     let pending = &pending;
     with_retries(
@@ -480,6 +553,9 @@ pub(crate) struct MemberChange<'e> {
     pub state: &'e MarkerState,
     pub counters: &'e [CounterShard],
     pub guard: Option<&'e SourceGuard>,
+    /// The marker was read and exists (with other attributes than a
+    /// `Present` state's): only refreshed, outside any transaction.
+    pub exists: bool,
 }
 
 /// The condition check of a scan-planned membership: the source item must
@@ -573,7 +649,7 @@ async fn transact_members(
     // refreshes (written alone, outside any transaction: they move nothing).
     let (mut refresh, rest): (Vec<usize>, Vec<usize>) = live
         .into_iter()
-        .partition(|&i| matches!(changes[i].state, MarkerState::Refresh(_)));
+        .partition(|&i| matches!(changes[i].state, MarkerState::Refresh(_)) || changes[i].exists);
     let mut live = rest;
     let deadline = tokio::time::Instant::now() + ctx.config.max_retry_time;
     let mut policy = super::retry::policy(ctx.config.max_retry_time);
@@ -641,6 +717,7 @@ async fn transact_members(
             items.push(TransactWriteItem::builder().update(update).build());
         }
         ctx.sent();
+        ctx.count(|r| &mut r.transactions);
         let sent = ctx
             .client
             .transact_write_items()
@@ -664,6 +741,9 @@ async fn transact_members(
                         _ => None,
                     })
                     .unwrap_or_default();
+                if !reasons.is_empty() {
+                    ctx.count(|r| &mut r.cancelled_transactions);
+                }
                 let (class, text) = sdk(error);
                 (class, text, reasons)
             }
@@ -780,6 +860,7 @@ async fn transact_members(
             continue;
         };
         // The marker exists with stale attributes: overwrite it while it exists.
+        ctx.count(|r| &mut r.single_writes);
         let result = with_retries(
             "refresh_marker",
             ctx.config.max_retry_time,
