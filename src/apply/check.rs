@@ -299,8 +299,16 @@ async fn check_partition_scope<'a>(
             .map(|sk| sk.literal_prefix().to_string())
             .filter(|p| !p.is_empty()),
     };
-    ctx.count(|r| &mut r.check_reads);
-    let items = read_sources(ctx, &query).await?;
+    // A recompute of this batch read the same items after the batch's
+    // other writes: the same state this read would see, unless someone
+    // else wrote since (whose stream record brings its own check).
+    let items = match ctx.partition_read(&query) {
+        Some(items) => items,
+        None => {
+            ctx.count(|r| &mut r.check_reads);
+            read_sources(ctx, &query).await?
+        }
+    };
     let mut out = Vec::new();
     for (id, invariant) in spec.invariants.iter().enumerate() {
         if invariant.entity != entity || !invariant.is_partition_scoped() {

@@ -31,6 +31,26 @@ pub(crate) struct Ctx<'a> {
     pub retries: AtomicU64,
     /// Requests by purpose.
     pub requests: std::sync::Mutex<Requests>,
+    /// Source partitions recomputes read (after every write of the
+    /// batch's first phase), and the targets they wrote: the invariant
+    /// check reuses a read no later write of the batch fell into.
+    pub partitions: std::sync::Mutex<PartitionReads>,
+}
+
+/// What recomputes read and wrote, for the invariant check.
+#[derive(Debug, Default)]
+pub(crate) struct PartitionReads {
+    read: HashMap<SourceQuery, Vec<Item>>,
+    written: Vec<ItemKey>,
+}
+
+/// Whether `key` is one of the items `query` reads.
+pub(crate) fn within(query: &SourceQuery, key: &ItemKey) -> bool {
+    key.pk == query.pk
+        && query
+            .sk_prefix
+            .as_deref()
+            .is_none_or(|prefix| key.sk.as_deref().is_some_and(|sk| sk.starts_with(prefix)))
 }
 
 /// Requests a batch sent, by purpose. A retried request counts once (the
@@ -105,7 +125,29 @@ impl<'a> Ctx<'a> {
             writes: AtomicU64::new(0),
             retries: AtomicU64::new(0),
             requests: std::sync::Mutex::new(Requests::default()),
+            partitions: std::sync::Mutex::new(PartitionReads::default()),
         }
+    }
+
+    fn remember_read(&self, query: &SourceQuery, items: &[Item]) {
+        let mut partitions = self.partitions.lock().expect("not poisoned");
+        partitions.read.insert(query.clone(), items.to_vec());
+    }
+
+    fn remember_written(&self, target: &ItemKey) {
+        let mut partitions = self.partitions.lock().expect("not poisoned");
+        partitions.written.push(target.clone());
+    }
+
+    /// The items of `query` a recompute of this batch read, if no write of
+    /// the batch's recomputes fell among them (in whatever order the two
+    /// happened). Earlier writes of the batch all came before that read.
+    pub(crate) fn partition_read(&self, query: &SourceQuery) -> Option<Vec<Item>> {
+        let partitions = self.partitions.lock().expect("not poisoned");
+        if partitions.written.iter().any(|key| within(query, key)) {
+            return None;
+        }
+        partitions.read.get(query).cloned()
     }
 
     /// Counts a request by purpose.
@@ -374,6 +416,7 @@ pub(crate) async fn recompute(
         let current = Item::from(current.clone());
         ctx.count(|r| &mut r.recompute_reads);
         let items = read_sources(ctx, sources).await?;
+        ctx.remember_read(sources, &items);
         let wanted = compute_denormalized(ctx.spec, projection, &items).map_err(|error| {
             WriteError::Poison(format!(
                 "cannot compute the target {target} from its sources: {error}"
@@ -421,6 +464,9 @@ pub(crate) async fn recompute(
         let condition = condition.join(" AND ");
         let (names, values) = expr.values();
         ctx.count(|r| &mut r.updates);
+        // Counted as written before it is sent: a write that lands after a
+        // failed attempt still invalidates the reads it falls among.
+        ctx.remember_written(target);
         let written = with_retries(
             "write_target",
             ctx.config.max_retry_time,
@@ -1011,6 +1057,38 @@ fn flat(map: &HashMap<String, Av>) -> Vec<(String, String)> {
 mod tests {
     use super::*;
     use aws_sdk_dynamodb::types::CancellationReason;
+
+    #[test]
+    fn a_partition_read_is_reused_only_if_no_recompute_wrote_among_its_items() {
+        let spec = crate::spec::Spec::from_file(
+            &std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("projections/user-service.toml"),
+        )
+        .expect("the shipped spec");
+        let config = ApplyConfig::default();
+        let client = aws_sdk_dynamodb::Client::from_conf(
+            aws_sdk_dynamodb::Config::builder()
+                .behavior_version(aws_sdk_dynamodb::config::BehaviorVersion::latest())
+                .build(),
+        );
+        let ctx = Ctx::new(&client, "t", &spec, &config);
+        let emails = SourceQuery {
+            pk: "USER#u".into(),
+            sk_prefix: Some("EMAIL#".into()),
+        };
+        assert_eq!(ctx.partition_read(&emails), None);
+        ctx.remember_read(&emails, &[Item::default()]);
+        // The profile is not among the emails.
+        ctx.remember_written(&ItemKey::new("USER#u", "PROFILE"));
+        assert_eq!(ctx.partition_read(&emails).map(|i| i.len()), Some(1));
+        ctx.remember_written(&ItemKey::new("USER#u", "EMAIL#e1"));
+        assert_eq!(ctx.partition_read(&emails), None);
+        let whole = SourceQuery {
+            pk: "USER#v".into(),
+            sk_prefix: None,
+        };
+        assert!(within(&whole, &ItemKey::new("USER#v", "PROFILE")));
+        assert!(!within(&whole, &ItemKey::new("USER#u", "PROFILE")));
+    }
 
     #[test]
     fn items_that_were_fine_in_a_cancelled_transaction_are_not_errors() {
