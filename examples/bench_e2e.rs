@@ -44,6 +44,12 @@
 //!   counter, a changed GSI key pair, a changed copied email), with no
 //!   transactional surcharge.
 //!
+//! The same interceptor counts every call by operation (retries included),
+//! for both contenders: `requests/record` in the table, a second table of
+//! calls per record by operation, and `calls` in the results; for the
+//! projector, `requests_by_purpose` adds what `BatchStats` counted (hold
+//! reads, recompute reads, marker reads, invariant checks' reads, writes).
+//!
 //! GSI propagation is left out of the model and the minimum alike. Every
 //! item of the workload stays under 1 KB (the generator checks), so each
 //! item write is one unit (two in a transaction).
@@ -1398,6 +1404,13 @@ struct RunResult {
     minimum_units: u64,
     minimum_by_kind: BTreeMap<String, u64>,
     calls: BTreeMap<String, OperationStats>,
+    /// Every call the contender made (all operations, retries included),
+    /// per record.
+    #[serde(default)]
+    requests_per_record: f64,
+    /// The requests `BatchStats` counted by purpose (the projector only).
+    #[serde(default)]
+    requests_by_purpose: Option<ddb_projector::apply::Requests>,
     /// What `BatchStats` counted (the projector only).
     applier_write_units: Option<f64>,
     applier_read_units: Option<f64>,
@@ -1573,6 +1586,8 @@ async fn run(
         other_errors: state.other_errors.load(Ordering::Relaxed),
         minimum_units: minimum.values().sum(),
         minimum_by_kind: minimum,
+        requests_per_record: calls.values().map(|c| c.calls).sum::<u64>() as f64 / n as f64,
+        requests_by_purpose: is_projector.then(|| processing.stats.requests.clone()),
         calls,
         applier_write_units: is_projector.then_some(processing.stats.write_units),
         applier_read_units: is_projector.then_some(processing.stats.read_units),
@@ -1616,13 +1631,13 @@ fn report(runs_dir: &Path, json: &Path, svg: &Path) {
         _ => 2,
     };
     runs.sort_by_key(|r| ((r.latency_ms * 1e3) as u64, order(&r.contender), r.batch));
-    println!("| contender | batch | records | records/s | batch p50 / p99 (ms) | reported WU/record | billed WU/record (model) | of which cancelled transactions | minimum WU/record | billed ÷ minimum (without cancelled) | peak RSS, MB (before processing) |");
-    println!("|---|---|---|---|---|---|---|---|---|---|---|");
+    println!("| contender | batch | records | records/s | batch p50 / p99 (ms) | requests/record | reported WU/record | billed WU/record (model) | of which cancelled transactions | minimum WU/record | billed ÷ minimum (without cancelled) | peak RSS, MB (before processing) |");
+    println!("|---|---|---|---|---|---|---|---|---|---|---|---|");
     for r in &runs {
         let per = |units: f64| units / r.records as f64;
         let minimum = r.minimum_units.max(1) as f64;
         println!(
-            "| {}{} | {} | {} | {:.0} | {:.0} / {:.0} | {:.2} | {:.2} | {:.2} | {:.2} | {:.2}x ({:.2}x) | {:.1} ({:.1}) |",
+            "| {}{} | {} | {} | {:.0} | {:.0} / {:.0} | {:.2} | {:.2} | {:.2} | {:.2} | {:.2} | {:.2}x ({:.2}x) | {:.1} ({:.1}) |",
             label(&r.contender),
             if r.latency_ms > 0.0 {
                 format!(", +{} ms simulated latency per call", r.latency_ms)
@@ -1634,6 +1649,7 @@ fn report(runs_dir: &Path, json: &Path, svg: &Path) {
             r.records_per_s,
             r.p50_ms,
             r.p99_ms,
+            r.requests_per_record,
             per(r.reported_write_units),
             per(r.billed_units),
             per(r.billed_cancelled_transactions),
@@ -1642,6 +1658,43 @@ fn report(runs_dir: &Path, json: &Path, svg: &Path) {
             (r.billed_units - r.billed_cancelled_transactions) / minimum,
             r.peak_rss_mb,
             r.rss_before_mb
+        );
+    }
+    // Calls per record by operation, and the cancelled transactions.
+    let operations = [
+        "GetItem",
+        "Query",
+        "BatchGetItem",
+        "UpdateItem",
+        "PutItem",
+        "DeleteItem",
+        "BatchWriteItem",
+        "TransactWriteItems",
+    ];
+    println!();
+    println!(
+        "| contender | batch | {} | of which cancelled | all requests |",
+        operations.join(" | ")
+    );
+    println!("|---|---|{}---|---|", "---|".repeat(operations.len()));
+    for r in &runs {
+        let per = |calls: u64| calls as f64 / r.records as f64;
+        let cells: Vec<String> = operations
+            .iter()
+            .map(|op| format!("{:.3}", per(r.calls.get(*op).map_or(0, |c| c.calls))))
+            .collect();
+        println!(
+            "| {}{} | {} | {} | {} | {:.3} |",
+            label(&r.contender),
+            if r.latency_ms > 0.0 {
+                format!(", +{} ms", r.latency_ms)
+            } else {
+                String::new()
+            },
+            r.batch,
+            cells.join(" | "),
+            r.cancelled_transactions,
+            r.requests_per_record
         );
     }
     let find = |contender: &str, batch: usize| {

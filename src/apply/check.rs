@@ -299,7 +299,16 @@ async fn check_partition_scope<'a>(
             .map(|sk| sk.literal_prefix().to_string())
             .filter(|p| !p.is_empty()),
     };
-    let items = read_sources(ctx, &query).await?;
+    // A recompute of this batch read the same items after the batch's
+    // other writes: the same state this read would see, unless someone
+    // else wrote since (whose stream record brings its own check).
+    let items = match ctx.partition_read(&query) {
+        Some(items) => items,
+        None => {
+            ctx.count(|r| &mut r.check_reads);
+            read_sources(ctx, &query).await?
+        }
+    };
     let mut out = Vec::new();
     for (id, invariant) in spec.invariants.iter().enumerate() {
         if invariant.entity != entity || !invariant.is_partition_scoped() {
@@ -379,6 +388,7 @@ async fn check_value_scope<'a>(
         expr,
         limit: Some(1000),
     };
+    ctx.count(|r| &mut r.check_reads);
     let mut holders: HashSet<ItemKey> = query_all(ctx, query)
         .await?
         .into_iter()
@@ -406,6 +416,7 @@ async fn check_value_scope<'a>(
     let mut confirmed: Vec<ItemKey> = Vec::new();
     if owners.len() > 1 {
         // Confirm each holder with a consistent read before accusing it.
+        ctx.count(|r| &mut r.check_reads);
         let items = read_markers(ctx, holders.iter().collect()).await?;
         for (key, item) in items {
             if unique_value(spec, invariant, &item).as_deref() == Some(value) {
@@ -448,6 +459,7 @@ async fn repair(ctx: &Ctx<'_>, write: &RepairWrite) -> Result<bool, WriteError> 
         .join(" AND ");
     let (names, values) = expr.values();
     let key = ctx.key(&write.key);
+    ctx.count(|r| &mut r.updates);
     let result = with_retries(
         "invariant_repair",
         ctx.config.max_retry_time,
@@ -517,6 +529,7 @@ async fn sync(
     let stored = if keys.is_empty() {
         HashMap::new()
     } else {
+        ctx.count(|r| &mut r.check_reads);
         read_markers(ctx, keys.iter().collect()).await?
     };
     for c in checked {
@@ -646,6 +659,7 @@ pub(crate) async fn put_violation(
     sets.push(format!("{since} = if_not_exists({since}, {since_value})"));
     let update = format!("SET {}", sets.join(", "));
     let (names, values) = expr.values();
+    ctx.count(|r| &mut r.updates);
     let output = with_retries(
         "record_violation",
         ctx.config.max_retry_time,
@@ -679,6 +693,7 @@ pub(crate) async fn delete_violation(
         pk: violation_pk(invariant),
         sk: Some(sk.to_string()),
     });
+    ctx.count(|r| &mut r.single_writes);
     let output = with_retries(
         "clear_violation",
         ctx.config.max_retry_time,

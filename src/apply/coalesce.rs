@@ -42,12 +42,48 @@ pub struct Group {
     pub effect: Effect,
     /// Indexes of every record that planned an effect on the target.
     pub contributors: Vec<usize>,
+    /// For a marker: whether the first record that planned it implies the
+    /// marker existed before the batch (a removal or a refresh: yes; a
+    /// creation: no). A hint only: a redelivered batch may find it otherwise.
+    pub existed_before: Option<bool>,
 }
 
 impl Group {
     /// The record whose effect is applied (the last contributor).
     pub fn last(&self) -> usize {
         *self.contributors.last().expect("a group has a contributor")
+    }
+
+    /// Whether the marker is probably in its final state already: created
+    /// and removed again within the batch, or removed and created again.
+    /// Its conditional write would then most likely cancel the whole
+    /// transaction it is in, so the applier reads it first.
+    pub fn likely_settled(&self) -> bool {
+        match (&self.effect.op, self.existed_before) {
+            (
+                Op::Membership {
+                    state: MarkerState::Present(_),
+                    ..
+                },
+                Some(existed),
+            ) => existed,
+            (
+                Op::Membership {
+                    state: MarkerState::Absent,
+                    ..
+                },
+                Some(existed),
+            ) => !existed,
+            _ => false,
+        }
+    }
+}
+
+/// What the first effect on a marker implies about it before the batch.
+fn existed_before(effect: &Effect) -> Option<bool> {
+    match &effect.op {
+        Op::Membership { state, .. } => Some(!matches!(state, MarkerState::Present(_))),
+        _ => None,
     }
 }
 
@@ -113,6 +149,7 @@ pub fn coalesce(
             std::collections::hash_map::Entry::Vacant(slot) => {
                 slot.insert(groups.len());
                 groups.push(Group {
+                    existed_before: existed_before(&effect),
                     effect,
                     contributors: vec![record],
                 });
@@ -226,6 +263,39 @@ mod tests {
         assert!(matches!(state(&groups[0]), MarkerState::Refresh(item)
             if item.get("at") == Some(&crate::record::AttributeValue::S("t2".into()))));
         assert_eq!(groups[0].contributors, vec![0, 1]);
+    }
+
+    #[test]
+    fn a_marker_created_and_removed_within_the_batch_is_likely_settled() {
+        // Followed then unfollowed (the edge most likely never existed), or
+        // unfollowed then followed again (it most likely still exists): the
+        // marker is probably in its final state already.
+        for states in [[true, false], [false, true]] {
+            let groups = coalesce(
+                vec![
+                    (0, membership("a", states[0])),
+                    (1, refresh("a", "t1")),
+                    (2, membership("a", states[1])),
+                ],
+                &table(),
+            );
+            assert!(groups[0].likely_settled(), "{states:?}");
+        }
+        // A plain creation, removal, or removal then refresh moves the marker.
+        for effects in [
+            vec![(0, membership("a", true))],
+            vec![(0, membership("a", false))],
+            vec![(0, membership("a", true)), (1, refresh("a", "t1"))],
+            vec![(0, refresh("a", "t1")), (1, membership("a", false))],
+            vec![
+                (0, membership("a", true)),
+                (1, membership("a", false)),
+                (2, membership("a", true)),
+            ],
+        ] {
+            let groups = coalesce(effects.clone(), &table());
+            assert!(!groups[0].likely_settled(), "{effects:?}");
+        }
     }
 
     #[test]

@@ -32,7 +32,7 @@ pub use check::{CheckStats, RecordedViolation};
 pub use dlq::{DeadLetter, DeadLetterStore, RedriveSummary};
 pub use retry::{classify, describe as retry_describe, ErrorClass};
 pub(crate) use retry::{sdk, with_retries};
-pub use writes::COUNT_ATTRIBUTE;
+pub use writes::{Requests, COUNT_ATTRIBUTE};
 
 use crate::decode::DecodeProblem;
 use crate::plan::plan_record;
@@ -119,6 +119,8 @@ pub struct BatchStats {
     pub dead_letters: usize,
     /// What the invariant check after the batch did.
     pub checks: CheckStats,
+    /// Requests sent, by purpose.
+    pub requests: Requests,
 }
 
 impl BatchStats {
@@ -132,6 +134,7 @@ impl BatchStats {
         self.retries += other.retries;
         self.dead_letters += other.dead_letters;
         self.checks.add(&other.checks);
+        self.requests.add(&other.requests);
     }
 }
 
@@ -240,10 +243,13 @@ impl Applier {
         }
         let n_effects: usize = plans.iter().flatten().map(|p| p.effects.len()).sum();
 
+        let ctx = writes::Ctx::new(&self.client, &self.table, spec, &self.config);
+
         // 2. Hold what sits behind a dead letter.
         let store = self.dead_letter_store();
         let mut held: HashSet<(ProjectionId, ItemKey)> = HashSet::new();
         if self.config.dead_letters && !options.redrive && n_effects > 0 {
+            ctx.count(|r| &mut r.holds_reads);
             let stored = match store.holds(self.config.max_retry_time).await {
                 Ok(stored) => stored,
                 // DynamoDB kept failing (throttling, 5xx): nothing is
@@ -255,6 +261,7 @@ impl Applier {
                     let stats = BatchStats {
                         records: n,
                         effects: n_effects,
+                        requests: ctx.requests(),
                         ..BatchStats::default()
                     };
                     record_metrics(&statuses, &stats);
@@ -326,7 +333,6 @@ impl Applier {
 
         // 3. Coalesce.
         let groups = coalesce::coalesce(effects, &spec.table);
-        let ctx = writes::Ctx::new(&self.client, &self.table, spec, &self.config);
 
         // 4. Write: first what sources and markers need, then recomputes,
         // which read what the first phase wrote.
@@ -456,6 +462,7 @@ impl Applier {
                 .filter(|s| matches!(s, RecordStatus::DeadLettered(_)))
                 .count(),
             checks,
+            requests: ctx.requests(),
         };
         record_metrics(&statuses, &stats);
         Ok(BatchOutcome { statuses, stats })
@@ -497,6 +504,7 @@ impl Applier {
                 .load(std::sync::atomic::Ordering::Relaxed) as f64
                 / 1e6,
             retries: ctx.retries.load(std::sync::atomic::Ordering::Relaxed),
+            requests: ctx.requests(),
             ..BatchStats::default()
         };
         (results, stats)
@@ -551,31 +559,60 @@ impl Applier {
             }
         }
         let mut results: Vec<Option<Result<(), retry::WriteError>>> = vec![None; groups.len()];
-        if read_markers_first && !members.is_empty() {
-            let keys = members
+        // Markers read first: all of them for a backfill, else those whose
+        // conditional write would most likely cancel its transaction.
+        let to_read: Vec<usize> = members
+            .iter()
+            .copied()
+            .filter(|&index| read_markers_first || groups[index].likely_settled())
+            .collect();
+        // Unguarded markers found existing with other attributes than their
+        // `Present` state: refreshed outside any transaction (as a cancelled
+        // transaction would have found and done).
+        let mut refresh_only: HashSet<usize> = HashSet::new();
+        if !to_read.is_empty() {
+            let keys = to_read
                 .iter()
                 .filter_map(|&index| match &groups[index].effect.op {
                     Op::Membership { marker, .. } => Some(marker),
                     _ => None,
                 })
                 .collect();
+            ctx.count(|r| &mut r.marker_reads);
             match writes::read_markers(ctx, keys).await {
-                Ok(found) => members.retain(|&index| {
-                    let Op::Membership { marker, state, .. } = &groups[index].effect.op else {
-                        return true;
-                    };
-                    let settled = match state {
-                        crate::plan::MarkerState::Present(item) => found.get(marker) == Some(item),
-                        crate::plan::MarkerState::Absent => !found.contains_key(marker),
-                        crate::plan::MarkerState::Refresh(item) => {
-                            found.get(marker).is_none_or(|found| found == item)
+                Ok(found) => {
+                    let mut settled: HashSet<usize> = HashSet::new();
+                    for &index in &to_read {
+                        let Op::Membership {
+                            marker,
+                            state,
+                            guard,
+                            ..
+                        } = &groups[index].effect.op
+                        else {
+                            continue;
+                        };
+                        let is_settled = match state {
+                            crate::plan::MarkerState::Present(item) => match found.get(marker) {
+                                Some(stored) if stored == item => true,
+                                Some(_) if guard.is_none() => {
+                                    refresh_only.insert(index);
+                                    false
+                                }
+                                _ => false,
+                            },
+                            crate::plan::MarkerState::Absent => !found.contains_key(marker),
+                            crate::plan::MarkerState::Refresh(item) => {
+                                found.get(marker).is_none_or(|found| found == item)
+                            }
+                        };
+                        if is_settled {
+                            results[index] = Some(Ok(()));
+                            settled.insert(index);
                         }
-                    };
-                    if settled {
-                        results[index] = Some(Ok(()));
                     }
-                    !settled
-                }),
+                    members.retain(|index| !settled.contains(index));
+                }
                 Err(error) => {
                     for &index in &members {
                         results[index] = Some(Err(error.clone()));
@@ -599,6 +636,7 @@ impl Applier {
                         state,
                         counters,
                         guard: guard.as_ref(),
+                        exists: refresh_only.contains(&index),
                     },
                     _ => unreachable!("partitioned above"),
                 })

@@ -30,6 +30,83 @@ pub(crate) struct Ctx<'a> {
     pub read_micro_units: AtomicU64,
     pub writes: AtomicU64,
     pub retries: AtomicU64,
+    /// Requests by purpose.
+    pub requests: std::sync::Mutex<Requests>,
+    /// Source partitions recomputes read (after every write of the
+    /// batch's first phase), and the targets they wrote: the invariant
+    /// check reuses a read no later write of the batch fell into.
+    pub partitions: std::sync::Mutex<PartitionReads>,
+}
+
+/// What recomputes read and wrote, for the invariant check.
+#[derive(Debug, Default)]
+pub(crate) struct PartitionReads {
+    read: HashMap<SourceQuery, Vec<Item>>,
+    written: Vec<ItemKey>,
+}
+
+/// Whether `key` is one of the items `query` reads.
+pub(crate) fn within(query: &SourceQuery, key: &ItemKey) -> bool {
+    key.pk == query.pk
+        && query
+            .sk_prefix
+            .as_deref()
+            .is_none_or(|prefix| key.sk.as_deref().is_some_and(|sk| sk.starts_with(prefix)))
+}
+
+/// Requests a batch sent, by purpose. A retried request counts once (the
+/// retries are counted apart); a transaction sent again after a
+/// cancellation counts again.
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct Requests {
+    /// Consistent `GetItem`s of the hold set (one per batch with effects).
+    pub holds_reads: u64,
+    /// Recomputes: consistent `GetItem`s of targets and `Query`s of sources.
+    pub recompute_reads: u64,
+    /// Consistent `BatchGetItem`s of markers before their transactions.
+    pub marker_reads: u64,
+    /// Invariant checks: partition and GSI `Query`s, `BatchGetItem`s
+    /// confirming holders and reading recorded violations.
+    pub check_reads: u64,
+    /// `UpdateItem`s: index keys, recompute writes, invariant repairs and
+    /// recorded violations.
+    pub updates: u64,
+    /// `PutItem`s refreshing markers that exist, and `DeleteItem`s of
+    /// resolved violations.
+    pub single_writes: u64,
+    /// `BatchWriteItem`s of plain puts and deletes.
+    pub batch_writes: u64,
+    /// `TransactWriteItems` of markers and counter shards.
+    pub transactions: u64,
+    /// Of these, transactions DynamoDB cancelled.
+    pub cancelled_transactions: u64,
+}
+
+impl Requests {
+    /// Adds another batch's counts.
+    pub fn add(&mut self, other: &Requests) {
+        self.holds_reads += other.holds_reads;
+        self.recompute_reads += other.recompute_reads;
+        self.marker_reads += other.marker_reads;
+        self.check_reads += other.check_reads;
+        self.updates += other.updates;
+        self.single_writes += other.single_writes;
+        self.batch_writes += other.batch_writes;
+        self.transactions += other.transactions;
+        self.cancelled_transactions += other.cancelled_transactions;
+    }
+
+    /// Every request counted.
+    pub fn total(&self) -> u64 {
+        self.holds_reads
+            + self.recompute_reads
+            + self.marker_reads
+            + self.check_reads
+            + self.updates
+            + self.single_writes
+            + self.batch_writes
+            + self.transactions
+    }
 }
 
 impl<'a> Ctx<'a> {
@@ -48,7 +125,40 @@ impl<'a> Ctx<'a> {
             read_micro_units: AtomicU64::new(0),
             writes: AtomicU64::new(0),
             retries: AtomicU64::new(0),
+            requests: std::sync::Mutex::new(Requests::default()),
+            partitions: std::sync::Mutex::new(PartitionReads::default()),
         }
+    }
+
+    fn remember_read(&self, query: &SourceQuery, items: &[Item]) {
+        let mut partitions = self.partitions.lock().expect("not poisoned");
+        partitions.read.insert(query.clone(), items.to_vec());
+    }
+
+    fn remember_written(&self, target: &ItemKey) {
+        let mut partitions = self.partitions.lock().expect("not poisoned");
+        partitions.written.push(target.clone());
+    }
+
+    /// The items of `query` a recompute of this batch read, if no write of
+    /// the batch's recomputes fell among them (in whatever order the two
+    /// happened). Earlier writes of the batch all came before that read.
+    pub(crate) fn partition_read(&self, query: &SourceQuery) -> Option<Vec<Item>> {
+        let partitions = self.partitions.lock().expect("not poisoned");
+        if partitions.written.iter().any(|key| within(query, key)) {
+            return None;
+        }
+        partitions.read.get(query).cloned()
+    }
+
+    /// Counts a request by purpose.
+    pub(crate) fn count(&self, purpose: impl FnOnce(&mut Requests) -> &mut u64) {
+        *purpose(&mut self.requests.lock().expect("not poisoned")) += 1;
+    }
+
+    /// The requests counted so far.
+    pub(crate) fn requests(&self) -> Requests {
+        self.requests.lock().expect("not poisoned").clone()
     }
 
     pub(crate) fn key(&self, key: &ItemKey) -> HashMap<String, Av> {
@@ -152,6 +262,7 @@ pub(crate) async fn set_attributes(
     let condition = condition.join(" AND ");
     let (names, values) = expr.values();
     let key = ctx.key(key);
+    ctx.count(|r| &mut r.updates);
     with_retries(
         "set_attributes",
         ctx.config.max_retry_time,
@@ -284,6 +395,7 @@ pub(crate) async fn recompute(
     const ATTEMPTS: usize = 6;
     let key = ctx.key(target);
     for _ in 0..ATTEMPTS {
+        ctx.count(|r| &mut r.recompute_reads);
         let current = with_retries(
             "read_target",
             ctx.config.max_retry_time,
@@ -305,9 +417,11 @@ pub(crate) async fn recompute(
             // No target item (yet): its INSERT will trigger a recompute.
             return Ok(());
         };
+        ctx.count(|r| &mut r.recompute_reads);
         let current = item_from_sdk(current.clone())
             .map_err(|error| WriteError::Poison(format!("the target {target}: {error}")))?;
         let items = read_sources(ctx, sources).await?;
+        ctx.remember_read(sources, &items);
         let wanted = compute_denormalized(ctx.spec, projection, &items).map_err(|error| {
             WriteError::Poison(format!(
                 "cannot compute the target {target} from its sources: {error}"
@@ -354,6 +468,10 @@ pub(crate) async fn recompute(
         }
         let condition = condition.join(" AND ");
         let (names, values) = expr.values();
+        ctx.count(|r| &mut r.updates);
+        // Counted as written before it is sent: a write that lands after a
+        // failed attempt still invalidates the reads it falls among.
+        ctx.remember_written(target);
         let written = with_retries(
             "write_target",
             ctx.config.max_retry_time,
@@ -418,6 +536,7 @@ pub(crate) async fn batch_write(
 }
 
 async fn write_chunk(ctx: &Ctx<'_>, chunk: Vec<WriteRequest>) -> Result<(), WriteError> {
+    ctx.count(|r| &mut r.batch_writes);
     let pending = std::sync::Mutex::new(chunk);
     let pending = &pending;
     with_retries(
@@ -485,6 +604,9 @@ pub(crate) struct MemberChange<'e> {
     pub state: &'e MarkerState,
     pub counters: &'e [CounterShard],
     pub guard: Option<&'e SourceGuard>,
+    /// The marker was read and exists (with other attributes than a
+    /// `Present` state's): only refreshed, outside any transaction.
+    pub exists: bool,
 }
 
 /// The condition check of a scan-planned membership: the source item must
@@ -578,7 +700,7 @@ async fn transact_members(
     // refreshes (written alone, outside any transaction: they move nothing).
     let (mut refresh, rest): (Vec<usize>, Vec<usize>) = live
         .into_iter()
-        .partition(|&i| matches!(changes[i].state, MarkerState::Refresh(_)));
+        .partition(|&i| matches!(changes[i].state, MarkerState::Refresh(_)) || changes[i].exists);
     let mut live = rest;
     let deadline = tokio::time::Instant::now() + ctx.config.max_retry_time;
     let mut policy = super::retry::policy(ctx.config.max_retry_time);
@@ -646,6 +768,7 @@ async fn transact_members(
             items.push(TransactWriteItem::builder().update(update).build());
         }
         ctx.sent();
+        ctx.count(|r| &mut r.transactions);
         let sent = ctx
             .client
             .transact_write_items()
@@ -669,6 +792,9 @@ async fn transact_members(
                         _ => None,
                     })
                     .unwrap_or_default();
+                if !reasons.is_empty() {
+                    ctx.count(|r| &mut r.cancelled_transactions);
+                }
                 let (class, text) = sdk(error);
                 (class, text, reasons)
             }
@@ -788,6 +914,7 @@ async fn transact_members(
             continue;
         };
         // The marker exists with stale attributes: overwrite it while it exists.
+        ctx.count(|r| &mut r.single_writes);
         let result = with_retries(
             "refresh_marker",
             ctx.config.max_retry_time,
@@ -944,6 +1071,38 @@ fn flat(map: &HashMap<String, Av>) -> Vec<(String, String)> {
 mod tests {
     use super::*;
     use aws_sdk_dynamodb::types::CancellationReason;
+
+    #[test]
+    fn a_partition_read_is_reused_only_if_no_recompute_wrote_among_its_items() {
+        let spec = crate::spec::Spec::from_file(
+            &std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("projections/user-service.toml"),
+        )
+        .expect("the shipped spec");
+        let config = ApplyConfig::default();
+        let client = aws_sdk_dynamodb::Client::from_conf(
+            aws_sdk_dynamodb::Config::builder()
+                .behavior_version(aws_sdk_dynamodb::config::BehaviorVersion::latest())
+                .build(),
+        );
+        let ctx = Ctx::new(&client, "t", &spec, &config);
+        let emails = SourceQuery {
+            pk: "USER#u".into(),
+            sk_prefix: Some("EMAIL#".into()),
+        };
+        assert_eq!(ctx.partition_read(&emails), None);
+        ctx.remember_read(&emails, &[Item::default()]);
+        // The profile is not among the emails.
+        ctx.remember_written(&ItemKey::new("USER#u", "PROFILE"));
+        assert_eq!(ctx.partition_read(&emails).map(|i| i.len()), Some(1));
+        ctx.remember_written(&ItemKey::new("USER#u", "EMAIL#e1"));
+        assert_eq!(ctx.partition_read(&emails), None);
+        let whole = SourceQuery {
+            pk: "USER#v".into(),
+            sk_prefix: None,
+        };
+        assert!(within(&whole, &ItemKey::new("USER#v", "PROFILE")));
+        assert!(!within(&whole, &ItemKey::new("USER#u", "PROFILE")));
+    }
 
     #[test]
     fn items_that_were_fine_in_a_cancelled_transaction_are_not_errors() {

@@ -376,6 +376,11 @@ async fn the_online_check_records_a_violation_in_the_batch_that_causes_it_and_cl
     let e2 = email("u9", "e2", "b@x.org", true, true);
     let stats = write_and_apply(&applier, &client, &table, 2, None, Some(&e2)).await;
     assert_eq!(stats.checks.recorded, 1, "{stats:?}");
+    // The partition's check reused what the profile's recompute read of it
+    // (target and emails) after the batch's writes; the check itself read
+    // the address's GSI partition and the recorded violations only.
+    assert_eq!(stats.requests.recompute_reads, 2, "{stats:?}");
+    assert_eq!(stats.requests.check_reads, 2, "{stats:?}");
     assert_eq!(
         recorded(&applier).await,
         [pair("one-primary-email", "USER#u9")]
