@@ -38,7 +38,7 @@ use aws_sdk_dynamodb::types::{AttributeValue as Av, ReturnConsumedCapacity};
 use serde::Serialize;
 
 use crate::apply::{Applier, ApplyError, BatchStats, COUNT_ATTRIBUTE};
-use crate::decode::decode_scanned_item;
+use crate::decode::scanned_record;
 use crate::invariant::{check_partition, check_unique, unique_value, Violation};
 use crate::plan::{plan_record, Effect, MarkerState, Op, SourceGuard, SourceQuery};
 use crate::record::{item_to_json, Item, ItemKey};
@@ -401,8 +401,7 @@ fn derived(spec: &Spec, snapshot: &Snapshot, out: &mut Vec<Finding>) {
                     if *entity != keys.entity {
                         continue;
                     }
-                    let Ok(record) = decode_scanned_item(&spec.table, 0, 0, item.clone().into())
-                    else {
+                    let Ok(record) = scanned_record(&spec.table, 0, 0, item.clone()) else {
                         continue;
                     };
                     let plan = plan_record(spec, &record, Some(&selection));
@@ -530,8 +529,7 @@ fn derived(spec: &Spec, snapshot: &Snapshot, out: &mut Vec<Finding>) {
                     if *entity != p.source {
                         continue;
                     }
-                    let Ok(record) = decode_scanned_item(&spec.table, 0, 0, item.clone().into())
-                    else {
+                    let Ok(record) = scanned_record(&spec.table, 0, 0, item.clone()) else {
                         continue;
                     };
                     let plan = plan_record(spec, &record, Some(&selection));

@@ -14,7 +14,7 @@ mod streams;
 pub use lambda::{
     decode_lambda_event, decode_lambda_record, decode_lambda_record_json, LambdaEventError,
 };
-pub use scan::decode_scanned_item;
+pub use scan::{decode_scanned_item, scanned_record};
 pub use sdk::UnknownAttributeType;
 pub(crate) use sdk::{item_from_sdk, item_json};
 pub use streams::decode_stream_record;

@@ -4,7 +4,7 @@ use std::collections::HashMap;
 
 use aws_sdk_dynamodb::types::AttributeValue as SdkValue;
 
-use super::sdk::{item_from_sdk, item_json};
+use super::sdk::{item_json, unknown_type_at, UnknownAttributeType};
 use super::DecodeProblem;
 use crate::record::{ChangeKind, ChangeRecord, Item, Origin, SequenceNumber, ViewType};
 use crate::spec::TableSpec;
@@ -16,18 +16,26 @@ pub fn decode_scanned_item(
     n: u64,
     item: HashMap<String, SdkValue>,
 ) -> Result<ChangeRecord, DecodeProblem> {
-    let item = match item_from_sdk(item.clone()) {
-        Ok(item) => item,
-        Err(error) => {
-            return Err(DecodeProblem {
-                index: n as usize,
-                event_id: None,
-                sequence_number: None,
-                reason: format!("scanned item: {error}"),
-                raw: item_json(&item),
-            })
-        }
-    };
+    if let Some(path) = unknown_type_at(&item) {
+        return Err(DecodeProblem {
+            index: n as usize,
+            event_id: None,
+            sequence_number: None,
+            reason: format!("scanned item: {}", UnknownAttributeType { path }),
+            raw: item_json(&item),
+        });
+    }
+    scanned_record(table, segment, n, Item::from(item))
+}
+
+/// An item already in the record model (read by a scan) as an INSERT of
+/// its current state.
+pub fn scanned_record(
+    table: &TableSpec,
+    segment: u32,
+    n: u64,
+    item: Item,
+) -> Result<ChangeRecord, DecodeProblem> {
     let mut keys = Item::default();
     for name in std::iter::once(&table.partition_key).chain(table.sort_key.iter()) {
         match item.get(name) {
