@@ -502,53 +502,33 @@ async fn slices_resumed_call_after_call_finish_the_segment_exactly() {
     }
 }
 
-/// Answers every `Scan` with the ten items `email_item` makes, except that
-/// the `email` of `USER#u3 / EMAIL#e1` has a type DynamoDB might add after
-/// this build (`VECTOR`): the SDK's own deserializer reads it as
-/// `AttributeValue::Unknown`, with nothing of the value.
-#[derive(Debug)]
-struct NewTypeInScans;
-
-impl aws_smithy_runtime_api::client::interceptors::Intercept for NewTypeInScans {
-    fn name(&self) -> &'static str {
-        "NewTypeInScans"
-    }
-
-    fn modify_before_deserialization(
-        &self,
-        context: &mut aws_smithy_runtime_api::client::interceptors::context::BeforeDeserializationInterceptorContextMut<'_>,
-        _components: &aws_smithy_runtime_api::client::runtime_components::RuntimeComponents,
-        cfg: &mut aws_smithy_types::config_bag::ConfigBag,
-    ) -> Result<(), aws_smithy_runtime_api::box_error::BoxError> {
-        use aws_smithy_runtime_api::client::orchestrator::Metadata;
-        if cfg.load::<Metadata>().map(Metadata::name) != Some("Scan") {
-            return Ok(());
-        }
-        let items: Vec<serde_json::Value> = (0..10)
-            .map(|i| {
-                let email = if i == 3 {
-                    serde_json::json!({ "VECTOR": [1, 2] })
-                } else {
-                    serde_json::json!({ "S": format!(" User{i}@Example.ORG") })
-                };
-                serde_json::json!({
-                    "PK": { "S": format!("USER#u{i}") }, "SK": { "S": "EMAIL#e1" },
-                    "emailId": { "S": "e1" }, "userId": { "S": format!("u{i}") },
-                    "email": email, "isPrimary": { "BOOL": false },
-                })
-            })
-            .collect();
-        let body = serde_json::json!({ "Items": items, "Count": 10, "ScannedCount": 10 });
-        *context.response_mut() = support::dynamodb_answer(body);
-        Ok(())
-    }
-}
-
 #[tokio::test]
 async fn a_scanned_value_of_an_unknown_type_is_dead_lettered_and_the_rest_backfilled() {
     let (client, table, spec, _) = setup("user-service.toml", "bfunk").await;
     load(&client, &table, (0..10).map(email_item).collect()).await;
-    let odd = support::client_through(NewTypeInScans).await;
+    // Every scan answers with the ten items, u3's `email` of a type newer
+    // than this build.
+    let items: Vec<serde_json::Value> = (0..10)
+        .map(|i| {
+            let email = if i == 3 {
+                serde_json::json!({ "VECTOR": [1, 2] })
+            } else {
+                serde_json::json!({ "S": format!(" User{i}@Example.ORG") })
+            };
+            serde_json::json!({
+                "PK": { "S": format!("USER#u{i}") }, "SK": { "S": "EMAIL#e1" },
+                "emailId": { "S": "e1" }, "userId": { "S": format!("u{i}") },
+                "email": email, "isPrimary": { "BOOL": false },
+            })
+        })
+        .collect();
+    let odd = support::Answer {
+        operation: "Scan",
+        needle: "",
+        body: serde_json::json!({ "Items": items, "Count": 10, "ScannedCount": 10 }),
+    }
+    .client()
+    .await;
     let applier = Applier::new(odd, spec.clone(), &table, ApplyConfig::default());
     let summary = backfill(&applier, &quiet(BackfillOptions::default()))
         .await

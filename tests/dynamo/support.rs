@@ -270,30 +270,80 @@ pub fn binary() -> &'static Path {
     Path::new(env!("CARGO_BIN_EXE_ddb-projector"))
 }
 
-/// A DynamoDB client of the shared test server whose calls go through
-/// `interceptor`.
-pub async fn client_through(
-    interceptor: impl aws_smithy_runtime_api::client::interceptors::Intercept + 'static,
-) -> aws_sdk_dynamodb::Client {
-    let config = sdk_config().await;
-    aws_sdk_dynamodb::Client::from_conf(
-        aws_sdk_dynamodb::config::Builder::from(&config)
-            .interceptor(interceptor)
-            .build(),
-    )
+/// An SDK interceptor standing in for DynamoDB: the calls of `operation`
+/// whose request body contains `needle` still reach DynamoDB Local, but
+/// their answer is replaced by a 200 with `body`, which the SDK's own
+/// deserializer then reads (so a value of a type DynamoDB might add after
+/// this build, `{"VECTOR": [1, 2]}`, arrives as `AttributeValue::Unknown`).
+#[derive(Debug, Clone)]
+pub struct Answer {
+    /// `Scan`, `Query`...
+    pub operation: &'static str,
+    /// Text the request body must contain (`""`: every call).
+    pub needle: &'static str,
+    /// The answer's JSON body.
+    pub body: serde_json::Value,
 }
 
-/// A 200 answer of DynamoDB with `body`, for an interceptor to put in
-/// place of the real one: the SDK's own deserializer then reads it.
-pub fn dynamodb_answer(
-    body: serde_json::Value,
-) -> aws_smithy_runtime_api::client::orchestrator::HttpResponse {
-    let mut response = aws_smithy_runtime_api::client::orchestrator::HttpResponse::new(
-        aws_smithy_runtime_api::http::StatusCode::try_from(200).expect("200 is a status"),
-        aws_smithy_types::body::SdkBody::from(body.to_string()),
-    );
-    response
-        .headers_mut()
-        .insert("content-type", "application/x-amz-json-1.0");
-    response
+/// Marks the attempts whose answer [`Answer`] replaces.
+#[derive(Debug, Clone)]
+struct Replace;
+
+impl aws_smithy_types::config_bag::Storable for Replace {
+    type Storer = aws_smithy_types::config_bag::StoreReplace<Replace>;
+}
+
+impl Answer {
+    /// A client of the shared test server whose calls go through this.
+    pub async fn client(self) -> aws_sdk_dynamodb::Client {
+        let config = sdk_config().await;
+        aws_sdk_dynamodb::Client::from_conf(
+            aws_sdk_dynamodb::config::Builder::from(&config)
+                .interceptor(self)
+                .build(),
+        )
+    }
+}
+
+impl aws_smithy_runtime_api::client::interceptors::Intercept for Answer {
+    fn name(&self) -> &'static str {
+        "Answer"
+    }
+
+    fn read_before_transmit(
+        &self,
+        context: &aws_smithy_runtime_api::client::interceptors::context::BeforeTransmitInterceptorContextRef<'_>,
+        _components: &aws_smithy_runtime_api::client::runtime_components::RuntimeComponents,
+        cfg: &mut aws_smithy_types::config_bag::ConfigBag,
+    ) -> Result<(), aws_smithy_runtime_api::box_error::BoxError> {
+        let request = context.request();
+        let target = format!("DynamoDB_20120810.{}", self.operation);
+        let body = String::from_utf8_lossy(request.body().bytes().unwrap_or_default());
+        if request.headers().get("x-amz-target") == Some(target.as_str())
+            && body.contains(self.needle)
+        {
+            cfg.interceptor_state().store_put(Replace);
+        }
+        Ok(())
+    }
+
+    fn modify_before_deserialization(
+        &self,
+        context: &mut aws_smithy_runtime_api::client::interceptors::context::BeforeDeserializationInterceptorContextMut<'_>,
+        _components: &aws_smithy_runtime_api::client::runtime_components::RuntimeComponents,
+        cfg: &mut aws_smithy_types::config_bag::ConfigBag,
+    ) -> Result<(), aws_smithy_runtime_api::box_error::BoxError> {
+        if cfg.load::<Replace>().is_none() {
+            return Ok(());
+        }
+        let mut response = aws_smithy_runtime_api::client::orchestrator::HttpResponse::new(
+            aws_smithy_runtime_api::http::StatusCode::try_from(200).expect("200 is a status"),
+            aws_smithy_types::body::SdkBody::from(self.body.to_string()),
+        );
+        response
+            .headers_mut()
+            .insert("content-type", "application/x-amz-json-1.0");
+        *context.response_mut() = response;
+        Ok(())
+    }
 }
