@@ -395,11 +395,8 @@ async fn check_value_scope<'a>(
         .filter_map(|item| {
             // The key alone: other attributes may hold types this build
             // cannot read, and the key is all that is needed here.
-            let key: HashMap<String, Av> = item
-                .into_iter()
-                .filter(|(name, _)| spec.table.is_key_attribute(name))
-                .collect();
-            spec.table.item_key(&Item::from(key))
+            spec.table
+                .item_key(&Item::from(spec.table.key_attributes(&item)))
         })
         .collect();
     // The GSI lags the table: add what the batch just made hold the value.

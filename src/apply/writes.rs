@@ -1035,11 +1035,7 @@ pub(crate) async fn read_markers(
             .into_iter()
             .flatten()
         {
-            let key_map: HashMap<String, Av> = item
-                .iter()
-                .filter(|(name, _)| ctx.spec.table.is_key_attribute(name))
-                .map(|(k, v)| (k.clone(), v.clone()))
-                .collect();
+            let key_map = ctx.spec.table.key_attributes(item);
             if let Some(key) = by_key.get(&flat(&key_map)) {
                 let item = item_from_sdk(item.clone()).unwrap_or_else(|error| {
                     // It exists; with its key alone it equals no wanted

@@ -965,12 +965,7 @@ async fn scan_segment(
         progress.advance(page.items().len() as u64);
         for raw in page.items() {
             let item = crate::decode::item_from_sdk(raw.clone()).map_err(|error| {
-                let table = &applier.spec().table;
-                let key: HashMap<String, Av> = raw
-                    .iter()
-                    .filter(|(name, _)| table.is_key_attribute(name))
-                    .map(|(name, value)| (name.clone(), value.clone()))
-                    .collect();
+                let key = applier.spec().table.key_attributes(raw);
                 ApplyError::Fatal {
                     table: applier.table().to_string(),
                     message: format!(

@@ -13,7 +13,7 @@ use crate::record::{AttributeValue, Item};
 
 /// A value of a DynamoDB type this build does not know.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("attribute `{path}` has a DynamoDB type this build does not know (the SDK read it as `Unknown`); upgrade ddb-projector to read it")]
+#[error("attribute `{path}` has a DynamoDB type this build does not know (the SDK read it as `Unknown`); upgrade ddb-projector to decode it")]
 pub struct UnknownAttributeType {
     /// Where: `name`, `name.inner` or `name[2]`.
     pub path: String,

@@ -6,7 +6,7 @@ use aws_sdk_dynamodbstreams::types::{
     AttributeValue as SdkValue, OperationType, Record, StreamViewType,
 };
 
-use super::sdk::{item_from_sdk, item_json, unknown_type_at};
+use super::sdk::{item_from_sdk, item_json};
 use super::{check, unknown_event_name, DecodeProblem};
 use crate::record::{ChangeKind, ChangeRecord, Origin, SequenceNumber, ViewType};
 
@@ -36,31 +36,26 @@ pub fn decode_stream_record(
     let Some(stream) = stream else {
         return Err(problem("the record has no `dynamodb` section".to_string()));
     };
-    for (section, map) in [
-        ("Keys", stream.keys()),
-        ("NewImage", stream.new_image()),
-        ("OldImage", stream.old_image()),
-    ] {
-        if let Some(path) = map.and_then(unknown_type_at) {
-            return Err(problem(format!(
-                "{section} attribute `{path}` has a DynamoDB type this build does not know (the SDK read it as `Unknown`); upgrade ddb-projector to decode it"
-            )));
-        }
-    }
-    // No `Unknown` left (searched above), so the conversion cannot fail.
-    let image = |map: Option<&SdkImage>| {
-        map.filter(|m| !m.is_empty())
-            .and_then(|m| item_from_sdk(m.clone()).ok())
+    // Each image converted once; a value the SDK read as `Unknown` is a
+    // problem naming the section and the value's path.
+    let image = |section: &str, map: Option<&SdkImage>| match map.filter(|m| !m.is_empty()) {
+        None => Ok(None),
+        Some(map) => item_from_sdk(map.clone())
+            .map(Some)
+            .map_err(|error| problem(format!("{section} {error}"))),
     };
+    let keys = image("Keys", stream.keys())?.unwrap_or_default();
+    let new_image = image("NewImage", stream.new_image())?;
+    let old_image = image("OldImage", stream.old_image())?;
     let ttl_expiry = record.user_identity().is_some_and(|id| {
         id.r#type() == Some("Service") && id.principal_id() == Some("dynamodb.amazonaws.com")
     });
     let change = ChangeRecord {
         event_id: record.event_id().unwrap_or_default().to_string(),
         kind,
-        keys: image(stream.keys()).unwrap_or_default(),
-        old_image: image(stream.old_image()),
-        new_image: image(stream.new_image()),
+        keys,
+        old_image,
+        new_image,
         sequence_number: SequenceNumber(stream.sequence_number().unwrap_or_default().to_string()),
         approximate_creation_ms: stream
             .approximate_creation_date_time()

@@ -133,6 +133,15 @@ impl TableSpec {
     pub fn is_key_attribute(&self, name: &str) -> bool {
         name == self.partition_key || self.sort_key.as_deref() == Some(name)
     }
+
+    /// The key attributes of `item`, whatever its value type (an SDK
+    /// item's key converts safely even when other attributes would not).
+    pub fn key_attributes<V: Clone>(&self, item: &HashMap<String, V>) -> HashMap<String, V> {
+        item.iter()
+            .filter(|(name, _)| self.is_key_attribute(name))
+            .map(|(name, value)| (name.clone(), value.clone()))
+            .collect()
+    }
 }
 
 /// A named entity type, identified by its key patterns.
