@@ -76,7 +76,7 @@ use aws_smithy_types::config_bag::{ConfigBag, Storable, StoreReplace};
 use clap::{Parser, Subcommand};
 use ddb_projector::apply::{Applier, ApplyConfig, BatchOptions, BatchStats, RecordStatus};
 use ddb_projector::decode::{decode_stream_record, DecodeProblem};
-use ddb_projector::record::{AttributeValue, ChangeKind, ChangeRecord, Item};
+use ddb_projector::record::{ChangeKind, ChangeRecord, Image, ValueRef};
 use ddb_projector::spec::Spec;
 use serde::{Deserialize, Serialize};
 
@@ -835,9 +835,9 @@ impl Intercept for Meter {
 fn minimum_writes(social: &[Record], user: &[Record]) -> BTreeMap<String, u64> {
     let mut kinds: BTreeMap<String, u64> = BTreeMap::new();
     let mut add = |kind: &str, n: u64| *kinds.entry(kind.to_string()).or_default() += n;
-    let string = |item: Option<&Item>, name: &str| -> Option<String> {
+    let string = |item: Option<&Image>, name: &str| -> Option<String> {
         match item?.get(name)? {
-            AttributeValue::S(v) | AttributeValue::N(v) => Some(v.clone()),
+            ValueRef::S(v) | ValueRef::N(v) => Some(v.to_string()),
             _ => None,
         }
     };
@@ -857,7 +857,7 @@ fn minimum_writes(social: &[Record], user: &[Record]) -> BTreeMap<String, u64> {
                 }
             }
         } else if sk.starts_with("ACHIEVEMENT#") {
-            let keys = |item: Option<&Item>| {
+            let keys = |item: Option<&Image>| {
                 Some((
                     string(item, "tier")?,
                     format!("{:0>4}", string(item, "score")?),
@@ -889,15 +889,14 @@ fn minimum_writes(social: &[Record], user: &[Record]) -> BTreeMap<String, u64> {
             };
         } else if let Some(id) = sk.strip_prefix("EMAIL#") {
             let index_keys =
-                |item: Option<&Item>| string(item, "email").map(|e| e.trim().to_lowercase());
+                |item: Option<&Image>| string(item, "email").map(|e| e.trim().to_lowercase());
             if new.is_some() && index_keys(new) != index_keys(old) {
                 add("email GSI keys", 1);
             }
             let entry = emails.entry(user.clone()).or_default();
             match new {
                 Some(item) => {
-                    let is_primary =
-                        matches!(item.get("isPrimary"), Some(AttributeValue::Bool(true)));
+                    let is_primary = matches!(item.get("isPrimary"), Some(ValueRef::Bool(true)));
                     entry.insert(
                         id.to_string(),
                         (string(new, "email").unwrap_or_default(), is_primary),
@@ -996,11 +995,11 @@ impl Baseline {
         } else {
             &record.old_image
         };
-        image.clone().map(Into::into)
+        image.as_ref().map(|image| image.to_item().into())
     }
 
     fn key(record: &ChangeRecord) -> (String, String) {
-        let keys: Attrs = record.keys.clone().into();
+        let keys: Attrs = record.keys.to_item().into();
         (text(&keys, "PK").unwrap(), text(&keys, "SK").unwrap())
     }
 

@@ -8,7 +8,7 @@
 
 use std::collections::BTreeSet;
 
-use crate::record::{AttributeValue, Item, ItemKey};
+use crate::record::{AttributeValue, Attributes, Item, ItemKey};
 use crate::spec::{Condition, Invariant, InvariantKind, RepairPolicy, Spec, RESERVED_PREFIX};
 
 /// The partition key prefix under which violations of one invariant are
@@ -105,7 +105,7 @@ pub fn check_partition(
             }
             let satisfying: Vec<ItemKey> = members
                 .iter()
-                .filter(|(_, item)| when.holds(Some(item)))
+                .filter(|(_, item)| when.holds(Some(*item)))
                 .map(|(key, _)| key.clone())
                 .collect();
             match satisfying.len() {
@@ -136,7 +136,7 @@ pub fn check_partition(
         }
         InvariantKind::Implies { premise, then } => members
             .iter()
-            .filter(|(_, item)| premise.holds(Some(item)) && !then.holds(Some(item)))
+            .filter(|(_, item)| premise.holds(Some(*item)) && !then.holds(Some(*item)))
             .map(|(key, _)| {
                 violation(
                     key.sk.clone().or_else(|| Some(String::new())),
@@ -158,11 +158,15 @@ pub fn check_partition(
 /// GSI partition key, rendered from the item as the index-keys projection
 /// would. `None` when the item is not of the entity or lacks what the
 /// template reads.
-pub fn unique_value(spec: &Spec, invariant: &Invariant, item: &Item) -> Option<String> {
+pub fn unique_value<A: Attributes + ?Sized>(
+    spec: &Spec,
+    invariant: &Invariant,
+    item: &A,
+) -> Option<String> {
     let InvariantKind::Unique { template, .. } = &invariant.kind else {
         return None;
     };
-    let key = key_of(spec, item)?;
+    let key = spec.table.item_key(item)?;
     let mut vars = Vec::new();
     if spec.match_entity(&key.pk, key.sk.as_deref(), &mut vars) != Some(invariant.entity) {
         return None;

@@ -10,6 +10,9 @@ use std::fmt;
 use serde::{Deserialize, Serialize};
 pub use serde_dynamo::{AttributeValue, Item};
 
+mod image;
+pub use image::{Attributes, Image, ValueRef};
+
 /// What happened to the item.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "SCREAMING_SNAKE_CASE")]
@@ -181,11 +184,11 @@ pub struct ChangeRecord {
     /// Insert, modify or remove.
     pub kind: ChangeKind,
     /// The table key attributes of the changed item.
-    pub keys: Item,
+    pub keys: Image,
     /// The item before the change, when the stream carries it.
-    pub old_image: Option<Item>,
+    pub old_image: Option<Image>,
     /// The item after the change, when the stream carries it.
-    pub new_image: Option<Item>,
+    pub new_image: Option<Image>,
     /// Orders the records of one item.
     pub sequence_number: SequenceNumber,
     /// When the change was made, in milliseconds since the Unix epoch.
@@ -202,7 +205,7 @@ pub struct ChangeRecord {
 
 impl ChangeRecord {
     /// The image that describes the item now (`None` after a remove).
-    pub fn current_image(&self) -> Option<&Item> {
+    pub fn current_image(&self) -> Option<&Image> {
         match self.kind {
             ChangeKind::Remove => None,
             _ => self.new_image.as_ref(),
@@ -211,10 +214,7 @@ impl ChangeRecord {
 
     /// A string key attribute of the record, if present.
     pub fn key_string(&self, name: &str) -> Option<&str> {
-        match self.keys.get(name) {
-            Some(AttributeValue::S(value)) => Some(value),
-            _ => None,
-        }
+        self.keys.get(name).and_then(ValueRef::as_str)
     }
 }
 

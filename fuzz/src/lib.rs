@@ -25,7 +25,7 @@ use ddb_projector::lambda::batch_response;
 use ddb_projector::lambda::event::Payload;
 use ddb_projector::lambda::filters::filter_criteria;
 use ddb_projector::plan::{compute_denormalized, describe_error, plan_record};
-use ddb_projector::record::{ChangeRecord, Item};
+use ddb_projector::record::{ChangeRecord, Image, Item};
 use ddb_projector::spec::{ProjectionKind, Spec};
 
 /// The shipped specs, as `(label, text)`: compiled into the harness so that
@@ -248,7 +248,7 @@ fn plan_one(spec: &Spec, record: &ChangeRecord, outcome: &mut Outcome) {
 fn recompute(spec: &Spec, records: &[ChangeRecord]) {
     let items: Vec<Item> = records
         .iter()
-        .filter_map(|record| record.new_image.clone())
+        .filter_map(|record| record.new_image.as_ref().map(Image::to_item))
         .filter(|item| spec.table.item_key(item).is_some())
         .collect();
     for (id, projection) in spec.projections.iter().enumerate() {

@@ -33,7 +33,7 @@ use crate::invariant::{
     RepairWrite, Violation,
 };
 use crate::plan::SourceQuery;
-use crate::record::{AttributeValue, ChangeKind, ChangeRecord, Item, ItemKey, Origin};
+use crate::record::{AttributeValue, ChangeKind, ChangeRecord, Image, Item, ItemKey, Origin};
 use crate::spec::{InvariantKind, RepairPolicy};
 
 /// What the check after a batch did.
@@ -127,7 +127,7 @@ pub(crate) async fn check_batch(
     // invariant's condition, per (invariant, partition).
     let mut latest: HashMap<(usize, String), ItemKey> = HashMap::new();
     // The last state the batch shows of each item (None: removed).
-    let mut last_state: HashMap<ItemKey, Option<&Item>> = HashMap::new();
+    let mut last_state: HashMap<ItemKey, Option<&Image>> = HashMap::new();
     for record in batch.iter().flatten() {
         if matches!(record.origin, Origin::Scan { .. }) {
             continue;
@@ -243,7 +243,7 @@ async fn check_scope<'a>(
     scope: &Scope<'a>,
     deadline: Option<tokio::time::Instant>,
     latest: &HashMap<(usize, String), ItemKey>,
-    last_state: &HashMap<ItemKey, Option<&Item>>,
+    last_state: &HashMap<ItemKey, Option<&Image>>,
 ) -> (CheckStats, Vec<Checked<'a>>) {
     let mut stats = CheckStats {
         scopes: 1,
@@ -368,7 +368,7 @@ async fn check_value_scope<'a>(
     id: usize,
     value: &str,
     record: &'a ChangeRecord,
-    last_state: &HashMap<ItemKey, Option<&Item>>,
+    last_state: &HashMap<ItemKey, Option<&Image>>,
 ) -> Result<Vec<Checked<'a>>, WriteError> {
     let spec = ctx.spec;
     let invariant = &spec.invariants[id];

@@ -559,7 +559,7 @@ impl Applier {
             Some(Ok(item)) => {
                 record.kind = crate::record::ChangeKind::Insert;
                 record.old_image = None;
-                record.new_image = Some(item);
+                record.new_image = Some(item.into());
             }
             None => {
                 record.kind = crate::record::ChangeKind::Remove;

@@ -630,7 +630,7 @@ fn derived(spec: &Spec, snapshot: &Snapshot, out: &mut Vec<Finding>) {
                     let Ok(values) = counter
                         .of
                         .iter()
-                        .map(|(_, t)| t.render(&vars, None))
+                        .map(|(_, t)| t.render(&vars, None::<&Item>))
                         .collect::<Result<Vec<String>, _>>()
                     else {
                         continue;

@@ -6,7 +6,7 @@
 use aws_lambda_events::event::dynamodb::{EventRecord, StreamViewType};
 
 use super::{check, unknown_event_name, DecodeProblem, Decoded};
-use crate::record::{ChangeKind, ChangeRecord, Item, Origin, SequenceNumber, ViewType};
+use crate::record::{ChangeKind, ChangeRecord, Image, Item, Origin, SequenceNumber, ViewType};
 
 /// The event as a whole could not be read.
 #[derive(Debug, thiserror::Error)]
@@ -120,8 +120,8 @@ fn view_type(view: &StreamViewType) -> ViewType {
     }
 }
 
-fn non_empty(item: Item) -> Option<Item> {
-    (!item.is_empty()).then_some(item)
+fn non_empty(item: Item) -> Option<Image> {
+    (!item.is_empty()).then(|| item.into())
 }
 
 fn from_event_record(
@@ -152,7 +152,7 @@ fn from_event_record(
     let change = ChangeRecord {
         event_id: record.event_id,
         kind,
-        keys: stream.keys,
+        keys: stream.keys.into(),
         old_image: non_empty(stream.old_image),
         new_image: non_empty(stream.new_image),
         sequence_number: SequenceNumber(stream.sequence_number.unwrap_or_default()),

@@ -56,9 +56,9 @@ pub fn scanned_record(
     Ok(ChangeRecord {
         event_id: format!("scan:{segment}:{n}"),
         kind: ChangeKind::Insert,
-        keys,
+        keys: keys.into(),
         old_image: None,
-        new_image: Some(item),
+        new_image: Some(item.into()),
         sequence_number: SequenceNumber("0".to_string()),
         approximate_creation_ms: None,
         ttl_expiry: false,

@@ -8,7 +8,7 @@ use aws_sdk_dynamodbstreams::types::{
 
 use super::sdk::{item_from_sdk, item_json};
 use super::{check, unknown_event_name, DecodeProblem};
-use crate::record::{ChangeKind, ChangeRecord, Origin, SequenceNumber, ViewType};
+use crate::record::{ChangeKind, ChangeRecord, Image, Origin, SequenceNumber, ViewType};
 
 type SdkImage = HashMap<String, SdkValue>;
 
@@ -53,9 +53,9 @@ pub fn decode_stream_record(
     let change = ChangeRecord {
         event_id: record.event_id().unwrap_or_default().to_string(),
         kind,
-        keys,
-        old_image,
-        new_image,
+        keys: keys.into(),
+        old_image: old_image.map(Image::from),
+        new_image: new_image.map(Image::from),
         sequence_number: SequenceNumber(stream.sequence_number().unwrap_or_default().to_string()),
         approximate_creation_ms: stream
             .approximate_creation_date_time()

@@ -348,13 +348,13 @@ impl Handler {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::record::{ChangeKind, Item, Origin, SequenceNumber};
+    use crate::record::{ChangeKind, Origin, SequenceNumber};
 
     fn record(seq: &str) -> Result<ChangeRecord, DecodeProblem> {
         Ok(ChangeRecord {
             event_id: format!("e{seq}"),
             kind: ChangeKind::Insert,
-            keys: Item::default(),
+            keys: Default::default(),
             old_image: None,
             new_image: None,
             sequence_number: SequenceNumber(seq.to_string()),

@@ -9,7 +9,7 @@
 //! [`compute_denormalized`] says, whatever the order it gets triggers in.
 
 use super::{changed, Effect, Op, PlanProblem, SourceQuery, Subject};
-use crate::record::{AttributeValue, ChangeKind, Item};
+use crate::record::{AttributeValue, ChangeKind, Image, Item};
 use crate::spec::{Denormalize, EntityId, ProjectionId, ProjectionKind, RenderError, Spec};
 
 pub(super) fn plan(
@@ -25,7 +25,7 @@ pub(super) fn plan(
         // Only a source that counts, before or after the change, can move
         // the target; a missing image might have counted.
         let counts =
-            |image: Option<&Item>| image.is_none_or(|image| projection.when.holds(Some(image)));
+            |image: Option<&Image>| image.is_none_or(|image| projection.when.holds(Some(image)));
         let (old, new) = (record.old_image.as_ref(), record.new_image.as_ref());
         match record.kind {
             ChangeKind::Insert => counts(new),

@@ -1,7 +1,7 @@
 //! `index-keys`: derived attributes (usually GSI keys) on the changed item.
 
 use super::{Effect, Op, PlanProblem, Subject};
-use crate::record::{AttributeValue, ChangeKind};
+use crate::record::{AttributeValue, ChangeKind, ValueRef};
 use crate::spec::{IndexKeys, ProjectionId};
 
 /// Plans the derived attributes for an inserted or modified item.
@@ -23,8 +23,7 @@ pub(super) fn plan(
     let mut differs = false;
     for (attr, template) in &projection.set {
         let value = template.render(&subject.vars, Some(image))?;
-        differs |=
-            !matches!(image.get(attr), Some(AttributeValue::S(current)) if *current == value);
+        differs |= !matches!(image.get(attr), Some(ValueRef::S(current)) if current == value);
         values.push(value);
     }
     if !differs {
@@ -39,7 +38,11 @@ pub(super) fn plan(
     let expect = projection
         .reads
         .iter()
-        .filter_map(|name| image.get(name).map(|value| (name.clone(), value.clone())))
+        .filter_map(|name| {
+            image
+                .get(name)
+                .map(|value| (name.clone(), value.to_value()))
+        })
         .collect();
     effects.push(Effect {
         projection: id,

@@ -87,7 +87,7 @@ fn shard_key(
     let values = counter
         .of
         .iter()
-        .map(|(_, template)| template.render(&subject.vars, None))
+        .map(|(_, template)| template.render(&subject.vars, None::<&Item>))
         .collect::<Result<Vec<String>, RenderError>>()?;
     let shard = shard_for(&subject.key, counter.shards);
     Ok(spec.counter_shard_key(&spec.projections[id].name, &values, shard))

@@ -25,7 +25,8 @@ pub use denormalize::compute_denormalized;
 pub use membership::shard_for;
 
 use crate::record::{
-    item_to_json, value_to_json, AttributeValue, ChangeKind, ChangeRecord, Item, ItemKey, ViewType,
+    item_to_json, value_to_json, AttributeValue, ChangeKind, ChangeRecord, Image, Item, ItemKey,
+    ValueRef, ViewType,
 };
 use crate::spec::{Bindings, ProjectionId, ProjectionKind, RenderError, Spec};
 
@@ -231,7 +232,7 @@ pub(crate) struct Subject<'r> {
 }
 
 impl Subject<'_> {
-    pub(crate) fn new_image(&self, view: Option<ViewType>) -> Result<&Item, PlanProblem> {
+    pub(crate) fn new_image(&self, view: Option<ViewType>) -> Result<&Image, PlanProblem> {
         self.record
             .new_image
             .as_ref()
@@ -247,7 +248,7 @@ pub fn plan_record(spec: &Spec, record: &ChangeRecord, selection: Selection<'_>)
     let mut plan = RecordPlan::default();
     let pk_name = &spec.table.partition_key;
     let pk = match record.keys.get(pk_name) {
-        Some(AttributeValue::S(pk)) => pk.as_str(),
+        Some(ValueRef::S(pk)) => pk,
         _ => {
             plan.errors.push(PlanError {
                 projection: None,
@@ -258,7 +259,7 @@ pub fn plan_record(spec: &Spec, record: &ChangeRecord, selection: Selection<'_>)
     };
     let sk = match &spec.table.sort_key {
         Some(name) => match record.keys.get(name) {
-            Some(AttributeValue::S(sk)) => Some(sk.as_str()),
+            Some(ValueRef::S(sk)) => Some(sk),
             _ => {
                 plan.errors.push(PlanError {
                     projection: None,

@@ -15,7 +15,7 @@ use std::path::Path;
 use std::sync::Arc;
 
 use crate::plan::CustomProjection;
-use crate::record::{AttributeValue, Item, ItemKey};
+use crate::record::{AttributeValue, Attributes, Item, ItemKey, ValueRef};
 pub use builder::SpecBuilder;
 use raw::{RawCondition, RawInvariant, RawProjection, RawSpec};
 pub use template::{Bindings, KeyPattern, RenderError, Template, TemplateError};
@@ -114,16 +114,10 @@ impl TableSpec {
     }
 
     /// The string key of an item or key map, if its key attributes are strings.
-    pub fn item_key(&self, item: &Item) -> Option<ItemKey> {
-        let pk = match item.get(&self.partition_key) {
-            Some(AttributeValue::S(pk)) => pk.clone(),
-            _ => return None,
-        };
+    pub fn item_key<A: Attributes + ?Sized>(&self, item: &A) -> Option<ItemKey> {
+        let pk = item.attribute(&self.partition_key)?.as_str()?.to_string();
         let sk = match &self.sort_key {
-            Some(name) => match item.get(name) {
-                Some(AttributeValue::S(sk)) => Some(sk.clone()),
-                _ => return None,
-            },
+            Some(name) => Some(item.attribute(name)?.as_str()?.to_string()),
             None => None,
         };
         Some(ItemKey { pk, sk })
@@ -183,11 +177,11 @@ pub struct Condition(pub Vec<(String, AttributeValue)>);
 
 impl Condition {
     /// Whether the item satisfies the condition (`None` never does).
-    pub fn holds(&self, item: Option<&Item>) -> bool {
+    pub fn holds<A: Attributes + ?Sized>(&self, item: Option<&A>) -> bool {
         let Some(item) = item else { return false };
         self.0
             .iter()
-            .all(|(name, want)| item.get(name).is_some_and(|have| values_equal(have, want)))
+            .all(|(name, want)| item.attribute(name).is_some_and(|have| have.equals(want)))
     }
 
     /// Whether the condition is empty (always holds for existing items).
@@ -198,12 +192,7 @@ impl Condition {
 
 /// Equality as DynamoDB sees it: numbers compare by value.
 pub fn values_equal(a: &AttributeValue, b: &AttributeValue) -> bool {
-    match (a, b) {
-        (AttributeValue::N(x), AttributeValue::N(y)) => {
-            x == y || matches!((x.parse::<f64>(), y.parse::<f64>()), (Ok(x), Ok(y)) if x == y)
-        }
-        _ => a == b,
-    }
+    ValueRef::from(a).equals(b)
 }
 
 /// Derive attributes on the changed item itself (GSI keys).

@@ -8,7 +8,7 @@
 use std::borrow::Cow;
 use std::fmt;
 
-use crate::record::{AttributeValue, Item};
+use crate::record::{AttributeValue, Attributes, ValueRef};
 
 /// The transforms a template may apply, for error messages.
 pub const TRANSFORMS: &[&str] = &["lower", "upper", "trim", "pad"];
@@ -475,10 +475,10 @@ impl Template {
 
     /// Renders the template. Names resolve to key variables first, then to
     /// attributes of `item`.
-    pub fn render(
+    pub fn render<A: Attributes + ?Sized>(
         &self,
         bindings: &[(&str, &str)],
-        item: Option<&Item>,
+        item: Option<&A>,
     ) -> Result<String, RenderError> {
         let mut out = String::with_capacity(self.source.len() + 24);
         for part in &self.parts {
@@ -495,18 +495,18 @@ impl Template {
 
     /// Evaluates the template to an attribute value: a `{name}` template
     /// copies the value as it is (any type); others render a string.
-    pub fn value(
+    pub fn value<A: Attributes + ?Sized>(
         &self,
         bindings: &[(&str, &str)],
-        item: Option<&Item>,
+        item: Option<&A>,
     ) -> Result<AttributeValue, RenderError> {
         if let Some(name) = self.single_var() {
             if let Some(value) = lookup(bindings, name) {
                 return Ok(AttributeValue::S(value.to_string()));
             }
             return item
-                .and_then(|item| item.get(name))
-                .cloned()
+                .and_then(|item| item.attribute(name))
+                .map(ValueRef::to_value)
                 .ok_or_else(|| RenderError::Missing(name.to_string()));
         }
         self.render(bindings, item).map(AttributeValue::S)
@@ -519,26 +519,24 @@ impl fmt::Display for Template {
     }
 }
 
-fn eval<'a>(
+fn eval<'a, A: Attributes + ?Sized>(
     expr: &Expr,
     bindings: &[(&str, &'a str)],
-    item: Option<&'a Item>,
+    item: Option<&'a A>,
 ) -> Result<Cow<'a, str>, RenderError> {
     match expr {
         Expr::Var(name) => {
             if let Some(value) = lookup(bindings, name) {
                 return Ok(Cow::Borrowed(value));
             }
-            match item.and_then(|item| item.get(name.as_str())) {
+            match item.and_then(|item| item.attribute(name.as_str())) {
                 None => Err(RenderError::Missing(name.clone())),
-                Some(AttributeValue::S(s)) => Ok(Cow::Borrowed(s.as_str())),
-                Some(AttributeValue::N(n)) => Ok(Cow::Borrowed(n.as_str())),
-                Some(AttributeValue::Bool(b)) => {
-                    Ok(Cow::Borrowed(if *b { "true" } else { "false" }))
-                }
+                Some(ValueRef::S(s)) => Ok(Cow::Borrowed(s)),
+                Some(ValueRef::N(n)) => Ok(Cow::Borrowed(n)),
+                Some(ValueRef::Bool(b)) => Ok(Cow::Borrowed(if b { "true" } else { "false" })),
                 Some(other) => Err(RenderError::WrongType {
                     name: name.clone(),
-                    found: type_name(other),
+                    found: type_name(&other.to_value()),
                 }),
             }
         }
@@ -590,6 +588,7 @@ fn eval<'a>(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::record::Item;
 
     fn item(pairs: &[(&str, AttributeValue)]) -> Item {
         let mut item = Item::default();

@@ -7,7 +7,9 @@ use std::sync::Arc;
 use aws_sdk_dynamodb::types::AttributeValue as Av;
 use ddb_projector::apply::{Applier, ApplyConfig, BatchOptions, RecordStatus};
 use ddb_projector::decode::DecodeProblem;
-use ddb_projector::record::{ChangeKind, ChangeRecord, Item, Origin, SequenceNumber, ViewType};
+use ddb_projector::record::{
+    ChangeKind, ChangeRecord, Image, Item, Origin, SequenceNumber, ValueRef, ViewType,
+};
 use ddb_projector::spec::Spec;
 
 use super::support::{self, get, n, put, s, text};
@@ -30,9 +32,9 @@ fn change(
     Ok(ChangeRecord {
         event_id: format!("e{seq}"),
         kind,
-        keys,
-        old_image: image(old),
-        new_image: image(new),
+        keys: keys.into(),
+        old_image: image(old).map(Image::from),
+        new_image: image(new).map(Image::from),
         sequence_number: SequenceNumber(format!("{seq:021}")),
         approximate_creation_ms: None,
         ttl_expiry: false,
@@ -173,12 +175,8 @@ async fn denormalized_profile_email_converges_in_every_order() {
             .iter()
             .map(|r| {
                 let mut r = r.clone().unwrap();
-                let fix = |item: &mut Item| {
-                    item.insert(
-                        "PK".into(),
-                        ddb_projector::record::AttributeValue::S(format!("USER#{user}")),
-                    );
-                };
+                let pk = format!("USER#{user}");
+                let fix = |item: &mut Image| item.insert("PK", ValueRef::S(&pk));
                 fix(&mut r.keys);
                 r.old_image.as_mut().map(fix);
                 r.new_image.as_mut().map(fix);

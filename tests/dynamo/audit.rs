@@ -11,7 +11,9 @@ use ddb_projector::audit::{audit, AuditOptions, AuditReport, Problem};
 use ddb_projector::backfill::{backfill, BackfillOptions};
 use ddb_projector::counter::read_counter;
 use ddb_projector::decode::DecodeProblem;
-use ddb_projector::record::{ChangeKind, ChangeRecord, Item, Origin, SequenceNumber, ViewType};
+use ddb_projector::record::{
+    ChangeKind, ChangeRecord, Image, Item, Origin, SequenceNumber, ViewType,
+};
 use ddb_projector::spec::Spec;
 
 use super::support::{self, delete, get, put, s, text};
@@ -297,9 +299,9 @@ fn change(
     Ok(ChangeRecord {
         event_id: format!("e{seq}"),
         kind,
-        keys,
-        old_image: image(old),
-        new_image: image(new),
+        keys: keys.into(),
+        old_image: image(old).map(Image::from),
+        new_image: image(new).map(Image::from),
         sequence_number: SequenceNumber(format!("{seq:021}")),
         approximate_creation_ms: None,
         ttl_expiry: false,

@@ -11,7 +11,9 @@ use std::time::Duration;
 use aws_sdk_dynamodb::types::AttributeValue as Av;
 use ddb_projector::apply::Applier;
 use ddb_projector::decode::DecodeProblem;
-use ddb_projector::record::{ChangeKind, ChangeRecord, Item, Origin, SequenceNumber, ViewType};
+use ddb_projector::record::{
+    ChangeKind, ChangeRecord, Image, Item, Origin, SequenceNumber, ViewType,
+};
 use ddb_projector::spec::Spec;
 use futures::stream::{self, StreamExt};
 
@@ -107,9 +109,9 @@ impl History {
         self.records.push(Ok(ChangeRecord {
             event_id: format!("e{seq}"),
             kind,
-            keys,
-            old_image: old.map(Item::from),
-            new_image: new.map(Item::from),
+            keys: keys.into(),
+            old_image: old.map(|item| Image::from(Item::from(item))),
+            new_image: new.map(|item| Image::from(Item::from(item))),
             sequence_number: SequenceNumber(format!("{seq:021}")),
             approximate_creation_ms: None,
             ttl_expiry: false,
@@ -329,8 +331,8 @@ pub fn user_history(history: &mut History, rng: &mut Rng, n_users: usize, steps:
 pub async fn write_history(client: &aws_sdk_dynamodb::Client, table: &str, history: &History) {
     for record in history.records.iter().flatten() {
         match &record.new_image {
-            Some(image) => put_item(client, table, &image.clone().into()).await,
-            None => delete_item(client, table, record.keys.clone().into()).await,
+            Some(image) => put_item(client, table, &image.to_item().into()).await,
+            None => delete_item(client, table, record.keys.to_item().into()).await,
         }
     }
 }

@@ -378,7 +378,7 @@ fn interleave(records: &[Record], shuffle: &[u32]) -> Vec<usize> {
     order.sort_by_key(|&i| (shuffle[i % shuffle.len()].rotate_left(i as u32 % 31), i));
     let key = |i: usize| {
         let record = records[i].as_ref().expect("generated records decode");
-        History::key(&record.keys.clone().into())
+        History::key(&record.keys.to_item().into())
     };
     let mut slots: BTreeMap<(String, String), Vec<usize>> = BTreeMap::new();
     for (slot, &i) in order.iter().enumerate() {
@@ -434,8 +434,8 @@ impl Writer<'_> {
                 .as_ref()
                 .expect("generated records decode");
             match &record.new_image {
-                Some(image) => put_item(self.client, self.table, &image.clone().into()).await,
-                None => delete_item(self.client, self.table, record.keys.clone().into()).await,
+                Some(image) => put_item(self.client, self.table, &image.to_item().into()).await,
+                None => delete_item(self.client, self.table, record.keys.to_item().into()).await,
             }
             self.written += 1;
         }

@@ -11,7 +11,9 @@ use aws_sdk_dynamodbstreams::types::{
 use ddb_projector::decode::{
     decode_lambda_event, decode_scanned_item, decode_stream_record, DecodeProblem, Decoded,
 };
-use ddb_projector::record::{item_to_json, ChangeKind, ChangeRecord, Origin, SequenceNumber};
+use ddb_projector::record::{
+    item_to_json, ChangeKind, ChangeRecord, Image, Origin, SequenceNumber,
+};
 use expect_test::{expect, Expect};
 use serde_json::{json, Value};
 
@@ -28,8 +30,8 @@ fn fixture_json(name: &str) -> Value {
 
 /// One record, a few lines: what the rest of the pipeline sees of it.
 fn describe(record: &ChangeRecord) -> String {
-    let image = |image: &Option<_>| match image {
-        Some(item) => item_to_json(item).to_string(),
+    let image = |image: &Option<Image>| match image {
+        Some(image) => item_to_json(&image.to_item()).to_string(),
         None => "-".to_string(),
     };
     let origin = match &record.origin {
@@ -45,7 +47,7 @@ fn describe(record: &ChangeRecord) -> String {
         "{} {} keys {} seq {} at {:?} view {} ttl {} size {:?}\n  from {origin}\n  old {}\n  new {}\n",
         record.event_id,
         record.kind.as_str(),
-        item_to_json(&record.keys),
+        item_to_json(&record.keys.to_item()),
         record.sequence_number,
         record.approximate_creation_ms,
         record.view_type.map_or("-", |v| v.as_str()),

@@ -844,7 +844,7 @@ impl CustomProjection for EmailAudit {
         let mut item = Item::default();
         item.insert("PK".to_string(), AttributeValue::S(key.pk));
         item.insert("SK".to_string(), AttributeValue::S(key.sk.unwrap()));
-        item.insert("address".to_string(), address.clone());
+        item.insert("address".to_string(), address.to_value());
         Ok(vec![CustomOp::Put(item)])
     }
 }

@@ -6,7 +6,7 @@ use std::sync::LazyLock;
 
 use ddb_projector::plan::{describe_error, plan_record, Selection};
 use ddb_projector::record::{
-    AttributeValue, ChangeKind, ChangeRecord, Item, Origin, SequenceNumber, ViewType,
+    AttributeValue, ChangeKind, ChangeRecord, Image, Item, Origin, SequenceNumber, ViewType,
 };
 use ddb_projector::spec::Spec;
 use serde_json::Value;
@@ -122,9 +122,9 @@ pub fn record(desc: Value) -> ChangeRecord {
     ChangeRecord {
         event_id: "event-1".to_string(),
         kind,
-        keys,
-        old_image,
-        new_image,
+        keys: keys.into(),
+        old_image: old_image.map(Image::from),
+        new_image: new_image.map(Image::from),
         sequence_number: SequenceNumber("100".to_string()),
         approximate_creation_ms: Some(1_700_000_000_000),
         ttl_expiry: desc.get("ttl").and_then(Value::as_bool).unwrap_or(false),
