@@ -5,7 +5,7 @@
 
 use aws_lambda_events::event::dynamodb::{EventRecord, StreamViewType};
 
-use super::{check, unknown_event_name, DecodeProblem, Decoded};
+use super::{check, fast, unknown_event_name, DecodeProblem, Decoded};
 use crate::record::{ChangeKind, ChangeRecord, Image, Item, Origin, SequenceNumber, ViewType};
 
 /// The event as a whole could not be read.
@@ -28,53 +28,39 @@ impl From<serde_json::Error> for LambdaEventError {
 
 /// Decodes a Lambda DynamoDB Streams event, record by record.
 ///
-/// The whole event is first decoded in one pass (the fast path); only when
-/// that fails, or a record fails a check, are records decoded on their own
-/// from the JSON, so that every problem carries its record as received.
+/// The whole event is first decoded in one pass, the fast way
+/// ([`super::fast`]); only when that fails, or a record fails a check, are
+/// records decoded on their own from the JSON, the slow way, so that every
+/// problem carries its record as received and the exact reason.
 pub fn decode_lambda_event(bytes: &[u8]) -> Result<Decoded, LambdaEventError> {
-    #[derive(serde::Deserialize)]
-    struct Fast {
-        #[serde(rename = "Records")]
-        records: Vec<EventRecord>,
-    }
-    let mut fast: Option<Decoded> = serde_json::from_slice::<Fast>(bytes).ok().map(|fast| {
-        fast.records
-            .into_iter()
-            .enumerate()
-            .map(|(index, record)| from_event_record(index, record, None))
-            .collect()
-    });
+    let mut fast = fast::event(bytes);
     if let Some(decoded) = fast.take_if(|decoded| decoded.iter().all(Result::is_ok)) {
         return Ok(decoded);
     }
+    let mut fast = fast.map(Vec::into_iter);
     let value: serde_json::Value = serde_json::from_slice(bytes)?;
     let Some(records) = value.get("Records").and_then(|r| r.as_array()) else {
         return Err(LambdaEventError::NoRecords);
     };
-    if let Some(mut decoded) = fast {
-        // Only the records that failed a check are decoded again.
-        for (index, result) in decoded.iter_mut().enumerate() {
-            if let (Err(_), Some(raw)) = (&result, records.get(index)) {
-                *result = decode_lambda_record(index, raw);
-            }
-        }
-        return Ok(decoded);
-    }
     Ok(records
         .iter()
         .enumerate()
-        .map(|(index, raw)| decode_lambda_record(index, raw))
+        .map(|(index, raw)| {
+            // Only the records that failed a check are decoded again.
+            match fast.as_mut().and_then(Iterator::next) {
+                Some(Ok(record)) => Ok(record),
+                _ => decode_lambda_record(index, raw),
+            }
+        })
         .collect())
 }
 
-/// Decodes one record of a Lambda event from its JSON text: straight into
-/// the record type, and only when that fails through a JSON value, so that
-/// the problem carries the record as received.
+/// Decodes one record of a Lambda event from its JSON text: the fast way,
+/// and only when that fails through a JSON value, so that the problem
+/// carries the record as received.
 pub fn decode_lambda_record_json(index: usize, json: &str) -> Result<ChangeRecord, DecodeProblem> {
-    if let Ok(decoded @ Ok(_)) = serde_json::from_str::<EventRecord>(json)
-        .map(|record| from_event_record(index, record, None))
-    {
-        return decoded;
+    if let Some(record) = fast::record(json) {
+        return Ok(record);
     }
     match serde_json::from_str::<serde_json::Value>(json) {
         Ok(raw) => decode_lambda_record(index, &raw),
@@ -94,7 +80,7 @@ pub fn decode_lambda_record(
     raw: &serde_json::Value,
 ) -> Result<ChangeRecord, DecodeProblem> {
     match serde_json::from_value::<EventRecord>(raw.clone()) {
-        Ok(record) => from_event_record(index, record, Some(raw)),
+        Ok(record) => from_event_record(index, record, raw),
         Err(error) => Err(DecodeProblem {
             index,
             event_id: raw
@@ -127,19 +113,15 @@ fn non_empty(item: Item) -> Option<Image> {
 fn from_event_record(
     index: usize,
     record: EventRecord,
-    raw: Option<&serde_json::Value>,
+    raw: &serde_json::Value,
 ) -> Result<ChangeRecord, DecodeProblem> {
-    // Without `raw` (the fast path) a problem's record is re-decoded from
-    // the JSON by the caller, so the fallbacks below never reach a dead letter.
     let Some(kind) = ChangeKind::from_event_name(&record.event_name) else {
         return Err(DecodeProblem {
             index,
             event_id: Some(record.event_id.clone()).filter(|id| !id.is_empty()),
             sequence_number: record.change.sequence_number.clone(),
             reason: unknown_event_name(&record.event_name),
-            raw: raw
-                .cloned()
-                .unwrap_or_else(|| serde_json::to_value(&record).unwrap_or_default()),
+            raw: raw.clone(),
         });
     };
     let ttl_expiry = record
@@ -171,9 +153,7 @@ fn from_event_record(
             event_id: Some(change.event_id.clone()).filter(|id| !id.is_empty()),
             sequence_number: Some(change.sequence_number.0.clone()).filter(|seq| !seq.is_empty()),
             reason,
-            raw: raw
-                .cloned()
-                .unwrap_or_else(|| serde_json::to_value(&change).unwrap_or_default()),
+            raw: raw.clone(),
         }),
     }
 }

@@ -6,6 +6,7 @@
 //! [`DecodeProblem`] in its place in the batch, carrying the raw record so
 //! that it can be dead-lettered whole.
 
+mod fast;
 mod lambda;
 mod scan;
 mod sdk;

@@ -265,14 +265,16 @@ impl Image {
     }
 
     /// Whether some name is written twice (cheap when none is: names are
-    /// first told apart by a 64-bit filter of their hashes).
+    /// first told apart by a 64-bit filter of their length and last bytes).
     fn has_duplicates(&self) -> bool {
         let mut seen = 0u64;
         for (index, (name, _)) in self.entries.iter().enumerate() {
             let text = self.text_of(*name).as_bytes();
-            let hash = text.iter().fold(text.len(), |hash, byte| {
-                hash.wrapping_mul(31) ^ usize::from(*byte)
-            });
+            let byte = |back: usize| usize::from(text[text.len().saturating_sub(back)..][0]);
+            let hash = match text.len() {
+                0 => 0,
+                len => len * 13 + byte(2) * 3 + byte(1),
+            };
             let bit = 1u64 << (hash % 64);
             if seen & bit != 0
                 && self.entries[..index]
@@ -510,7 +512,20 @@ impl<'de, A: MapAccess<'de>> MapAccess<'de> for TaggedRest<'_, '_, A> {
 
 impl<'de> Deserialize<'de> for Image {
     fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Image, D::Error> {
-        struct ImageVisitor;
+        Image::deserialize_sized(deserializer, 12, 256)
+    }
+}
+
+impl Image {
+    /// Reads an image into buffers sized for `entries` attributes and
+    /// `text` bytes of names and values (a key map needs far less than an
+    /// item image).
+    pub(crate) fn deserialize_sized<'de, D: Deserializer<'de>>(
+        deserializer: D,
+        entries: usize,
+        text: usize,
+    ) -> Result<Image, D::Error> {
+        struct ImageVisitor(usize, usize);
         impl<'de> Visitor<'de> for ImageVisitor {
             type Value = Image;
 
@@ -519,7 +534,7 @@ impl<'de> Deserialize<'de> for Image {
             }
 
             fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Image, A::Error> {
-                let mut image = Image::with_capacity(12, 256);
+                let mut image = Image::with_capacity(self.0, self.1);
                 while let Some(name) = map.next_key_seed(TextSeed(&mut image))? {
                     let slot = map.next_value_seed(ValueSeed(&mut image))?;
                     image.entries.push((name, slot));
@@ -530,7 +545,7 @@ impl<'de> Deserialize<'de> for Image {
                 Ok(image)
             }
         }
-        deserializer.deserialize_map(ImageVisitor)
+        deserializer.deserialize_map(ImageVisitor(entries, text))
     }
 }
 
