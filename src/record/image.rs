@@ -618,6 +618,29 @@ mod tests {
         }
     }
 
+    proptest::proptest! {
+        /// Lookups find exactly the names an image has, however it was built.
+        #[test]
+        fn every_name_is_found_and_no_other(
+            names in proptest::collection::btree_set("[a-zA-Z0-9#_]{0,8}", 0..40),
+            others in proptest::collection::vec("[a-zA-Z0-9#_]{0,8}", 0..40),
+        ) {
+            let mut item = Item::default();
+            for name in &names {
+                item.insert(name.clone(), AttributeValue::S(name.clone()));
+            }
+            let text = serde_json::to_string(&item).unwrap();
+            for image in [Image::from(&item), serde_json::from_str(&text).unwrap()] {
+                for name in &names {
+                    proptest::prop_assert_eq!(image.get(name), Some(ValueRef::S(name)));
+                }
+                for other in others.iter().filter(|other| !names.contains(*other)) {
+                    proptest::prop_assert_eq!(image.get(other), None);
+                }
+            }
+        }
+    }
+
     #[test]
     fn inserting_replaces_and_equality_ignores_order() {
         let mut a = Image::new();
