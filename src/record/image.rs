@@ -464,16 +464,7 @@ impl<'de> Visitor<'de> for ValueSeed<'_> {
             Tag::N => Slot::N(map.next_value_seed(TextSeed(self.0))?),
             Tag::Bool => Slot::Bool(map.next_value()?),
             Tag::Null => Slot::Null(map.next_value()?),
-            // serde_dynamo reads the rest, the tag given back to it first.
-            Tag::Other(tag) => {
-                let rest = TaggedRest {
-                    tag: Some(tag),
-                    map: &mut map,
-                };
-                let value =
-                    AttributeValue::deserialize(de::value::MapAccessDeserializer::new(rest))?;
-                return Ok(Slot::Other(Box::new(value)));
-            }
+            Tag::Other(tag) => return other_value(tag, map, 0).map(|v| Slot::Other(Box::new(v))),
         };
         if map.next_key::<IgnoredAny>()?.is_some() {
             return Err(de::Error::custom(
@@ -481,6 +472,138 @@ impl<'de> Visitor<'de> for ValueSeed<'_> {
             ));
         }
         Ok(slot)
+    }
+}
+
+/// How deep maps and lists may nest: DynamoDB's own limit. Deeper values
+/// are refused here (bounding recursion whatever the parser allows) and go
+/// the slow way.
+pub(crate) const MAX_NESTING: usize = 32;
+
+/// Reads a value whose tag is not one of the four scalars: maps and lists
+/// here, counting their depth; anything else by `serde_dynamo`, the tag
+/// given back to it first.
+fn other_value<'de, A: MapAccess<'de>>(
+    tag: std::borrow::Cow<'_, str>,
+    mut map: A,
+    depth: usize,
+) -> Result<AttributeValue, A::Error> {
+    let value = match &*tag {
+        "M" | "L" if depth >= MAX_NESTING => {
+            return Err(de::Error::custom(format!(
+                "maps and lists nest more than {MAX_NESTING} levels deep"
+            )))
+        }
+        "M" => AttributeValue::M(map.next_value_seed(NestedMap(depth + 1))?),
+        "L" => AttributeValue::L(map.next_value_seed(NestedList(depth + 1))?),
+        _ => {
+            let rest = TaggedRest {
+                tag: Some(tag),
+                map: &mut map,
+            };
+            return AttributeValue::deserialize(de::value::MapAccessDeserializer::new(rest));
+        }
+    };
+    if map.next_key::<IgnoredAny>()?.is_some() {
+        return Err(de::Error::custom(
+            "Expected exactly one key in the object, found multiple keys",
+        ));
+    }
+    Ok(value)
+}
+
+/// A value inside a map or a list, at a depth.
+struct Nested(usize);
+
+impl<'de> DeserializeSeed<'de> for Nested {
+    type Value = AttributeValue;
+
+    fn deserialize<D: Deserializer<'de>>(
+        self,
+        deserializer: D,
+    ) -> Result<AttributeValue, D::Error> {
+        deserializer.deserialize_map(self)
+    }
+}
+
+impl<'de> Visitor<'de> for Nested {
+    type Value = AttributeValue;
+
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(
+            r#"an object with a single key "N", "S", "BOOL", "B", "NULL", "M", "L", "SS", "NS", or "BS""#,
+        )
+    }
+
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<AttributeValue, A::Error> {
+        let Some(tag) = map.next_key::<Tag>()? else {
+            return Err(de::Error::custom(
+                "Expected exactly one key in the object, found none",
+            ));
+        };
+        let tag = match tag {
+            Tag::S => "S".into(),
+            Tag::N => "N".into(),
+            Tag::Bool => "BOOL".into(),
+            Tag::Null => "NULL".into(),
+            Tag::Other(tag) => tag,
+        };
+        other_value(tag, map, self.0)
+    }
+}
+
+/// The entries of an `M` value.
+struct NestedMap(usize);
+
+impl<'de> DeserializeSeed<'de> for NestedMap {
+    type Value = std::collections::HashMap<String, AttributeValue>;
+
+    fn deserialize<D: Deserializer<'de>>(self, deserializer: D) -> Result<Self::Value, D::Error> {
+        deserializer.deserialize_map(self)
+    }
+}
+
+impl<'de> Visitor<'de> for NestedMap {
+    type Value = std::collections::HashMap<String, AttributeValue>;
+
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("a map of names to DynamoDB values")
+    }
+
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
+        let mut entries = std::collections::HashMap::new();
+        while let Some(name) = map.next_key::<String>()? {
+            let value = map.next_value_seed(Nested(self.0))?;
+            entries.insert(name, value);
+        }
+        Ok(entries)
+    }
+}
+
+/// The elements of an `L` value.
+struct NestedList(usize);
+
+impl<'de> DeserializeSeed<'de> for NestedList {
+    type Value = Vec<AttributeValue>;
+
+    fn deserialize<D: Deserializer<'de>>(self, deserializer: D) -> Result<Self::Value, D::Error> {
+        deserializer.deserialize_seq(self)
+    }
+}
+
+impl<'de> Visitor<'de> for NestedList {
+    type Value = Vec<AttributeValue>;
+
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("a list of DynamoDB values")
+    }
+
+    fn visit_seq<A: de::SeqAccess<'de>>(self, mut seq: A) -> Result<Self::Value, A::Error> {
+        let mut values = Vec::new();
+        while let Some(value) = seq.next_element_seed(Nested(self.0))? {
+            values.push(value);
+        }
+        Ok(values)
     }
 }
 
@@ -638,6 +761,42 @@ mod tests {
                     proptest::prop_assert_eq!(image.get(other), None);
                 }
             }
+        }
+    }
+
+    /// `{"a": {"M": {"a": {"L": [ ... {"S": "x"} ... ]}}}}`, `depth` maps
+    /// and lists deep.
+    fn nested(depth: usize) -> String {
+        let mut value = r#"{"S": "x"}"#.to_string();
+        for level in 0..depth {
+            value = if level % 2 == 0 {
+                format!(r#"{{"M": {{"a": {value}}}}}"#)
+            } else {
+                format!(r#"{{"L": [{value}, {{"N": "1"}}]}}"#)
+            };
+        }
+        format!(r#"{{"a": {value}}}"#)
+    }
+
+    #[test]
+    fn maps_and_lists_nest_as_deep_as_dynamodb_allows_and_no_deeper() {
+        let text = nested(MAX_NESTING);
+        let image: Image = sonic_rs::from_str(&text).unwrap();
+        assert_eq!(
+            image.to_item(),
+            serde_json::from_str::<Item>(&text).unwrap()
+        );
+        assert_eq!(serde_json::from_str::<Image>(&text).unwrap(), image);
+        // One level more is refused (the record then goes the slow way), and
+        // so is anything the parser would read, however deep.
+        for depth in [MAX_NESTING + 1, 200, 250] {
+            let error = sonic_rs::from_str::<Image>(&nested(depth))
+                .unwrap_err()
+                .to_string();
+            assert!(
+                error.contains("nest more than 32 levels"),
+                "{depth}: {error}"
+            );
         }
     }
 
