@@ -84,7 +84,10 @@ pub struct Outcome {
 pub fn lambda_event(bytes: &[u8]) -> Outcome {
     let mut outcome = Outcome::default();
     match decode_lambda_event(bytes) {
-        Ok(decoded) => plan_batch(&decoded, &mut outcome),
+        Ok(decoded) => {
+            fast_decodes_as_slow(bytes, &decoded);
+            plan_batch(&decoded, &mut outcome)
+        }
         Err(error) => {
             let _ = error.to_string();
             outcome.refused = true;
@@ -109,6 +112,44 @@ pub fn lambda_event(bytes: &[u8]) -> Outcome {
         }
     }
     outcome
+}
+
+/// The fast Lambda decoder's invariant (`src/decode/fast.rs`): a record it
+/// decodes is the record the slow way (`serde_json`, `EventRecord`) gives
+/// from the same JSON, and an event it decodes is one `serde_json` reads.
+///
+/// # Panics
+///
+/// When the two disagree: a fuzzing finding.
+fn fast_decodes_as_slow(bytes: &[u8], decoded: &Decoded) {
+    let value = match serde_json::from_slice::<serde_json::Value>(bytes) {
+        Ok(value) => value,
+        Err(error) => {
+            assert!(
+                decoded.iter().all(Result::is_err),
+                "the fast way decoded an event serde_json refuses ({error})"
+            );
+            return;
+        }
+    };
+    let Some(records) = value.get("Records").and_then(|r| r.as_array()) else {
+        assert!(
+            decoded.iter().all(Result::is_err),
+            "records without `Records`"
+        );
+        return;
+    };
+    assert_eq!(records.len(), decoded.len(), "one result per record");
+    for (index, (raw, result)) in records.iter().zip(decoded).enumerate() {
+        if let Ok(record) = result {
+            let slow = ddb_projector::decode::decode_lambda_record(index, raw);
+            assert_eq!(
+                slow.as_ref(),
+                Ok(record),
+                "record {index} decodes differently"
+            );
+        }
+    }
 }
 
 thread_local! {

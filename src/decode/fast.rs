@@ -9,17 +9,25 @@
 //!
 //! It is a fast path, not a second definition of the format: it accepts
 //! a subset of what `EventRecord` accepts, and whatever it accepts decodes
-//! to the record `EventRecord` gives (`tests/engine/decode.rs` compares the
-//! two on every fixture and on generated events). It checks the fields
-//! `EventRecord` requires, with their types; anything it refuses (an
-//! unknown `eventName`, a fractional `ApproximateCreationDateTime` it
-//! cannot convert the same way, any malformed field) goes the slow way,
-//! which gives the problem its exact message.
+//! to the record `EventRecord` gives. The tests below compare the two on
+//! the fixtures, on JSON edge cases and on generated events; the
+//! `lambda_event` fuzz target compares them on every input.
+//!
+//! - `serde_json` reads the input first, keeping nothing ([`bounded_json`]):
+//!   `sonic-rs` recurses without a depth limit on some paths.
+//! - It knows every field Lambda writes and refuses any other, so a value
+//!   `serde_json` could not keep (a number beyond `f64`) is never skipped
+//!   unread.
+//! - Kept maps and lists nest at most DynamoDB's 32 levels.
+//! - It checks the fields `EventRecord` requires, with their types.
+//!
+//! Anything it refuses (an unknown `eventName`, a malformed field) goes the
+//! slow way, which gives the problem its exact message.
 
 use std::fmt;
 
 use chrono::{LocalResult, TimeZone, Utc};
-use serde::de::{self, DeserializeSeed, Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor};
+use serde::de::{self, DeserializeSeed, Deserializer, MapAccess, SeqAccess, Visitor};
 use serde::Deserialize;
 
 use super::{DecodeProblem, Decoded};
@@ -28,7 +36,7 @@ use crate::record::{ChangeKind, ChangeRecord, Image, Origin, SequenceNumber, Vie
 /// One record of a Lambda DynamoDB Streams event; the fields and their
 /// rules are `EventRecord`'s.
 #[derive(Deserialize)]
-#[serde(rename_all = "camelCase")]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
 struct FastRecord {
     #[serde(rename = "dynamodb")]
     change: FastChange,
@@ -57,9 +65,13 @@ struct FastRecord {
 }
 
 #[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
 struct FastChange {
     #[serde(rename = "ApproximateCreationDateTime", default)]
     approximate_creation: Millis,
+    #[allow(dead_code)]
+    #[serde(rename = "ApproximateCreationDateTimePrecision", default)]
+    approximate_creation_precision: Option<Text>,
     #[serde(rename = "Keys", default)]
     keys: Option<Keys>,
     #[serde(rename = "NewImage", default)]
@@ -75,6 +87,7 @@ struct FastChange {
 }
 
 #[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
 struct Identity {
     #[serde(rename = "type", default)]
     kind: String,
@@ -203,10 +216,25 @@ impl FastRecord {
     }
 }
 
+/// Whether `serde_json` reads `bytes` as JSON nested at most 128 levels
+/// deep (keeping nothing: about a third of the fast path's time).
+///
+/// `sonic-rs` recurses without a depth limit when it skips a value, and
+/// also when it describes a wrong-typed array or object in an error, so a
+/// deeply nested input overflowed the stack (found by fuzzing: 250 nested
+/// arrays in a field). Only input that passes this check reaches it; the
+/// rest goes the slow way, whose parser refuses it with a clear error.
+fn bounded_json(bytes: &[u8]) -> bool {
+    serde_json::from_slice::<serde::de::IgnoredAny>(bytes).is_ok()
+}
+
 /// Decodes a whole event the fast way, straight into the batch: a record
 /// that fails a check is an `Err` without a reason, for the caller to
 /// decode the slow way. `None` if the event does not fit as a whole.
 pub(super) fn event(bytes: &[u8]) -> Option<Decoded> {
+    if !bounded_json(bytes) {
+        return None;
+    }
     sonic_rs::from_slice::<FastEvent>(bytes)
         .ok()
         .map(|event| event.0)
@@ -229,7 +257,7 @@ impl<'de> Deserialize<'de> for FastEvent {
                 let mut records = None;
                 while let Some(key) = map.next_key::<std::borrow::Cow<'de, str>>()? {
                     if key != "Records" {
-                        map.next_value::<IgnoredAny>()?;
+                        return Err(de::Error::unknown_field(&key, &["Records"]));
                     } else if records.is_some() {
                         return Err(de::Error::duplicate_field("Records"));
                     } else {
@@ -281,6 +309,9 @@ impl<'de> Visitor<'de> for RecordsSeed {
 
 /// Decodes one record's JSON the fast way; `None` if it does not fit.
 pub(super) fn record(json: &str) -> Option<ChangeRecord> {
+    if !bounded_json(json.as_bytes()) {
+        return None;
+    }
     sonic_rs::from_str::<FastRecord>(json).ok()?.into_record()
 }
 
@@ -450,5 +481,101 @@ mod tests {
                 }
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod edge_tests {
+    use super::*;
+    use crate::decode::{decode_lambda_event, decode_lambda_record};
+
+    /// Text that `serde_json` and `sonic-rs` might read differently: what
+    /// the fast way accepts must be what the slow way accepts, decoded the
+    /// same.
+    #[test]
+    fn json_edge_cases_decode_the_fast_way_only_as_the_slow_way_does() {
+        let base = r#"{"eventID":"e1","eventName":"INSERT","awsRegion":"r","dynamodb":{"Keys":{"PK":{"S":"USER#u1"}},"NewImage":{"PK":{"S":"USER#u1"},"v":VALUE},"SequenceNumber":"1","SizeBytes":SIZE,"ApproximateCreationDateTime":TIME}}"#;
+        let values = [
+            r#"{"S":"\ud800"}"#,
+            r#"{"S":"\udc00x"}"#,
+            r#"{"S":"\ud83d\ude00"}"#,
+            "{\"S\":\"tab\there\"}",
+            "{\"S\":\"nl\nhere\"}",
+            r#"{"S":"\x"}"#,
+            r#"{"S":"\u00e9\u0000"}"#,
+            r#"{"N":"01"}"#,
+            r#"{"BOOL":1}"#,
+            r#"{"NULL":null}"#,
+            r#"{"S":"a",}"#,
+            r#"{"S":"a"} "#,
+            r#"{"L":[{"S":"a"},]}"#,
+            r#"{"M":{"x":{"S":"y"},"x":{"N":"1"}}}"#,
+            r#"{"S":"a","S":"b"}"#,
+            r#"{"B":"aGVsbG8"}"#,
+            r#"{"NS":[1]}"#,
+        ];
+        let sizes = ["1", "1.0", "-0", "01", "1e2", "9223372036854775808", "-1"];
+        let times = [
+            "1",
+            "1.5",
+            "-1.5",
+            "1e20",
+            "18446744073709551615",
+            "0",
+            "\"1\"",
+            "null",
+        ];
+        let mut cases = Vec::new();
+        for value in values {
+            cases.push(
+                base.replace("VALUE", value)
+                    .replace("SIZE", "1")
+                    .replace("TIME", "1"),
+            );
+        }
+        for size in sizes {
+            cases.push(
+                base.replace("VALUE", r#"{"S":"x"}"#)
+                    .replace("SIZE", size)
+                    .replace("TIME", "1"),
+            );
+        }
+        for time in times {
+            cases.push(
+                base.replace("VALUE", r#"{"S":"x"}"#)
+                    .replace("SIZE", "1")
+                    .replace("TIME", time),
+            );
+        }
+        cases.push(
+            base.replace("VALUE", r#"{"S":"x"}"#)
+                .replace("SIZE", "1")
+                .replace("TIME", "1")
+                + ",",
+        );
+        let mut accepted = 0;
+        for case in &cases {
+            let slow = serde_json::from_str::<serde_json::Value>(case)
+                .ok()
+                .map(|raw| decode_lambda_record(0, &raw).map_err(|p| p.reason));
+            match (record(case), &slow) {
+                (Some(fast), Some(Ok(slow))) => {
+                    assert_eq!(&fast, slow, "{case}");
+                    accepted += 1;
+                }
+                (Some(fast), _) => panic!("fast accepted {case}\n as {fast:?}\n slow: {slow:?}"),
+                (None, _) => {}
+            }
+            let event = format!(r#"{{"Records":[{case}]}}"#);
+            let whole = decode_lambda_event(event.as_bytes()).map(|d| {
+                d.into_iter()
+                    .map(|r| r.map_err(|p| p.reason))
+                    .collect::<Vec<_>>()
+            });
+            if let (Ok(whole), Some(slow)) = (&whole, &slow) {
+                assert_eq!(whole, &vec![slow.clone()], "{case}");
+            }
+        }
+        assert!(accepted > 10, "{accepted} cases accepted");
     }
 }

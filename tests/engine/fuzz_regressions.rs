@@ -91,6 +91,15 @@ fn every_lambda_event_seed_runs_through_the_lambda_event_target() {
     assert_eq!(plan_errors.records, 5, "{plan_errors:?}");
     let bad = outcome(&outcomes, "bad-records.json");
     assert!(bad.problems >= 7 && bad.records >= 1, "{bad:?}");
+    // Found by the fast-versus-slow check: a number beyond f64 in a field
+    // Lambda never writes. serde_json refuses the event, and so does the
+    // fast way now (it refuses unknown fields; see the next seed).
+    let huge = outcome(&outcomes, "number-beyond-f64-in-an-unknown-field.json");
+    assert_eq!((huge.records, huge.refused), (0, true), "{huge:?}");
+    // Found by fuzzing: sonic-rs skipped unknown values by unbounded
+    // recursion, and 250 nested arrays overflowed the stack.
+    let deep = outcome(&outcomes, "deeply-nested-unknown-field.json");
+    assert_eq!((deep.records, deep.refused), (0, true), "{deep:?}");
 }
 
 #[test]
