@@ -13,11 +13,11 @@
 //! the fixtures, on JSON edge cases and on generated events; the
 //! `lambda_event` fuzz target compares them on every input.
 //!
-//! - `serde_json` reads the input first, keeping nothing ([`bounded_json`]):
-//!   `sonic-rs` recurses without a depth limit on some paths.
-//! - It knows every field Lambda writes and refuses any other, so a value
-//!   `serde_json` could not keep (a number beyond `f64`) is never skipped
-//!   unread.
+//! - Only input nested at most 100 levels deep reaches `sonic-rs`
+//!   ([`bounded_json`]): it recurses without a depth limit on some paths.
+//! - It knows every field Lambda writes and refuses any other, so no value
+//!   is skipped unread (`serde_json` refuses a number beyond `f64`, even in
+//!   a field nothing keeps).
 //! - Kept maps and lists nest at most DynamoDB's 32 levels.
 //! - It checks the fields `EventRecord` requires, with their types.
 //!
@@ -216,16 +216,57 @@ impl FastRecord {
     }
 }
 
-/// Whether `serde_json` reads `bytes` as JSON nested at most 128 levels
-/// deep (keeping nothing: about a third of the fast path's time).
+/// How deep the fast path lets `sonic-rs` see arrays and objects nest:
+/// under `serde_json`'s 128, the slow path's limit, and above what a
+/// record can need (about 70 with maps and lists 32 levels deep).
+const MAX_DEPTH: usize = 100;
+
+/// Whether `bytes`, read as JSON, nests arrays and objects at most
+/// [`MAX_DEPTH`] levels deep (strings skipped, escapes honoured).
 ///
 /// `sonic-rs` recurses without a depth limit when it skips a value, and
 /// also when it describes a wrong-typed array or object in an error, so a
 /// deeply nested input overflowed the stack (found by fuzzing: 250 nested
-/// arrays in a field). Only input that passes this check reaches it; the
-/// rest goes the slow way, whose parser refuses it with a clear error.
+/// arrays in a field). Its recursion goes no deeper than the text nests
+/// until it meets an error and stops, so only input that passes this scan
+/// reaches it; the rest goes the slow way, whose parser refuses it with a
+/// clear error. Not a validator: malformed text passes, and `sonic-rs`
+/// refuses it.
 fn bounded_json(bytes: &[u8]) -> bool {
-    serde_json::from_slice::<serde::de::IgnoredAny>(bytes).is_ok()
+    let mut depth = 0usize;
+    let mut at = 0;
+    while let Some(&byte) = bytes.get(at) {
+        match byte {
+            b'"' => {
+                at += 1;
+                loop {
+                    let Some(rest) = bytes.get(at..) else {
+                        return true;
+                    };
+                    match memchr::memchr2(b'"', b'\\', rest) {
+                        Some(found) if rest[found] == b'\\' => at += found + 2,
+                        Some(found) => {
+                            at += found + 1;
+                            break;
+                        }
+                        // Unterminated: the parser refuses it.
+                        None => return true,
+                    }
+                }
+                continue;
+            }
+            b'[' | b'{' => {
+                depth += 1;
+                if depth > MAX_DEPTH {
+                    return false;
+                }
+            }
+            b']' | b'}' => depth = depth.saturating_sub(1),
+            _ => {}
+        }
+        at += 1;
+    }
+    true
 }
 
 /// Decodes a whole event the fast way, straight into the batch: a record
@@ -492,6 +533,41 @@ mod edge_tests {
     /// Text that `serde_json` and `sonic-rs` might read differently: what
     /// the fast way accepts must be what the slow way accepts, decoded the
     /// same.
+    #[test]
+    fn the_depth_scan_counts_nesting_outside_strings_only() {
+        let nested = |depth: usize| format!("{}{}", "[".repeat(depth), "]".repeat(depth));
+        assert!(bounded_json(nested(MAX_DEPTH).as_bytes()));
+        assert!(!bounded_json(nested(MAX_DEPTH + 1).as_bytes()));
+        let objects = format!(
+            "{}1{}",
+            r#"{"a":"#.repeat(MAX_DEPTH + 1),
+            "}".repeat(MAX_DEPTH + 1)
+        );
+        assert!(!bounded_json(objects.as_bytes()));
+        // Brackets in strings, escaped quotes and backslashes do not count,
+        // and closers in strings do not hide real depth.
+        let quoted = format!(r#"["{}", "\"[[[", "\\", "]]]]]]"]"#, "[".repeat(500));
+        assert!(bounded_json(quoted.as_bytes()));
+        let hidden = format!(r#"["]]]]]]]]", {}]"#, nested(MAX_DEPTH));
+        assert!(!bounded_json(hidden.as_bytes()));
+        // Malformed text is the parser's to refuse, not this scan's.
+        for text in ["", "\"", "[\"\\", "]]]][[", "{\"a\": [}"] {
+            assert!(bounded_json(text.as_bytes()), "{text}");
+        }
+        // What serde_json refuses for depth, the scan refuses (the fast way
+        // never accepts what the slow way's parser refuses).
+        for depth in MAX_DEPTH - 2..MAX_DEPTH + 200 {
+            let text = nested(depth);
+            if bounded_json(text.as_bytes()) {
+                assert!(
+                    serde_json::from_str::<serde_json::Value>(&text).is_ok(),
+                    "{depth}"
+                );
+            }
+        }
+        assert!(serde_json::from_str::<serde_json::Value>(&nested(MAX_DEPTH + 100)).is_err());
+    }
+
     #[test]
     fn json_edge_cases_decode_the_fast_way_only_as_the_slow_way_does() {
         let base = r#"{"eventID":"e1","eventName":"INSERT","awsRegion":"r","dynamodb":{"Keys":{"PK":{"S":"USER#u1"}},"NewImage":{"PK":{"S":"USER#u1"},"v":VALUE},"SequenceNumber":"1","SizeBytes":SIZE,"ApproximateCreationDateTime":TIME}}"#;
