@@ -433,6 +433,27 @@ impl Tag<'_> {
     }
 }
 
+/// What a DynamoDB JSON value is (serde_dynamo's words).
+const ONE_VALUE: &str =
+    r#"an object with a single key "N", "S", "BOOL", "B", "NULL", "M", "L", "SS", "NS", or "BS""#;
+
+/// The type tag of a `{"TAG": value}`, with serde_dynamo's message when
+/// there is none.
+fn first_tag<'de, A: MapAccess<'de>>(map: &mut A) -> Result<Tag<'de>, A::Error> {
+    map.next_key::<Tag>()?
+        .ok_or_else(|| de::Error::custom("Expected exactly one key in the object, found none"))
+}
+
+/// Refuses a second key in a `{"TAG": value}`, as serde_dynamo does.
+fn no_more_keys<'de, A: MapAccess<'de>>(map: &mut A) -> Result<(), A::Error> {
+    match map.next_key::<IgnoredAny>()? {
+        Some(_) => Err(de::Error::custom(
+            "Expected exactly one key in the object, found multiple keys",
+        )),
+        None => Ok(()),
+    }
+}
+
 /// Reads one `{"TAG": value}` into the image.
 struct ValueSeed<'b>(&'b mut Image);
 
@@ -448,17 +469,11 @@ impl<'de> Visitor<'de> for ValueSeed<'_> {
     type Value = Slot;
 
     fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(
-            r#"an object with a single key "N", "S", "BOOL", "B", "NULL", "M", "L", "SS", "NS", or "BS""#,
-        )
+        f.write_str(ONE_VALUE)
     }
 
     fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Slot, A::Error> {
-        let Some(tag) = map.next_key::<Tag>()? else {
-            return Err(de::Error::custom(
-                "Expected exactly one key in the object, found none",
-            ));
-        };
+        let tag = first_tag(&mut map)?;
         let slot = match tag {
             Tag::S => Slot::S(map.next_value_seed(TextSeed(self.0))?),
             Tag::N => Slot::N(map.next_value_seed(TextSeed(self.0))?),
@@ -466,11 +481,7 @@ impl<'de> Visitor<'de> for ValueSeed<'_> {
             Tag::Null => Slot::Null(map.next_value()?),
             Tag::Other(tag) => return other_value(tag, map, 0).map(|v| Slot::Other(Box::new(v))),
         };
-        if map.next_key::<IgnoredAny>()?.is_some() {
-            return Err(de::Error::custom(
-                "Expected exactly one key in the object, found multiple keys",
-            ));
-        }
+        no_more_keys(&mut map)?;
         Ok(slot)
     }
 }
@@ -504,11 +515,7 @@ fn other_value<'de, A: MapAccess<'de>>(
             return AttributeValue::deserialize(de::value::MapAccessDeserializer::new(rest));
         }
     };
-    if map.next_key::<IgnoredAny>()?.is_some() {
-        return Err(de::Error::custom(
-            "Expected exactly one key in the object, found multiple keys",
-        ));
-    }
+    no_more_keys(&mut map)?;
     Ok(value)
 }
 
@@ -530,17 +537,11 @@ impl<'de> Visitor<'de> for Nested {
     type Value = AttributeValue;
 
     fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(
-            r#"an object with a single key "N", "S", "BOOL", "B", "NULL", "M", "L", "SS", "NS", or "BS""#,
-        )
+        f.write_str(ONE_VALUE)
     }
 
     fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<AttributeValue, A::Error> {
-        let Some(tag) = map.next_key::<Tag>()? else {
-            return Err(de::Error::custom(
-                "Expected exactly one key in the object, found none",
-            ));
-        };
+        let tag = first_tag(&mut map)?;
         let tag = match tag {
             Tag::S => "S".into(),
             Tag::N => "N".into(),
