@@ -13,8 +13,8 @@
 //! the fixtures, on JSON edge cases and on generated events; the
 //! `lambda_event` fuzz target compares them on every input.
 //!
-//! - Only input nested at most 100 levels deep reaches `sonic-rs`
-//!   ([`bounded_json`]): it recurses without a depth limit on some paths.
+//! - Everything is read through [`Guarded`]: `sonic-rs` recurses without
+//!   a depth limit when it skips a value, and under `Guarded` it never does.
 //! - It knows every field Lambda writes and refuses any other, so no value
 //!   is skipped unread (`serde_json` refuses a number beyond `f64`, even in
 //!   a field nothing keeps).
@@ -30,6 +30,7 @@ use chrono::{LocalResult, TimeZone, Utc};
 use serde::de::{self, DeserializeSeed, Deserializer, MapAccess, SeqAccess, Visitor};
 use serde::Deserialize;
 
+use super::guarded::Guarded;
 use super::{DecodeProblem, Decoded};
 use crate::record::{ChangeKind, ChangeRecord, Image, Origin, SequenceNumber, ViewType};
 
@@ -83,7 +84,7 @@ struct FastChange {
     #[serde(rename = "SizeBytes")]
     size_bytes: i64,
     #[serde(rename = "StreamViewType", default)]
-    stream_view_type: Option<ViewType>,
+    stream_view_type: Option<View>,
 }
 
 #[derive(Deserialize)]
@@ -124,6 +125,29 @@ impl<'de> Deserialize<'de> for Kind {
             }
         }
         deserializer.deserialize_str(KindVisitor)
+    }
+}
+
+/// `StreamViewType`, by name (any other form goes the slow way).
+struct View(ViewType);
+
+impl<'de> Deserialize<'de> for View {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<View, D::Error> {
+        struct ViewVisitor;
+        impl Visitor<'_> for ViewVisitor {
+            type Value = View;
+
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("a stream view type")
+            }
+
+            fn visit_str<E: de::Error>(self, name: &str) -> Result<View, E> {
+                ViewType::from_name(name)
+                    .map(View)
+                    .ok_or_else(|| E::custom("unknown StreamViewType"))
+            }
+        }
+        deserializer.deserialize_str(ViewVisitor)
     }
 }
 
@@ -206,7 +230,7 @@ impl FastRecord {
             approximate_creation_ms: (change.approximate_creation.0 != 0)
                 .then_some(change.approximate_creation.0),
             ttl_expiry,
-            view_type: change.stream_view_type,
+            view_type: change.stream_view_type.map(|view| view.0),
             size_bytes: Some(change.size_bytes),
             origin: Origin::Lambda {
                 event_source_arn: self.event_source_arn,
@@ -216,69 +240,20 @@ impl FastRecord {
     }
 }
 
-/// How deep the fast path lets `sonic-rs` see arrays and objects nest:
-/// under `serde_json`'s 128, the slow path's limit, and above what a
-/// record can need (about 70 with maps and lists 32 levels deep).
-const MAX_DEPTH: usize = 100;
-
-/// Whether `bytes`, read as JSON, nests arrays and objects at most
-/// [`MAX_DEPTH`] levels deep (strings skipped, escapes honoured).
-///
-/// `sonic-rs` recurses without a depth limit when it skips a value, and
-/// also when it describes a wrong-typed array or object in an error, so a
-/// deeply nested input overflowed the stack (found by fuzzing: 250 nested
-/// arrays in a field). Its recursion goes no deeper than the text nests
-/// until it meets an error and stops, so only input that passes this scan
-/// reaches it; the rest goes the slow way, whose parser refuses it with a
-/// clear error. Not a validator: malformed text passes, and `sonic-rs`
-/// refuses it.
-fn bounded_json(bytes: &[u8]) -> bool {
-    let mut depth = 0usize;
-    let mut at = 0;
-    while let Some(&byte) = bytes.get(at) {
-        match byte {
-            b'"' => {
-                at += 1;
-                loop {
-                    let Some(rest) = bytes.get(at..) else {
-                        return true;
-                    };
-                    match memchr::memchr2(b'"', b'\\', rest) {
-                        Some(found) if rest[found] == b'\\' => at += found + 2,
-                        Some(found) => {
-                            at += found + 1;
-                            break;
-                        }
-                        // Unterminated: the parser refuses it.
-                        None => return true,
-                    }
-                }
-                continue;
-            }
-            b'[' | b'{' => {
-                depth += 1;
-                if depth > MAX_DEPTH {
-                    return false;
-                }
-            }
-            b']' | b'}' => depth = depth.saturating_sub(1),
-            _ => {}
-        }
-        at += 1;
-    }
-    true
-}
-
 /// Decodes a whole event the fast way, straight into the batch: a record
 /// that fails a check is an `Err` without a reason, for the caller to
 /// decode the slow way. `None` if the event does not fit as a whole.
 pub(super) fn event(bytes: &[u8]) -> Option<Decoded> {
-    if !bounded_json(bytes) {
-        return None;
-    }
-    sonic_rs::from_slice::<FastEvent>(bytes)
-        .ok()
-        .map(|event| event.0)
+    read::<FastEvent>(bytes).map(|event| event.0)
+}
+
+/// One JSON value of type `T`, read through [`Guarded`] (so `sonic-rs`
+/// never skips a value), and nothing after it but whitespace.
+fn read<'de, T: Deserialize<'de>>(bytes: &'de [u8]) -> Option<T> {
+    let mut deserializer = sonic_rs::Deserializer::from_slice(bytes);
+    let value = T::deserialize(Guarded(&mut deserializer)).ok()?;
+    deserializer.end().ok()?;
+    Some(value)
 }
 
 /// `{"Records": [...]}` (other keys ignored, as `EventRecord`'s event does).
@@ -350,10 +325,7 @@ impl<'de> Visitor<'de> for RecordsSeed {
 
 /// Decodes one record's JSON the fast way; `None` if it does not fit.
 pub(super) fn record(json: &str) -> Option<ChangeRecord> {
-    if !bounded_json(json.as_bytes()) {
-        return None;
-    }
-    sonic_rs::from_str::<FastRecord>(json).ok()?.into_record()
+    read::<FastRecord>(json.as_bytes())?.into_record()
 }
 
 #[cfg(test)]
@@ -530,42 +502,80 @@ mod edge_tests {
     use super::*;
     use crate::decode::{decode_lambda_event, decode_lambda_record};
 
-    /// Text that `serde_json` and `sonic-rs` might read differently: what
-    /// the fast way accepts must be what the slow way accepts, decoded the
-    /// same.
+    /// Every value of the fixture, in turn, replaced by 100,000 nested
+    /// arrays or objects, and an unknown key with such a value added to
+    /// every object: the fast way refuses each at once, on a 256 KiB stack
+    /// (`sonic-rs` skipping or describing the value would recurse 100,000
+    /// levels and overflow it, aborting this test).
     #[test]
-    fn the_depth_scan_counts_nesting_outside_strings_only() {
-        let nested = |depth: usize| format!("{}{}", "[".repeat(depth), "]".repeat(depth));
-        assert!(bounded_json(nested(MAX_DEPTH).as_bytes()));
-        assert!(!bounded_json(nested(MAX_DEPTH + 1).as_bytes()));
-        let objects = format!(
-            "{}1{}",
-            r#"{"a":"#.repeat(MAX_DEPTH + 1),
-            "}".repeat(MAX_DEPTH + 1)
-        );
-        assert!(!bounded_json(objects.as_bytes()));
-        // Brackets in strings, escaped quotes and backslashes do not count,
-        // and closers in strings do not hide real depth.
-        let quoted = format!(r#"["{}", "\"[[[", "\\", "]]]]]]"]"#, "[".repeat(500));
-        assert!(bounded_json(quoted.as_bytes()));
-        let hidden = format!(r#"["]]]]]]]]", {}]"#, nested(MAX_DEPTH));
-        assert!(!bounded_json(hidden.as_bytes()));
-        // Malformed text is the parser's to refuse, not this scan's.
-        for text in ["", "\"", "[\"\\", "]]]][[", "{\"a\": [}"] {
-            assert!(bounded_json(text.as_bytes()), "{text}");
-        }
-        // What serde_json refuses for depth, the scan refuses (the fast way
-        // never accepts what the slow way's parser refuses).
-        for depth in MAX_DEPTH - 2..MAX_DEPTH + 200 {
-            let text = nested(depth);
-            if bounded_json(text.as_bytes()) {
-                assert!(
-                    serde_json::from_str::<serde_json::Value>(&text).is_ok(),
-                    "{depth}"
-                );
+    fn a_deeply_nested_value_anywhere_is_refused_without_recursion() {
+        const DEPTH: usize = 100_000;
+        const HOLE: &str = "\u{1}deep\u{1}";
+        fn paths(value: &serde_json::Value, at: String, out: &mut Vec<String>) {
+            match value {
+                serde_json::Value::Object(map) => {
+                    out.push(format!("{at}/\u{1}new"));
+                    for (key, child) in map {
+                        let key = key.replace('~', "~0").replace('/', "~1");
+                        paths(child, format!("{at}/{key}"), out);
+                    }
+                }
+                serde_json::Value::Array(items) => {
+                    for (index, child) in items.iter().enumerate() {
+                        paths(child, format!("{at}/{index}"), out);
+                    }
+                }
+                _ => {}
+            }
+            if !at.is_empty() {
+                out.push(at);
             }
         }
-        assert!(serde_json::from_str::<serde_json::Value>(&nested(MAX_DEPTH + 100)).is_err());
+        let path = format!(
+            "{}/tests/fixtures/lambda-event.json",
+            env!("CARGO_MANIFEST_DIR")
+        );
+        let fixture: serde_json::Value =
+            serde_json::from_slice(&std::fs::read(path).unwrap()).unwrap();
+        let arrays = format!("{}{}", "[".repeat(DEPTH), "]".repeat(DEPTH));
+        let objects = format!("{}1{}", r#"{"a":"#.repeat(DEPTH), "}".repeat(DEPTH));
+        let mut all = Vec::new();
+        paths(&fixture, String::new(), &mut all);
+        assert!(all.len() > 100, "{} paths", all.len());
+        let checked = std::thread::Builder::new()
+            .stack_size(256 * 1024)
+            .spawn(move || {
+                assert!(event(fixture.to_string().as_bytes()).is_some());
+                let mut checked = 0;
+                for at in &all {
+                    let mut holed = fixture.clone();
+                    match at.strip_suffix("/\u{1}new") {
+                        Some(parent) => {
+                            let object = holed.pointer_mut(parent).unwrap();
+                            let object = object.as_object_mut().unwrap();
+                            object.insert("unknown".into(), HOLE.into());
+                        }
+                        None => *holed.pointer_mut(at).unwrap() = HOLE.into(),
+                    }
+                    let text = holed.to_string();
+                    let hole = serde_json::to_string(HOLE).unwrap();
+                    for deep in [&arrays, &objects] {
+                        let text = text.replace(&hole, deep);
+                        assert!(event(text.as_bytes()).is_none(), "{at}");
+                        if let Some(record) = at.strip_prefix("/Records/") {
+                            let index: usize = record.split('/').next().unwrap().parse().unwrap();
+                            let record = holed["Records"][index].to_string().replace(&hole, deep);
+                            assert!(super::record(&record).is_none(), "{at}");
+                        }
+                        checked += 1;
+                    }
+                }
+                checked
+            })
+            .unwrap()
+            .join()
+            .expect("no overflow");
+        assert!(checked > 200, "{checked}");
     }
 
     #[test]

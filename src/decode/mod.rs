@@ -7,6 +7,7 @@
 //! that it can be dead-lettered whole.
 
 mod fast;
+mod guarded;
 mod lambda;
 mod scan;
 mod sdk;
