@@ -7,6 +7,13 @@
 //! shards, ad performance rows). Each table's records form one event, as a
 //! Lambda event source mapping delivers them.
 //!
+//! Three benchmarks per event size: `decode`, `decode+plan` (the pipeline:
+//! each event decoded, then its records planned), and `plan` alone over
+//! records decoded once before timing. `plan` reads records that decoding
+//! left in cache no more (10,000 records are about 10 MB), so it costs more
+//! per record than the difference between the other two; it isolates
+//! planning from decoding's noise when comparing planner changes.
+//!
 //! Each benchmark runs twice: `plan/...` in wall-clock time and `plan-cpu/...`
 //! in the CPU time of the benchmarking thread, which is what one core does
 //! when the machine is busy with other work (a 2-core CI box building).
@@ -514,6 +521,28 @@ fn bench_in<M: Measurement>(c: &mut Criterion<M>, name: &str) {
             b.iter(|| {
                 for (_, event) in events {
                     black_box(decode_lambda_event(black_box(event)).unwrap());
+                }
+            });
+        });
+        // Planning alone, over records decoded once: what planning adds,
+        // without decoding's noise.
+        let decoded: Vec<_> = events
+            .iter()
+            .map(|(spec, event)| {
+                let records: Vec<_> = decode_lambda_event(event)
+                    .unwrap()
+                    .into_iter()
+                    .map(Result::unwrap)
+                    .collect();
+                (spec, records)
+            })
+            .collect();
+        group.bench_with_input(BenchmarkId::new("plan", total), &decoded, |b, decoded| {
+            b.iter(|| {
+                for (spec, records) in decoded {
+                    for record in records {
+                        black_box(plan_record(spec, black_box(record), None));
+                    }
                 }
             });
         });

@@ -175,9 +175,14 @@ impl Image {
     }
 
     fn position(&self, name: &str) -> Option<usize> {
-        self.entries
-            .iter()
-            .position(|(span, _)| self.text_of(*span) == name)
+        // Lengths first, from the spans alone: slicing the text for each
+        // entry would read it (a `str` slice checks char boundaries).
+        let name = name.as_bytes();
+        let text = self.text.as_bytes();
+        self.entries.iter().position(|(span, _)| {
+            (span.end - span.start) as usize == name.len()
+                && text[span.start as usize..span.end as usize] == *name
+        })
     }
 
     /// The attribute called `name`.
