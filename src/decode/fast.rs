@@ -110,21 +110,8 @@ struct Kind(ChangeKind);
 
 impl<'de> Deserialize<'de> for Kind {
     fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Kind, D::Error> {
-        struct KindVisitor;
-        impl Visitor<'_> for KindVisitor {
-            type Value = Kind;
-
-            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-                f.write_str("INSERT, MODIFY or REMOVE")
-            }
-
-            fn visit_str<E: de::Error>(self, name: &str) -> Result<Kind, E> {
-                ChangeKind::from_event_name(name)
-                    .map(Kind)
-                    .ok_or_else(|| E::custom("unknown eventName"))
-            }
-        }
-        deserializer.deserialize_str(KindVisitor)
+        let name = Named("INSERT, MODIFY or REMOVE", ChangeKind::from_event_name);
+        deserializer.deserialize_str(name).map(Kind)
     }
 }
 
@@ -133,21 +120,24 @@ struct View(ViewType);
 
 impl<'de> Deserialize<'de> for View {
     fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<View, D::Error> {
-        struct ViewVisitor;
-        impl Visitor<'_> for ViewVisitor {
-            type Value = View;
+        let name = Named("a stream view type", ViewType::from_name);
+        deserializer.deserialize_str(name).map(View)
+    }
+}
 
-            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-                f.write_str("a stream view type")
-            }
+/// Reads a string naming one of a type's values: what it expects, and
+/// the name's parser.
+struct Named<T>(&'static str, fn(&str) -> Option<T>);
 
-            fn visit_str<E: de::Error>(self, name: &str) -> Result<View, E> {
-                ViewType::from_name(name)
-                    .map(View)
-                    .ok_or_else(|| E::custom("unknown StreamViewType"))
-            }
-        }
-        deserializer.deserialize_str(ViewVisitor)
+impl<T> Visitor<'_> for Named<T> {
+    type Value = T;
+
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.0)
+    }
+
+    fn visit_str<E: de::Error>(self, name: &str) -> Result<T, E> {
+        (self.1)(name).ok_or_else(|| E::invalid_value(de::Unexpected::Str(name), &self))
     }
 }
 
