@@ -83,10 +83,11 @@ pub struct Outcome {
 /// response is computed as if every record had failed.
 pub fn lambda_event(bytes: &[u8]) -> Outcome {
     let mut outcome = Outcome::default();
-    match decode_lambda_event(bytes) {
+    let whole = decode_lambda_event(bytes);
+    match &whole {
         Ok(decoded) => {
-            fast_decodes_as_slow(bytes, &decoded);
-            plan_batch(&decoded, &mut outcome)
+            fast_decodes_as_slow(bytes, decoded);
+            plan_batch(decoded, &mut outcome)
         }
         Err(error) => {
             let _ = error.to_string();
@@ -95,8 +96,12 @@ pub fn lambda_event(bytes: &[u8]) -> Outcome {
     }
     match serde_json::from_slice::<Payload>(bytes) {
         Ok(Payload::Stream(event)) => {
-            // Counted once, above; here only that nothing panics.
+            // Counted once, above; here only that nothing panics, and that
+            // the bootstrap's record-by-record decoding agrees with it.
             let records = event.records();
+            if let Ok(decoded) = &whole {
+                by_record_as_whole(decoded, &records);
+            }
             plan_batch(&records, &mut Outcome::default());
             ddb_projector::lambda::metrics::record_iterator_age(&records);
             let failed = vec![RecordStatus::Failed("fuzz".to_string()); records.len()];
@@ -149,6 +154,25 @@ fn fast_decodes_as_slow(bytes: &[u8], decoded: &Decoded) {
                 "record {index} decodes differently"
             );
         }
+    }
+}
+
+/// The Lambda bootstrap decodes each record's JSON on its own
+/// (`decode_lambda_record_json`, the fast way first); `plan --event` and
+/// the bench decode the whole event. Both must give each record the same
+/// way.
+///
+/// # Panics
+///
+/// When they disagree on a record: a fuzzing finding.
+fn by_record_as_whole(whole: &Decoded, by_record: &Decoded) {
+    assert_eq!(whole.len(), by_record.len(), "one result per record");
+    for (index, (whole, by_record)) in whole.iter().zip(by_record).enumerate() {
+        assert_eq!(
+            whole.as_ref().ok(),
+            by_record.as_ref().ok(),
+            "record {index} decodes differently on its own"
+        );
     }
 }
 
