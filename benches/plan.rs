@@ -524,8 +524,8 @@ fn bench_in<M: Measurement>(c: &mut Criterion<M>, name: &str) {
                 }
             });
         });
-        // Planning alone, over records decoded once: what planning adds,
-        // without decoding's noise.
+        // Planning alone, over records decoded once (see the module
+        // documentation for how it compares with the other two).
         let decoded: Vec<_> = events
             .iter()
             .map(|(spec, event)| {
