@@ -7,7 +7,7 @@
 
 use std::collections::HashMap;
 
-use crate::plan::{CustomOp, Effect, MarkerState, Op};
+use crate::plan::{CustomOp, Effect, Op};
 use crate::record::ItemKey;
 use crate::spec::ProjectionId;
 
@@ -16,6 +16,7 @@ enum Target {
     Set(ProjectionId, ItemKey),
     Recompute(ProjectionId, ItemKey),
     Marker(ItemKey),
+    Record(ProjectionId, ItemKey),
     Custom(ProjectionId, ItemKey),
 }
 
@@ -24,6 +25,7 @@ fn target(effect: &Effect, table: &crate::spec::TableSpec) -> Target {
         Op::SetAttributes { key, .. } => Target::Set(effect.projection, key.clone()),
         Op::Recompute { target, .. } => Target::Recompute(effect.projection, target.clone()),
         Op::Membership { marker, .. } => Target::Marker(marker.clone()),
+        Op::DropRecord { item, counter, .. } => Target::Record(*counter, item.clone()),
         Op::Custom(CustomOp::Delete(key)) => Target::Custom(effect.projection, key.clone()),
         Op::Custom(CustomOp::Put(item)) => Target::Custom(
             effect.projection,
@@ -42,10 +44,6 @@ pub struct Group {
     pub effect: Effect,
     /// Indexes of every record that planned an effect on the target.
     pub contributors: Vec<usize>,
-    /// For a marker: whether the first record that planned it implies the
-    /// marker existed before the batch (a removal or a refresh: yes; a
-    /// creation: no). A hint only: a redelivered batch may find it otherwise.
-    pub existed_before: Option<bool>,
 }
 
 impl Group {
@@ -53,81 +51,59 @@ impl Group {
     pub fn last(&self) -> usize {
         *self.contributors.last().expect("a group has a contributor")
     }
-
-    /// Whether the marker is probably in its final state already: created
-    /// and removed again within the batch, or removed and created again.
-    /// Its conditional write would then most likely cancel the whole
-    /// transaction it is in, so the applier reads it first.
-    pub fn likely_settled(&self) -> bool {
-        match (&self.effect.op, self.existed_before) {
-            (
-                Op::Membership {
-                    state: MarkerState::Present(_),
-                    ..
-                },
-                Some(existed),
-            ) => existed,
-            (
-                Op::Membership {
-                    state: MarkerState::Absent,
-                    ..
-                },
-                Some(existed),
-            ) => !existed,
-            _ => false,
-        }
-    }
-}
-
-/// What the first effect on a marker implies about it before the batch.
-fn existed_before(effect: &Effect) -> Option<bool> {
-    match &effect.op {
-        Op::Membership { state, .. } => Some(!matches!(state, MarkerState::Present(_))),
-        _ => None,
-    }
 }
 
 /// The effect that stands for `earlier` then `later` on one target: the
-/// later one, except that a refresh of a marker does not undo the state an
-/// earlier record gave it (a marker created in the batch is still created,
-/// with the refreshed attributes; a deleted one stays deleted).
+/// later state, with the earlier guess of what the target was before both
+/// (the batch's first record saw the state before the batch).
 fn merge(earlier: &Effect, later: Effect) -> Effect {
+    if is_orphan_check(&later) && !is_orphan_check(earlier) {
+        // A scan read the marker and its source apart: the source's own
+        // state says more than a check that it is gone.
+        return earlier.clone();
+    }
     match (&earlier.op, later.op) {
         (
             Op::Membership {
-                state: MarkerState::Present(_),
+                was_present: before,
                 ..
             },
             Op::Membership {
                 marker,
-                state: MarkerState::Refresh(item),
+                source,
+                state,
                 counters,
                 guard,
+                ..
             },
         ) => Effect {
             projection: later.projection,
             op: Op::Membership {
                 marker,
-                state: MarkerState::Present(item),
+                source,
+                state,
                 counters,
+                was_present: *before,
                 guard,
             },
         },
-        (
-            Op::Membership {
-                state: MarkerState::Absent,
-                ..
-            },
-            Op::Membership {
-                state: MarkerState::Refresh(_),
-                ..
-            },
-        ) => earlier.clone(),
         (_, op) => Effect {
             projection: later.projection,
             op,
         },
     }
+}
+
+/// A scan's check of a marker whose source may be gone: remove it only if
+/// the source does not exist.
+fn is_orphan_check(effect: &Effect) -> bool {
+    matches!(
+        &effect.op,
+        Op::Membership {
+            guard: Some(crate::plan::SourceGuard { seen: None, .. }),
+            ..
+        }
+    )
 }
 
 /// Coalesces `(record index, effect)` pairs given in stream order.
@@ -149,7 +125,6 @@ pub fn coalesce(
             std::collections::hash_map::Entry::Vacant(slot) => {
                 slot.insert(groups.len());
                 groups.push(Group {
-                    existed_before: existed_before(&effect),
                     effect,
                     contributors: vec![record],
                 });
@@ -162,7 +137,8 @@ pub fn coalesce(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::record::Item;
+    use crate::plan::MarkerState;
+    use crate::record::{AttributeValue, Item};
 
     fn table() -> crate::spec::TableSpec {
         crate::spec::TableSpec {
@@ -174,19 +150,35 @@ mod tests {
         }
     }
 
-    fn membership(pk: &str, present: bool) -> Effect {
+    /// A membership of marker `pk` planned from a record that saw it
+    /// `was_present`, wanting it `present` (with `at` copied).
+    fn membership(pk: &str, was_present: bool, present: Option<&str>) -> Effect {
         Effect {
             projection: 0,
             op: Op::Membership {
                 marker: ItemKey::new(pk, "M"),
-                state: if present {
-                    MarkerState::Present(Item::default())
-                } else {
-                    MarkerState::Absent
+                source: ItemKey::new("S", pk),
+                state: match present {
+                    Some(at) => {
+                        let mut item = Item::default();
+                        item.insert("at".into(), AttributeValue::S(at.into()));
+                        MarkerState::Present(item)
+                    }
+                    None => MarkerState::Absent,
                 },
                 counters: vec![],
+                was_present,
                 guard: None,
             },
+        }
+    }
+
+    fn state(group: &Group) -> (&MarkerState, bool) {
+        match &group.effect.op {
+            Op::Membership {
+                state, was_present, ..
+            } => (state, *was_present),
+            other => panic!("not a membership: {other:?}"),
         }
     }
 
@@ -194,107 +186,68 @@ mod tests {
     fn the_last_state_of_a_target_wins_and_keeps_all_contributors() {
         let groups = coalesce(
             vec![
-                (0, membership("a", true)),
-                (1, membership("b", true)),
-                (2, membership("a", false)),
-                (3, membership("a", true)),
+                (0, membership("a", false, Some("t0"))),
+                (1, membership("b", false, Some("t0"))),
+                (2, membership("a", true, None)),
+                (3, membership("a", false, Some("t3"))),
             ],
             &table(),
         );
         assert_eq!(groups.len(), 2);
         assert_eq!(groups[0].contributors, vec![0, 2, 3]);
-        assert!(matches!(
-            &groups[0].effect.op,
-            Op::Membership {
-                state: MarkerState::Present(_),
-                ..
-            }
-        ));
+        assert!(matches!(state(&groups[0]).0, MarkerState::Present(item)
+            if item.get("at") == Some(&AttributeValue::S("t3".into()))));
         assert_eq!(groups[0].last(), 3);
         assert_eq!(groups[1].contributors, vec![1]);
     }
 
-    fn refresh(pk: &str, at: &str) -> Effect {
-        let mut item = Item::default();
-        item.insert("at".into(), crate::record::AttributeValue::S(at.into()));
-        Effect {
-            projection: 0,
-            op: Op::Membership {
-                marker: ItemKey::new(pk, "M"),
-                state: MarkerState::Refresh(item),
-                counters: vec![],
-                guard: None,
-            },
-        }
-    }
-
-    fn state(group: &Group) -> &MarkerState {
-        match &group.effect.op {
-            Op::Membership { state, .. } => state,
-            other => panic!("not a membership: {other:?}"),
-        }
-    }
-
     #[test]
-    fn a_refresh_keeps_what_earlier_records_did_to_the_marker() {
-        // Created in the batch, then refreshed: still created, with the
-        // refreshed attributes (and its counters).
+    fn the_guess_of_the_state_before_comes_from_the_first_record() {
+        // Created in the batch, then changed: still a creation.
         let groups = coalesce(
-            vec![(0, membership("a", true)), (1, refresh("a", "t1"))],
-            &table(),
-        );
-        assert!(matches!(state(&groups[0]), MarkerState::Present(item) if item.contains_key("at")));
-        // Deleted, then a stale refresh: stays deleted.
-        let groups = coalesce(
-            vec![(0, membership("a", false)), (1, refresh("a", "t1"))],
-            &table(),
-        );
-        assert_eq!(state(&groups[0]), &MarkerState::Absent);
-        // Refreshed, then deleted or created again: the later state wins.
-        let groups = coalesce(
-            vec![(0, refresh("a", "t1")), (1, membership("a", false))],
-            &table(),
-        );
-        assert_eq!(state(&groups[0]), &MarkerState::Absent);
-        let groups = coalesce(
-            vec![(0, refresh("a", "t1")), (1, refresh("a", "t2"))],
-            &table(),
-        );
-        assert!(matches!(state(&groups[0]), MarkerState::Refresh(item)
-            if item.get("at") == Some(&crate::record::AttributeValue::S("t2".into()))));
-        assert_eq!(groups[0].contributors, vec![0, 1]);
-    }
-
-    #[test]
-    fn a_marker_created_and_removed_within_the_batch_is_likely_settled() {
-        // Followed then unfollowed (the edge most likely never existed), or
-        // unfollowed then followed again (it most likely still exists): the
-        // marker is probably in its final state already.
-        for states in [[true, false], [false, true]] {
-            let groups = coalesce(
-                vec![
-                    (0, membership("a", states[0])),
-                    (1, refresh("a", "t1")),
-                    (2, membership("a", states[1])),
-                ],
-                &table(),
-            );
-            assert!(groups[0].likely_settled(), "{states:?}");
-        }
-        // A plain creation, removal, or removal then refresh moves the marker.
-        for effects in [
-            vec![(0, membership("a", true))],
-            vec![(0, membership("a", false))],
-            vec![(0, membership("a", true)), (1, refresh("a", "t1"))],
-            vec![(0, refresh("a", "t1")), (1, membership("a", false))],
             vec![
-                (0, membership("a", true)),
-                (1, membership("a", false)),
-                (2, membership("a", true)),
+                (0, membership("a", false, Some("t0"))),
+                (1, membership("a", true, Some("t1"))),
             ],
+            &table(),
+        );
+        assert!(matches!(
+            state(&groups[0]),
+            (MarkerState::Present(_), false)
+        ));
+        // Removed, then created again: it was there before the batch.
+        let groups = coalesce(
+            vec![
+                (0, membership("a", true, None)),
+                (1, membership("a", false, Some("t1"))),
+            ],
+            &table(),
+        );
+        assert!(matches!(state(&groups[0]), (MarkerState::Present(_), true)));
+    }
+
+    #[test]
+    fn a_scans_orphan_check_never_replaces_the_sources_own_state() {
+        let mut visit = membership("a", false, Some("t1"));
+        let mut check = membership("a", true, None);
+        let seen = |seen| {
+            Some(crate::plan::SourceGuard {
+                source: ItemKey::new("S", "a"),
+                seen,
+            })
+        };
+        if let Op::Membership { guard, .. } = &mut visit.op {
+            *guard = seen(Some(vec![]));
+        }
+        if let Op::Membership { guard, .. } = &mut check.op {
+            *guard = seen(None);
+        }
+        for effects in [
+            vec![(0, visit.clone()), (1, check.clone())],
+            vec![(0, check.clone()), (1, visit.clone())],
         ] {
-            let groups = coalesce(effects.clone(), &table());
-            assert!(!groups[0].likely_settled(), "{effects:?}");
+            let groups = coalesce(effects, &table());
+            assert!(matches!(state(&groups[0]).0, MarkerState::Present(_)));
         }
     }
 

@@ -21,6 +21,7 @@
 mod check;
 mod coalesce;
 mod dlq;
+mod markers;
 mod retry;
 mod writes;
 
@@ -30,6 +31,8 @@ use std::time::Duration;
 
 pub use check::{CheckStats, RecordedViolation};
 pub use dlq::{DeadLetter, DeadLetterStore, RedriveSummary};
+pub use markers::CHANGES_ATTRIBUTE;
+pub(crate) use markers::{marker_change, Write as MarkerWrite};
 pub use retry::{classify, describe as retry_describe, ErrorClass};
 pub(crate) use retry::{sdk, with_retries};
 pub use writes::{Requests, COUNT_ATTRIBUTE};
@@ -474,6 +477,7 @@ impl Applier {
     pub async fn apply_effects(
         &self,
         effects: Vec<crate::plan::Effect>,
+        read_first: bool,
     ) -> (Vec<Result<(), String>>, BatchStats) {
         let n = effects.len();
         let spec = &*self.spec;
@@ -484,7 +488,7 @@ impl Applier {
             .partition(|g| matches!(g.effect.op, crate::plan::Op::Recompute { .. }));
         let mut results: Vec<Result<(), String>> = vec![Ok(()); n];
         for phase in [first, recomputes] {
-            for Written { group, result } in self.write_phase(&ctx, phase, false).await {
+            for Written { group, result } in self.write_phase(&ctx, phase, read_first).await {
                 if let Err(error) = result {
                     for &i in &group.contributors {
                         results[i] = Err(error.to_string());
@@ -550,102 +554,34 @@ impl Applier {
         let mut singles = Vec::new();
         for (index, group) in groups.iter().enumerate() {
             match &group.effect.op {
-                // Guarded (scan) memberships need a transaction for their check.
+                // Memberships that carry counter records (or may: their
+                // source's entity is counted), or that a snapshot planned,
+                // are written conditionally.
                 Op::Membership {
                     counters, guard, ..
-                } if !counters.is_empty() || guard.is_some() => members.push(index),
+                } if !counters.is_empty()
+                    || guard.is_some()
+                    || !markers::known_records(&self.spec, group.effect.projection).is_empty() =>
+                {
+                    members.push(index)
+                }
+                Op::DropRecord { .. } => members.push(index),
                 Op::Membership { .. } | Op::Custom(_) => plain.push(index),
                 Op::SetAttributes { .. } | Op::Recompute { .. } => singles.push(index),
             }
         }
         let mut results: Vec<Option<Result<(), retry::WriteError>>> = vec![None; groups.len()];
-        // Markers read first: all of them for a backfill, else those whose
-        // conditional write would most likely cancel its transaction.
-        let to_read: Vec<usize> = members
-            .iter()
-            .copied()
-            .filter(|&index| read_markers_first || groups[index].likely_settled())
-            .collect();
-        // Unguarded markers found existing with other attributes than their
-        // `Present` state: refreshed outside any transaction (as a cancelled
-        // transaction would have found and done).
-        let mut refresh_only: HashSet<usize> = HashSet::new();
-        if !to_read.is_empty() {
-            let keys = to_read
-                .iter()
-                .filter_map(|&index| match &groups[index].effect.op {
-                    Op::Membership { marker, .. } => Some(marker),
-                    _ => None,
-                })
-                .collect();
-            ctx.count(|r| &mut r.marker_reads);
-            match writes::read_markers(ctx, keys).await {
-                Ok(found) => {
-                    let mut settled: HashSet<usize> = HashSet::new();
-                    for &index in &to_read {
-                        let Op::Membership {
-                            marker,
-                            state,
-                            guard,
-                            ..
-                        } = &groups[index].effect.op
-                        else {
-                            continue;
-                        };
-                        let is_settled = match state {
-                            crate::plan::MarkerState::Present(item) => match found.get(marker) {
-                                Some(stored) if stored == item => true,
-                                Some(_) if guard.is_none() => {
-                                    refresh_only.insert(index);
-                                    false
-                                }
-                                _ => false,
-                            },
-                            crate::plan::MarkerState::Absent => !found.contains_key(marker),
-                            crate::plan::MarkerState::Refresh(item) => {
-                                found.get(marker).is_none_or(|found| found == item)
-                            }
-                        };
-                        if is_settled {
-                            results[index] = Some(Ok(()));
-                            settled.insert(index);
-                        }
-                    }
-                    members.retain(|index| !settled.contains(index));
-                }
-                Err(error) => {
-                    for &index in &members {
-                        results[index] = Some(Err(error.clone()));
-                    }
-                    members.clear();
-                }
-            }
-        }
 
         let member_writes = async {
-            let changes: Vec<writes::MemberChange<'_>> = members
+            let changes: Vec<markers::MarkerChange<'_>> = members
                 .iter()
-                .map(|&index| match &groups[index].effect.op {
-                    Op::Membership {
-                        marker,
-                        state,
-                        counters,
-                        guard,
-                    } => writes::MemberChange {
-                        marker,
-                        state,
-                        counters,
-                        guard: guard.as_ref(),
-                        exists: refresh_only.contains(&index),
-                    },
-                    _ => unreachable!("partitioned above"),
-                })
+                .filter_map(|&index| markers::marker_change(&self.spec, &groups[index].effect))
                 .collect();
-            writes::memberships(ctx, &changes).await
+            markers::write_markers(ctx, &changes, read_markers_first).await
         };
         let plain_writes = async {
-            // Markers without counters and custom writes need no condition:
-            // a put or delete of a state is idempotent.
+            // Markers that carry no counter records and custom writes need
+            // no condition: a put or delete of a state is idempotent.
             let requests = plain
                 .iter()
                 .map(|&index| match &groups[index].effect.op {

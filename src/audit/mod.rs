@@ -37,12 +37,12 @@ use std::time::Instant;
 use aws_sdk_dynamodb::types::{AttributeValue as Av, ReturnConsumedCapacity};
 use serde::Serialize;
 
-use crate::apply::{Applier, ApplyError, BatchStats, COUNT_ATTRIBUTE};
+use crate::apply::{Applier, ApplyError, BatchStats, CHANGES_ATTRIBUTE, COUNT_ATTRIBUTE};
 use crate::decode::scanned_record;
 use crate::invariant::{check_partition, check_unique, unique_value, Violation};
-use crate::plan::{plan_record, Effect, MarkerState, Op, SourceGuard, SourceQuery};
+use crate::plan::{plan_record, Effect, MarkerState, Op, SourceQuery};
 use crate::record::{item_to_json, Item, ItemKey};
-use crate::spec::{Marker, ProjectionId, ProjectionKind, Spec, RESERVED_PREFIX};
+use crate::spec::{ProjectionId, ProjectionKind, Spec, RESERVED_PREFIX};
 
 /// How to run an audit.
 #[derive(Debug, Clone)]
@@ -85,6 +85,15 @@ pub enum Problem {
         /// The sum of the shards.
         actual: i64,
     },
+    /// A counter shard does not hold the number of records that name it
+    /// (its count was changed outside the projector, or records were
+    /// deleted with the items carrying them).
+    ShardOff {
+        /// The shard's count.
+        holds: i64,
+        /// The records naming the shard.
+        records: i64,
+    },
     /// A source item the projection cannot compute from (dead-lettered by
     /// the worker too); fix the item.
     Underivable,
@@ -104,6 +113,9 @@ impl Problem {
                     "off by {:+} (is {actual}, should be {expected})",
                     actual - expected
                 )
+            }
+            Problem::ShardOff { holds, records } => {
+                format!("holds {holds}, but {records} records name it")
             }
             Problem::Underivable => "underivable".to_string(),
             Problem::Violation => "violation".to_string(),
@@ -135,13 +147,10 @@ pub struct Finding {
 #[derive(Debug, Clone)]
 enum Fix {
     /// Apply a planned effect.
-    Effect(Effect),
-    /// Set counter `projection` for these values to `expected` in all.
-    Counter {
-        projection: ProjectionId,
-        values: Vec<String>,
-        expected: i64,
-    },
+    Effect(Box<Effect>),
+    /// Count the records naming these shards again and set each shard to
+    /// its count, if no transaction moved it meanwhile.
+    Recount(Vec<String>),
 }
 
 /// The result of an audit.
@@ -237,15 +246,18 @@ impl AuditReport {
     }
 }
 
-/// What the scan keeps: items of spec entities, counter shards, markers.
+/// What the scan keeps: items of spec entities, counters' own markers,
+/// counter shards, and how many records name each shard.
 #[derive(Default)]
 struct Snapshot {
-    /// Entity items: (entity, key) -> item.
+    /// Entity items: (entity, key, item).
     items: Vec<(usize, ItemKey, Item)>,
-    /// Counter shard sums: (counter, values joined by `#`) -> (sum, shard keys seen).
-    shards: HashMap<(ProjectionId, String), i64>,
-    /// Counters' own markers: (counter, source key).
-    markers: HashSet<(ProjectionId, ItemKey)>,
+    /// Counters' own marker items.
+    markers: HashMap<ItemKey, Item>,
+    /// Counter shards by partition key: (counter, its values joined by `#`, count).
+    shards: HashMap<String, (ProjectionId, String, i64)>,
+    /// Records of this spec's counters, per shard partition key they name.
+    records: HashMap<String, i64>,
     scanned: u64,
 }
 
@@ -284,6 +296,8 @@ pub async fn audit(applier: &Applier, options: &AuditOptions) -> Result<AuditRep
     };
     let mut findings = Vec::new();
     derived(spec, &snapshot, &mut findings);
+    markers(spec, &snapshot, &mut findings);
+    counters(spec, &snapshot, &mut findings);
     let violations = invariants(spec, &snapshot, &mut findings);
     report.findings = findings;
     report.read_units = read_micro.load(Ordering::Relaxed) as f64 / 1e6;
@@ -308,56 +322,51 @@ pub async fn audit(applier: &Applier, options: &AuditOptions) -> Result<AuditRep
     Ok(report)
 }
 
+/// The counter a shard partition key belongs to, and its values joined by
+/// `#` (`COUNTER#followers#b#3` -> followers, `b`).
+fn parse_shard(spec: &Spec, pk: &str) -> Option<(ProjectionId, String)> {
+    let rest = pk.strip_prefix("COUNTER#")?;
+    spec.projections
+        .iter()
+        .enumerate()
+        .find_map(|(id, projection)| {
+            if !matches!(projection.kind, ProjectionKind::Counter(_)) {
+                return None;
+            }
+            let rest = rest
+                .strip_prefix(projection.name.as_str())?
+                .strip_prefix('#')?;
+            let (values, shard) = rest.rsplit_once('#')?;
+            shard.parse::<u32>().ok()?;
+            Some((id, values.to_string()))
+        })
+}
+
 fn classify(spec: &Spec, item: Item, snapshot: &mut Snapshot) {
     let Some(key) = spec.table.item_key(&item) else {
         return;
     };
-    if let Some(rest) = key.pk.strip_prefix(RESERVED_PREFIX) {
-        if let Some(rest) = rest.strip_prefix("count#") {
-            for (id, projection) in spec.projections.iter().enumerate() {
-                if let Some(source_pk) = rest
-                    .strip_prefix(projection.name.as_str())
-                    .and_then(|r| r.strip_prefix('#'))
-                {
-                    if matches!(projection.kind, ProjectionKind::Counter(_)) {
-                        snapshot.markers.insert((
-                            id,
-                            ItemKey {
-                                pk: source_pk.to_string(),
-                                sk: key.sk.clone(),
-                            },
-                        ));
-                    }
-                }
-            }
+    for (name, value) in item.iter() {
+        if let (Some(_), crate::record::AttributeValue::S(shard)) =
+            (spec.record_counter(name), value)
+        {
+            *snapshot.records.entry(shard.clone()).or_insert(0) += 1;
+        }
+    }
+    if key.pk.starts_with(RESERVED_PREFIX) {
+        if spec.parse_counter_marker(&key).is_some() {
+            snapshot.markers.insert(key, item);
         }
         return;
     }
-    if let Some(rest) = key.pk.strip_prefix("COUNTER#") {
-        if spec.table.sort_key.is_none() || key.sk.as_deref() == Some("COUNTER") {
-            for (id, projection) in spec.projections.iter().enumerate() {
-                if !matches!(projection.kind, ProjectionKind::Counter(_)) {
-                    continue;
-                }
-                let Some(rest) = rest
-                    .strip_prefix(projection.name.as_str())
-                    .and_then(|r| r.strip_prefix('#'))
-                else {
-                    continue;
-                };
-                let Some((values, shard)) = rest.rsplit_once('#') else {
-                    continue;
-                };
-                if shard.parse::<u32>().is_err() {
-                    continue;
-                }
-                let count = match item.get(COUNT_ATTRIBUTE) {
-                    Some(crate::record::AttributeValue::N(n)) => n.parse::<i64>().unwrap_or(0),
-                    _ => 0,
-                };
-                *snapshot.shards.entry((id, values.to_string())).or_insert(0) += count;
-                return;
-            }
+    if spec.table.sort_key.is_none() || key.sk.as_deref() == Some("COUNTER") {
+        if let Some((id, values)) = parse_shard(spec, &key.pk) {
+            let count = match item.get(COUNT_ATTRIBUTE) {
+                Some(crate::record::AttributeValue::N(n)) => n.parse::<i64>().unwrap_or(0),
+                _ => 0,
+            };
+            snapshot.shards.insert(key.pk, (id, values, count));
+            return;
         }
     }
     let mut vars = Vec::new();
@@ -388,11 +397,6 @@ fn show(item: Option<&Item>) -> String {
 
 /// Derived state, per projection in spec order.
 fn derived(spec: &Spec, snapshot: &Snapshot, out: &mut Vec<Finding>) {
-    let by_key: HashMap<&ItemKey, &Item> = snapshot
-        .items
-        .iter()
-        .map(|(_, key, item)| (key, item))
-        .collect();
     for (id, projection) in spec.projections.iter().enumerate() {
         let selection = [id];
         match &projection.kind {
@@ -439,7 +443,7 @@ fn derived(spec: &Spec, snapshot: &Snapshot, out: &mut Vec<Finding>) {
                             })
                             .collect::<Vec<_>>()
                             .join("; ");
-                        f.fix = Some(Fix::Effect(effect));
+                        f.fix = Some(Fix::Effect(Box::new(effect)));
                         out.push(f);
                     }
                 }
@@ -506,7 +510,7 @@ fn derived(spec: &Spec, snapshot: &Snapshot, out: &mut Vec<Finding>) {
                         .filter_map(|s| spec.table.item_key(s))
                         .map(|k| k.to_string())
                         .collect();
-                    f.fix = Some(Fix::Effect(Effect {
+                    f.fix = Some(Fix::Effect(Box::new(Effect {
                         projection: id,
                         op: Op::Recompute {
                             target: key.clone(),
@@ -519,225 +523,303 @@ fn derived(spec: &Spec, snapshot: &Snapshot, out: &mut Vec<Finding>) {
                                     .filter(|p| !p.is_empty()),
                             },
                         },
-                    }));
+                    })));
                     out.push(f);
                 }
             }
-            ProjectionKind::InverseEdge(p) => {
-                let mut expected: HashSet<ItemKey> = HashSet::new();
-                for (entity, key, item) in &snapshot.items {
-                    if *entity != p.source {
-                        continue;
-                    }
-                    let Ok(record) = scanned_record(&spec.table, 0, 0, item.clone()) else {
-                        continue;
-                    };
-                    let plan = plan_record(spec, &record, Some(&selection));
-                    if let Some(error) = plan.errors.first() {
-                        let mut f = finding(spec, id, Problem::Underivable, key);
-                        f.detail = error.problem.to_string();
-                        out.push(f);
-                        continue;
-                    }
-                    for effect in plan.effects {
-                        let Op::Membership {
-                            marker,
-                            state: MarkerState::Present(want),
-                            guard,
-                            ..
-                        } = effect.op
-                        else {
-                            continue;
-                        };
-                        expected.insert(marker.clone());
-                        let have = by_key.get(&marker).copied();
-                        if have == Some(&want) {
-                            continue;
-                        }
-                        let mut f = finding(
-                            spec,
-                            id,
-                            if have.is_some() {
-                                Problem::Stale
-                            } else {
-                                Problem::Missing
-                            },
-                            &marker,
-                        );
-                        f.items = vec![key.to_string()];
-                        f.detail = format!("is {}, should be {}", show(have), show(Some(&want)));
-                        // Counters are rebuilt separately, from the sources.
-                        f.fix = Some(Fix::Effect(Effect {
-                            projection: id,
-                            op: Op::Membership {
-                                marker,
-                                state: MarkerState::Present(want),
-                                counters: Vec::new(),
-                                guard,
-                            },
-                        }));
-                        out.push(f);
-                    }
-                }
-                let source = &spec.entities[p.source];
-                for (entity, key, _) in &snapshot.items {
-                    if *entity != p.target || expected.contains(key) {
-                        continue;
-                    }
-                    let mut vars = Vec::new();
-                    spec.match_entity(&key.pk, key.sk.as_deref(), &mut vars);
-                    let source_key = source.render_key(&vars);
-                    let mut f = finding(spec, id, Problem::Orphaned, key);
-                    f.detail = match &source_key {
-                        Some(s) => format!(
-                            "its source {s} {}",
-                            if by_key.contains_key(s) {
-                                "does not satisfy `when`"
-                            } else {
-                                "does not exist"
-                            }
-                        ),
-                        None => "no source item can produce it".to_string(),
-                    };
-                    f.items = source_key.iter().map(|k| k.to_string()).collect();
-                    f.fix = Some(Fix::Effect(Effect {
-                        projection: id,
-                        op: Op::Membership {
-                            marker: key.clone(),
-                            state: MarkerState::Absent,
-                            counters: Vec::new(),
-                            guard: source_key.map(|source| SourceGuard {
-                                source,
-                                member: false,
-                                when: p.when.clone(),
-                            }),
-                        },
-                    }));
-                    out.push(f);
-                }
-            }
-            ProjectionKind::Counter(counter) => {
-                let mut expected: BTreeMap<String, (Vec<String>, i64)> = BTreeMap::new();
-                let mut counted: HashSet<ItemKey> = HashSet::new();
-                for (entity, key, item) in &snapshot.items {
-                    if *entity != counter.source
-                        || !(counter.when.is_empty() || counter.when.holds(Some(item)))
-                    {
-                        continue;
-                    }
-                    let mut vars = Vec::new();
-                    spec.match_entity(&key.pk, key.sk.as_deref(), &mut vars);
-                    let Ok(values) = counter
-                        .of
-                        .iter()
-                        .map(|(_, t)| t.render(&vars, None::<&Item>))
-                        .collect::<Result<Vec<String>, _>>()
-                    else {
-                        continue;
-                    };
-                    let entry = expected
-                        .entry(values.join("#"))
-                        .or_insert_with(|| (values, 0));
-                    entry.1 += 1;
-                    counted.insert(key.clone());
-                }
-                let mut targets: BTreeMap<String, (Vec<String>, i64, i64)> = expected
-                    .into_iter()
-                    .map(|(joined, (values, n))| (joined, (values, n, 0)))
-                    .collect();
-                for ((counter_id, joined), sum) in &snapshot.shards {
-                    if *counter_id != id {
-                        continue;
-                    }
-                    let values = if counter.of.len() == 1 {
-                        vec![joined.clone()]
-                    } else {
-                        joined.split('#').map(str::to_string).collect()
-                    };
-                    targets
-                        .entry(joined.clone())
-                        .or_insert_with(|| (values, 0, 0))
-                        .2 = *sum;
-                }
-                for (joined, (values, want, have)) in targets {
-                    if want == have {
-                        continue;
-                    }
-                    let mut f = Finding {
-                        rule: projection.name.clone(),
-                        rule_kind: projection.kind_name(),
-                        problem: Problem::CounterOff {
-                            expected: want,
-                            actual: have,
-                        },
-                        key: format!("COUNTER#{}#{joined}", projection.name),
-                        items: Vec::new(),
-                        detail: counter
-                            .of
-                            .iter()
-                            .zip(&values)
-                            .map(|((name, _), value)| format!("{name}={value}"))
-                            .collect::<Vec<_>>()
-                            .join(" "),
-                        repaired: false,
-                        fix: None,
-                    };
-                    f.fix = Some(Fix::Counter {
-                        projection: id,
-                        values,
-                        expected: want,
-                    });
-                    out.push(f);
-                }
-                if counter.marker == Marker::Own {
-                    for source in &counted {
-                        if !snapshot.markers.contains(&(id, source.clone())) {
-                            let marker = spec.counter_marker_key(&projection.name, source);
-                            let mut f = finding(spec, id, Problem::Missing, &marker);
-                            f.items = vec![source.to_string()];
-                            f.detail = "the counter's marker for a counted item".to_string();
-                            f.fix = Some(Fix::Effect(Effect {
-                                projection: id,
-                                op: Op::Membership {
-                                    state: MarkerState::Present(spec.table.key_item(&marker)),
-                                    marker,
-                                    counters: Vec::new(),
-                                    guard: Some(SourceGuard {
-                                        source: source.clone(),
-                                        member: true,
-                                        when: counter.when.clone(),
-                                    }),
-                                },
-                            }));
-                            out.push(f);
-                        }
-                    }
-                    for (counter_id, source) in &snapshot.markers {
-                        if *counter_id != id || counted.contains(source) {
-                            continue;
-                        }
-                        let marker = spec.counter_marker_key(&projection.name, source);
-                        let mut f = finding(spec, id, Problem::Orphaned, &marker);
-                        f.items = vec![source.to_string()];
-                        f.detail = "a marker for an item that is not counted".to_string();
-                        f.fix = Some(Fix::Effect(Effect {
-                            projection: id,
-                            op: Op::Membership {
-                                marker,
-                                state: MarkerState::Absent,
-                                counters: Vec::new(),
-                                guard: Some(SourceGuard {
-                                    source: source.clone(),
-                                    member: false,
-                                    when: counter.when.clone(),
-                                }),
-                            },
-                        }));
-                        out.push(f);
-                    }
-                }
-            }
+            // Memberships and counters are checked across projections below.
+            ProjectionKind::InverseEdge(_) | ProjectionKind::Counter(_) => {}
             ProjectionKind::Custom(_) => {}
+        }
+    }
+}
+
+/// Reverse edges, counter markers and counter records: every scanned item
+/// is planned as a backfill would plan it, and each membership or record
+/// effect is checked against the snapshot with the applier's own
+/// transition (nothing to write: in place).
+fn markers(spec: &Spec, snapshot: &Snapshot, out: &mut Vec<Finding>) {
+    let mut by_key: HashMap<&ItemKey, &Item> = snapshot
+        .items
+        .iter()
+        .map(|(_, key, item)| (key, item))
+        .collect();
+    by_key.extend(snapshot.markers.iter());
+    let scanned = snapshot
+        .items
+        .iter()
+        .map(|(_, key, item)| (key, item))
+        .chain(snapshot.markers.iter());
+    for (key, item) in scanned {
+        let Ok(record) = scanned_record(&spec.table, 0, 0, item.clone()) else {
+            continue;
+        };
+        let plan = plan_record(spec, &record, None);
+        for error in &plan.errors {
+            let Some(id) = error.projection else { continue };
+            if matches!(
+                spec.projections[id].kind,
+                ProjectionKind::InverseEdge(_) | ProjectionKind::Counter(_)
+            ) {
+                let mut f = finding(spec, id, Problem::Underivable, key);
+                f.detail = error.problem.to_string();
+                out.push(f);
+            }
+        }
+        for effect in plan.effects {
+            check_marker(spec, &by_key, effect, out);
+        }
+    }
+}
+
+fn check_marker(
+    spec: &Spec,
+    by_key: &HashMap<&ItemKey, &Item>,
+    effect: Effect,
+    out: &mut Vec<Finding>,
+) {
+    let Some(change) = crate::apply::marker_change(spec, &effect) else {
+        return;
+    };
+    if let Some(guard) = change.guard {
+        if !guard.holds(by_key.get(&guard.source).copied()) {
+            return;
+        }
+    }
+    let old = by_key.get(change.key).copied();
+    let Some(transition) = change.exact(&spec.table, old) else {
+        return;
+    };
+    let mut found: Vec<Finding> = Vec::new();
+    match (&effect.op, old) {
+        (
+            Op::DropRecord {
+                item,
+                counter,
+                shard,
+            },
+            _,
+        ) => {
+            let mut f = finding(spec, *counter, Problem::Orphaned, item);
+            f.detail = format!(
+                "a record of the counter in shard {shard}, on an item where the counter no longer keeps its members"
+            );
+            found.push(f);
+        }
+        (
+            Op::Membership {
+                marker,
+                source,
+                state: MarkerState::Absent,
+                ..
+            },
+            Some(old),
+        ) => {
+            let mut f = finding(spec, effect.projection, Problem::Orphaned, marker);
+            f.items = vec![source.to_string()];
+            f.detail = format!(
+                "its source {source} {}",
+                if by_key.contains_key(source) {
+                    "does not satisfy `when`"
+                } else {
+                    "does not exist"
+                }
+            );
+            let records: Vec<String> = old
+                .iter()
+                .filter(|(name, _)| crate::plan::is_record_attribute(name))
+                .map(|(name, value)| format!("{name} = {}", crate::record::value_to_json(value)))
+                .collect();
+            if !records.is_empty() {
+                f.detail
+                    .push_str(&format!("; it carries {}", records.join(", ")));
+            }
+            found.push(f);
+        }
+        (
+            Op::Membership {
+                marker,
+                source,
+                state: MarkerState::Present(want),
+                counters,
+                ..
+            },
+            None,
+        ) => {
+            let mut f = finding(spec, effect.projection, Problem::Missing, marker);
+            f.items = vec![source.to_string()];
+            f.detail = format!("should be {}", show(Some(want)));
+            if !counters.is_empty() {
+                let names: Vec<&str> = counters
+                    .iter()
+                    .map(|c| spec.projections[c.counter].name.as_str())
+                    .collect();
+                f.detail
+                    .push_str(&format!(", counted in {}", names.join(", ")));
+            }
+            found.push(f);
+        }
+        (
+            Op::Membership {
+                marker,
+                source,
+                counters,
+                ..
+            },
+            Some(old),
+        ) => {
+            let crate::apply::MarkerWrite::Update { set, remove } = &transition.write else {
+                return;
+            };
+            let copies: Vec<String> = set
+                .iter()
+                .filter(|(name, _)| !crate::plan::is_record_attribute(name))
+                .map(|(name, want)| {
+                    format!(
+                        "{name}: is {}, should be {}",
+                        old.get(name)
+                            .map(|v| crate::record::value_to_json(v).to_string())
+                            .unwrap_or_else(|| "(none)".to_string()),
+                        crate::record::value_to_json(want)
+                    )
+                })
+                .chain(
+                    remove
+                        .iter()
+                        .map(|name| format!("{name}: should be absent")),
+                )
+                .collect();
+            if !copies.is_empty() {
+                let mut f = finding(spec, effect.projection, Problem::Stale, marker);
+                f.items = vec![source.to_string()];
+                f.detail = copies.join("; ");
+                found.push(f);
+            }
+            for counter in counters {
+                let attribute = spec.record_attribute(counter.counter);
+                let Some((_, want)) = set.iter().find(|(name, _)| *name == attribute) else {
+                    continue;
+                };
+                let have = old.get(&attribute);
+                let mut f = finding(
+                    spec,
+                    counter.counter,
+                    if have.is_some() {
+                        Problem::Stale
+                    } else {
+                        Problem::Missing
+                    },
+                    marker,
+                );
+                f.items = vec![source.to_string()];
+                f.detail = format!(
+                    "the record of {source}: is {}, should be {}",
+                    have.map(|v| crate::record::value_to_json(v).to_string())
+                        .unwrap_or_else(|| "(none)".to_string()),
+                    crate::record::value_to_json(want)
+                );
+                found.push(f);
+            }
+        }
+        _ => {}
+    }
+    // One repair fixes them all: the first finding carries it.
+    if let Some(first) = found.first_mut() {
+        first.fix = Some(Fix::Effect(Box::new(effect)));
+    }
+    out.extend(found);
+}
+
+/// Counters: the sum of the shards against the number of counted source
+/// items, and each shard against the number of records naming it.
+fn counters(spec: &Spec, snapshot: &Snapshot, out: &mut Vec<Finding>) {
+    for (id, projection) in spec.projections.iter().enumerate() {
+        let ProjectionKind::Counter(counter) = &projection.kind else {
+            continue;
+        };
+        let mut targets: BTreeMap<String, (Vec<String>, i64, i64)> = BTreeMap::new();
+        for (entity, key, item) in &snapshot.items {
+            if *entity != counter.source
+                || !(counter.when.is_empty() || counter.when.holds(Some(item)))
+            {
+                continue;
+            }
+            let mut vars = Vec::new();
+            spec.match_entity(&key.pk, key.sk.as_deref(), &mut vars);
+            let Ok(values) = counter
+                .of
+                .iter()
+                .map(|(_, t)| t.render(&vars, None::<&Item>))
+                .collect::<Result<Vec<String>, _>>()
+            else {
+                continue;
+            };
+            targets
+                .entry(values.join("#"))
+                .or_insert_with(|| (values, 0, 0))
+                .1 += 1;
+        }
+        for (counter_id, joined, count) in snapshot.shards.values() {
+            if *counter_id != id {
+                continue;
+            }
+            let values = if counter.of.len() == 1 {
+                vec![joined.clone()]
+            } else {
+                joined.split('#').map(str::to_string).collect()
+            };
+            targets
+                .entry(joined.clone())
+                .or_insert_with(|| (values, 0, 0))
+                .2 += count;
+        }
+        for (joined, (values, want, have)) in targets {
+            if want == have {
+                continue;
+            }
+            let shards = (0..counter.shards)
+                .map(|shard| spec.counter_shard_key(&projection.name, &values, shard).pk)
+                .collect();
+            out.push(Finding {
+                rule: projection.name.clone(),
+                rule_kind: projection.kind_name(),
+                problem: Problem::CounterOff {
+                    expected: want,
+                    actual: have,
+                },
+                key: format!("COUNTER#{}#{joined}", projection.name),
+                items: Vec::new(),
+                detail: counter
+                    .of
+                    .iter()
+                    .zip(&values)
+                    .map(|((name, _), value)| format!("{name}={value}"))
+                    .collect::<Vec<_>>()
+                    .join(" "),
+                repaired: false,
+                fix: Some(Fix::Recount(shards)),
+            });
+        }
+        // Each shard against the records naming it.
+        let mut shards: BTreeMap<&str, (i64, i64)> = BTreeMap::new();
+        for (pk, (counter_id, _, count)) in &snapshot.shards {
+            if *counter_id == id {
+                shards.entry(pk).or_default().0 = *count;
+            }
+        }
+        for (pk, n) in &snapshot.records {
+            if parse_shard(spec, pk).is_some_and(|(counter_id, _)| counter_id == id) {
+                shards.entry(pk).or_default().1 = *n;
+            }
+        }
+        for (pk, (holds, records)) in shards {
+            if holds == records {
+                continue;
+            }
+            let shard = spec.shard_item(pk);
+            let mut f = finding(spec, id, Problem::ShardOff { holds, records }, &shard);
+            f.fix = Some(Fix::Recount(vec![pk.to_string()]));
+            out.push(f);
         }
     }
 }
@@ -794,43 +876,83 @@ fn invariants(spec: &Spec, snapshot: &Snapshot, out: &mut Vec<Finding>) -> Vec<V
     all
 }
 
-async fn repair(applier: &Applier, report: &mut AuditReport) -> Result<(), ApplyError> {
-    let mut effects = Vec::new();
-    let mut owners = Vec::new();
+/// Writes the fixes of an audit's findings: derived items, markers and
+/// records through the applier (reading first, guarded by the source state
+/// the scan saw, so nothing newer is undone), then counter shards that do
+/// not hold the number of records naming them (see [`recount`]).
+pub async fn repair(applier: &Applier, report: &mut AuditReport) -> Result<(), ApplyError> {
+    let mut effects: Vec<Effect> = Vec::new();
+    let mut owners: Vec<Vec<usize>> = Vec::new();
     for (index, finding) in report.findings.iter().enumerate() {
         if let Some(Fix::Effect(effect)) = &finding.fix {
-            effects.push(effect.clone());
-            owners.push(index);
+            match effects.iter().position(|e| e == effect.as_ref()) {
+                Some(at) => owners[at].push(index),
+                None => {
+                    effects.push(effect.as_ref().clone());
+                    owners.push(vec![index]);
+                }
+            }
         }
     }
-    let (results, stats) = applier.apply_effects(effects).await;
+    let (results, stats) = applier.apply_effects(effects, true).await;
     let mut total = BatchStats::default();
     total.add(&stats);
-    for (index, result) in owners.into_iter().zip(results) {
-        match result {
-            Ok(()) => report.findings[index].repaired = true,
-            Err(error) => report.repair_failures.push(format!(
-                "{} {}: {error}",
-                report.findings[index].rule, report.findings[index].key
-            )),
+    for (indexes, result) in owners.into_iter().zip(results) {
+        for index in indexes {
+            match &result {
+                Ok(()) => report.findings[index].repaired = true,
+                Err(error) => report.repair_failures.push(format!(
+                    "{} {}: {error}",
+                    report.findings[index].rule, report.findings[index].key
+                )),
+            }
         }
     }
-    // Counters last: from a consistent read of their shards now.
-    for index in 0..report.findings.len() {
-        let Some(Fix::Counter {
-            projection,
-            values,
-            expected,
-        }) = report.findings[index].fix.clone()
-        else {
-            continue;
-        };
-        match set_counter(applier, projection, &values, expected, &mut total).await {
-            Ok(()) => report.findings[index].repaired = true,
-            Err(error) => report.repair_failures.push(format!(
-                "{} {}: {error}",
-                report.findings[index].rule, report.findings[index].key
-            )),
+    // Findings that share a repaired effect's marker are repaired with it.
+    let fixed: HashSet<String> = report
+        .findings
+        .iter()
+        .filter(|f| f.repaired)
+        .map(|f| f.key.clone())
+        .collect();
+    for finding in &mut report.findings {
+        if finding.fix.is_none() && fixed.contains(&finding.key) {
+            finding.repaired = true;
+        }
+    }
+    // Counters last, after the records are in place.
+    let mut shards: Vec<String> = Vec::new();
+    for finding in &report.findings {
+        if let Some(Fix::Recount(list)) = &finding.fix {
+            for shard in list {
+                if !shards.contains(shard) {
+                    shards.push(shard.clone());
+                }
+            }
+        }
+    }
+    if !shards.is_empty() {
+        let outcome = recount(applier, &shards, &mut total).await?;
+        for index in 0..report.findings.len() {
+            let Some(Fix::Recount(list)) = &report.findings[index].fix else {
+                continue;
+            };
+            let failed: Vec<&String> = list
+                .iter()
+                .filter(|shard| outcome.get(*shard).is_some_and(|r| r.is_err()))
+                .collect();
+            if failed.is_empty() {
+                report.findings[index].repaired = true;
+            } else {
+                for shard in failed {
+                    if let Some(Err(error)) = outcome.get(shard) {
+                        report.repair_failures.push(format!(
+                            "{} {}: {error}",
+                            report.findings[index].rule, report.findings[index].key
+                        ));
+                    }
+                }
+            }
         }
     }
     report.repaired = report.findings.iter().filter(|f| f.repaired).count();
@@ -840,36 +962,20 @@ async fn repair(applier: &Applier, report: &mut AuditReport) -> Result<(), Apply
     Ok(())
 }
 
-/// Makes a counter's shards add up to `expected`: reads them consistently
-/// and moves shard 0 by the difference, on condition that it still holds
-/// what was read (a concurrent change makes this fail; run audit again).
-async fn set_counter(
+/// A shard's count and how many transactions moved it.
+async fn read_shards(
     applier: &Applier,
-    projection: ProjectionId,
-    values: &[String],
-    expected: i64,
+    shards: &[String],
     stats: &mut BatchStats,
-) -> Result<(), String> {
+) -> Result<HashMap<String, (i64, Option<i64>)>, String> {
     let spec = applier.spec();
-    let name = &spec.projections[projection].name;
-    let ProjectionKind::Counter(counter) = &spec.projections[projection].kind else {
-        return Err("not a counter".to_string());
-    };
-    let vars: Vec<(String, String)> = counter
-        .of
-        .iter()
-        .map(|(n, _)| n.clone())
-        .zip(values.iter().cloned())
-        .collect();
-    let mut shard0: Option<i64> = None;
-    let mut sum = 0;
-    for shard in 0..counter.shards {
-        let key = spec.counter_shard_key(name, values, shard);
+    let mut out = HashMap::new();
+    for shard in shards {
         let output = applier
             .client()
             .get_item()
             .table_name(applier.table())
-            .set_key(Some(spec.table.key_item(&key).into()))
+            .set_key(Some(spec.table.key_item(&spec.shard_item(shard)).into()))
             .consistent_read(true)
             .return_consumed_capacity(ReturnConsumedCapacity::Total)
             .send()
@@ -878,46 +984,143 @@ async fn set_counter(
         if let Some(c) = output.consumed_capacity() {
             stats.read_units += c.capacity_units().unwrap_or(0.0);
         }
-        let value = match output.item().and_then(|i| i.get(COUNT_ATTRIBUTE)) {
-            Some(Av::N(n)) => Some(n.parse::<i64>().unwrap_or(0)),
+        let number = |name: &str| match output.item().and_then(|i| i.get(name)) {
+            Some(Av::N(n)) => n.parse::<i64>().ok(),
             _ => None,
         };
-        sum += value.unwrap_or(0);
-        if shard == 0 {
-            shard0 = value;
+        out.insert(
+            shard.clone(),
+            (
+                number(COUNT_ATTRIBUTE).unwrap_or(0),
+                number(CHANGES_ATTRIBUTE),
+            ),
+        );
+    }
+    Ok(out)
+}
+
+/// Sets each shard to the number of records naming it, without racing
+/// the live worker: every transaction that adds, moves or removes a record
+/// also bumps the shard's `changes`. The shards are read, the table is
+/// scanned for their records, the shards are read again; a shard no
+/// transaction moved meanwhile had exactly the records counted, and is
+/// corrected on condition that it still has not moved. One that did is
+/// reported ("run the audit again").
+async fn recount(
+    applier: &Applier,
+    shards: &[String],
+    stats: &mut BatchStats,
+) -> Result<HashMap<String, Result<(), String>>, ApplyError> {
+    let fatal = |message: String| ApplyError::Fatal {
+        table: applier.table().to_string(),
+        message,
+    };
+    let before = read_shards(applier, shards, stats).await.map_err(fatal)?;
+    let wanted: HashSet<&str> = shards.iter().map(String::as_str).collect();
+    let records = count_records(applier, &wanted, stats).await?;
+    let after = read_shards(applier, shards, stats).await.map_err(fatal)?;
+    let spec = applier.spec();
+    let mut outcome = HashMap::new();
+    for shard in shards {
+        let (count, changes) = after[shard];
+        if before[shard] != after[shard] {
+            outcome.insert(
+                shard.clone(),
+                Err(format!(
+                    "shard {shard} changed while its records were counted; run the audit again"
+                )),
+            );
+            continue;
+        }
+        let delta = records.get(shard.as_str()).copied().unwrap_or(0) - count;
+        if delta == 0 {
+            outcome.insert(shard.clone(), Ok(()));
+            continue;
+        }
+        let mut request = applier
+            .client()
+            .update_item()
+            .table_name(applier.table())
+            .set_key(Some(spec.table.key_item(&spec.shard_item(shard)).into()))
+            .update_expression("ADD #c :d, #n :one")
+            .expression_attribute_names("#c", COUNT_ATTRIBUTE)
+            .expression_attribute_names("#n", CHANGES_ATTRIBUTE)
+            .expression_attribute_values(":d", Av::N(delta.to_string()))
+            .expression_attribute_values(":one", Av::N("1".to_string()))
+            .return_consumed_capacity(ReturnConsumedCapacity::Total);
+        request = match changes {
+            Some(changes) => request
+                .condition_expression("#n = :seen")
+                .expression_attribute_values(":seen", Av::N(changes.to_string())),
+            None => request.condition_expression("attribute_not_exists(#n)"),
+        };
+        let result = match request.send().await {
+            Ok(output) => {
+                if let Some(c) = output.consumed_capacity() {
+                    stats.write_units += c.capacity_units().unwrap_or(0.0);
+                }
+                Ok(())
+            }
+            Err(error) => Err(format!(
+                "shard {shard} changed while repairing; run the audit again ({})",
+                crate::apply::retry_describe(&error)
+            )),
+        };
+        outcome.insert(shard.clone(), result);
+    }
+    Ok(outcome)
+}
+
+/// The records naming each of `shards`, from a full scan that keeps
+/// nothing else.
+async fn count_records(
+    applier: &Applier,
+    shards: &HashSet<&str>,
+    stats: &mut BatchStats,
+) -> Result<HashMap<String, i64>, ApplyError> {
+    let spec = applier.spec();
+    let mut counts: HashMap<String, i64> = HashMap::new();
+    let mut start: Option<HashMap<String, Av>> = None;
+    loop {
+        let request = applier
+            .client()
+            .scan()
+            .table_name(applier.table())
+            .consistent_read(true)
+            .set_exclusive_start_key(start.clone())
+            .return_consumed_capacity(ReturnConsumedCapacity::Total);
+        let retries = AtomicU64::new(0);
+        let page = crate::apply::with_retries(
+            "audit_recount",
+            std::time::Duration::from_secs(60),
+            &retries,
+            || {
+                let request = request.clone();
+                async move { request.send().await.map_err(crate::apply::sdk) }
+            },
+        )
+        .await
+        .map_err(|e| ApplyError::Fatal {
+            table: applier.table().to_string(),
+            message: format!("the recount's scan failed: {e}"),
+        })?;
+        if let Some(c) = page.consumed_capacity() {
+            stats.read_units += c.capacity_units().unwrap_or(0.0);
+        }
+        for item in page.items() {
+            for (name, value) in item {
+                if let (Some(_), Av::S(shard)) = (spec.record_counter(name), value) {
+                    if shards.contains(shard.as_str()) {
+                        *counts.entry(shard.clone()).or_insert(0) += 1;
+                    }
+                }
+            }
+        }
+        match page.last_evaluated_key() {
+            Some(key) if !key.is_empty() => start = Some(key.clone()),
+            _ => return Ok(counts),
         }
     }
-    let delta = expected - sum;
-    if delta == 0 {
-        return Ok(());
-    }
-    let key = spec.counter_shard_key(name, values, 0);
-    let mut request = applier
-        .client()
-        .update_item()
-        .table_name(applier.table())
-        .set_key(Some(spec.table.key_item(&key).into()))
-        .update_expression("ADD #c :d")
-        .expression_attribute_names("#c", COUNT_ATTRIBUTE)
-        .expression_attribute_values(":d", Av::N(delta.to_string()))
-        .return_consumed_capacity(ReturnConsumedCapacity::Total);
-    request = match shard0 {
-        Some(v) => request
-            .condition_expression("#c = :v")
-            .expression_attribute_values(":v", Av::N(v.to_string())),
-        None => request.condition_expression("attribute_not_exists(#c)"),
-    };
-    let output = request.send().await.map_err(|e| {
-        format!(
-            "counter {name} {:?} changed while repairing; run audit again ({})",
-            vars,
-            crate::apply::retry_describe(&e)
-        )
-    })?;
-    if let Some(c) = output.consumed_capacity() {
-        stats.write_units += c.capacity_units().unwrap_or(0.0);
-    }
-    Ok(())
 }
 
 async fn scan_segment(

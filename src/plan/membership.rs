@@ -1,20 +1,22 @@
 //! `inverse-edge` and `counter`: both keep a *marker* item in step with a
 //! source item's membership in a set (edges that exist, items counted).
 //!
-//! The planner only says which state the marker must reach. The applier
-//! writes it conditionally and moves the counter shards in the same
-//! transaction only when the marker really appeared or disappeared, so the
-//! counters always equal the number of markers, whatever is redelivered.
+//! A counter records its membership *per counter*: on the marker item, the
+//! attribute `_ddbp#c#<counter>` holds the shard the source is counted in.
+//! The marker is the reverse edge of an inverse edge over the same source
+//! and condition (so counting costs no extra item), or the counter's own
+//! marker item otherwise. The planner only says which state the marker and
+//! its records must reach; the applier writes the transition it finds,
+//! conditionally, with the shard moves in the same transaction, so each
+//! shard always equals the number of records naming it.
 
-use super::SourceGuard;
 use super::{
-    changed, kind_is_removal, CounterShard, Effect, MarkerState, Op, PlanProblem, Selection,
-    Subject,
+    changed, CounterShard, Effect, MarkerState, Op, PlanProblem, Selection, SourceGuard, Subject,
 };
-use crate::record::{ChangeKind, Item, ItemKey, Origin};
+use crate::record::{ChangeKind, ChangeRecord, Item, ItemKey, Origin, ValueRef};
 use crate::spec::{
-    Condition, Counter, InverseEdge, Marker, ProjectionId, ProjectionKind, RenderError, Spec,
-    Template,
+    Bindings, Condition, Counter, InverseEdge, Marker, ProjectionId, ProjectionKind, RenderError,
+    Spec, Template, RECORD_PREFIX,
 };
 
 /// The shard a source item counts in: FNV-1a of its key, stable across
@@ -35,27 +37,45 @@ pub fn shard_for(key: &ItemKey, shards: u32) -> u32 {
     (hash % u64::from(shards.max(1))) as u32
 }
 
-/// The desired marker state for a change, or `None` when the change cannot
-/// move the source in or out of the set and changes no copied attribute.
+/// What a change means for one membership: the state the marker must
+/// reach, and a guess of the state it was in.
+struct Wanted {
+    member: bool,
+    was_member: bool,
+}
+
+/// The desired membership for a change, or `None` when the change cannot
+/// move the source in or out of the set and changes nothing the marker
+/// copies.
 fn desired<'a>(
     subject: &Subject<'_>,
     when: &Condition,
     reads: impl IntoIterator<Item = &'a String>,
     needs_image: bool,
-) -> Result<Option<bool>, PlanProblem> {
+) -> Result<Option<Wanted>, PlanProblem> {
     let record = subject.record;
-    if kind_is_removal(record) {
-        return Ok(Some(false));
+    // Without an old image, guess from the kind of change.
+    let was_member = match &record.old_image {
+        Some(old) => when.is_empty() || when.holds(Some(old)),
+        None => record.kind == ChangeKind::Remove,
+    };
+    if record.kind == ChangeKind::Remove {
+        return Ok(Some(Wanted {
+            member: false,
+            was_member,
+        }));
     }
     if needs_image {
         subject.new_image(record.view_type)?;
     }
     let member = when.is_empty() || when.holds(record.new_image.as_ref());
+    let scanned = matches!(record.origin, Origin::Scan { .. });
     match record.kind {
-        // A new item that is not a member needs nothing.
-        ChangeKind::Insert => Ok(member.then_some(true)),
+        // A new item that is not a member needs nothing, unless a scan saw
+        // it: then its marker may be left from an older spec.
+        ChangeKind::Insert if !member && !scanned => Ok(None),
         ChangeKind::Modify if !changed(record, reads) => Ok(None),
-        _ => Ok(Some(member)),
+        _ => Ok(Some(Wanted { member, was_member })),
     }
 }
 
@@ -78,39 +98,63 @@ fn render_copies(
     Ok(())
 }
 
+/// The shard of counter `id` that `source` counts in.
 fn shard_key(
     spec: &Spec,
     id: ProjectionId,
     counter: &Counter,
-    subject: &Subject<'_>,
-) -> Result<ItemKey, PlanProblem> {
+    source: &ItemKey,
+    vars: &[(&str, &str)],
+) -> Result<ItemKey, RenderError> {
     let values = counter
         .of
         .iter()
-        .map(|(_, template)| template.render(&subject.vars, None::<&Item>))
+        .map(|(_, template)| template.render(vars, None::<&Item>))
         .collect::<Result<Vec<String>, RenderError>>()?;
-    let shard = shard_for(&subject.key, counter.shards);
+    let shard = shard_for(source, counter.shards);
     Ok(spec.counter_shard_key(&spec.projections[id].name, &values, shard))
 }
 
-/// Whether a modify's old image shows its source was in the set already.
-/// When the new image is in the set too (the caller knows), the marker only
-/// needs its copied attributes refreshed and no counter moves (a
-/// transaction that would create it would be cancelled).
-fn stays_member(subject: &Subject<'_>, when: &Condition) -> bool {
-    let record = subject.record;
-    record.kind == ChangeKind::Modify
-        && !record.ttl_expiry
-        && record.old_image.is_some()
-        && (when.is_empty() || when.holds(record.old_image.as_ref()))
+/// The counters recording their membership on edge `edge`'s reverse
+/// items, with the shard `source` counts in.
+fn edge_counters(
+    spec: &Spec,
+    edge: ProjectionId,
+    source: &ItemKey,
+    vars: &[(&str, &str)],
+) -> Result<Vec<CounterShard>, RenderError> {
+    let mut counters = Vec::new();
+    for (id, projection) in spec.projections.iter().enumerate() {
+        if let ProjectionKind::Counter(counter) = &projection.kind {
+            if counter.marker == Marker::Edge(edge) {
+                counters.push(CounterShard {
+                    counter: id,
+                    key: shard_key(spec, id, counter, source, vars)?,
+                });
+            }
+        }
+    }
+    Ok(counters)
 }
 
-/// A guard for memberships planned from a scan snapshot.
-fn guard(subject: &Subject<'_>, member: bool, when: &Condition) -> Option<SourceGuard> {
-    matches!(subject.record.origin, Origin::Scan { .. }).then(|| SourceGuard {
+/// The source state a scan-planned membership depends on: the attributes
+/// it read, as the scan saw them.
+fn guard<'a>(
+    subject: &Subject<'_>,
+    reads: impl IntoIterator<Item = &'a String>,
+) -> Option<SourceGuard> {
+    if !matches!(subject.record.origin, Origin::Scan { .. }) {
+        return None;
+    }
+    let image = subject.record.new_image.as_ref();
+    Some(SourceGuard {
         source: subject.key.clone(),
-        member,
-        when: when.clone(),
+        seen: image.map(|image| {
+            reads
+                .into_iter()
+                .map(|name| (name.clone(), image.get(name).map(|v| v.to_value())))
+                .collect()
+        }),
     })
 }
 
@@ -118,44 +162,43 @@ fn selected(selection: Selection<'_>, id: ProjectionId) -> bool {
     selection.is_none_or(|ids| ids.contains(&id))
 }
 
+/// Whether an edge is planned under `selection`: it is, or one of the
+/// counters riding on it is.
+fn edge_selected(spec: &Spec, selection: Selection<'_>, edge: ProjectionId) -> bool {
+    selected(selection, edge)
+        || spec.projections.iter().enumerate().any(|(id, p)| {
+            matches!(&p.kind, ProjectionKind::Counter(c) if c.marker == Marker::Edge(edge))
+                && selected(selection, id)
+        })
+}
+
 pub(super) fn plan_edge(
     spec: &Spec,
     id: ProjectionId,
     edge: &InverseEdge,
     subject: &Subject<'_>,
-    selection: Selection<'_>,
     effects: &mut Vec<Effect>,
 ) -> Result<(), PlanProblem> {
     let needs_image = !edge.when.is_empty() || !edge.copy.is_empty();
-    let Some(member) = desired(subject, &edge.when, &edge.reads, needs_image)? else {
+    let Some(wanted) = desired(subject, &edge.when, &edge.reads, needs_image)? else {
         return Ok(());
     };
+    let counters = edge_counters(spec, id, &subject.key, &subject.vars)?;
+    if wanted.member
+        && wanted.was_member
+        && edge.copy.is_empty()
+        && subject.record.kind == ChangeKind::Modify
+    {
+        // Stays in the set, nothing copied: the marker is already right.
+        return Ok(());
+    }
     let target = spec.entities[edge.target]
         .render_key(&subject.vars)
         .expect("inverse-edge variables are checked when the spec is compiled");
-    let mut counters = Vec::new();
-    for (counter_id, projection) in spec.projections.iter().enumerate() {
-        if let ProjectionKind::Counter(counter) = &projection.kind {
-            if counter.marker == Marker::Edge(id) && selected(selection, counter_id) {
-                counters.push(CounterShard {
-                    counter: counter_id,
-                    key: shard_key(spec, counter_id, counter, subject)?,
-                });
-            }
-        }
-    }
-    let stays = member && stays_member(subject, &edge.when);
-    if stays && edge.copy.is_empty() {
-        return Ok(());
-    }
-    let state = if member {
+    let state = if wanted.member {
         let mut item = spec.table.key_item(&target);
         render_copies(&edge.copy, subject, &mut item)?;
-        if stays {
-            MarkerState::Refresh(item)
-        } else {
-            MarkerState::Present(item)
-        }
+        MarkerState::Present(item)
     } else {
         MarkerState::Absent
     };
@@ -163,9 +206,11 @@ pub(super) fn plan_edge(
         projection: id,
         op: Op::Membership {
             marker: target,
+            source: subject.key.clone(),
             state,
             counters,
-            guard: guard(subject, member, &edge.when),
+            was_present: wanted.was_member,
+            guard: guard(subject, &edge.reads),
         },
     });
     Ok(())
@@ -180,8 +225,9 @@ pub(super) fn plan_counter(
     effects: &mut Vec<Effect>,
 ) -> Result<(), PlanProblem> {
     if let Marker::Edge(edge) = counter.marker {
-        // The edge plans this counter's shard with its own marker. When only
-        // the counter is selected, the edge is planned on its behalf.
+        // The edge plans this counter's record with its own marker. When
+        // only counters of the edge are selected, the first of them plans
+        // the edge on their behalf.
         if selected(selection, edge) {
             return Ok(());
         }
@@ -203,18 +249,23 @@ pub(super) fn plan_counter(
         let ProjectionKind::InverseEdge(edge_projection) = &spec.projections[edge].kind else {
             unreachable!("markers point at inverse edges");
         };
-        return plan_edge(spec, edge, edge_projection, subject, selection, effects);
+        return plan_edge(spec, edge, edge_projection, subject, effects);
     }
-    let reads = counter.when.0.iter().map(|(name, _)| name);
-    let Some(member) = desired(subject, &counter.when, reads, !counter.when.is_empty())? else {
+    let reads: Vec<String> = counter
+        .when
+        .0
+        .iter()
+        .map(|(name, _)| name.clone())
+        .collect();
+    let Some(wanted) = desired(subject, &counter.when, &reads, !counter.when.is_empty())? else {
         return Ok(());
     };
-    if member && stays_member(subject, &counter.when) {
+    if wanted.member && wanted.was_member && subject.record.kind == ChangeKind::Modify {
         // The marker has no attributes to refresh.
         return Ok(());
     }
     let marker = spec.counter_marker_key(&spec.projections[id].name, &subject.key);
-    let state = if member {
+    let state = if wanted.member {
         MarkerState::Present(spec.table.key_item(&marker))
     } else {
         MarkerState::Absent
@@ -223,13 +274,138 @@ pub(super) fn plan_counter(
         projection: id,
         op: Op::Membership {
             marker,
+            source: subject.key.clone(),
             state,
             counters: vec![CounterShard {
                 counter: id,
-                key: shard_key(spec, id, counter, subject)?,
+                key: shard_key(spec, id, counter, &subject.key, &subject.vars)?,
             }],
-            guard: guard(subject, member, &counter.when),
+            was_present: wanted.was_member,
+            guard: guard(subject, &reads),
         },
     });
     Ok(())
+}
+
+/// For an item a scan read: what it means as a *derived* item. A reverse
+/// edge or counter marker whose source does not exist is removed (on
+/// condition that the source still does not exist), and a counter record
+/// on an item that is no longer where that counter records its members
+/// (the spec changed) is dropped with its shard moved back.
+pub(super) fn plan_scanned_marker(
+    spec: &Spec,
+    record: &ChangeRecord,
+    key: &ItemKey,
+    selection: Selection<'_>,
+    effects: &mut Vec<Effect>,
+) {
+    let Some(image) = record.new_image.as_ref() else {
+        return;
+    };
+    let mut vars: Bindings<'_> = Vec::new();
+    let entity = spec.match_entity(&key.pk, key.sk.as_deref(), &mut vars);
+    let own = spec.parse_counter_marker(key);
+    // Records of this spec's counters on the item, and whether the item is
+    // where that counter keeps them.
+    for (name, value) in image.iter() {
+        let Some(counter) = spec.record_counter(name) else {
+            continue;
+        };
+        let ValueRef::S(shard) = value else { continue };
+        if !selected(selection, counter) {
+            continue;
+        }
+        let ProjectionKind::Counter(c) = &spec.projections[counter].kind else {
+            continue;
+        };
+        let in_place = match (c.marker, &own, entity) {
+            (Marker::Own, Some((marker_of, _)), _) => *marker_of == counter,
+            (Marker::Edge(edge), None, Some(entity)) => {
+                matches!(&spec.projections[edge].kind, ProjectionKind::InverseEdge(e) if e.target == entity)
+            }
+            _ => false,
+        };
+        if !in_place {
+            effects.push(Effect {
+                projection: counter,
+                op: Op::DropRecord {
+                    item: key.clone(),
+                    counter,
+                    shard: shard.to_string(),
+                },
+            });
+        }
+    }
+    // A counter's own marker whose source may be gone.
+    if let Some((counter, source)) = own {
+        let ProjectionKind::Counter(c) = &spec.projections[counter].kind else {
+            return;
+        };
+        if c.marker != Marker::Own || !selected(selection, counter) {
+            return;
+        }
+        let mut source_vars: Bindings<'_> = Vec::new();
+        if spec
+            .match_entity(&source.pk, source.sk.as_deref(), &mut source_vars)
+            .is_none()
+        {
+            return;
+        }
+        let Ok(shard) = shard_key(spec, counter, c, &source, &source_vars) else {
+            return;
+        };
+        effects.push(orphan_check(
+            counter,
+            key.clone(),
+            source,
+            vec![CounterShard {
+                counter,
+                key: shard,
+            }],
+        ));
+        return;
+    }
+    // A reverse edge whose source may be gone.
+    let Some(entity) = entity else { return };
+    for (edge_id, projection) in spec.projections.iter().enumerate() {
+        let ProjectionKind::InverseEdge(edge) = &projection.kind else {
+            continue;
+        };
+        if edge.target != entity || !edge_selected(spec, selection, edge_id) {
+            continue;
+        }
+        let Some(source) = spec.entities[edge.source].render_key(&vars) else {
+            continue;
+        };
+        let Ok(counters) = edge_counters(spec, edge_id, &source, &vars) else {
+            continue;
+        };
+        effects.push(orphan_check(edge_id, key.clone(), source, counters));
+    }
+}
+
+/// Remove `marker` (and uncount what it records) if `source` does not
+/// exist; if it does, its own record decides.
+fn orphan_check(
+    projection: ProjectionId,
+    marker: ItemKey,
+    source: ItemKey,
+    counters: Vec<CounterShard>,
+) -> Effect {
+    Effect {
+        projection,
+        op: Op::Membership {
+            marker,
+            source: source.clone(),
+            state: MarkerState::Absent,
+            counters,
+            was_present: true,
+            guard: Some(SourceGuard { source, seen: None }),
+        },
+    }
+}
+
+/// Whether an attribute name is a counter record.
+pub fn is_record_attribute(name: &str) -> bool {
+    name.starts_with(RECORD_PREFIX)
 }

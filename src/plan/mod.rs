@@ -22,10 +22,10 @@ use std::fmt;
 use serde_json::json;
 
 pub use denormalize::compute_denormalized;
-pub use membership::shard_for;
+pub use membership::{is_record_attribute, shard_for};
 
 use crate::record::{
-    item_to_json, value_to_json, AttributeValue, ChangeKind, ChangeRecord, Image, Item, ItemKey,
+    item_to_json, value_to_json, AttributeValue, ChangeRecord, Image, Item, ItemKey, Origin,
     ValueRef, ViewType,
 };
 use crate::spec::{Bindings, ProjectionId, ProjectionKind, RenderError, Spec};
@@ -73,27 +73,50 @@ pub struct SourceQuery {
 /// The state a membership marker (reverse edge or counter marker) must reach.
 #[derive(Debug, Clone, PartialEq)]
 pub enum MarkerState {
-    /// The marker exists with exactly this item.
+    /// The marker exists with exactly these attributes (its key and copied
+    /// attributes; the applier adds the counter records).
     Present(Item),
     /// The marker does not exist.
     Absent,
-    /// The source item stays in the set (a change to its copied
-    /// attributes): if the marker exists, it becomes exactly this item; it
-    /// is never created, and no counter moves.
-    Refresh(Item),
 }
 
-/// For a membership planned from a scan snapshot: the state of the source
-/// item the snapshot saw, checked in the same transaction as the marker
-/// write, so a backfill never undoes what the live worker did since.
+impl MarkerState {
+    /// Whether the marker exists in this state.
+    pub fn is_present(&self) -> bool {
+        matches!(self, MarkerState::Present(_))
+    }
+}
+
+/// For a write planned from a snapshot (a backfill's scan, an audit): the
+/// state of the source item the plan was computed from, checked in the
+/// same transaction as the write, so that a stale snapshot never undoes a
+/// newer live change.
 #[derive(Debug, Clone, PartialEq)]
 pub struct SourceGuard {
     /// The source item.
     pub source: ItemKey,
-    /// Whether the snapshot saw it as a member (it existed and `when` held).
-    pub member: bool,
-    /// The membership condition.
-    pub when: crate::spec::Condition,
+    /// `None`: the source did not exist. Otherwise every attribute the plan
+    /// read and the value it saw (`None`: absent).
+    pub seen: Option<Vec<(String, Option<AttributeValue>)>>,
+}
+
+impl SourceGuard {
+    /// Whether `item` (the source as read now, `None`: absent) is still in
+    /// the state the plan saw.
+    pub fn holds(&self, item: Option<&Item>) -> bool {
+        match (&self.seen, item) {
+            (None, None) => true,
+            (Some(seen), Some(item)) => {
+                seen.iter()
+                    .all(|(name, value)| match (item.get(name), value) {
+                        (None, None) => true,
+                        (Some(have), Some(want)) => crate::spec::values_equal(have, want),
+                        _ => false,
+                    })
+            }
+            _ => false,
+        }
+    }
 }
 
 /// A counter shard that moves when a marker changes: +1 when it appears, -1
@@ -126,16 +149,35 @@ pub enum Op {
         /// Where its sources are.
         sources: SourceQuery,
     },
-    /// Bring a marker to a state; counters follow the actual transition.
+    /// Bring a marker item (a reverse edge, or a counter's own marker) and
+    /// the counter records it carries to a state; counter shards move by
+    /// the records that actually appear, move or go.
     Membership {
-        /// The marker item (a reverse edge, or a counter's own marker).
+        /// The marker item.
         marker: ItemKey,
+        /// The source item whose membership it marks.
+        source: ItemKey,
         /// Present with attributes, or absent.
         state: MarkerState,
-        /// Shards that count this marker.
+        /// Every counter that records its membership on this marker, and
+        /// the shard the source counts in (recorded while present).
         counters: Vec<CounterShard>,
-        /// Set when planned from a scan (backfill): the source state to check.
+        /// A guess of the marker's state before the change (from the old
+        /// image), which picks the first write to try; the condition on the
+        /// write decides.
+        was_present: bool,
+        /// Set when planned from a snapshot: the source state to check.
         guard: Option<SourceGuard>,
+    },
+    /// Remove a counter's record from an item that no longer carries that
+    /// counter's membership (planned by a scan), moving its shard by -1.
+    DropRecord {
+        /// The item carrying the record.
+        item: ItemKey,
+        /// The counter.
+        counter: ProjectionId,
+        /// The shard partition key the record holds.
+        shard: String,
     },
     /// A custom projection's write.
     Custom(CustomOp),
@@ -270,13 +312,26 @@ pub fn plan_record(spec: &Spec, record: &ChangeRecord, selection: Selection<'_>)
         },
         None => None,
     };
+    if matches!(record.origin, Origin::Scan { .. }) {
+        // A scan also reads derived items: markers whose source is gone,
+        // counter records left where a changed spec no longer keeps them.
+        let key = ItemKey {
+            pk: pk.to_string(),
+            sk: sk.map(str::to_string),
+        };
+        membership::plan_scanned_marker(spec, record, &key, selection, &mut plan.effects);
+    }
     if pk.starts_with(crate::spec::RESERVED_PREFIX) {
-        plan.skip = Some(Skip::Reserved);
+        if plan.effects.is_empty() {
+            plan.skip = Some(Skip::Reserved);
+        }
         return plan;
     }
     let mut vars = Vec::with_capacity(4);
     let Some(entity) = spec.match_entity(pk, sk, &mut vars) else {
-        plan.skip = Some(Skip::NoEntity);
+        if plan.effects.is_empty() {
+            plan.skip = Some(Skip::NoEntity);
+        }
         return plan;
     };
     plan.entity = Some(entity);
@@ -301,7 +356,7 @@ pub fn plan_record(spec: &Spec, record: &ChangeRecord, selection: Selection<'_>)
                 denormalize::plan(spec, id, p, entity, &subject, &mut plan.effects)
             }
             ProjectionKind::InverseEdge(p) => {
-                membership::plan_edge(spec, id, p, &subject, selection, &mut plan.effects)
+                membership::plan_edge(spec, id, p, &subject, &mut plan.effects)
             }
             ProjectionKind::Counter(p) => {
                 membership::plan_counter(spec, id, p, &subject, selection, &mut plan.effects)
@@ -401,18 +456,22 @@ impl Effect {
                 match state {
                     MarkerState::Present(item) => json!({
                         "projection": projection, "op": "put-if-changed", "key": key(marker),
-                        "item": item_to_json(item), "counters_add_1_if_new": counters,
+                        "item": item_to_json(item), "counted_in": counters,
                     }),
                     MarkerState::Absent => json!({
                         "projection": projection, "op": "delete-if-exists", "key": key(marker),
-                        "counters_sub_1_if_deleted": counters,
-                    }),
-                    MarkerState::Refresh(item) => json!({
-                        "projection": projection, "op": "put-if-exists", "key": key(marker),
-                        "item": item_to_json(item),
+                        "uncounted_from": counters,
                     }),
                 }
             }
+            Op::DropRecord {
+                item,
+                counter,
+                shard,
+            } => json!({
+                "projection": projection, "op": "drop-record", "key": key(item),
+                "counter": spec.projections[*counter].name, "shard": shard,
+            }),
             Op::Custom(CustomOp::Put(item)) => json!({
                 "projection": projection, "op": "put",
                 "key": spec.table.item_key(item).map(|k| key(&k)), "item": item_to_json(item),
@@ -433,9 +492,4 @@ pub fn describe_error(spec: &Spec, error: &PlanError) -> String {
         ),
         None => error.problem.to_string(),
     }
-}
-
-/// The change kind's effect on membership, shared by edges and counters.
-pub(crate) fn kind_is_removal(record: &ChangeRecord) -> bool {
-    record.kind == ChangeKind::Remove
 }

@@ -27,6 +27,14 @@ pub const RESERVED_PREFIX: &str = "_ddbp#";
 /// The largest shard count a counter may declare.
 pub const MAX_SHARDS: u32 = 100;
 
+/// Counter records: on the item that marks a source item's membership, the
+/// attribute `_ddbp#c#<counter>` holds the partition key of the shard the
+/// source item is counted in.
+pub const RECORD_PREFIX: &str = "_ddbp#c#";
+
+/// The partition key prefix of counters' own marker items.
+pub const COUNTER_MARKER_PREFIX: &str = "_ddbp#count#";
+
 /// Index of an entity in [`Spec::entities`].
 pub type EntityId = usize;
 /// Index of a projection in [`Spec::projections`].
@@ -408,6 +416,8 @@ pub struct Spec {
     pub invariants: Vec<Invariant>,
     /// For each entity, the projections that plan on its records.
     interested: Vec<Vec<ProjectionId>>,
+    /// For each entity, the counters that count its items.
+    counters_over: Vec<Vec<ProjectionId>>,
 }
 
 impl Spec {
@@ -515,8 +525,87 @@ impl Spec {
     /// The key of a counter's own membership marker for a source item.
     pub fn counter_marker_key(&self, counter: &str, source: &ItemKey) -> ItemKey {
         ItemKey {
-            pk: format!("{RESERVED_PREFIX}count#{counter}#{}", source.pk),
+            pk: format!("{COUNTER_MARKER_PREFIX}{counter}#{}", source.pk),
             sk: source.sk.clone(),
+        }
+    }
+
+    /// The counter whose own marker `key` is, and the source item it marks
+    /// (a source key of the counter's entity).
+    pub fn parse_counter_marker(&self, key: &ItemKey) -> Option<(ProjectionId, ItemKey)> {
+        let rest = key.pk.strip_prefix(COUNTER_MARKER_PREFIX)?;
+        self.projections
+            .iter()
+            .enumerate()
+            .find_map(|(id, projection)| {
+                let ProjectionKind::Counter(counter) = &projection.kind else {
+                    return None;
+                };
+                let source_pk = rest
+                    .strip_prefix(projection.name.as_str())?
+                    .strip_prefix('#')?;
+                let mut vars = Vec::new();
+                let entity = self.match_entity(source_pk, key.sk.as_deref(), &mut vars)?;
+                (entity == counter.source).then(|| {
+                    (
+                        id,
+                        ItemKey {
+                            pk: source_pk.to_string(),
+                            sk: key.sk.clone(),
+                        },
+                    )
+                })
+            })
+    }
+
+    /// The attribute that holds counter `counter`'s record on a marker item.
+    pub fn record_attribute(&self, counter: ProjectionId) -> String {
+        format!("{RECORD_PREFIX}{}", self.projections[counter].name)
+    }
+
+    /// The counter a record attribute belongs to, if it is one of this spec's.
+    pub fn record_counter(&self, attribute: &str) -> Option<ProjectionId> {
+        let name = attribute.strip_prefix(RECORD_PREFIX)?;
+        self.projection_id(name)
+            .filter(|&id| matches!(self.projections[id].kind, ProjectionKind::Counter(_)))
+    }
+
+    /// The counters that count items of `entity`: their records may sit on
+    /// the marker items of those items.
+    pub fn counters_over(&self, entity: EntityId) -> &[ProjectionId] {
+        &self.counters_over[entity]
+    }
+
+    /// The item that records whether `source` (an item of the counter's
+    /// entity, its key variables bound in `vars`) is counted in `counter`:
+    /// the reverse edge the counter rides on, or its own marker.
+    pub fn placement(
+        &self,
+        counter: ProjectionId,
+        source: &ItemKey,
+        vars: &[(&str, &str)],
+    ) -> ItemKey {
+        let ProjectionKind::Counter(c) = &self.projections[counter].kind else {
+            panic!("placement of a projection that is not a counter");
+        };
+        match c.marker {
+            Marker::Edge(edge) => {
+                let ProjectionKind::InverseEdge(e) = &self.projections[edge].kind else {
+                    unreachable!("counters ride on inverse edges only");
+                };
+                self.entities[e.target]
+                    .render_key(vars)
+                    .expect("inverse-edge variables are checked when the spec is compiled")
+            }
+            Marker::Own => self.counter_marker_key(&self.projections[counter].name, source),
+        }
+    }
+
+    /// The key of a counter shard item from its partition key.
+    pub fn shard_item(&self, shard_pk: &str) -> ItemKey {
+        ItemKey {
+            pk: shard_pk.to_string(),
+            sk: self.table.sort_key.as_ref().map(|_| "COUNTER".to_string()),
         }
     }
 
@@ -798,7 +887,7 @@ impl Compiler {
                 kind: ProjectionKind::Custom(projection),
             });
         }
-        self.assign_markers(&mut projections);
+        self.assign_markers(&mut projections, &table);
         self.check_loops(&projections, &entities);
         self.check_attributes(&projections, &entities);
         self.check_derived_items(&projections, &entities, &table);
@@ -807,6 +896,12 @@ impl Compiler {
             return Err(SpecErrors(self.errors));
         }
         let interested = interested(&projections, &entities);
+        let mut counters_over = vec![Vec::new(); entities.len()];
+        for (id, projection) in projections.iter().enumerate() {
+            if let ProjectionKind::Counter(counter) = &projection.kind {
+                counters_over[counter.source].push(id);
+            }
+        }
         Ok(Spec {
             file: self.file,
             service: raw.service,
@@ -815,6 +910,7 @@ impl Compiler {
             projections,
             invariants,
             interested,
+            counters_over,
         })
     }
 
@@ -1122,6 +1218,11 @@ impl Compiler {
                 ok = false;
                 continue;
             }
+            if attr.starts_with(RESERVED_PREFIX) {
+                self.error(context, format!("{what} `{attr}`: attribute names starting with `{RESERVED_PREFIX}` are the projector's own (counter records); choose another name"));
+                ok = false;
+                continue;
+            }
             match Template::parse(text) {
                 Ok(template) => out.push((attr.clone(), template)),
                 Err(error) => {
@@ -1172,6 +1273,27 @@ impl Compiler {
                 unbound.iter().map(|v| format!("`{{{v}}}`")).collect::<Vec<_>>().join(", "),
                 source.name,
                 source.vars().collect::<Vec<_>>().join(", ")
+            ),
+        );
+        false
+    }
+
+    /// Checks that an inverse edge's target uses every key variable of its
+    /// source, so each source item has a reverse item of its own (the
+    /// reverse item marks that one source's membership).
+    fn covers_source(&mut self, context: &str, source: &Entity, target: &Entity) -> bool {
+        let target_vars: HashSet<&str> = target.vars().collect();
+        let unused: Vec<&str> = source.vars().filter(|v| !target_vars.contains(v)).collect();
+        if unused.is_empty() {
+            return true;
+        }
+        self.error(
+            context,
+            format!(
+                "target entity `{}` does not use the source key variable(s) {}: several `{}` items would share one reverse item; put every variable of the source key into the target's key",
+                target.name,
+                unused.iter().map(|v| format!("`{{{v}}}`")).collect::<Vec<_>>().join(", "),
+                source.name,
             ),
         );
         false
@@ -1281,9 +1403,10 @@ impl Compiler {
                     return None;
                 }
                 let bound = self.bound_by_source(context, &entities[source], &entities[target]);
+                let one_to_one = self.covers_source(context, &entities[source], &entities[target]);
                 let when = self.condition(context, when);
                 let copy = self.templates(context, "copy", copy, table)?;
-                if !bound {
+                if !bound || !one_to_one {
                     return None;
                 }
                 let reads = reads_of(&when, &copy, &entities[source]);
@@ -1342,7 +1465,7 @@ impl Compiler {
 
     /// A counter whose source has an inverse edge with the same condition
     /// uses that edge as its membership marker (one write less per change).
-    fn assign_markers(&mut self, projections: &mut [Projection]) {
+    fn assign_markers(&mut self, projections: &mut [Projection], table: &TableSpec) {
         let edges: Vec<(ProjectionId, EntityId, Condition)> = projections
             .iter()
             .enumerate()
@@ -1358,6 +1481,34 @@ impl Compiler {
                     .find(|(_, source, when)| *source == counter.source && *when == counter.when)
                 {
                     counter.marker = Marker::Edge(*id);
+                }
+            }
+        }
+        // TTL deletes an item without the projector: an edge that carries
+        // counter records must never expire.
+        if let Some(ttl) = &table.ttl_attribute {
+            for (id, projection) in projections.iter().enumerate() {
+                let ProjectionKind::InverseEdge(edge) = &projection.kind else {
+                    continue;
+                };
+                if !edge.copy.iter().any(|(attr, _)| attr == ttl) {
+                    continue;
+                }
+                let counted: Vec<String> = projections
+                    .iter()
+                    .filter(|p| {
+                        matches!(&p.kind, ProjectionKind::Counter(c) if c.marker == Marker::Edge(id))
+                    })
+                    .map(|p| format!("`{}`", p.name))
+                    .collect();
+                if !counted.is_empty() {
+                    self.error(
+                        format!("projection `{}`", projection.name),
+                        format!(
+                            "copies the table's TTL attribute `{ttl}` onto reverse items that counter(s) {} record their membership on: TTL would delete them without moving the counters; do not copy `{ttl}`, or give the counters another `when`",
+                            counted.join(", ")
+                        ),
+                    );
                 }
             }
         }

@@ -126,10 +126,27 @@ async fn audit_finds_exactly_the_planted_social_drift_and_repair_makes_it_clean(
         [
             triple("followed-by", "missing", "USER#b / FOLLOWED_BY#c"),
             triple("followed-by", "orphaned", "USER#a / FOLLOWED_BY#z"),
+            // The deleted edge took its counter records with it: the
+            // shards still count c, and no record names them for it.
+            triple(
+                "followers",
+                "holds 1, but 0 records name it",
+                "COUNTER#followers#b#3 / COUNTER"
+            ),
+            triple(
+                "followers",
+                "holds 4, but 1 records name it",
+                "COUNTER#followers#b#5 / COUNTER"
+            ),
             triple(
                 "followers",
                 "off by +3 (is 6, should be 3)",
                 "COUNTER#followers#b"
+            ),
+            triple(
+                "following",
+                "holds 1, but 0 records name it",
+                "COUNTER#following#c#3 / COUNTER"
             ),
         ],
         "{}",
@@ -146,7 +163,7 @@ async fn audit_finds_exactly_the_planted_social_drift_and_repair_makes_it_clean(
     );
 
     let repaired = run_audit(&applier, true).await;
-    assert_eq!(repaired.repaired, 3, "{}", repaired.to_text(&spec));
+    assert_eq!(repaired.repaired, 6, "{}", repaired.to_text(&spec));
     assert!(repaired.repair_failures.is_empty());
     let after = run_audit(&applier, false).await;
     assert!(after.is_clean(), "{}", after.to_text(&spec));
@@ -167,6 +184,16 @@ async fn audit_finds_exactly_the_planted_social_drift_and_repair_makes_it_clean(
     .await
     .unwrap();
     assert_eq!(followers, 3);
+    let following = read_counter(
+        &client,
+        &table,
+        &spec,
+        "following",
+        &[("userId".into(), "c".into())],
+    )
+    .await
+    .unwrap();
+    assert_eq!(following, 1);
 }
 
 fn email(user: &str, id: &str, address: &str, primary: bool, verified: bool) -> Attrs {

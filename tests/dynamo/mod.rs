@@ -7,6 +7,7 @@ mod audit;
 mod backfill;
 mod faults;
 mod lambda;
+mod membership;
 mod model;
 mod properties;
 mod runner;

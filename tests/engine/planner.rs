@@ -585,7 +585,7 @@ fn follow_insert_puts_the_reverse_edge_and_moves_both_counters() {
         json!({"kind": "INSERT", "pk": "USER#alice", "sk": "FOLLOWS#bob",
                "new": {"followedAt": "2024-05-01T10:00:00Z"}}),
         expect![[r#"
-            {"counters_add_1_if_new":[{"counter":"followers","key":{"PK":"COUNTER#followers#bob#3","SK":"COUNTER"}},{"counter":"following","key":{"PK":"COUNTER#following#alice#3","SK":"COUNTER"}}],"item":{"PK":"USER#bob","SK":"FOLLOWED_BY#alice","followedAt":"2024-05-01T10:00:00Z"},"key":{"PK":"USER#bob","SK":"FOLLOWED_BY#alice"},"op":"put-if-changed","projection":"followed-by"}
+            {"counted_in":[{"counter":"followers","key":{"PK":"COUNTER#followers#bob#3","SK":"COUNTER"}},{"counter":"following","key":{"PK":"COUNTER#following#alice#3","SK":"COUNTER"}}],"item":{"PK":"USER#bob","SK":"FOLLOWED_BY#alice","followedAt":"2024-05-01T10:00:00Z"},"key":{"PK":"USER#bob","SK":"FOLLOWED_BY#alice"},"op":"put-if-changed","projection":"followed-by"}
         "#]],
     );
 }
@@ -596,7 +596,7 @@ fn follow_insert_without_the_copied_attribute_mirrors_its_absence() {
         social_service(),
         json!({"kind": "INSERT", "pk": "USER#alice", "sk": "FOLLOWS#bob"}),
         expect![[r#"
-            {"counters_add_1_if_new":[{"counter":"followers","key":{"PK":"COUNTER#followers#bob#3","SK":"COUNTER"}},{"counter":"following","key":{"PK":"COUNTER#following#alice#3","SK":"COUNTER"}}],"item":{"PK":"USER#bob","SK":"FOLLOWED_BY#alice"},"key":{"PK":"USER#bob","SK":"FOLLOWED_BY#alice"},"op":"put-if-changed","projection":"followed-by"}
+            {"counted_in":[{"counter":"followers","key":{"PK":"COUNTER#followers#bob#3","SK":"COUNTER"}},{"counter":"following","key":{"PK":"COUNTER#following#alice#3","SK":"COUNTER"}}],"item":{"PK":"USER#bob","SK":"FOLLOWED_BY#alice"},"key":{"PK":"USER#bob","SK":"FOLLOWED_BY#alice"},"op":"put-if-changed","projection":"followed-by"}
         "#]],
     );
 }
@@ -608,7 +608,7 @@ fn unfollow_deletes_the_reverse_edge_and_moves_both_counters() {
         json!({"kind": "REMOVE", "pk": "USER#alice", "sk": "FOLLOWS#bob",
                "old": {"followedAt": "2024-05-01T10:00:00Z"}}),
         expect![[r#"
-            {"counters_sub_1_if_deleted":[{"counter":"followers","key":{"PK":"COUNTER#followers#bob#3","SK":"COUNTER"}},{"counter":"following","key":{"PK":"COUNTER#following#alice#3","SK":"COUNTER"}}],"key":{"PK":"USER#bob","SK":"FOLLOWED_BY#alice"},"op":"delete-if-exists","projection":"followed-by"}
+            {"key":{"PK":"USER#bob","SK":"FOLLOWED_BY#alice"},"op":"delete-if-exists","projection":"followed-by","uncounted_from":[{"counter":"followers","key":{"PK":"COUNTER#followers#bob#3","SK":"COUNTER"}},{"counter":"following","key":{"PK":"COUNTER#following#alice#3","SK":"COUNTER"}}]}
         "#]],
     );
 }
@@ -634,7 +634,7 @@ fn unfollow_on_a_keys_only_stream_still_plans() {
         social_service(),
         json!({"kind": "REMOVE", "pk": "USER#alice", "sk": "FOLLOWS#bob", "view": "KEYS_ONLY"}),
         expect![[r#"
-            {"counters_sub_1_if_deleted":[{"counter":"followers","key":{"PK":"COUNTER#followers#bob#3","SK":"COUNTER"}},{"counter":"following","key":{"PK":"COUNTER#following#alice#3","SK":"COUNTER"}}],"key":{"PK":"USER#bob","SK":"FOLLOWED_BY#alice"},"op":"delete-if-exists","projection":"followed-by"}
+            {"key":{"PK":"USER#bob","SK":"FOLLOWED_BY#alice"},"op":"delete-if-exists","projection":"followed-by","uncounted_from":[{"counter":"followers","key":{"PK":"COUNTER#followers#bob#3","SK":"COUNTER"}},{"counter":"following","key":{"PK":"COUNTER#following#alice#3","SK":"COUNTER"}}]}
         "#]],
     );
 }
@@ -658,7 +658,7 @@ fn follow_modify_of_the_copied_attribute_updates_the_reverse_edge() {
                "old": {"followedAt": "2024-05-01T10:00:00Z"},
                "new": {"followedAt": "2024-06-01T10:00:00Z"}}),
         expect![[r#"
-            {"item":{"PK":"USER#bob","SK":"FOLLOWED_BY#alice","followedAt":"2024-06-01T10:00:00Z"},"key":{"PK":"USER#bob","SK":"FOLLOWED_BY#alice"},"op":"put-if-exists","projection":"followed-by"}
+            {"counted_in":[{"counter":"followers","key":{"PK":"COUNTER#followers#bob#3","SK":"COUNTER"}},{"counter":"following","key":{"PK":"COUNTER#following#alice#3","SK":"COUNTER"}}],"item":{"PK":"USER#bob","SK":"FOLLOWED_BY#alice","followedAt":"2024-06-01T10:00:00Z"},"key":{"PK":"USER#bob","SK":"FOLLOWED_BY#alice"},"op":"put-if-changed","projection":"followed-by"}
         "#]],
     );
 }
@@ -672,7 +672,7 @@ fn follow_modify_without_its_old_image_may_create_the_edge_and_count_it() {
         json!({"kind": "MODIFY", "pk": "USER#alice", "sk": "FOLLOWS#bob", "view": "NEW_IMAGE",
                "new": {"followedAt": "2024-06-01T10:00:00Z"}}),
         expect![[r#"
-            {"counters_add_1_if_new":[{"counter":"followers","key":{"PK":"COUNTER#followers#bob#3","SK":"COUNTER"}},{"counter":"following","key":{"PK":"COUNTER#following#alice#3","SK":"COUNTER"}}],"item":{"PK":"USER#bob","SK":"FOLLOWED_BY#alice","followedAt":"2024-06-01T10:00:00Z"},"key":{"PK":"USER#bob","SK":"FOLLOWED_BY#alice"},"op":"put-if-changed","projection":"followed-by"}
+            {"counted_in":[{"counter":"followers","key":{"PK":"COUNTER#followers#bob#3","SK":"COUNTER"}},{"counter":"following","key":{"PK":"COUNTER#following#alice#3","SK":"COUNTER"}}],"item":{"PK":"USER#bob","SK":"FOLLOWED_BY#alice","followedAt":"2024-06-01T10:00:00Z"},"key":{"PK":"USER#bob","SK":"FOLLOWED_BY#alice"},"op":"put-if-changed","projection":"followed-by"}
         "#]],
     );
 }
@@ -764,7 +764,7 @@ fn conditional_edge_entering_the_condition_counts_through_the_edge() {
                "old": {"status": "PENDING"},
                "new": {"status": "ACCEPTED", "acceptedAt": 1714557600}}),
         expect![[r#"
-            {"counters_add_1_if_new":[{"counter":"friends","key":{"PK":"COUNTER#friends#ben#1","SK":"COUNTER"}}],"item":{"PK":"USER#ben","SK":"FRIEND#ann","from":"ann","since":1714557600},"key":{"PK":"USER#ben","SK":"FRIEND#ann"},"op":"put-if-changed","projection":"friend-of"}
+            {"counted_in":[{"counter":"friends","key":{"PK":"COUNTER#friends#ben#1","SK":"COUNTER"}}],"item":{"PK":"USER#ben","SK":"FRIEND#ann","from":"ann","since":1714557600},"key":{"PK":"USER#ben","SK":"FRIEND#ann"},"op":"put-if-changed","projection":"friend-of"}
         "#]],
     );
 }
@@ -777,7 +777,7 @@ fn conditional_edge_leaving_the_condition() {
                "old": {"status": "ACCEPTED", "acceptedAt": 1714557600},
                "new": {"status": "REVOKED", "acceptedAt": 1714557600}}),
         expect![[r#"
-            {"counters_sub_1_if_deleted":[{"counter":"friends","key":{"PK":"COUNTER#friends#ben#1","SK":"COUNTER"}}],"key":{"PK":"USER#ben","SK":"FRIEND#ann"},"op":"delete-if-exists","projection":"friend-of"}
+            {"key":{"PK":"USER#ben","SK":"FRIEND#ann"},"op":"delete-if-exists","projection":"friend-of","uncounted_from":[{"counter":"friends","key":{"PK":"COUNTER#friends#ben#1","SK":"COUNTER"}}]}
         "#]],
     );
 }
@@ -791,7 +791,7 @@ fn conditional_edge_staying_outside_the_condition() {
         json!({"kind": "MODIFY", "pk": "USER#ann", "sk": "REQUEST#ben",
                "old": {"status": "PENDING"}, "new": {"status": "DECLINED"}}),
         expect![[r#"
-            {"counters_sub_1_if_deleted":[{"counter":"friends","key":{"PK":"COUNTER#friends#ben#1","SK":"COUNTER"}}],"key":{"PK":"USER#ben","SK":"FRIEND#ann"},"op":"delete-if-exists","projection":"friend-of"}
+            {"key":{"PK":"USER#ben","SK":"FRIEND#ann"},"op":"delete-if-exists","projection":"friend-of","uncounted_from":[{"counter":"friends","key":{"PK":"COUNTER#friends#ben#1","SK":"COUNTER"}}]}
         "#]],
     );
 }
@@ -845,7 +845,7 @@ fn own_marker_counter_counts_an_insert() {
         &inline_spec(LIKES),
         json!({"kind": "INSERT", "pk": "POST#p1", "sk": "LIKE#u1", "new": {"active": false}}),
         expect![[r#"
-            {"counters_add_1_if_new":[{"counter":"likes","key":{"PK":"COUNTER#likes#p1#1","SK":"COUNTER"}}],"item":{"PK":"_ddbp#count#likes#POST#p1","SK":"LIKE#u1"},"key":{"PK":"_ddbp#count#likes#POST#p1","SK":"LIKE#u1"},"op":"put-if-changed","projection":"likes"}
+            {"counted_in":[{"counter":"likes","key":{"PK":"COUNTER#likes#p1#1","SK":"COUNTER"}}],"item":{"PK":"_ddbp#count#likes#POST#p1","SK":"LIKE#u1"},"key":{"PK":"_ddbp#count#likes#POST#p1","SK":"LIKE#u1"},"op":"put-if-changed","projection":"likes"}
         "#]],
     );
 }
@@ -857,7 +857,7 @@ fn own_marker_counter_entering_its_condition() {
         json!({"kind": "MODIFY", "pk": "POST#p1", "sk": "LIKE#u1",
                "old": {"active": false}, "new": {"active": true}}),
         expect![[r#"
-            {"counters_add_1_if_new":[{"counter":"active-likes","key":{"PK":"COUNTER#active-likes#p1#0","SK":"COUNTER"}}],"item":{"PK":"_ddbp#count#active-likes#POST#p1","SK":"LIKE#u1"},"key":{"PK":"_ddbp#count#active-likes#POST#p1","SK":"LIKE#u1"},"op":"put-if-changed","projection":"active-likes"}
+            {"counted_in":[{"counter":"active-likes","key":{"PK":"COUNTER#active-likes#p1#0","SK":"COUNTER"}}],"item":{"PK":"_ddbp#count#active-likes#POST#p1","SK":"LIKE#u1"},"key":{"PK":"_ddbp#count#active-likes#POST#p1","SK":"LIKE#u1"},"op":"put-if-changed","projection":"active-likes"}
         "#]],
     );
 }
@@ -869,7 +869,7 @@ fn own_marker_counter_leaving_its_condition() {
         json!({"kind": "MODIFY", "pk": "POST#p1", "sk": "LIKE#u1",
                "old": {"active": true}, "new": {"active": false}}),
         expect![[r#"
-            {"counters_sub_1_if_deleted":[{"counter":"active-likes","key":{"PK":"COUNTER#active-likes#p1#0","SK":"COUNTER"}}],"key":{"PK":"_ddbp#count#active-likes#POST#p1","SK":"LIKE#u1"},"op":"delete-if-exists","projection":"active-likes"}
+            {"key":{"PK":"_ddbp#count#active-likes#POST#p1","SK":"LIKE#u1"},"op":"delete-if-exists","projection":"active-likes","uncounted_from":[{"counter":"active-likes","key":{"PK":"COUNTER#active-likes#p1#0","SK":"COUNTER"}}]}
         "#]],
     );
 }
@@ -892,8 +892,8 @@ fn own_marker_counter_uncounts_a_remove() {
         &inline_spec(LIKES),
         json!({"kind": "REMOVE", "pk": "POST#p1", "sk": "LIKE#u1", "old": {"active": true}}),
         expect![[r#"
-            {"counters_sub_1_if_deleted":[{"counter":"likes","key":{"PK":"COUNTER#likes#p1#1","SK":"COUNTER"}}],"key":{"PK":"_ddbp#count#likes#POST#p1","SK":"LIKE#u1"},"op":"delete-if-exists","projection":"likes"}
-            {"counters_sub_1_if_deleted":[{"counter":"active-likes","key":{"PK":"COUNTER#active-likes#p1#0","SK":"COUNTER"}}],"key":{"PK":"_ddbp#count#active-likes#POST#p1","SK":"LIKE#u1"},"op":"delete-if-exists","projection":"active-likes"}
+            {"key":{"PK":"_ddbp#count#likes#POST#p1","SK":"LIKE#u1"},"op":"delete-if-exists","projection":"likes","uncounted_from":[{"counter":"likes","key":{"PK":"COUNTER#likes#p1#1","SK":"COUNTER"}}]}
+            {"key":{"PK":"_ddbp#count#active-likes#POST#p1","SK":"LIKE#u1"},"op":"delete-if-exists","projection":"active-likes","uncounted_from":[{"counter":"active-likes","key":{"PK":"COUNTER#active-likes#p1#0","SK":"COUNTER"}}]}
         "#]],
     );
 }
@@ -1008,15 +1008,18 @@ fn selection_that_no_projection_of_the_entity_is_in() {
     );
 }
 
+/// The counters riding on an edge keep their records on its items: a
+/// replay or backfill of the edge alone writes the item whole, and the
+/// applier moves a counter only by the records it actually adds or removes.
 #[test]
-fn selection_of_the_edge_alone_moves_no_counter() {
+fn selection_of_the_edge_alone_keeps_the_records_its_items_carry() {
     check_selected(
         social_service(),
         &["followed-by"],
         json!({"kind": "INSERT", "pk": "USER#alice", "sk": "FOLLOWS#bob",
                "new": {"followedAt": "2024-05-01T10:00:00Z"}}),
         expect![[r#"
-            {"counters_add_1_if_new":[],"item":{"PK":"USER#bob","SK":"FOLLOWED_BY#alice","followedAt":"2024-05-01T10:00:00Z"},"key":{"PK":"USER#bob","SK":"FOLLOWED_BY#alice"},"op":"put-if-changed","projection":"followed-by"}
+            {"counted_in":[{"counter":"followers","key":{"PK":"COUNTER#followers#bob#3","SK":"COUNTER"}},{"counter":"following","key":{"PK":"COUNTER#following#alice#3","SK":"COUNTER"}}],"item":{"PK":"USER#bob","SK":"FOLLOWED_BY#alice","followedAt":"2024-05-01T10:00:00Z"},"key":{"PK":"USER#bob","SK":"FOLLOWED_BY#alice"},"op":"put-if-changed","projection":"followed-by"}
         "#]],
     );
 }
@@ -1029,7 +1032,7 @@ fn selection_of_a_counter_alone_plans_its_marker_edge() {
         json!({"kind": "INSERT", "pk": "USER#alice", "sk": "FOLLOWS#bob",
                "new": {"followedAt": "2024-05-01T10:00:00Z"}}),
         expect![[r#"
-            {"counters_add_1_if_new":[{"counter":"followers","key":{"PK":"COUNTER#followers#bob#3","SK":"COUNTER"}}],"item":{"PK":"USER#bob","SK":"FOLLOWED_BY#alice","followedAt":"2024-05-01T10:00:00Z"},"key":{"PK":"USER#bob","SK":"FOLLOWED_BY#alice"},"op":"put-if-changed","projection":"followed-by"}
+            {"counted_in":[{"counter":"followers","key":{"PK":"COUNTER#followers#bob#3","SK":"COUNTER"}},{"counter":"following","key":{"PK":"COUNTER#following#alice#3","SK":"COUNTER"}}],"item":{"PK":"USER#bob","SK":"FOLLOWED_BY#alice","followedAt":"2024-05-01T10:00:00Z"},"key":{"PK":"USER#bob","SK":"FOLLOWED_BY#alice"},"op":"put-if-changed","projection":"followed-by"}
         "#]],
     );
 }
@@ -1041,7 +1044,7 @@ fn selection_of_both_counters_plans_the_edge_once() {
         &["following", "followers"],
         json!({"kind": "REMOVE", "pk": "USER#alice", "sk": "FOLLOWS#bob"}),
         expect![[r#"
-            {"counters_sub_1_if_deleted":[{"counter":"followers","key":{"PK":"COUNTER#followers#bob#3","SK":"COUNTER"}},{"counter":"following","key":{"PK":"COUNTER#following#alice#3","SK":"COUNTER"}}],"key":{"PK":"USER#bob","SK":"FOLLOWED_BY#alice"},"op":"delete-if-exists","projection":"followed-by"}
+            {"key":{"PK":"USER#bob","SK":"FOLLOWED_BY#alice"},"op":"delete-if-exists","projection":"followed-by","uncounted_from":[{"counter":"followers","key":{"PK":"COUNTER#followers#bob#3","SK":"COUNTER"}},{"counter":"following","key":{"PK":"COUNTER#following#alice#3","SK":"COUNTER"}}]}
         "#]],
     );
 }

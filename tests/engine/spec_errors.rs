@@ -236,6 +236,8 @@ target = "follower"
 "#,
         expect![[r#"
             spec.toml: projection `followers`: target entity `follower` has key variable(s) `{userId}` that the key of source entity `follow` does not bind (it binds: followerId, followeeId); name the variables alike in both patterns
+            spec.toml: projection `followers`: target entity `follower` does not use the source key variable(s) `{followeeId}`: several `follow` items would share one reverse item; put every variable of the source key into the target's key
+            (2 problems)
         "#]],
     );
 }
@@ -910,4 +912,73 @@ fn custom_projection_mistakes() {
         (2 problems)
     "#]]
     .assert_eq(&format!("{errors}\n"));
+}
+
+#[test]
+fn a_counted_edge_may_not_copy_the_ttl_attribute() {
+    // TTL would delete the edge without moving the counters it carries.
+    let base = BASE.replace(
+        "name = \"UserServiceTable\"",
+        "name = \"UserServiceTable\"\nttl_attribute = \"ttl\"",
+    );
+    let edge = r#"
+[[projections]]
+name = "followed-by"
+kind = "inverse-edge"
+source = "follow"
+target = "followed_by"
+copy = { ttl = "{ttl}" }
+"#;
+    let counter = r#"
+[[projections]]
+name = "followers"
+kind = "counter"
+source = "follow"
+of = { userId = "{followeeId}" }
+"#;
+    check(
+        &format!("{base}{edge}{counter}"),
+        expect![[r#"
+            spec.toml: projection `followed-by`: copies the table's TTL attribute `ttl` onto reverse items that counter(s) `followers` record their membership on: TTL would delete them without moving the counters; do not copy `ttl`, or give the counters another `when`
+        "#]],
+    );
+    // Without a counter on it, an edge may expire with its source.
+    assert!(Spec::from_toml(&format!("{base}{edge}"), "spec.toml").is_ok());
+}
+
+#[test]
+fn derived_attributes_may_not_use_the_reserved_prefix() {
+    check_with(
+        r#"
+[[projections]]
+name = "followed-by"
+kind = "inverse-edge"
+source = "follow"
+target = "followed_by"
+copy = { "_ddbp#c#followers" = "{followedAt}" }
+"#,
+        expect![[r#"
+            spec.toml: projection `followed-by`: copy `_ddbp#c#followers`: attribute names starting with `_ddbp#` are the projector's own (counter records); choose another name
+        "#]],
+    );
+}
+
+#[test]
+fn an_inverse_edge_needs_one_reverse_item_per_source_item() {
+    check_with(
+        r#"
+[entities.fan]
+pk = "USER#{followeeId}"
+sk = "FANS"
+
+[[projections]]
+name = "fans"
+kind = "inverse-edge"
+source = "follow"
+target = "fan"
+"#,
+        expect![[r#"
+            spec.toml: projection `fans`: target entity `fan` does not use the source key variable(s) `{followerId}`: several `follow` items would share one reverse item; put every variable of the source key into the target's key
+        "#]],
+    );
 }

@@ -1,0 +1,1232 @@
+//! Marker items and the counter records they carry.
+//!
+//! A marker item (a reverse edge, or a counter's own marker) exists while
+//! its source item is in the set. Each counter that counts the source
+//! keeps a *record* on it: the attribute `_ddbp#c#<counter>` holding the
+//! partition key of the shard the source counts in. Every write here goes
+//! from the state the marker is in to the state the plan wants:
+//!
+//! - the write is conditional on what it starts from: existence, and the
+//!   value of every record it changes or deletes (pins);
+//! - the shards move, in the same `TransactWriteItems`, by exactly the
+//!   records the write adds (+1), moves (-1 old, +1 new) or removes (-1);
+//! - so each shard always equals the number of records naming it, whatever
+//!   is delivered twice, replayed, backfilled or repaired.
+//!
+//! The first write is a guess from the record's old image (a new follow
+//! finds no edge; an unfollow finds the edge with its records). When the
+//! guess is wrong, DynamoDB cancels the write and returns the marker as it
+//! is (`ALL_OLD`); the exact transition from that state is written next,
+//! again conditionally. A marker probably settled already (created and
+//! removed within the batch), and every marker of a backfill, is read
+//! first instead.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::atomic::Ordering;
+
+use aws_sdk_dynamodb::operation::transact_write_items::TransactWriteItemsError;
+use aws_sdk_dynamodb::types::{
+    AttributeValue as Av, ConditionCheck, Delete, Put, ReturnConsumedCapacity,
+    ReturnValuesOnConditionCheckFailure, TransactWriteItem, Update,
+};
+use futures::stream::StreamExt;
+
+use super::retry::{classify_code, sdk, ErrorClass, WriteError};
+use super::writes::{av, Ctx, Expr, COUNT_ATTRIBUTE};
+use crate::decode::item_from_sdk;
+use crate::plan::{CounterShard, Effect, MarkerState, Op, SourceGuard};
+use crate::record::{AttributeValue, Item, ItemKey};
+use crate::spec::{values_equal, ProjectionId, ProjectionKind, Spec};
+
+/// The attribute that counts the transactions that moved a shard: the
+/// audit compares it before and after recounting a shard's records.
+pub const CHANGES_ATTRIBUTE: &str = "changes";
+
+/// The most items one `TransactWriteItems` takes.
+const MAX_TRANSACTION_ITEMS: usize = 100;
+
+/// How many times one change is written again after finding its marker
+/// other than it guessed (each time from the state DynamoDB returned).
+const MAX_ROUNDS: usize = 8;
+
+/// What one change wants of its item.
+#[derive(Debug)]
+pub(crate) enum Want<'e> {
+    /// The marker reaches `state`; while present, each counter of
+    /// `counters` records its shard on it.
+    State {
+        state: &'e MarkerState,
+        counters: &'e [CounterShard],
+        /// Record attributes of `counters`, in the same order.
+        records: Vec<String>,
+        /// Attributes the projection copies (removed when not wanted).
+        managed: Vec<String>,
+        /// Record attributes of every counter of the source's entity: all
+        /// the records the marker may carry.
+        known: Vec<String>,
+        /// The guess of the marker's state before.
+        was_present: bool,
+    },
+    /// Record `attribute` goes (the whole item, when it is the counter's
+    /// own marker), moving its shard by -1.
+    Drop {
+        attribute: String,
+        shard: &'e str,
+        whole: bool,
+    },
+}
+
+/// One marker change.
+#[derive(Debug)]
+pub(crate) struct MarkerChange<'e> {
+    /// The item written.
+    pub key: &'e ItemKey,
+    pub want: Want<'e>,
+    /// For snapshot-planned changes: the source state to check.
+    pub guard: Option<&'e SourceGuard>,
+}
+
+/// The request that brings an item from one state to another.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) enum Write {
+    /// Create it (on condition that it does not exist).
+    Put(Item),
+    /// Change these attributes (on condition that it exists, with the pins).
+    Update {
+        set: Vec<(String, AttributeValue)>,
+        remove: Vec<String>,
+    },
+    /// Delete it (on condition that it exists, with the pins).
+    Delete,
+}
+
+/// A write, what it assumes, and the shard moves it implies.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct Transition {
+    pub write: Write,
+    /// Record attributes and the value the write assumes (`None`: absent).
+    pub pins: Vec<(String, Option<AttributeValue>)>,
+    /// Shard partition keys and how far each moves.
+    pub deltas: Vec<(String, i64)>,
+}
+
+/// Record attributes of every counter over the source entity of a marker
+/// owned by `projection` (an inverse edge or a counter): every record such
+/// a marker may carry.
+pub(crate) fn known_records(spec: &Spec, projection: ProjectionId) -> Vec<String> {
+    let entity = match &spec.projections[projection].kind {
+        ProjectionKind::InverseEdge(edge) => edge.source,
+        ProjectionKind::Counter(counter) => counter.source,
+        _ => return Vec::new(),
+    };
+    spec.counters_over(entity)
+        .iter()
+        .map(|&counter| spec.record_attribute(counter))
+        .collect()
+}
+
+/// What a membership or record effect wants of its marker item (`None`
+/// for other effects).
+pub(crate) fn marker_change<'e>(spec: &Spec, effect: &'e Effect) -> Option<MarkerChange<'e>> {
+    Some(match &effect.op {
+        Op::Membership {
+            marker,
+            state,
+            counters,
+            was_present,
+            guard,
+            ..
+        } => {
+            let managed = match &spec.projections[effect.projection].kind {
+                ProjectionKind::InverseEdge(edge) => {
+                    edge.copy.iter().map(|(name, _)| name.clone()).collect()
+                }
+                _ => Vec::new(),
+            };
+            MarkerChange {
+                key: marker,
+                want: Want::State {
+                    state,
+                    counters,
+                    records: counters
+                        .iter()
+                        .map(|c| spec.record_attribute(c.counter))
+                        .collect(),
+                    managed,
+                    known: known_records(spec, effect.projection),
+                    was_present: *was_present,
+                },
+                guard: guard.as_ref(),
+            }
+        }
+        Op::DropRecord {
+            item,
+            counter,
+            shard,
+        } => MarkerChange {
+            key: item,
+            want: Want::Drop {
+                attribute: spec.record_attribute(*counter),
+                shard,
+                whole: spec
+                    .parse_counter_marker(item)
+                    .is_some_and(|(owner, _)| owner == *counter),
+            },
+            guard: None,
+        },
+        Op::SetAttributes { .. } | Op::Recompute { .. } | Op::Custom(_) => return None,
+    })
+}
+
+/// What to do first for a change.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) enum First {
+    /// Try this write.
+    Write(Transition),
+    /// Read the item first.
+    Read,
+}
+
+fn shard_of(value: Option<&AttributeValue>) -> Option<&str> {
+    match value {
+        Some(AttributeValue::S(shard)) => Some(shard),
+        _ => None,
+    }
+}
+
+fn add_delta(deltas: &mut Vec<(String, i64)>, shard: &str, delta: i64) {
+    match deltas.iter_mut().find(|(key, _)| key == shard) {
+        Some((_, sum)) => *sum += delta,
+        None => deltas.push((shard.to_string(), delta)),
+    }
+}
+
+impl MarkerChange<'_> {
+    /// The write from `old` (the item as it is; `None`: absent) to what is
+    /// wanted, or `None` when it is there already.
+    pub(crate) fn exact(
+        &self,
+        table: &crate::spec::TableSpec,
+        old: Option<&Item>,
+    ) -> Option<Transition> {
+        match &self.want {
+            Want::Drop {
+                attribute,
+                shard: _,
+                whole,
+            } => {
+                let old = old?;
+                let value = old.get(attribute)?;
+                let mut deltas = Vec::new();
+                if let Some(shard) = shard_of(Some(value)) {
+                    add_delta(&mut deltas, shard, -1);
+                }
+                Some(Transition {
+                    write: if *whole {
+                        Write::Delete
+                    } else {
+                        Write::Update {
+                            set: Vec::new(),
+                            remove: vec![attribute.clone()],
+                        }
+                    },
+                    pins: vec![(attribute.clone(), Some(value.clone()))],
+                    deltas,
+                })
+            }
+            Want::State {
+                state,
+                counters,
+                records,
+                managed,
+                known,
+                ..
+            } => match (state, old) {
+                (MarkerState::Absent, None) => None,
+                (MarkerState::Absent, Some(old)) => {
+                    let mut deltas = Vec::new();
+                    let pins = known
+                        .iter()
+                        .map(|attribute| {
+                            let value = old.get(attribute);
+                            if let Some(shard) = shard_of(value) {
+                                add_delta(&mut deltas, shard, -1);
+                            }
+                            (attribute.clone(), value.cloned())
+                        })
+                        .collect();
+                    Some(Transition {
+                        write: Write::Delete,
+                        pins,
+                        deltas,
+                    })
+                }
+                (MarkerState::Present(content), None) => {
+                    let mut item = content.clone();
+                    let mut deltas = Vec::new();
+                    for (counter, attribute) in counters.iter().zip(records) {
+                        item.insert(attribute.clone(), AttributeValue::S(counter.key.pk.clone()));
+                        add_delta(&mut deltas, &counter.key.pk, 1);
+                    }
+                    Some(Transition {
+                        write: Write::Put(item),
+                        pins: Vec::new(),
+                        deltas,
+                    })
+                }
+                (MarkerState::Present(content), Some(old)) => {
+                    let mut set = Vec::new();
+                    let mut remove = Vec::new();
+                    for (name, value) in content.iter() {
+                        if table.is_key_attribute(name) {
+                            continue;
+                        }
+                        if !old.get(name).is_some_and(|have| values_equal(have, value)) {
+                            set.push((name.clone(), value.clone()));
+                        }
+                    }
+                    for name in managed {
+                        if !content.contains_key(name) && old.contains_key(name) {
+                            remove.push(name.clone());
+                        }
+                    }
+                    let mut pins = Vec::new();
+                    let mut deltas = Vec::new();
+                    for (counter, attribute) in counters.iter().zip(records) {
+                        let have = old.get(attribute);
+                        if shard_of(have) == Some(counter.key.pk.as_str()) {
+                            continue;
+                        }
+                        if let Some(shard) = shard_of(have) {
+                            add_delta(&mut deltas, shard, -1);
+                        }
+                        add_delta(&mut deltas, &counter.key.pk, 1);
+                        pins.push((attribute.clone(), have.cloned()));
+                        set.push((attribute.clone(), AttributeValue::S(counter.key.pk.clone())));
+                    }
+                    if set.is_empty() && remove.is_empty() {
+                        return None;
+                    }
+                    Some(Transition {
+                        write: Write::Update { set, remove },
+                        pins,
+                        deltas,
+                    })
+                }
+            },
+        }
+    }
+
+    /// The first thing to try: a write guessed from the record, or a read
+    /// when the guess is that nothing needs writing (or nothing can be
+    /// guessed).
+    pub(crate) fn first(&self, table: &crate::spec::TableSpec) -> First {
+        match &self.want {
+            Want::Drop {
+                attribute, shard, ..
+            } => {
+                let mut assumed = Item::default();
+                assumed.insert(attribute.clone(), AttributeValue::S(shard.to_string()));
+                match self.exact(table, Some(&assumed)) {
+                    Some(transition) => First::Write(transition),
+                    None => First::Read,
+                }
+            }
+            Want::State {
+                state,
+                counters,
+                records,
+                managed,
+                known,
+                was_present,
+            } => {
+                if !was_present {
+                    return match self.exact(table, None) {
+                        Some(transition) => First::Write(transition),
+                        None => First::Read,
+                    };
+                }
+                // Present before, with this change's records in place and
+                // no other counter's.
+                let recorded: Vec<(String, Option<AttributeValue>)> = known
+                    .iter()
+                    .map(|attribute| {
+                        let value = counters
+                            .iter()
+                            .zip(records)
+                            .find(|(_, a)| *a == attribute)
+                            .map(|(c, _)| AttributeValue::S(c.key.pk.clone()));
+                        (attribute.clone(), value)
+                    })
+                    .collect();
+                match state {
+                    MarkerState::Absent => {
+                        let mut deltas = Vec::new();
+                        for counter in counters.iter() {
+                            add_delta(&mut deltas, &counter.key.pk, -1);
+                        }
+                        First::Write(Transition {
+                            write: Write::Delete,
+                            pins: recorded,
+                            deltas,
+                        })
+                    }
+                    MarkerState::Present(content) => {
+                        let set: Vec<(String, AttributeValue)> = content
+                            .iter()
+                            .filter(|(name, _)| !table.is_key_attribute(name))
+                            .map(|(name, value)| (name.clone(), value.clone()))
+                            .collect();
+                        let remove: Vec<String> = managed
+                            .iter()
+                            .filter(|name| !content.contains_key(*name))
+                            .cloned()
+                            .collect();
+                        if set.is_empty() && remove.is_empty() {
+                            return First::Read;
+                        }
+                        // Only this change's records are assumed: the
+                        // update touches no other.
+                        let pins = recorded
+                            .into_iter()
+                            .filter(|(attribute, _)| records.contains(attribute))
+                            .collect();
+                        First::Write(Transition {
+                            write: Write::Update { set, remove },
+                            pins,
+                            deltas: Vec::new(),
+                        })
+                    }
+                }
+            }
+        }
+    }
+
+    /// Whether the marker is probably in its wanted state already.
+    fn read_first(&self, table: &crate::spec::TableSpec) -> bool {
+        self.first(table) == First::Read
+    }
+}
+
+/// What one attempt at a change came to.
+enum Attempt {
+    /// Written, or found in its state, or superseded.
+    Done,
+    /// The item was not as assumed: this is how it is.
+    Found(Option<Item>),
+    /// Send it again (after a pause when `Some`).
+    Again(Option<&'static str>),
+    /// Could not be applied.
+    Failed(WriteError),
+}
+
+/// Brings every change to its wanted state. One result per change.
+pub(crate) async fn write_markers(
+    ctx: &Ctx<'_>,
+    changes: &[MarkerChange<'_>],
+    read_all_first: bool,
+) -> Vec<Result<(), WriteError>> {
+    let table = &ctx.spec.table;
+    let mut results: Vec<Option<Result<(), WriteError>>> = vec![None; changes.len()];
+    let mut pending: Vec<(usize, Transition)> = Vec::new();
+    let mut to_read: Vec<usize> = Vec::new();
+    for (i, change) in changes.iter().enumerate() {
+        if read_all_first || change.read_first(table) {
+            to_read.push(i);
+        } else if let First::Write(transition) = change.first(table) {
+            pending.push((i, transition));
+        }
+    }
+    if !to_read.is_empty() {
+        match read(ctx, changes, &to_read).await {
+            Ok(found) => {
+                for i in to_read {
+                    let change = &changes[i];
+                    if let Some(guard) = change.guard {
+                        if !guard.holds(found.get(&guard.source)) {
+                            // The source moved on: its own record decides.
+                            results[i] = Some(Ok(()));
+                            continue;
+                        }
+                    }
+                    match change.exact(table, found.get(change.key)) {
+                        Some(transition) => pending.push((i, transition)),
+                        None => results[i] = Some(Ok(())),
+                    }
+                }
+            }
+            Err(error) => {
+                for i in to_read {
+                    results[i] = Some(Err(error.clone()));
+                }
+            }
+        }
+    }
+
+    let deadline = tokio::time::Instant::now() + ctx.config.max_retry_time;
+    let mut policy = super::retry::policy(ctx.config.max_retry_time);
+    let mut rounds = vec![0usize; changes.len()];
+    // Changes whose transaction DynamoDB refused as a whole are sent alone
+    // next, to find the one it refuses.
+    let mut alone: HashSet<usize> = HashSet::new();
+    while !pending.is_empty() {
+        let mut next: Vec<(usize, Transition)> = Vec::new();
+        let mut pause: Option<&'static str> = None;
+        let (singles, transacted): (Vec<_>, Vec<_>) = pending
+            .into_iter()
+            .partition(|(i, t)| t.deltas.is_empty() && changes[*i].guard.is_none());
+        let single_attempts: Vec<_> = singles
+            .iter()
+            .map(|(i, transition)| async move {
+                (*i, write_single(ctx, changes[*i].key, transition).await)
+            })
+            .collect();
+        let mut attempts: Vec<(usize, Attempt)> = futures::stream::iter(single_attempts)
+            .buffer_unordered(ctx.config.concurrency.max(1))
+            .collect()
+            .await;
+        for chunk in pack(ctx, changes, &transacted, &alone) {
+            // Chunks run one after another: they may share counter shards,
+            // and concurrent transactions on one item conflict.
+            let outcome = transact(ctx, changes, &chunk).await;
+            if let Some(split) = outcome.split {
+                alone.extend(split);
+            }
+            attempts.extend(outcome.attempts);
+        }
+        let by_index: HashMap<usize, Transition> = singles.into_iter().chain(transacted).collect();
+        for (i, attempt) in attempts {
+            match attempt {
+                Attempt::Done => results[i] = Some(Ok(())),
+                Attempt::Failed(error) => results[i] = Some(Err(error)),
+                Attempt::Found(old) => {
+                    rounds[i] += 1;
+                    if rounds[i] > MAX_ROUNDS {
+                        results[i] = Some(Err(WriteError::Transient(format!(
+                            "marker {} kept changing while it was written",
+                            changes[i].key
+                        ))));
+                        continue;
+                    }
+                    match changes[i].exact(table, old.as_ref()) {
+                        Some(transition) => next.push((i, transition)),
+                        None => results[i] = Some(Ok(())),
+                    }
+                }
+                Attempt::Again(reason) => {
+                    if reason.is_some() {
+                        pause = reason;
+                    }
+                    next.push((i, by_index[&i].clone()));
+                }
+            }
+        }
+        if let Some(reason) = pause {
+            use backoff::backoff::Backoff;
+            match policy.next_backoff() {
+                Some(wait) if tokio::time::Instant::now() + wait < deadline => {
+                    ctx.retries.fetch_add(1, Ordering::Relaxed);
+                    metrics::counter!("projector_retries_total", "operation" => "markers", "reason" => reason).increment(1);
+                    tracing::debug!(
+                        reason,
+                        wait_ms = wait.as_millis() as u64,
+                        "retrying marker writes"
+                    );
+                    tokio::time::sleep(wait).await;
+                }
+                _ => {
+                    for (i, _) in next.drain(..) {
+                        results[i] = Some(Err(WriteError::Transient(format!(
+                            "gave up after retries ({reason})"
+                        ))));
+                    }
+                }
+            }
+        }
+        pending = next;
+    }
+    results
+        .into_iter()
+        .map(|r| r.expect("every change gets a result"))
+        .collect()
+}
+
+/// Reads the markers (and guarded sources) of `indexes`, consistently.
+async fn read(
+    ctx: &Ctx<'_>,
+    changes: &[MarkerChange<'_>],
+    indexes: &[usize],
+) -> Result<HashMap<ItemKey, Item>, WriteError> {
+    let mut keys: Vec<&ItemKey> = Vec::new();
+    let mut seen: HashSet<&ItemKey> = HashSet::new();
+    for &i in indexes {
+        let change = &changes[i];
+        for key in std::iter::once(change.key).chain(change.guard.map(|g| &g.source)) {
+            if seen.insert(key) {
+                keys.push(key);
+            }
+        }
+    }
+    ctx.count(|r| &mut r.marker_reads);
+    super::writes::read_markers(ctx, keys).await
+}
+
+/// The expressions of one write.
+struct Expressions {
+    /// The update expression (updates only).
+    update: Option<String>,
+    condition: String,
+    names: HashMap<String, String>,
+    values: Option<HashMap<String, Av>>,
+}
+
+/// The condition and expression of a write.
+fn expression(ctx: &Ctx<'_>, transition: &Transition) -> Expressions {
+    let mut expr = Expr::default();
+    let pk = expr.name(&ctx.spec.table.partition_key);
+    let mut condition = match transition.write {
+        Write::Put(_) => vec![format!("attribute_not_exists({pk})")],
+        _ => vec![format!("attribute_exists({pk})")],
+    };
+    for (name, value) in &transition.pins {
+        let n = expr.name(name);
+        match value {
+            Some(value) => {
+                let v = expr.value(av(value));
+                condition.push(format!("{n} = {v}"));
+            }
+            None => condition.push(format!("attribute_not_exists({n})")),
+        }
+    }
+    let update = match &transition.write {
+        Write::Update { set, remove } => {
+            let mut text = String::new();
+            let assignments: Vec<String> = set
+                .iter()
+                .map(|(name, value)| {
+                    let n = expr.name(name);
+                    let v = expr.value(av(value));
+                    format!("{n} = {v}")
+                })
+                .collect();
+            if !assignments.is_empty() {
+                text.push_str(&format!("SET {}", assignments.join(", ")));
+            }
+            let removed: Vec<String> = remove.iter().map(|name| expr.name(name)).collect();
+            if !removed.is_empty() {
+                text.push_str(&format!(" REMOVE {}", removed.join(", ")));
+            }
+            Some(text.trim().to_string())
+        }
+        _ => None,
+    };
+    let (names, values) = expr.values();
+    Expressions {
+        update,
+        condition: condition.join(" AND "),
+        names,
+        values,
+    }
+}
+
+/// The item a write puts, with its key.
+fn put_item(transition: &Transition) -> Option<&Item> {
+    match &transition.write {
+        Write::Put(item) => Some(item),
+        _ => None,
+    }
+}
+
+/// Reads the item a failed condition returned (`ALL_OLD`).
+fn returned(item: Option<&HashMap<String, Av>>, key: &ItemKey) -> Attempt {
+    match item.map(|item| item_from_sdk(item.clone())) {
+        None => Attempt::Found(None),
+        Some(Ok(item)) => Attempt::Found(Some(item)),
+        Some(Err(error)) => Attempt::Failed(WriteError::Poison(format!(
+            "the marker {key} holds a value this build cannot read: {error}"
+        ))),
+    }
+}
+
+/// A write that moves no shard and needs no guard: one request.
+async fn write_single(ctx: &Ctx<'_>, key: &ItemKey, transition: &Transition) -> Attempt {
+    let Expressions {
+        update,
+        condition,
+        names,
+        values,
+    } = expression(ctx, transition);
+    ctx.sent();
+    ctx.count(|r| &mut r.single_writes);
+    let outcome = match &transition.write {
+        Write::Put(item) => ctx
+            .client
+            .put_item()
+            .table_name(ctx.table)
+            .set_item(Some(item.clone().into()))
+            .condition_expression(condition)
+            .set_expression_attribute_names(Some(names))
+            .set_expression_attribute_values(values)
+            .return_values_on_condition_check_failure(ReturnValuesOnConditionCheckFailure::AllOld)
+            .return_consumed_capacity(ReturnConsumedCapacity::Total)
+            .send()
+            .await
+            .map(|output| ctx.count_units(output.consumed_capacity(), true))
+            .map_err(|error| {
+                let old = match error.as_service_error() {
+                    Some(aws_sdk_dynamodb::operation::put_item::PutItemError::ConditionalCheckFailedException(failed)) => {
+                        Some(failed.item().cloned())
+                    }
+                    _ => None,
+                };
+                (sdk(error), old)
+            }),
+        Write::Update { .. } => ctx
+            .client
+            .update_item()
+            .table_name(ctx.table)
+            .set_key(Some(ctx.key(key)))
+            .set_update_expression(update)
+            .condition_expression(condition)
+            .set_expression_attribute_names(Some(names))
+            .set_expression_attribute_values(values)
+            .return_values_on_condition_check_failure(ReturnValuesOnConditionCheckFailure::AllOld)
+            .return_consumed_capacity(ReturnConsumedCapacity::Total)
+            .send()
+            .await
+            .map(|output| ctx.count_units(output.consumed_capacity(), true))
+            .map_err(|error| {
+                let old = match error.as_service_error() {
+                    Some(aws_sdk_dynamodb::operation::update_item::UpdateItemError::ConditionalCheckFailedException(failed)) => {
+                        Some(failed.item().cloned())
+                    }
+                    _ => None,
+                };
+                (sdk(error), old)
+            }),
+        Write::Delete => ctx
+            .client
+            .delete_item()
+            .table_name(ctx.table)
+            .set_key(Some(ctx.key(key)))
+            .condition_expression(condition)
+            .set_expression_attribute_names(Some(names))
+            .set_expression_attribute_values(values)
+            .return_values_on_condition_check_failure(ReturnValuesOnConditionCheckFailure::AllOld)
+            .return_consumed_capacity(ReturnConsumedCapacity::Total)
+            .send()
+            .await
+            .map(|output| ctx.count_units(output.consumed_capacity(), true))
+            .map_err(|error| {
+                let old = match error.as_service_error() {
+                    Some(aws_sdk_dynamodb::operation::delete_item::DeleteItemError::ConditionalCheckFailedException(failed)) => {
+                        Some(failed.item().cloned())
+                    }
+                    _ => None,
+                };
+                (sdk(error), old)
+            }),
+    };
+    match outcome {
+        Ok(()) => Attempt::Done,
+        Err(((ErrorClass::Conditional, _), old)) => returned(old.flatten().as_ref(), key),
+        Err(((class, text), _)) => attempt_of(class, text),
+    }
+}
+
+fn attempt_of(class: ErrorClass, text: String) -> Attempt {
+    match class {
+        ErrorClass::Retry(reason) => Attempt::Again(Some(reason)),
+        ErrorClass::Poison(message) => Attempt::Failed(WriteError::Poison(message)),
+        ErrorClass::Fatal(message) => Attempt::Failed(WriteError::Fatal(message)),
+        ErrorClass::Conditional => Attempt::Failed(WriteError::Poison(format!(
+            "unexpected condition failure: {text}"
+        ))),
+    }
+}
+
+/// The items of one transaction: each change's write and guard, then the
+/// shards they move. Packs changes in order into transactions of at most
+/// 100 items, none naming one item twice (DynamoDB refuses that).
+fn pack(
+    ctx: &Ctx<'_>,
+    changes: &[MarkerChange<'_>],
+    transacted: &[(usize, Transition)],
+    alone: &HashSet<usize>,
+) -> Vec<Vec<(usize, Transition)>> {
+    struct Chunk {
+        members: Vec<(usize, Transition)>,
+        keys: HashSet<ItemKey>,
+        shards: HashSet<String>,
+        items: usize,
+    }
+    let _ = ctx;
+    let mut chunks: Vec<Chunk> = Vec::new();
+    for (i, transition) in transacted {
+        let change = &changes[*i];
+        let mut keys = vec![change.key.clone()];
+        if let Some(guard) = change.guard {
+            keys.push(guard.source.clone());
+        }
+        let fits = |chunk: &Chunk| {
+            let new_shards = transition
+                .deltas
+                .iter()
+                .filter(|(shard, _)| !chunk.shards.contains(shard))
+                .count();
+            !alone.contains(i)
+                && !chunk.members.iter().any(|(j, _)| alone.contains(j))
+                && keys.iter().all(|key| !chunk.keys.contains(key))
+                && chunk.items + keys.len() + new_shards <= MAX_TRANSACTION_ITEMS
+        };
+        let index = match chunks.iter().position(fits) {
+            Some(index) => index,
+            None => {
+                chunks.push(Chunk {
+                    members: Vec::new(),
+                    keys: HashSet::new(),
+                    shards: HashSet::new(),
+                    items: 0,
+                });
+                chunks.len() - 1
+            }
+        };
+        let chunk = &mut chunks[index];
+        for (shard, _) in &transition.deltas {
+            if chunk.shards.insert(shard.clone()) {
+                chunk.items += 1;
+            }
+        }
+        chunk.items += keys.len();
+        chunk.keys.extend(keys);
+        chunk.members.push((*i, transition.clone()));
+    }
+    chunks.into_iter().map(|chunk| chunk.members).collect()
+}
+
+/// What one transaction came to.
+struct TransactOutcome {
+    attempts: Vec<(usize, Attempt)>,
+    /// Refused as a whole (not cancelled): send these alone next.
+    split: Option<Vec<usize>>,
+}
+
+/// The condition check of a snapshot-planned change: the source must still
+/// be as the snapshot saw it.
+fn guard_check(ctx: &Ctx<'_>, guard: &SourceGuard) -> TransactWriteItem {
+    let mut expr = Expr::default();
+    let pk = expr.name(&ctx.spec.table.partition_key);
+    let condition = match &guard.seen {
+        None => format!("attribute_not_exists({pk})"),
+        Some(seen) => {
+            let mut parts = vec![format!("attribute_exists({pk})")];
+            for (name, value) in seen {
+                let n = expr.name(name);
+                match value {
+                    Some(value) => {
+                        let v = expr.value(av(value));
+                        parts.push(format!("{n} = {v}"));
+                    }
+                    None => parts.push(format!("attribute_not_exists({n})")),
+                }
+            }
+            parts.join(" AND ")
+        }
+    };
+    let (names, values) = expr.values();
+    let check = ConditionCheck::builder()
+        .table_name(ctx.table)
+        .set_key(Some(ctx.key(&guard.source)))
+        .condition_expression(condition)
+        .set_expression_attribute_names(Some(names).filter(|n| !n.is_empty()))
+        .set_expression_attribute_values(values)
+        .build()
+        .expect("table, key and condition are set");
+    TransactWriteItem::builder().condition_check(check).build()
+}
+
+fn marker_item(ctx: &Ctx<'_>, key: &ItemKey, transition: &Transition) -> TransactWriteItem {
+    let Expressions {
+        update,
+        condition,
+        names,
+        values,
+    } = expression(ctx, transition);
+    let all_old = ReturnValuesOnConditionCheckFailure::AllOld;
+    match &transition.write {
+        Write::Put(_) => {
+            let item = put_item(transition).expect("a put").clone();
+            let put = Put::builder()
+                .table_name(ctx.table)
+                .set_item(Some(item.into()))
+                .condition_expression(condition)
+                .set_expression_attribute_names(Some(names))
+                .set_expression_attribute_values(values)
+                .return_values_on_condition_check_failure(all_old)
+                .build()
+                .expect("table and item are set");
+            TransactWriteItem::builder().put(put).build()
+        }
+        Write::Update { .. } => {
+            let update = Update::builder()
+                .table_name(ctx.table)
+                .set_key(Some(ctx.key(key)))
+                .set_update_expression(update)
+                .condition_expression(condition)
+                .set_expression_attribute_names(Some(names))
+                .set_expression_attribute_values(values)
+                .return_values_on_condition_check_failure(all_old)
+                .build()
+                .expect("table, key and expression are set");
+            TransactWriteItem::builder().update(update).build()
+        }
+        Write::Delete => {
+            let delete = Delete::builder()
+                .table_name(ctx.table)
+                .set_key(Some(ctx.key(key)))
+                .condition_expression(condition)
+                .set_expression_attribute_names(Some(names))
+                .set_expression_attribute_values(values)
+                .return_values_on_condition_check_failure(all_old)
+                .build()
+                .expect("table and key are set");
+            TransactWriteItem::builder().delete(delete).build()
+        }
+    }
+}
+
+/// One `TransactWriteItems`: the changes' writes and guards, then one
+/// update per shard they move (also when the moves cancel out, so that its
+/// change count moves).
+async fn transact(
+    ctx: &Ctx<'_>,
+    changes: &[MarkerChange<'_>],
+    chunk: &[(usize, Transition)],
+) -> TransactOutcome {
+    let mut items = Vec::new();
+    // Per member: its write's position, and its guard's.
+    let mut positions: Vec<(usize, Option<usize>)> = Vec::new();
+    let mut shards: Vec<(String, i64)> = Vec::new();
+    for (i, transition) in chunk {
+        let change = &changes[*i];
+        let write = items.len();
+        items.push(marker_item(ctx, change.key, transition));
+        let guard = change.guard.map(|guard| {
+            items.push(guard_check(ctx, guard));
+            items.len() - 1
+        });
+        positions.push((write, guard));
+        for (shard, delta) in &transition.deltas {
+            add_delta(&mut shards, shard, *delta);
+        }
+    }
+    let first_shard = items.len();
+    for (shard, delta) in &shards {
+        let update = Update::builder()
+            .table_name(ctx.table)
+            .set_key(Some(ctx.key(&ctx.spec.shard_item(shard))))
+            .update_expression("ADD #c :d, #n :one")
+            .expression_attribute_names("#c", COUNT_ATTRIBUTE)
+            .expression_attribute_names("#n", CHANGES_ATTRIBUTE)
+            .expression_attribute_values(":d", Av::N(delta.to_string()))
+            .expression_attribute_values(":one", Av::N("1".to_string()))
+            .build()
+            .expect("table, key and expression are set");
+        items.push(TransactWriteItem::builder().update(update).build());
+    }
+    ctx.sent();
+    ctx.count(|r| &mut r.transactions);
+    let sent = ctx
+        .client
+        .transact_write_items()
+        .set_transact_items(Some(items))
+        .return_consumed_capacity(ReturnConsumedCapacity::Total)
+        .send()
+        .await;
+    let error = match sent {
+        Ok(output) => {
+            ctx.count_units(output.consumed_capacity(), true);
+            return TransactOutcome {
+                attempts: chunk.iter().map(|(i, _)| (*i, Attempt::Done)).collect(),
+                split: None,
+            };
+        }
+        Err(error) => error,
+    };
+    let reasons = match error.as_service_error() {
+        Some(TransactWriteItemsError::TransactionCanceledException(cancelled)) => {
+            cancelled.cancellation_reasons().to_vec()
+        }
+        _ => Vec::new(),
+    };
+    if reasons.is_empty() {
+        let (class, text) = sdk(error);
+        return match class {
+            ErrorClass::Poison(_) | ErrorClass::Conditional if chunk.len() > 1 => TransactOutcome {
+                attempts: chunk
+                    .iter()
+                    .map(|(i, _)| (*i, Attempt::Again(None)))
+                    .collect(),
+                split: Some(chunk.iter().map(|(i, _)| *i).collect()),
+            },
+            class => TransactOutcome {
+                attempts: chunk
+                    .iter()
+                    .map(|(i, _)| (*i, attempt_of(class.clone(), text.clone())))
+                    .collect(),
+                split: None,
+            },
+        };
+    }
+    ctx.count(|r| &mut r.cancelled_transactions);
+    let class_at = |position: usize| {
+        reasons
+            .get(position)
+            .and_then(|reason| match reason.code() {
+                None | Some("None") => None,
+                code => Some(classify_code(code, reason.message())),
+            })
+    };
+    // A shard DynamoDB refuses stops every change of the transaction; one
+    // it throttles or that conflicts delays them.
+    let mut shard_problem: Option<Attempt> = None;
+    for position in first_shard..first_shard + shards.len() {
+        match class_at(position) {
+            Some(ErrorClass::Retry(reason)) => shard_problem = Some(Attempt::Again(Some(reason))),
+            Some(ErrorClass::Poison(message)) => {
+                shard_problem = Some(Attempt::Failed(WriteError::Poison(format!(
+                    "counter shard rejected: {message}"
+                ))));
+                break;
+            }
+            _ => {}
+        }
+    }
+    let attempts = chunk
+        .iter()
+        .zip(&positions)
+        .map(|((i, _), (write, guard))| {
+            let change = &changes[*i];
+            if let Some(guard) = guard {
+                match class_at(*guard) {
+                    // The source changed since the snapshot: the live
+                    // worker's record of that change decides.
+                    Some(ErrorClass::Conditional) => return (*i, Attempt::Done),
+                    Some(ErrorClass::Retry(reason)) => return (*i, Attempt::Again(Some(reason))),
+                    _ => {}
+                }
+            }
+            let attempt = match class_at(*write) {
+                Some(ErrorClass::Conditional) => returned(reasons[*write].item(), change.key),
+                Some(class) => attempt_of(class, "a marker write".to_string()),
+                None => match &shard_problem {
+                    Some(Attempt::Again(reason)) => Attempt::Again(*reason),
+                    Some(Attempt::Failed(error)) => Attempt::Failed(error.clone()),
+                    // Not applied because another item failed: again.
+                    _ => Attempt::Again(None),
+                },
+            };
+            (*i, attempt)
+        })
+        .collect();
+    TransactOutcome {
+        attempts,
+        split: None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::record::AttributeValue as V;
+
+    fn table() -> crate::spec::TableSpec {
+        crate::spec::TableSpec {
+            name: "t".into(),
+            partition_key: "PK".into(),
+            sort_key: Some("SK".into()),
+            ttl_attribute: None,
+            gsis: vec![],
+        }
+    }
+
+    fn item(pairs: &[(&str, &str)]) -> Item {
+        let mut item = Item::default();
+        for (name, value) in pairs {
+            item.insert(name.to_string(), V::S(value.to_string()));
+        }
+        item
+    }
+
+    fn edge(at: &str) -> MarkerState {
+        MarkerState::Present(item(&[
+            ("PK", "USER#b"),
+            ("SK", "FOLLOWED_BY#a"),
+            ("at", at),
+        ]))
+    }
+
+    fn shards() -> Vec<CounterShard> {
+        vec![
+            CounterShard {
+                counter: 1,
+                key: ItemKey::new("COUNTER#followers#b#3", "COUNTER"),
+            },
+            CounterShard {
+                counter: 2,
+                key: ItemKey::new("COUNTER#following#a#0", "COUNTER"),
+            },
+        ]
+    }
+
+    fn change<'e>(
+        key: &'e ItemKey,
+        state: &'e MarkerState,
+        counters: &'e [CounterShard],
+        was_present: bool,
+    ) -> MarkerChange<'e> {
+        MarkerChange {
+            key,
+            want: Want::State {
+                state,
+                counters,
+                records: vec!["_ddbp#c#followers".into(), "_ddbp#c#following".into()],
+                managed: vec!["at".into()],
+                known: vec![
+                    "_ddbp#c#followers".into(),
+                    "_ddbp#c#following".into(),
+                    "_ddbp#c#other".into(),
+                ],
+                was_present,
+            },
+            guard: None,
+        }
+    }
+
+    #[test]
+    fn a_new_edge_is_created_with_a_record_per_counter() {
+        let key = ItemKey::new("USER#b", "FOLLOWED_BY#a");
+        let (state, counters) = (edge("t1"), shards());
+        let change = change(&key, &state, &counters, false);
+        let First::Write(t) = change.first(&table()) else {
+            panic!("a guess")
+        };
+        let Write::Put(put) = &t.write else {
+            panic!("{t:?}")
+        };
+        assert_eq!(
+            put.get("_ddbp#c#followers"),
+            Some(&V::S("COUNTER#followers#b#3".into()))
+        );
+        assert_eq!(
+            t.deltas,
+            vec![
+                ("COUNTER#followers#b#3".to_string(), 1),
+                ("COUNTER#following#a#0".to_string(), 1)
+            ]
+        );
+    }
+
+    #[test]
+    fn an_edge_found_without_a_counters_record_gains_it_and_counts_once() {
+        let key = ItemKey::new("USER#b", "FOLLOWED_BY#a");
+        let (state, counters) = (edge("t2"), shards());
+        let change = change(&key, &state, &counters, false);
+        // The edge exists from before `following` was added.
+        let old = item(&[
+            ("PK", "USER#b"),
+            ("SK", "FOLLOWED_BY#a"),
+            ("at", "t1"),
+            ("_ddbp#c#followers", "COUNTER#followers#b#3"),
+        ]);
+        let t = change.exact(&table(), Some(&old)).expect("a write");
+        assert_eq!(t.deltas, vec![("COUNTER#following#a#0".to_string(), 1)]);
+        assert_eq!(t.pins, vec![("_ddbp#c#following".to_string(), None)]);
+        let Write::Update { set, remove } = &t.write else {
+            panic!("{t:?}")
+        };
+        assert!(remove.is_empty());
+        let names: Vec<&str> = set.iter().map(|(n, _)| n.as_str()).collect();
+        assert_eq!(names, vec!["at", "_ddbp#c#following"]);
+        // With both records and the same copy: nothing to do.
+        let mut full = old.clone();
+        full.insert("at".into(), V::S("t2".into()));
+        full.insert(
+            "_ddbp#c#following".into(),
+            V::S("COUNTER#following#a#0".into()),
+        );
+        assert_eq!(change.exact(&table(), Some(&full)), None);
+    }
+
+    #[test]
+    fn a_record_in_another_shard_moves_to_the_wanted_one() {
+        let key = ItemKey::new("USER#b", "FOLLOWED_BY#a");
+        let (state, counters) = (edge("t1"), shards());
+        let change = change(&key, &state, &counters, true);
+        let old = item(&[
+            ("PK", "USER#b"),
+            ("SK", "FOLLOWED_BY#a"),
+            ("at", "t1"),
+            ("_ddbp#c#followers", "COUNTER#followers#b#7"),
+            ("_ddbp#c#following", "COUNTER#following#a#0"),
+        ]);
+        let t = change.exact(&table(), Some(&old)).expect("a write");
+        assert_eq!(
+            t.deltas,
+            vec![
+                ("COUNTER#followers#b#7".to_string(), -1),
+                ("COUNTER#followers#b#3".to_string(), 1)
+            ]
+        );
+        assert_eq!(
+            t.pins,
+            vec![(
+                "_ddbp#c#followers".to_string(),
+                Some(V::S("COUNTER#followers#b#7".into()))
+            )]
+        );
+    }
+
+    #[test]
+    fn deleting_a_marker_uncounts_every_record_it_carries() {
+        let key = ItemKey::new("USER#b", "FOLLOWED_BY#a");
+        let counters = shards();
+        let state = MarkerState::Absent;
+        let change = change(&key, &state, &counters, true);
+        // The guess: the edge with exactly this change's records.
+        let First::Write(guess) = change.first(&table()) else {
+            panic!("a guess")
+        };
+        assert_eq!(guess.write, Write::Delete);
+        assert_eq!(guess.deltas.len(), 2);
+        assert!(guess.pins.contains(&("_ddbp#c#other".to_string(), None)));
+        // It also carried a record of a counter that no longer rides on
+        // this edge, in an old shard: that one goes down too.
+        let old = item(&[
+            ("PK", "USER#b"),
+            ("SK", "FOLLOWED_BY#a"),
+            ("_ddbp#c#followers", "COUNTER#followers#b#3"),
+            ("_ddbp#c#other", "COUNTER#other#a#1"),
+        ]);
+        let t = change.exact(&table(), Some(&old)).expect("a write");
+        assert_eq!(
+            t.deltas,
+            vec![
+                ("COUNTER#followers#b#3".to_string(), -1),
+                ("COUNTER#other#a#1".to_string(), -1)
+            ]
+        );
+        assert_eq!(change.exact(&table(), None), None);
+    }
+
+    #[test]
+    fn a_marker_probably_absent_is_read_first() {
+        let key = ItemKey::new("USER#b", "FOLLOWED_BY#a");
+        let counters = shards();
+        let state = MarkerState::Absent;
+        assert_eq!(
+            change(&key, &state, &counters, false).first(&table()),
+            First::Read
+        );
+    }
+}

@@ -1,0 +1,357 @@
+//! Counter membership and the marker items that carry it, against DynamoDB
+//! Local, for specs other than the shipped ones and through spec changes:
+//! edges without counters, counters added over live edges, one projection
+//! replayed alone, backfills racing the live worker.
+
+use std::sync::Arc;
+
+use ddb_projector::apply::{Applier, ApplyConfig, BatchOptions};
+use ddb_projector::backfill::{backfill, BackfillOptions};
+use ddb_projector::counter::read_counter;
+use ddb_projector::decode::decode_scanned_item;
+use ddb_projector::spec::Spec;
+
+use super::model::{attrs, delete_item, put_item, Attrs, History, Record};
+use super::support::{self, get, s, text};
+
+/// The social service's entities with the given projections.
+fn social(projections: &str) -> Arc<Spec> {
+    let text = format!(
+        r#"
+service = "membership-test"
+
+[table]
+name = "MembershipTest"
+ttl_attribute = "ttl"
+
+[entities.follow]
+pk = "USER#{{followerId}}"
+sk = "FOLLOWS#{{followeeId}}"
+
+[entities.followed_by]
+pk = "USER#{{followeeId}}"
+sk = "FOLLOWED_BY#{{followerId}}"
+
+{projections}
+"#
+    );
+    Arc::new(Spec::from_toml(&text, "membership-test.toml").expect("the test spec compiles"))
+}
+
+const EDGE: &str = r#"
+[[projections]]
+name = "followed-by"
+kind = "inverse-edge"
+source = "follow"
+target = "followed_by"
+copy = { followedAt = "{followedAt}", note = "{note}" }
+"#;
+
+const COUNTERS: &str = r#"
+[[projections]]
+name = "followers"
+kind = "counter"
+source = "follow"
+of = { userId = "{followeeId}" }
+shards = 8
+
+[[projections]]
+name = "following"
+kind = "counter"
+source = "follow"
+of = { userId = "{followerId}" }
+shards = 4
+"#;
+
+fn follow(a: &str, b: &str, at: &str, note: &str) -> Attrs {
+    attrs(&[
+        ("PK", s(&format!("USER#{a}"))),
+        ("SK", s(&format!("FOLLOWS#{b}"))),
+        ("followerId", s(a)),
+        ("followeeId", s(b)),
+        ("followedAt", s(at)),
+        ("note", s(note)),
+    ])
+}
+
+/// Writers and the live worker: writes go to the table and the stream
+/// (the history); `drain` applies what the worker has not seen yet.
+struct Live {
+    client: aws_sdk_dynamodb::Client,
+    table: String,
+    history: History,
+    applied: usize,
+}
+
+impl Live {
+    async fn new(spec: &Spec, prefix: &str) -> Live {
+        let client = support::client().await;
+        let table = support::fresh_table(&client, spec, prefix).await;
+        Live {
+            client,
+            table,
+            history: History::default(),
+            applied: 0,
+        }
+    }
+
+    fn applier(&self, spec: &Arc<Spec>) -> Applier {
+        Applier::new(
+            self.client.clone(),
+            spec.clone(),
+            &self.table,
+            ApplyConfig::default(),
+        )
+    }
+
+    async fn put(&mut self, item: Attrs) {
+        put_item(&self.client, &self.table, &item).await;
+        self.history.put(item);
+    }
+
+    async fn delete(&mut self, pk: &str, sk: &str) {
+        delete_item(
+            &self.client,
+            &self.table,
+            attrs(&[("PK", s(pk)), ("SK", s(sk))]),
+        )
+        .await;
+        self.history.delete(pk, sk);
+    }
+
+    /// Applies the records not applied yet with `spec`'s worker.
+    async fn drain(&mut self, spec: &Arc<Spec>) {
+        let records = self.history.records[self.applied..].to_vec();
+        apply_all(&self.applier(spec), &records, &BatchOptions::default()).await;
+        self.applied = self.history.records.len();
+    }
+
+    async fn counter(&self, spec: &Spec, name: &str, user: &str) -> i64 {
+        let vars = [("userId".to_string(), user.to_string())];
+        read_counter(&self.client, &self.table, spec, name, &vars)
+            .await
+            .expect("read counter")
+    }
+
+    async fn item(&self, pk: &str, sk: &str) -> Option<Attrs> {
+        get(&self.client, &self.table, pk, sk).await
+    }
+
+    async fn backfill(&self, spec: &Arc<Spec>, projections: &[&str]) {
+        let selection = (!projections.is_empty()).then(|| {
+            projections
+                .iter()
+                .map(|name| spec.projection_id(name).expect("a projection of the spec"))
+                .collect()
+        });
+        let summary = backfill(
+            &self.applier(spec),
+            &BackfillOptions {
+                projections: selection,
+                progress: false,
+                ..BackfillOptions::default()
+            },
+        )
+        .await
+        .expect("backfill");
+        assert!(summary.is_done(), "{summary:?}");
+    }
+}
+
+/// Applies records as Lambda delivers them: again from the first record
+/// not handled, until all are.
+async fn apply_all(applier: &Applier, records: &[Record], options: &BatchOptions) {
+    let mut start = 0;
+    for _ in 0..20 {
+        if start >= records.len() {
+            return;
+        }
+        let outcome = applier
+            .apply_batch(&records[start..], options)
+            .await
+            .expect("the batch applies");
+        match outcome.first_failure() {
+            Some(index) => start += index,
+            None => return,
+        }
+    }
+    panic!("records were not handled after 20 deliveries");
+}
+
+#[tokio::test]
+async fn an_inverse_edge_without_counters_keeps_its_edge_when_a_copied_attribute_changes() {
+    let spec = social(EDGE);
+    let mut live = Live::new(&spec, "edge-only").await;
+    live.put(follow("a", "b", "t1", "x")).await;
+    live.drain(&spec).await;
+    let edge = live
+        .item("USER#b", "FOLLOWED_BY#a")
+        .await
+        .expect("the edge");
+    assert_eq!(text(&edge, "note").as_deref(), Some("x"));
+
+    live.put(follow("a", "b", "t1", "y")).await;
+    live.drain(&spec).await;
+    let edge = live
+        .item("USER#b", "FOLLOWED_BY#a")
+        .await
+        .expect("the edge survives a change of a copied attribute");
+    assert_eq!(text(&edge, "note").as_deref(), Some("y"));
+    assert_eq!(text(&edge, "followedAt").as_deref(), Some("t1"));
+}
+
+#[tokio::test]
+async fn counters_added_over_live_edges_are_filled_by_backfill() {
+    let v1 = social(EDGE);
+    let v2 = social(&format!("{EDGE}{COUNTERS}"));
+    let mut live = Live::new(&v2, "counter-added").await;
+    for (a, b) in [("a", "b"), ("c", "b"), ("a", "c"), ("d", "b"), ("b", "a")] {
+        live.put(follow(a, b, "t1", "x")).await;
+    }
+    live.drain(&v1).await;
+    // v2 deployed: the counters see one more follow live, then a backfill.
+    live.put(follow("c", "a", "t2", "x")).await;
+    live.drain(&v2).await;
+    live.backfill(&v2, &[]).await;
+    for (user, followers, following) in [("a", 2, 2), ("b", 3, 1), ("c", 1, 2), ("d", 0, 1)] {
+        assert_eq!(
+            live.counter(&v2, "followers", user).await,
+            followers,
+            "followers of {user}"
+        );
+        assert_eq!(
+            live.counter(&v2, "following", user).await,
+            following,
+            "following of {user}"
+        );
+    }
+    // Later changes keep them exact.
+    live.delete("USER#a", "FOLLOWS#b").await;
+    live.drain(&v2).await;
+    assert_eq!(live.counter(&v2, "followers", "b").await, 2);
+    assert_eq!(live.counter(&v2, "following", "a").await, 1);
+}
+
+#[tokio::test]
+async fn one_counter_replayed_or_backfilled_alone_leaves_the_other_exact() {
+    let spec = social(&format!("{EDGE}{COUNTERS}"));
+    let mut live = Live::new(&spec, "one-counter").await;
+    live.put(follow("a", "b", "t1", "x")).await;
+    live.put(follow("c", "b", "t1", "x")).await;
+    live.drain(&spec).await;
+    live.delete("USER#a", "FOLLOWS#b").await;
+    live.drain(&spec).await;
+    // `replay --projection followers` of the whole stream, then a backfill
+    // of `following` alone.
+    let only = BatchOptions {
+        selection: Some(vec![spec.projection_id("followers").unwrap()]),
+        ..BatchOptions::default()
+    };
+    let records = live.history.records.clone();
+    apply_all(&live.applier(&spec), &records, &only).await;
+    live.backfill(&spec, &["following"]).await;
+    assert_eq!(live.counter(&spec, "followers", "b").await, 1);
+    assert_eq!(live.counter(&spec, "following", "a").await, 0);
+    assert_eq!(live.counter(&spec, "following", "c").await, 1);
+
+    // A replay of one counter, or a backfill of one, gets to a follow
+    // before the live worker does: the other counter must still count it.
+    live.put(follow("e", "f", "t1", "x")).await;
+    let tail = live.history.records[live.applied..].to_vec();
+    apply_all(&live.applier(&spec), &tail, &only).await;
+    live.put(follow("g", "h", "t1", "x")).await;
+    live.backfill(&spec, &["following"]).await;
+    live.drain(&spec).await;
+    for (name, user, want) in [
+        ("followers", "f", 1),
+        ("following", "e", 1),
+        ("followers", "h", 1),
+        ("following", "g", 1),
+    ] {
+        assert_eq!(
+            live.counter(&spec, name, user).await,
+            want,
+            "{name} of {user}"
+        );
+    }
+}
+
+#[tokio::test]
+async fn a_backfill_never_writes_an_older_copy_over_a_newer_one() {
+    let spec = social(&format!("{EDGE}{COUNTERS}"));
+    let mut live = Live::new(&spec, "stale-scan").await;
+    live.put(follow("a", "b", "t1", "x")).await;
+    live.drain(&spec).await;
+    // The backfill's scan saw t1...
+    let scanned = live.item("USER#a", "FOLLOWS#b").await.unwrap();
+    // ...then the writer re-follows with t2 and the worker refreshes the edge.
+    live.put(follow("a", "b", "t2", "x")).await;
+    live.drain(&spec).await;
+    // The backfill now applies what it planned from its snapshot.
+    let record = decode_scanned_item(&spec.table, 0, 1, scanned);
+    let backfill_options = BatchOptions {
+        read_markers_first: true,
+        ..BatchOptions::default()
+    };
+    apply_all(&live.applier(&spec), &[record], &backfill_options).await;
+    let edge = live.item("USER#b", "FOLLOWED_BY#a").await.unwrap();
+    assert_eq!(
+        text(&edge, "followedAt").as_deref(),
+        Some("t2"),
+        "the backfill wrote its stale snapshot over the live worker's newer edge"
+    );
+    assert_eq!(live.counter(&spec, "followers", "b").await, 1);
+}
+
+#[tokio::test]
+async fn guarded_transactions_hold_at_most_one_hundred_items() {
+    // One counter with one shard: every backfilled follow is a marker, a
+    // guard and the shared shard in the transaction.
+    let spec = social(
+        r#"
+[[projections]]
+name = "followers"
+kind = "counter"
+source = "follow"
+of = { userId = "{followeeId}" }
+shards = 1
+"#,
+    );
+    let live = Live::new(&spec, "hundred").await;
+    let mut records = Vec::new();
+    for i in 0..90 {
+        let item = follow(&format!("u{i}"), "star", "t1", "x");
+        put_item(&live.client, &live.table, &item).await;
+        records.push(decode_scanned_item(
+            &spec.table,
+            0,
+            i as u64,
+            support::item(
+                &item
+                    .iter()
+                    .map(|(k, v)| (k.as_str(), v.clone()))
+                    .collect::<Vec<_>>(),
+            ),
+        ));
+    }
+    let outcome = live
+        .applier(&spec)
+        .apply_batch(
+            &records,
+            &BatchOptions {
+                read_markers_first: true,
+                ..BatchOptions::default()
+            },
+        )
+        .await
+        .unwrap();
+    assert!(outcome.statuses.iter().all(|s| s.is_handled()));
+    assert_eq!(live.counter(&spec, "followers", "star").await, 90);
+    // 90 markers and 90 guards and one shard: two transactions, not one
+    // DynamoDB refuses followed by one per item.
+    assert_eq!(
+        outcome.stats.requests.transactions, 2,
+        "{:?}",
+        outcome.stats.requests
+    );
+}
