@@ -19,7 +19,7 @@ use aws_smithy_runtime_api::client::ser_de::{DeserializeResponse, SharedResponse
 use aws_smithy_runtime_api::http::StatusCode;
 use aws_smithy_types::body::SdkBody;
 use aws_smithy_types::config_bag::{ConfigBag, FrozenLayer};
-use ddb_projector::apply::{DeadLetter, RecordStatus};
+use ddb_projector::apply::{problem_key, DeadLetter, RecordStatus};
 use ddb_projector::decode::{decode_lambda_event, decode_stream_record, Decoded};
 use ddb_projector::lambda::batch_response;
 use ddb_projector::lambda::event::Payload;
@@ -280,7 +280,9 @@ fn plan_batch(decoded: &Decoded, outcome: &mut Outcome) {
             Err(problem) => {
                 outcome.problems += 1;
                 let _ = problem.to_string();
-                let _ = serde_json::to_string(&DeadLetter::for_problem(problem));
+                // The key of an undecodable record is read from what arrived.
+                let key = problem_key(problem, &shipped_specs()[0].table);
+                let _ = serde_json::to_string(&DeadLetter::for_problem(problem, key));
             }
         }
     }

@@ -7,14 +7,18 @@
 //! - `PK = _ddbp#dlq`, `SK = <source PK>\x01<source SK>\x01<sequence number, 40 digits>\x01<projection>`:
 //!   one item per dead record and projection, sorted by source item, then
 //!   stream order, so a redrive replays each item's letters in order.
-//! - `PK = _ddbp#holds`, `SK = HOLDS`: a string set of the (projection, item)
-//!   pairs with letters, read once per batch; later records of a held pair
-//!   are dead-lettered behind the first one instead of being applied.
+//! - `PK = _ddbp#holds`, `SK = <source PK>\x01<source SK>\x01<projection>`:
+//!   one small item per (projection, item) pair with letters (`*`: every
+//!   projection of the item, for a record that could not be decoded); later
+//!   records of a held pair are dead-lettered behind the first one instead
+//!   of being applied. A batch reads the holds with one `Query` while they
+//!   fit in one page, and looks up its own pairs by key beyond that, so
+//!   any number of held items costs one item each and never stops a batch.
 
 use std::collections::{HashMap, HashSet};
 use std::time::SystemTime;
 
-use aws_sdk_dynamodb::types::{AttributeValue as Av, ReturnConsumedCapacity};
+use aws_sdk_dynamodb::types::AttributeValue as Av;
 use aws_smithy_types::date_time::Format;
 use serde::Serialize;
 
@@ -22,7 +26,7 @@ use super::retry::{sdk, with_retries, WriteError};
 use super::{Applier, ApplyError, BatchOptions, RecordStatus};
 use crate::decode::decode_lambda_record;
 use crate::record::{ChangeRecord, ItemKey};
-use crate::spec::RESERVED_PREFIX;
+use crate::spec::{ProjectionId, RESERVED_PREFIX};
 
 /// The projection name of a letter that concerns the whole record.
 pub const WHOLE_RECORD: &str = "*";
@@ -102,11 +106,15 @@ impl DeadLetter {
         }
     }
 
-    /// A letter for a record that could not be decoded.
-    pub fn for_problem(problem: &crate::decode::DecodeProblem) -> DeadLetter {
+    /// A letter for a record that could not be decoded (`source_key`: its
+    /// item, when its keys could be read).
+    pub fn for_problem(
+        problem: &crate::decode::DecodeProblem,
+        source_key: Option<ItemKey>,
+    ) -> DeadLetter {
         DeadLetter {
             projection: WHOLE_RECORD.to_string(),
-            source_key: None,
+            source_key,
             sequence_number: problem.sequence_number.clone(),
             event_id: problem.event_id.clone(),
             error: problem.reason.clone(),
@@ -139,24 +147,35 @@ impl DeadLetter {
         }
     }
 
-    fn hold(&self) -> Option<String> {
-        let key = self.source_key.as_ref()?;
-        (self.projection != WHOLE_RECORD).then(|| hold_member(&self.projection, key))
+    /// The (projection, item) pair this letter holds.
+    fn hold(&self) -> Option<Hold> {
+        Some((self.projection.clone(), self.source_key.clone()?))
     }
 }
 
-fn hold_member(projection: &str, key: &ItemKey) -> String {
-    serde_json::json!([projection, key.pk, key.sk]).to_string()
+/// A held pair: a projection name (`*`: all) and a source item.
+pub type Hold = (String, ItemKey);
+
+/// The key of an undecodable record's item, when its `Keys` can be read
+/// (both the Lambda and the Streams API shapes carry `dynamodb.Keys`).
+pub fn problem_key(
+    problem: &crate::decode::DecodeProblem,
+    table: &crate::spec::TableSpec,
+) -> Option<ItemKey> {
+    let keys = problem.raw.get("dynamodb")?.get("Keys")?.clone();
+    let item: crate::record::Item = serde_json::from_value(keys).ok()?;
+    table.item_key(&item)
 }
+
+/// How many holds one `Query` page reads before a batch looks up its own
+/// pairs by key instead.
+const HOLDS_PAGE: i32 = 1000;
 
 pub(crate) fn now() -> String {
     aws_smithy_types::DateTime::from(SystemTime::now())
         .fmt(Format::DateTime)
         .unwrap_or_default()
 }
-
-/// Letters of one (projection, source item) pair are redriven together.
-type LetterGroup = (String, Option<ItemKey>);
 
 /// What `dlq redrive` did.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
@@ -306,68 +325,188 @@ impl DeadLetterStore {
                 "dead-lettered"
             );
         }
-        let holds: Vec<String> = letters.iter().filter_map(DeadLetter::hold).collect();
-        if !holds.is_empty() {
-            self.change_holds("ADD", holds, max_retry).await?;
+        let holds: HashSet<Hold> = letters.iter().filter_map(DeadLetter::hold).collect();
+        self.change_holds(holds, true, max_retry).await
+    }
+
+    /// The key of a hold item.
+    fn hold_key(&self, (projection, key): &Hold) -> HashMap<String, Av> {
+        let member = format!(
+            "{}\u{1}{}\u{1}{projection}",
+            key.pk,
+            key.sk.as_deref().unwrap_or("")
+        );
+        match &self.sk {
+            Some(_) => self.key(HOLDS_PK, &member),
+            None => self.key(&format!("{HOLDS_PK}#{member}"), ""),
+        }
+    }
+
+    fn hold_of(item: &HashMap<String, Av>) -> Option<Hold> {
+        let s = |name: &str| match item.get(name) {
+            Some(Av::S(value)) => Some(value.clone()),
+            _ => None,
+        };
+        Some((
+            s("projection")?,
+            ItemKey {
+                pk: s("sourcePk")?,
+                sk: s("sourceSk").filter(|sk| !sk.is_empty()),
+            },
+        ))
+    }
+
+    /// Writes (`add`) or deletes hold items, 25 a request.
+    async fn change_holds(
+        &self,
+        holds: HashSet<Hold>,
+        add: bool,
+        max_retry: std::time::Duration,
+    ) -> Result<(), WriteError> {
+        use aws_sdk_dynamodb::types::{DeleteRequest, PutRequest, WriteRequest};
+        let retries = std::sync::atomic::AtomicU64::new(0);
+        let requests: Vec<WriteRequest> = holds
+            .iter()
+            .map(|hold| {
+                let key = self.hold_key(hold);
+                if add {
+                    let mut item = key;
+                    item.insert("projection".to_string(), Av::S(hold.0.clone()));
+                    item.insert("sourcePk".to_string(), Av::S(hold.1.pk.clone()));
+                    item.insert(
+                        "sourceSk".to_string(),
+                        Av::S(hold.1.sk.clone().unwrap_or_default()),
+                    );
+                    WriteRequest::builder()
+                        .put_request(
+                            PutRequest::builder()
+                                .set_item(Some(item))
+                                .build()
+                                .expect("item"),
+                        )
+                        .build()
+                } else {
+                    WriteRequest::builder()
+                        .delete_request(
+                            DeleteRequest::builder()
+                                .set_key(Some(key))
+                                .build()
+                                .expect("key"),
+                        )
+                        .build()
+                }
+            })
+            .collect();
+        for chunk in requests.chunks(25) {
+            let pending = std::sync::Mutex::new(chunk.to_vec());
+            let pending = &pending;
+            with_retries("holds", max_retry, &retries, || {
+                let request = self
+                    .client
+                    .batch_write_item()
+                    .request_items(&self.table, pending.lock().expect("not poisoned").clone());
+                async move {
+                    let output = request.send().await.map_err(sdk)?;
+                    let left = output
+                        .unprocessed_items()
+                        .and_then(|items| items.get(&self.table))
+                        .cloned()
+                        .unwrap_or_default();
+                    if left.is_empty() {
+                        return Ok(());
+                    }
+                    *pending.lock().expect("not poisoned") = left;
+                    Err((
+                        super::retry::ErrorClass::Retry("unprocessed items"),
+                        "BatchWriteItem left holds unprocessed".to_string(),
+                    ))
+                }
+            })
+            .await?;
         }
         Ok(())
     }
 
-    async fn change_holds(
+    /// Which of `candidates` are held. One consistent `Query` reads every
+    /// hold while they fit in a page; beyond that, the candidates are
+    /// looked up by key.
+    pub async fn held(
         &self,
-        verb: &str,
-        members: Vec<String>,
+        candidates: &HashSet<Hold>,
         max_retry: std::time::Duration,
-    ) -> Result<(), WriteError> {
+    ) -> Result<HashSet<Hold>, WriteError> {
         let retries = std::sync::atomic::AtomicU64::new(0);
-        let key = self.key(HOLDS_PK, "HOLDS");
-        let members: Vec<String> = members
-            .into_iter()
-            .collect::<HashSet<_>>()
-            .into_iter()
-            .collect();
-        with_retries("holds", max_retry, &retries, || {
-            let request = self
-                .client
-                .update_item()
-                .table_name(&self.table)
-                .set_key(Some(key.clone()))
-                .update_expression(format!("{verb} held :m"))
-                .expression_attribute_values(":m", Av::Ss(members.clone()))
-                .return_consumed_capacity(ReturnConsumedCapacity::None);
-            async move { request.send().await.map(|_| ()).map_err(sdk) }
-        })
-        .await
-    }
-
-    /// The held (projection name, source item) pairs.
-    pub async fn holds(
-        &self,
-        max_retry: std::time::Duration,
-    ) -> Result<HashSet<(String, ItemKey)>, WriteError> {
-        let retries = std::sync::atomic::AtomicU64::new(0);
-        let key = self.key(HOLDS_PK, "HOLDS");
-        let output = with_retries("holds", max_retry, &retries, || {
-            let request = self
-                .client
-                .get_item()
-                .table_name(&self.table)
-                .set_key(Some(key.clone()))
-                .consistent_read(true);
-            async move { request.send().await.map_err(sdk) }
-        })
-        .await?;
-        let mut holds = HashSet::new();
-        if let Some(Av::Ss(members)) = output.item().and_then(|item| item.get("held")) {
-            for member in members {
-                if let Ok((projection, pk, sk)) =
-                    serde_json::from_str::<(String, String, Option<String>)>(member)
-                {
-                    holds.insert((projection, ItemKey { pk, sk }));
+        if candidates.is_empty() {
+            return Ok(HashSet::new());
+        }
+        if self.sk.is_some() {
+            let page = with_retries("holds", max_retry, &retries, || {
+                let request = self
+                    .client
+                    .query()
+                    .table_name(&self.table)
+                    .consistent_read(true)
+                    .key_condition_expression("#pk = :pk")
+                    .expression_attribute_names("#pk", &self.pk)
+                    .expression_attribute_values(":pk", Av::S(HOLDS_PK.to_string()))
+                    .limit(HOLDS_PAGE);
+                async move { request.send().await.map_err(sdk) }
+            })
+            .await?;
+            if page.last_evaluated_key().is_none_or(|key| key.is_empty()) {
+                return Ok(page
+                    .items()
+                    .iter()
+                    .filter_map(Self::hold_of)
+                    .filter(|hold| candidates.contains(hold))
+                    .collect());
+            }
+        }
+        // Many holds: look up this batch's pairs, 100 keys a request.
+        use aws_sdk_dynamodb::types::KeysAndAttributes;
+        let mut found = HashSet::new();
+        let keys: Vec<HashMap<String, Av>> = candidates.iter().map(|h| self.hold_key(h)).collect();
+        for chunk in keys.chunks(100) {
+            let mut pending = chunk.to_vec();
+            let mut attempts = 0;
+            while !pending.is_empty() {
+                attempts += 1;
+                let output = with_retries("holds", max_retry, &retries, || {
+                    let request = self.client.batch_get_item().request_items(
+                        &self.table,
+                        KeysAndAttributes::builder()
+                            .set_keys(Some(pending.clone()))
+                            .consistent_read(true)
+                            .build()
+                            .expect("keys are set"),
+                    );
+                    async move { request.send().await.map_err(sdk) }
+                })
+                .await?;
+                found.extend(
+                    output
+                        .responses()
+                        .and_then(|r| r.get(&self.table))
+                        .into_iter()
+                        .flatten()
+                        .filter_map(Self::hold_of),
+                );
+                pending = output
+                    .unprocessed_keys()
+                    .and_then(|u| u.get(&self.table))
+                    .map(|k| k.keys().to_vec())
+                    .unwrap_or_default();
+                if !pending.is_empty() {
+                    if attempts > 10 {
+                        return Err(WriteError::Transient(
+                            "DynamoDB kept leaving holds unread".to_string(),
+                        ));
+                    }
+                    tokio::time::sleep(std::time::Duration::from_millis(50 * attempts)).await;
                 }
             }
         }
-        Ok(holds)
+        Ok(found)
     }
 
     /// Every letter, sorted by source item and stream order.
@@ -429,17 +568,14 @@ impl DeadLetterStore {
             )
             .await?;
         }
-        let still: HashSet<String> = remaining.iter().filter_map(DeadLetter::hold).collect();
-        let released: Vec<String> = applied
+        let still: HashSet<Hold> = remaining.iter().filter_map(DeadLetter::hold).collect();
+        let released: HashSet<Hold> = applied
             .iter()
             .filter_map(DeadLetter::hold)
             .filter(|hold| !still.contains(hold))
             .collect();
-        if !released.is_empty() {
-            self.change_holds("DELETE", released, std::time::Duration::from_secs(20))
-                .await?;
-        }
-        Ok(())
+        self.change_holds(released, false, std::time::Duration::from_secs(20))
+            .await
     }
 }
 
@@ -577,8 +713,11 @@ impl Applier {
     }
 
     /// Applies dead letters again (after a fix), item by item in stream
-    /// order, and removes those that succeed. An item whose letter still
-    /// fails keeps it and every later letter.
+    /// order, and removes those that succeed. An item's letters go in one
+    /// batch, whatever their projections (each record once, for the
+    /// projections it has letters for), so every projection of the item is
+    /// brought forward in stream order. A letter that still fails keeps
+    /// its place, with every later letter of the item.
     pub async fn redrive(
         &self,
         only_projection: Option<&str>,
@@ -590,49 +729,82 @@ impl Applier {
         let store = self.dead_letter_store();
         let letters = store.list().await.map_err(fatal)?;
         let mut summary = RedriveSummary::default();
-        // Group by (projection, item), keeping stream order inside a group.
-        let mut groups: Vec<(LetterGroup, Vec<DeadLetter>)> = Vec::new();
-        for letter in letters {
-            if only_projection.is_some_and(|p| p != letter.projection) {
-                continue;
-            }
-            let group_key = (letter.projection.clone(), letter.source_key.clone());
-            match groups
-                .iter_mut()
-                .find(|(k, _)| *k == group_key && k.1.is_some())
-            {
-                Some((_, group)) => group.push(letter),
-                None => groups.push((group_key, vec![letter])),
-            }
-        }
         let mut remaining: Vec<DeadLetter> = Vec::new();
         let mut applied: Vec<DeadLetter> = Vec::new();
-        for ((projection, _), group) in groups {
-            let selection = if projection == WHOLE_RECORD {
+        // Letters come sorted by source item, then stream order.
+        let mut groups: Vec<Vec<DeadLetter>> = Vec::new();
+        for letter in letters {
+            if only_projection.is_some_and(|p| p != letter.projection) {
+                remaining.push(letter);
+                continue;
+            }
+            if letter.projection != WHOLE_RECORD
+                && self.spec.projection_id(&letter.projection).is_none()
+            {
+                tracing::warn!(projection = %letter.projection, "dead letters of a projection the spec no longer has: kept");
+                summary.skipped += 1;
+                remaining.push(letter);
+                continue;
+            }
+            match groups.last_mut() {
+                Some(group)
+                    if letter.source_key.is_some() && group[0].source_key == letter.source_key =>
+                {
+                    group.push(letter)
+                }
+                _ => groups.push(vec![letter]),
+            }
+        }
+        for group in groups {
+            // One record per sequence number; the projections it has
+            // letters for (`*`: all).
+            let mut records: Vec<(Option<String>, Vec<usize>)> = Vec::new();
+            for (i, letter) in group.iter().enumerate() {
+                match records.last_mut() {
+                    Some((seq, members)) if seq.is_some() && *seq == letter.sequence_number => {
+                        members.push(i)
+                    }
+                    _ => records.push((letter.sequence_number.clone(), vec![i])),
+                }
+            }
+            let selection = if group.iter().any(|l| l.projection == WHOLE_RECORD) {
                 None
             } else {
-                match self.spec.projection_id(&projection) {
-                    Some(id) => Some(vec![id]),
-                    None => {
-                        tracing::warn!(%projection, "dead letters of a projection the spec no longer has: kept");
-                        summary.skipped += group.len();
-                        remaining.extend(group);
-                        continue;
-                    }
-                }
+                let mut ids: Vec<ProjectionId> = group
+                    .iter()
+                    .filter_map(|l| self.spec.projection_id(&l.projection))
+                    .collect();
+                ids.sort_unstable();
+                ids.dedup();
+                Some(ids)
             };
-            let mut batch = Vec::with_capacity(group.len());
-            for (i, letter) in group.iter().enumerate() {
-                if let (Some(_), true, Some(key)) =
-                    (letter.images_omitted, letter.decoded, &letter.source_key)
-                {
-                    batch.push(self.current_state(i, letter, key).await.map_err(fatal)?);
+            let mut batch = Vec::with_capacity(records.len());
+            for (index, (_, members)) in records.iter().enumerate() {
+                let letter = &group[members[0]];
+                // A letter without its images, or of a scan (which meant
+                // "derive the item as it is"), applies the item's current
+                // state: effects are states, and the current one supersedes.
+                let scanned = letter
+                    .record
+                    .get("origin")
+                    .and_then(|origin| origin.get("type"))
+                    .is_some_and(|kind| kind == "scan");
+                if let (true, true, Some(key)) = (
+                    letter.images_omitted.is_some() || scanned,
+                    letter.decoded,
+                    &letter.source_key,
+                ) {
+                    batch.push(
+                        self.current_state(index, letter, key)
+                            .await
+                            .map_err(fatal)?,
+                    );
                     continue;
                 }
                 batch.push(if letter.decoded {
                     serde_json::from_value::<ChangeRecord>(letter.record.clone()).map_err(|error| {
                         crate::decode::DecodeProblem {
-                            index: i,
+                            index,
                             event_id: letter.event_id.clone(),
                             sequence_number: letter.sequence_number.clone(),
                             reason: format!("stored record is unreadable: {error}"),
@@ -640,7 +812,7 @@ impl Applier {
                         }
                     })
                 } else {
-                    decode_lambda_record(i, &letter.record)
+                    decode_lambda_record(index, &letter.record)
                 });
             }
             let options = BatchOptions {
@@ -649,10 +821,11 @@ impl Applier {
                 ..BatchOptions::default()
             };
             let outcome = self.apply_batch(&batch, &options).await?;
-            // Effects are states: once a later letter of the pair applies,
-            // the item's derived state is that letter's, and earlier letters
-            // that still fail (a stale image that can never render) are
-            // superseded. Letters after the last one that applied stay.
+            // Effects are states: once a later record of the item applies,
+            // the item's derived state is that record's, and earlier
+            // letters that still fail (a stale image that can never render,
+            // a record no build can decode) are superseded. Letters after
+            // the last record that applied stay.
             let handled =
                 |s: &RecordStatus| matches!(s, RecordStatus::Applied | RecordStatus::Skipped(_));
             let cut = outcome
@@ -660,17 +833,23 @@ impl Applier {
                 .iter()
                 .rposition(handled)
                 .map_or(0, |i| i + 1);
-            let n_applied = outcome.statuses[..cut]
-                .iter()
-                .filter(|s| handled(s))
-                .count();
-            summary.redriven += n_applied;
-            summary.superseded += cut - n_applied;
-            summary.still_failing += group.len() - cut;
-            let mut group = group;
-            let rest = group.split_off(cut);
-            applied.extend(group);
-            remaining.extend(rest);
+            for (index, (_, members)) in records.into_iter().enumerate() {
+                let n = members.len();
+                if index >= cut {
+                    summary.still_failing += n;
+                } else if handled(&outcome.statuses[index]) {
+                    summary.redriven += n;
+                } else {
+                    summary.superseded += n;
+                }
+                for i in members {
+                    if index < cut {
+                        applied.push(group[i].clone());
+                    } else {
+                        remaining.push(group[i].clone());
+                    }
+                }
+            }
         }
         store.remove(&applied, &remaining).await.map_err(fatal)?;
         Ok(summary)

@@ -30,7 +30,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 pub use check::{CheckStats, RecordedViolation};
-pub use dlq::{DeadLetter, DeadLetterStore, RedriveSummary};
+pub use dlq::{problem_key, DeadLetter, DeadLetterStore, Hold, RedriveSummary};
 pub use markers::CHANGES_ATTRIBUTE;
 pub(crate) use markers::{marker_change, Write as MarkerWrite};
 pub use retry::{classify, describe as retry_describe, ErrorClass};
@@ -234,27 +234,52 @@ impl Applier {
 
         // 1. Plan.
         let selection = options.selection.as_deref();
-        let mut plans = Vec::with_capacity(n);
-        for (i, decoded) in batch.iter().enumerate() {
-            match decoded {
-                Ok(record) => plans.push(Some(plan_record(spec, record, selection))),
-                Err(problem) => {
-                    letters.push((i, DeadLetter::for_problem(problem)));
-                    plans.push(None);
-                }
-            }
-        }
+        let mut plans: Vec<Option<crate::plan::RecordPlan>> = batch
+            .iter()
+            .map(|decoded| {
+                decoded
+                    .as_ref()
+                    .ok()
+                    .map(|record| plan_record(spec, record, selection))
+            })
+            .collect();
         let n_effects: usize = plans.iter().flatten().map(|p| p.effects.len()).sum();
+        // The item of each record (for an undecodable one, if its keys read).
+        let sources: Vec<Option<ItemKey>> = batch
+            .iter()
+            .map(|decoded| match decoded {
+                Ok(record) => spec.table.item_key(&record.keys),
+                Err(problem) => dlq::problem_key(problem, &spec.table),
+            })
+            .collect();
 
         let ctx = writes::Ctx::new(&self.client, &self.table, spec, &self.config);
 
-        // 2. Hold what sits behind a dead letter.
+        // 2. Hold what sits behind a dead letter. A redrive holds nothing:
+        // it replays an item's letters in order, and a later state
+        // supersedes an earlier failing one.
         let store = self.dead_letter_store();
-        let mut held: HashSet<(ProjectionId, ItemKey)> = HashSet::new();
-        if self.config.dead_letters && !options.redrive && n_effects > 0 {
+        let holding = self.config.dead_letters && !options.redrive;
+        let mut held: HashSet<dlq::Hold> = HashSet::new();
+        if holding && n_effects > 0 {
+            let mut candidates: HashSet<dlq::Hold> = HashSet::new();
+            for (plan, source) in plans.iter().zip(&sources) {
+                let (Some(plan), Some(source)) = (plan, source) else {
+                    continue;
+                };
+                if plan.effects.is_empty() {
+                    continue;
+                }
+                candidates.insert((dlq::WHOLE_RECORD.to_string(), source.clone()));
+                for effect in &plan.effects {
+                    for id in effect_projections(effect) {
+                        candidates.insert((spec.projections[id].name.clone(), source.clone()));
+                    }
+                }
+            }
             ctx.count(|r| &mut r.holds_reads);
-            let stored = match store.holds(self.config.max_retry_time).await {
-                Ok(stored) => stored,
+            match store.held(&candidates, self.config.max_retry_time).await {
+                Ok(stored) => held = stored,
                 // DynamoDB kept failing (throttling, 5xx): nothing is
                 // written, and the whole batch is delivered again. Only a
                 // wrong configuration fails the batch as a whole.
@@ -271,27 +296,40 @@ impl Applier {
                     return Ok(BatchOutcome { statuses, stats });
                 }
                 Err(error) => return Err(fatal(error.to_string())),
-            };
-            held.extend(stored.into_iter().filter_map(|(projection, key)| {
-                spec.projection_id(&projection).map(|id| (id, key))
-            }));
+            }
         }
+        let is_held = |held: &HashSet<dlq::Hold>, name: &str, key: &ItemKey| {
+            held.contains(&(dlq::WHOLE_RECORD.to_string(), key.clone()))
+                || held.contains(&(name.to_string(), key.clone()))
+        };
         let mut effects = Vec::with_capacity(n_effects);
         for (i, plan) in plans.iter_mut().enumerate() {
-            let (Some(plan), Ok(record)) = (plan.as_mut(), &batch[i]) else {
-                continue;
+            let source = &sources[i];
+            let record = match &batch[i] {
+                Ok(record) => record,
+                Err(problem) => {
+                    // A record that could not be decoded holds every later
+                    // record of its item.
+                    letters.push((i, DeadLetter::for_problem(problem, source.clone())));
+                    if let (true, Some(key)) = (holding, source) {
+                        held.insert((dlq::WHOLE_RECORD.to_string(), key.clone()));
+                    }
+                    continue;
+                }
             };
-            let source = spec.table.item_key(&record.keys);
+            let Some(plan) = plan.as_mut() else { continue };
             for error in &plan.errors {
                 let projection = error
                     .projection
                     .map_or(dlq::WHOLE_RECORD, |id| spec.projections[id].name.as_str());
                 // A record that fails behind an earlier letter of its pair is
-                // also held: redrive must reach it only after that one. A
-                // redrive holds nothing: it replays a pair's letters in order
-                // and a later state supersedes an earlier failing one.
-                let behind = match (error.projection, &source) {
-                    (Some(id), Some(key)) if !options.redrive => !held.insert((id, key.clone())),
+                // also held: redrive must reach it only after that one.
+                let behind = match source {
+                    Some(key) if holding => {
+                        let behind = is_held(&held, projection, key);
+                        held.insert((projection.to_string(), key.clone()));
+                        behind
+                    }
                     _ => false,
                 };
                 letters.push((
@@ -306,8 +344,11 @@ impl Applier {
                 ));
             }
             for effect in plan.effects.drain(..) {
-                if let Some(key) = &source {
-                    if held.contains(&(effect.projection, key.clone())) {
+                if let (true, Some(key)) = (holding, source) {
+                    let held_for = effect_projections(&effect)
+                        .into_iter()
+                        .any(|id| is_held(&held, &spec.projections[id].name, key));
+                    if held_for {
                         let name = &spec.projections[effect.projection].name;
                         if !letters
                             .iter()
@@ -323,6 +364,7 @@ impl Applier {
                                     true,
                                 ),
                             ));
+                            held.insert((name.clone(), key.clone()));
                         }
                         continue;
                     }
@@ -641,6 +683,16 @@ impl Applier {
             })
             .collect()
     }
+}
+
+/// The projections an effect writes for: its own, and for a marker the
+/// counters whose records ride on it.
+fn effect_projections(effect: &crate::plan::Effect) -> Vec<ProjectionId> {
+    let mut ids = vec![effect.projection];
+    if let crate::plan::Op::Membership { counters, .. } = &effect.op {
+        ids.extend(counters.iter().map(|c| c.counter));
+    }
+    ids
 }
 
 fn record_metrics(statuses: &[RecordStatus], stats: &BatchStats) {

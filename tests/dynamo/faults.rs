@@ -839,7 +839,7 @@ async fn a_holds_read_that_keeps_failing_fails_the_records_not_the_batch() {
     let clean = aws_sdk_dynamodb::Client::new(&config);
     let spec = support::shipped_spec("social-service.toml");
     let table = support::fresh_table(&clean, &spec, "fault-holds").await;
-    let faults = Faults::always(Fault::ServerError, &["GetItem"]);
+    let faults = Faults::always(Fault::ServerError, &["Query"]);
     let applier = Applier::new(
         faults.dynamodb(&config, false),
         spec.clone(),

@@ -4,9 +4,9 @@
 
 use aws_sdk_dynamodb::types::AttributeValue as Av;
 use ddb_projector::apply::{Applier, ApplyConfig, BatchOptions, RecordStatus};
-use ddb_projector::decode::decode_lambda_event;
+use ddb_projector::decode::{decode_lambda_event, decode_scanned_item};
 
-use super::model::{attrs, Attrs, History};
+use super::model::{attrs, put_item, Attrs, History};
 use super::support::{self, s};
 
 fn email(user: &str, id: &str, address: Av) -> Attrs {
@@ -87,25 +87,25 @@ async fn records_of_an_item_wait_behind_a_record_that_could_not_be_decoded() {
     // The first record's image holds a type no DynamoDB has; its keys read.
     let event = serde_json::json!({"Records": [
         {
-            "eventID": "1", "eventName": "INSERT", "eventSource": "aws:dynamodb",
+            "eventID": "1", "eventName": "INSERT", "eventSource": "aws:dynamodb", "awsRegion": "us-east-1", "eventVersion": "1.1",
             "dynamodb": {
                 "Keys": {"PK": {"S": "USER#u1"}, "SK": {"S": "EMAIL#e1"}},
                 "NewImage": {"PK": {"S": "USER#u1"}, "SK": {"S": "EMAIL#e1"}, "email": {"QQ": "?"}},
-                "SequenceNumber": "100", "StreamViewType": "NEW_AND_OLD_IMAGES"
+                "SequenceNumber": "100", "SizeBytes": 100, "StreamViewType": "NEW_AND_OLD_IMAGES"
             }
         },
         {
-            "eventID": "2", "eventName": "MODIFY", "eventSource": "aws:dynamodb",
+            "eventID": "2", "eventName": "MODIFY", "eventSource": "aws:dynamodb", "awsRegion": "us-east-1", "eventVersion": "1.1",
             "dynamodb": {
                 "Keys": {"PK": {"S": "USER#u1"}, "SK": {"S": "EMAIL#e1"}},
                 "NewImage": {"PK": {"S": "USER#u1"}, "SK": {"S": "EMAIL#e1"}, "userId": {"S": "u1"},
                              "emailId": {"S": "e1"}, "email": {"S": "a@x.org"}},
-                "SequenceNumber": "200", "StreamViewType": "NEW_AND_OLD_IMAGES"
+                "SequenceNumber": "200", "SizeBytes": 100, "StreamViewType": "NEW_AND_OLD_IMAGES"
             }
         }
     ]});
     let batch = decode_lambda_event(event.to_string().as_bytes()).unwrap();
-    assert!(batch[0].is_err() && batch[1].is_ok());
+    assert!(batch[0].is_err() && batch[1].is_ok(), "{batch:?}");
     let outcome = applier
         .apply_batch(&batch, &BatchOptions::default())
         .await
@@ -124,5 +124,105 @@ async fn records_of_an_item_wait_behind_a_record_that_could_not_be_decoded() {
         matches!(&outcome.statuses[0], RecordStatus::DeadLettered(r) if r[0].contains("held")),
         "{:?}",
         outcome.statuses
+    );
+}
+
+#[tokio::test]
+async fn a_redrive_lets_later_records_supersede_one_no_build_can_decode() {
+    let applier = setup("undecodable-redrive").await;
+    let client = applier.client().clone();
+    let good = email("u1", "e1", s("Sam@X.org"));
+    put_item(&client, applier.table(), &good).await;
+    let mut history = History::default();
+    history.put(good);
+    let event = serde_json::json!({"Records": [
+        {
+            "eventID": "1", "eventName": "INSERT", "eventSource": "aws:dynamodb", "awsRegion": "us-east-1", "eventVersion": "1.1",
+            "dynamodb": {
+                "Keys": {"PK": {"S": "USER#u1"}, "SK": {"S": "EMAIL#e1"}},
+                "NewImage": {"PK": {"S": "USER#u1"}, "SK": {"S": "EMAIL#e1"}, "email": {"QQ": "?"}},
+                "SequenceNumber": "0", "SizeBytes": 100, "StreamViewType": "NEW_AND_OLD_IMAGES"
+            }
+        }
+    ]});
+    let mut batch = decode_lambda_event(event.to_string().as_bytes()).unwrap();
+    batch.extend(history.records.clone());
+    let outcome = applier
+        .apply_batch(&batch, &BatchOptions::default())
+        .await
+        .unwrap();
+    assert!(outcome
+        .statuses
+        .iter()
+        .all(|s| matches!(s, RecordStatus::DeadLettered(_))));
+    let summary = applier.redrive(None).await.unwrap();
+    assert_eq!(
+        (summary.redriven, summary.superseded, summary.still_failing),
+        (1, 1, 0),
+        "{summary:?}"
+    );
+    assert!(applier.dead_letter_store().list().await.unwrap().is_empty());
+    let item = support::get(&client, applier.table(), "USER#u1", "EMAIL#e1")
+        .await
+        .unwrap();
+    assert_eq!(
+        support::text(&item, "GSI1PK").as_deref(),
+        Some("EMAIL#sam@x.org")
+    );
+    // The item is no longer held.
+    let mut later = History::default();
+    later.put(email("u1", "e1", s("Kim@X.org")));
+    let outcome = applier
+        .apply_batch(&later.records, &BatchOptions::default())
+        .await
+        .unwrap();
+    assert_eq!(outcome.statuses, vec![RecordStatus::Applied]);
+}
+
+#[tokio::test]
+async fn a_backfill_letter_is_redriven_from_the_items_current_state() {
+    let applier = setup("scan-letter").await;
+    let client = applier.client().clone();
+    let bad = email("u1", "e1", poison());
+    put_item(&client, applier.table(), &bad).await;
+    // The backfill's scan reads the poison item...
+    let scanned = support::get(&client, applier.table(), "USER#u1", "EMAIL#e1")
+        .await
+        .unwrap();
+    // ...a writer fixes it and the live worker applies the fix...
+    let fixed = email("u1", "e1", s("Sam@X.org"));
+    put_item(&client, applier.table(), &fixed).await;
+    let mut history = History::default();
+    history.put(fixed);
+    let outcome = applier
+        .apply_batch(&history.records, &BatchOptions::default())
+        .await
+        .unwrap();
+    assert_eq!(outcome.statuses, vec![RecordStatus::Applied]);
+    // ...then the backfill's page lands, and dead-letters its stale image.
+    let record = decode_scanned_item(&applier.spec().table, 0, 1, scanned);
+    let outcome = applier
+        .apply_batch(
+            &[record],
+            &BatchOptions {
+                read_markers_first: true,
+                ..BatchOptions::default()
+            },
+        )
+        .await
+        .unwrap();
+    assert!(matches!(
+        &outcome.statuses[0],
+        RecordStatus::DeadLettered(_)
+    ));
+    let summary = applier.redrive(None).await.unwrap();
+    assert_eq!(summary.redriven, 1, "{summary:?}");
+    assert!(applier.dead_letter_store().list().await.unwrap().is_empty());
+    let item = support::get(&client, applier.table(), "USER#u1", "EMAIL#e1")
+        .await
+        .unwrap();
+    assert_eq!(
+        support::text(&item, "GSI1PK").as_deref(),
+        Some("EMAIL#sam@x.org")
     );
 }

@@ -6,6 +6,7 @@ mod applier;
 mod audit;
 mod backfill;
 mod faults;
+mod holds;
 mod lambda;
 mod membership;
 mod model;
