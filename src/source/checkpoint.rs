@@ -221,8 +221,30 @@ impl CheckpointStore {
     }
 
     /// Writes a checkpoint, only if the stored sequence number is still
-    /// `previous` (what this runner read or last wrote).
+    /// `previous` (what this runner read or last wrote) or one of
+    /// `unconfirmed` (positions this runner wrote whose answer was lost:
+    /// the write may have landed).
     pub async fn save(
+        &self,
+        previous: Option<&SequenceNumber>,
+        unconfirmed: &[SequenceNumber],
+        checkpoint: &Checkpoint,
+    ) -> Result<(), CheckpointError> {
+        match self.save_from(previous, checkpoint).await {
+            Err(CheckpointError::Conflict { found, .. })
+                if unconfirmed
+                    .iter()
+                    .any(|mine| *mine == SequenceNumber(found.clone())) =>
+            {
+                // Our own earlier write landed after all: go on from it.
+                let found = SequenceNumber(found);
+                self.save_from(Some(&found), checkpoint).await
+            }
+            other => other,
+        }
+    }
+
+    async fn save_from(
         &self,
         previous: Option<&SequenceNumber>,
         checkpoint: &Checkpoint,

@@ -531,6 +531,9 @@ struct ShardRun {
     position: Option<SequenceNumber>,
     /// The sequence number the checkpoint item holds.
     durable: Option<SequenceNumber>,
+    /// Positions whose checkpoint write failed after retries: each may
+    /// have landed all the same (an answer lost after the write).
+    unconfirmed: Vec<SequenceNumber>,
     /// Records handled in the shard up to `position`.
     records: u64,
 }
@@ -682,6 +685,7 @@ impl Coordinator {
                 parent: info.parent.clone(),
                 position: None,
                 durable: None,
+                unconfirmed: Vec::new(),
                 records: 0,
             };
             let mut state = ShardState::Waiting;
@@ -1055,9 +1059,13 @@ async fn save(shared: &Shared, run: &mut ShardRun, finished: bool) -> Result<(),
         records: run.records,
         updated_at: String::new(),
     };
-    match store.save(run.durable.as_ref(), &checkpoint).await {
+    match store
+        .save(run.durable.as_ref(), &run.unconfirmed, &checkpoint)
+        .await
+    {
         Ok(()) => {
             run.durable = run.position.clone();
+            run.unconfirmed.clear();
             shared.summary.lock().expect("summary lock").checkpoints += 1;
             metrics::counter!("projector_checkpoints_total").increment(1);
             tracing::debug!(shard = %run.shard_id, sequence_number = run.position.as_ref().map_or("", |s| s.as_str()), finished, "checkpoint written");
@@ -1065,6 +1073,9 @@ async fn save(shared: &Shared, run: &mut ShardRun, finished: bool) -> Result<(),
         }
         Err(CheckpointError::Transient { operation, message }) => {
             tracing::warn!(shard = %run.shard_id, operation, %message, "checkpoint not written; trying again after the next batch");
+            if let Some(position) = &run.position {
+                run.unconfirmed.push(position.clone());
+            }
             Ok(())
         }
         Err(error) => Err(error.into()),

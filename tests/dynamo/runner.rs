@@ -1230,7 +1230,7 @@ async fn a_checkpoint_whose_records_are_gone_stops_the_runner_loudly() {
     let mut old = checkpoints[0].clone();
     old.sequence_number = Some(ddb_projector::record::SequenceNumber(format!("{:021}", 1)));
     store.reset(None).await.unwrap();
-    store.save(None, &old).await.unwrap();
+    store.save(None, &[], &old).await.unwrap();
     put_item(&client, &table, &campaign("c2", "p1", "ENABLED")).await;
 
     let error = runner
@@ -1318,4 +1318,52 @@ async fn missing_credentials_fail_within_seconds_and_write_nothing() {
     let _ = std::fs::remove_dir_all(&home);
     let stored = get(&client, &table, "USER#u1", "EMAIL#e1").await.unwrap();
     assert!(!stored.contains_key("GSI1PK"), "nothing was written");
+}
+
+#[tokio::test]
+async fn a_checkpoint_write_that_landed_unanswered_is_not_taken_for_another_runner() {
+    use ddb_projector::record::SequenceNumber;
+    use ddb_projector::source::checkpoint::CheckpointError;
+    use ddb_projector::source::{Checkpoint, CheckpointStore};
+    let client = support::client().await;
+    let spec = support::shipped_spec("social-service.toml");
+    let table = support::fresh_table(&client, &spec, "ckpt-lost").await;
+    let store = CheckpointStore::new(
+        client,
+        &table,
+        &spec,
+        "arn:aws:dynamodb:us-east-1:1:table/T/stream/1",
+    );
+    let seq = |n: &str| SequenceNumber(n.to_string());
+    let at = |n: &str| Checkpoint {
+        shard_id: "shardId-1".to_string(),
+        sequence_number: Some(seq(n)),
+        ..Checkpoint::default()
+    };
+    store.save(None, &[], &at("100")).await.unwrap();
+    // The write of 200 lands, but every answer to it is lost: the runner
+    // still believes 100 is stored, and remembers 200 as unconfirmed.
+    store
+        .save(Some(&seq("100")), &[], &at("200"))
+        .await
+        .unwrap();
+    // Unaware, its next write would look like another runner's doing...
+    assert!(matches!(
+        store.save(Some(&seq("100")), &[], &at("300")).await,
+        Err(CheckpointError::Conflict { .. })
+    ));
+    // ...knowing its own unconfirmed write, it goes on.
+    store
+        .save(Some(&seq("100")), &[seq("200")], &at("300"))
+        .await
+        .unwrap();
+    let stored = store.load("shardId-1").await.unwrap().unwrap();
+    assert_eq!(stored.sequence_number, Some(seq("300")));
+    // A position this runner never wrote is still another runner's.
+    assert!(matches!(
+        store
+            .save(Some(&seq("100")), &[seq("250")], &at("400"))
+            .await,
+        Err(CheckpointError::Conflict { .. })
+    ));
 }
