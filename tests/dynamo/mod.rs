@@ -5,6 +5,7 @@ pub mod support;
 mod applier;
 mod audit;
 mod backfill;
+mod delivery;
 mod faults;
 mod holds;
 mod lambda;

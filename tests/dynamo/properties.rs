@@ -17,34 +17,22 @@
 //! later run (commit them: they are the regression cases).
 //! `PROPTEST_CASES` sets the number of cases per spec.
 
-use std::collections::{BTreeMap, BTreeSet};
-use std::sync::{Arc, OnceLock};
+use std::collections::BTreeSet;
+use std::sync::Arc;
 
 use aws_sdk_dynamodb::types::AttributeValue as Av;
-use ddb_projector::apply::{Applier, ApplyConfig, BatchOptions};
+use ddb_projector::apply::{Applier, ApplyConfig};
 use ddb_projector::audit::{audit, AuditOptions, Problem};
 use ddb_projector::spec::Spec;
 use proptest::prelude::*;
 use proptest::test_runner::{Config, FileFailurePersistence, TestCaseError, TestRunner};
 
-use super::model::{
-    achievement, attrs, campaign, check_derived, delete_item, put_item, Attrs, History, Record,
-};
-use super::support::{self, s, text};
+use super::delivery::{apply, deliver, delivery, runtime, snapshot, Delivery, Writer};
+use super::model::{achievement, attrs, campaign, check_derived, Attrs, History};
+use super::support::{self, s};
 
 /// Cases per spec unless `PROPTEST_CASES` says otherwise.
 const CASES: u32 = 10;
-
-fn runtime() -> &'static tokio::runtime::Runtime {
-    static RUNTIME: OnceLock<tokio::runtime::Runtime> = OnceLock::new();
-    RUNTIME.get_or_init(|| {
-        tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(2)
-            .enable_all()
-            .build()
-            .expect("a tokio runtime")
-    })
-}
 
 // ------------------------------------------------------------ histories ---
 
@@ -317,196 +305,7 @@ fn is_primary(item: &Attrs) -> bool {
     item.get("isPrimary") == Some(&Av::Bool(true))
 }
 
-// ------------------------------------------------------------- delivery ---
-
-/// What goes wrong around one batch.
-#[derive(Debug, Clone)]
-enum Mishap {
-    None,
-    /// The invocation applied the first `percent`% of the batch and then
-    /// crashed (or timed out); Lambda bisects: the first half, then the
-    /// second, each delivered again from its first failed record.
-    CrashThenBisect {
-        percent: u8,
-    },
-    /// The batch was applied but its checkpoint was lost: the last `back`
-    /// delivered records come again, in order.
-    Redeliver {
-        back: u8,
-    },
-}
-
-/// How the stream reaches the applier.
-#[derive(Debug, Clone)]
-struct Delivery {
-    /// Priorities that interleave the items' records (per-item order kept).
-    shuffle: Vec<u32>,
-    /// Batch sizes, used in turn.
-    sizes: Vec<usize>,
-    /// One per batch, used in turn.
-    mishaps: Vec<Mishap>,
-    /// Source items are written as the stream goes (the table is at most
-    /// `ahead` records ahead of the batch), or all up front.
-    live: Option<u8>,
-}
-
-fn delivery() -> impl Strategy<Value = Delivery> {
-    let mishap = prop_oneof![
-        5 => Just(Mishap::None),
-        2 => (0u8..=100).prop_map(|percent| Mishap::CrashThenBisect { percent }),
-        2 => (1u8..40).prop_map(|back| Mishap::Redeliver { back }),
-    ];
-    (
-        prop::collection::vec(any::<u32>(), 1..64),
-        prop::collection::vec(1usize..30, 1..6),
-        prop::collection::vec(mishap, 1..8),
-        prop::option::of(0u8..20),
-    )
-        .prop_map(|(shuffle, sizes, mishaps, live)| Delivery {
-            shuffle,
-            sizes,
-            mishaps,
-            live,
-        })
-}
-
-/// A random interleaving of the records that keeps each item's records in
-/// stream order: shuffle the positions, then give each item's positions to
-/// its records in order.
-fn interleave(records: &[Record], shuffle: &[u32]) -> Vec<usize> {
-    let mut order: Vec<usize> = (0..records.len()).collect();
-    order.sort_by_key(|&i| (shuffle[i % shuffle.len()].rotate_left(i as u32 % 31), i));
-    let key = |i: usize| {
-        let record = records[i].as_ref().expect("generated records decode");
-        History::key(&record.keys.to_item().into())
-    };
-    let mut slots: BTreeMap<(String, String), Vec<usize>> = BTreeMap::new();
-    for (slot, &i) in order.iter().enumerate() {
-        slots.entry(key(i)).or_default().push(slot);
-    }
-    let mut by_item: BTreeMap<(String, String), Vec<usize>> = BTreeMap::new();
-    for i in 0..records.len() {
-        by_item.entry(key(i)).or_default().push(i);
-    }
-    let mut out = vec![0; records.len()];
-    for (item, indexes) in by_item {
-        for (slot, i) in slots[&item].iter().zip(indexes) {
-            out[*slot] = i;
-        }
-    }
-    out
-}
-
-/// Applies `batch` as Lambda delivers it: again from the first record not
-/// handled, until all are.
-async fn apply(applier: &Applier, batch: &[Record]) -> Result<(), TestCaseError> {
-    let mut start = 0;
-    for _ in 0..40 {
-        if start >= batch.len() {
-            return Ok(());
-        }
-        let outcome = applier
-            .apply_batch(&batch[start..], &BatchOptions::default())
-            .await
-            .map_err(|error| TestCaseError::fail(format!("the batch failed whole: {error}")))?;
-        match outcome.first_failure() {
-            Some(index) => start += index,
-            None => return Ok(()),
-        }
-    }
-    Err(TestCaseError::fail(
-        "a batch was not handled after 40 passes",
-    ))
-}
-
-/// The writers' writes, in order, up to record `upto` (exclusive).
-struct Writer<'a> {
-    client: &'a aws_sdk_dynamodb::Client,
-    table: &'a str,
-    history: &'a History,
-    written: usize,
-}
-
-impl Writer<'_> {
-    async fn write_until(&mut self, upto: usize) {
-        while self.written < upto.min(self.history.records.len()) {
-            let record = self.history.records[self.written]
-                .as_ref()
-                .expect("generated records decode");
-            match &record.new_image {
-                Some(image) => put_item(self.client, self.table, &image.to_item().into()).await,
-                None => delete_item(self.client, self.table, record.keys.to_item().into()).await,
-            }
-            self.written += 1;
-        }
-    }
-}
-
-async fn deliver(
-    applier: &Applier,
-    writer: &mut Writer<'_>,
-    records: &[Record],
-    plan: &Delivery,
-) -> Result<(), TestCaseError> {
-    let order = interleave(records, &plan.shuffle);
-    let mut delivered: Vec<usize> = Vec::new();
-    let mut at = 0;
-    let mut turn = 0;
-    while at < order.len() {
-        let size = plan.sizes[turn % plan.sizes.len()];
-        let mishap = &plan.mishaps[turn % plan.mishaps.len()];
-        turn += 1;
-        let indexes = &order[at..(at + size).min(order.len())];
-        at += indexes.len();
-        // A record exists only once its write happened.
-        let newest = indexes.iter().max().copied().unwrap_or(0) + 1;
-        writer
-            .write_until(newest + plan.live.map_or(records.len(), usize::from))
-            .await;
-        let batch: Vec<Record> = indexes.iter().map(|&i| records[i].clone()).collect();
-        match *mishap {
-            Mishap::None => apply(applier, &batch).await?,
-            Mishap::CrashThenBisect { percent } => {
-                let done = batch.len() * usize::from(percent) / 100;
-                // What the crashed invocation got done is unknown to Lambda.
-                let _ = applier
-                    .apply_batch(&batch[..done], &BatchOptions::default())
-                    .await;
-                let half = batch.len().div_ceil(2);
-                apply(applier, &batch[..half]).await?;
-                apply(applier, &batch[half..]).await?;
-            }
-            Mishap::Redeliver { back } => {
-                apply(applier, &batch).await?;
-                delivered.extend_from_slice(indexes);
-                let from = delivered.len().saturating_sub(usize::from(back));
-                let again: Vec<Record> = delivered[from..]
-                    .iter()
-                    .map(|&i| records[i].clone())
-                    .collect();
-                apply(applier, &again).await?;
-                continue;
-            }
-        }
-        delivered.extend_from_slice(indexes);
-    }
-    writer.write_until(records.len()).await;
-    Ok(())
-}
-
 // ------------------------------------------------------------- checking ---
-
-/// Every item but recorded violations (whose `lastSeen` moves when a check
-/// confirms them).
-async fn snapshot(client: &aws_sdk_dynamodb::Client, table: &str) -> Vec<Attrs> {
-    let mut items: Vec<Attrs> = support::scan_all(client, table)
-        .await
-        .into_iter()
-        .filter(|item| !text(item, "PK").is_some_and(|pk| pk.starts_with("_ddbp#violation#")))
-        .collect();
-    items.sort_by_key(History::key);
-    items
-}
 
 /// Violations by invariant and the items involved (the audit names an
 /// `implies` violation by its item, the store by its partition).
@@ -541,7 +340,7 @@ async fn case(spec: Arc<Spec>, ops: &[Op], plan: &Delivery) -> Result<(), TestCa
         written: 0,
     };
     let result = async {
-        deliver(&applier, &mut writer, &history.records, plan).await?;
+        deliver(&applier, &mut writer, 0, plan).await?;
         let problems = check_derived(&client, &table, &spec, &[]).await;
         prop_assert!(
             problems.is_empty(),
