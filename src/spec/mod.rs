@@ -1566,6 +1566,30 @@ impl Compiler {
     /// writers of an attribute undo each other's writes, and index keys that
     /// read each other's outputs rewrite each other, forever.
     fn check_attributes(&mut self, projections: &[Projection], entities: &[Entity]) {
+        // One inverse edge per target entity: a reverse item marks one
+        // edge's membership; two edges would create and delete it in turn.
+        let mut reverse: BTreeMap<EntityId, Vec<&str>> = BTreeMap::new();
+        for projection in projections {
+            if let ProjectionKind::InverseEdge(edge) = &projection.kind {
+                reverse
+                    .entry(edge.target)
+                    .or_default()
+                    .push(projection.name.as_str());
+            }
+        }
+        for (entity, names) in &reverse {
+            if let [first, rest @ ..] = names.as_slice() {
+                for name in rest {
+                    self.error(
+                        format!("projection `{name}`"),
+                        format!(
+                            "projections `{first}` and `{name}` both keep the reverse items of entity `{}`: each would delete the other's; give each inverse edge a target entity of its own",
+                            entities[*entity].name
+                        ),
+                    );
+                }
+            }
+        }
         let mut writers: BTreeMap<(EntityId, &str), Vec<&str>> = BTreeMap::new();
         for projection in projections {
             let (entity, written) = match &projection.kind {

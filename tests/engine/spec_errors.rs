@@ -982,3 +982,26 @@ target = "fan"
         "#]],
     );
 }
+
+#[test]
+fn two_inverse_edges_may_not_keep_the_same_reverse_items() {
+    check_with(
+        r#"
+[[projections]]
+name = "followed-by"
+kind = "inverse-edge"
+source = "follow"
+target = "followed_by"
+
+[[projections]]
+name = "close-friends"
+kind = "inverse-edge"
+source = "follow"
+target = "followed_by"
+when = { close = true }
+"#,
+        expect![[r#"
+            spec.toml: projection `close-friends`: projections `followed-by` and `close-friends` both keep the reverse items of entity `followed_by`: each would delete the other's; give each inverse edge a target entity of its own
+        "#]],
+    );
+}
