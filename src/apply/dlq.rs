@@ -644,9 +644,11 @@ fn stored_record(letter: &DeadLetter) -> (String, Option<usize>) {
 }
 
 impl Applier {
-    /// For a letter stored without its images: the item's current state,
-    /// read consistently, as the record to apply (effects are states, so
-    /// the current state supersedes the one the letter was about).
+    /// The item's current state, read consistently, as a record to apply
+    /// in place of `letter` (effects are states, so the current state
+    /// supersedes the one the letter was about). It keeps the letter's
+    /// event id and sequence number: if it fails too, its letter is that
+    /// letter again, not a new one.
     async fn current_state(
         &self,
         index: usize,
@@ -670,19 +672,7 @@ impl Applier {
             },
         )
         .await?;
-        let mut record: ChangeRecord = match serde_json::from_value(letter.record.clone()) {
-            Ok(record) => record,
-            Err(error) => {
-                return Ok(Err(crate::decode::DecodeProblem {
-                    index,
-                    event_id: letter.event_id.clone(),
-                    sequence_number: letter.sequence_number.clone(),
-                    reason: format!("stored record is unreadable: {error}"),
-                    raw: letter.record.clone(),
-                }))
-            }
-        };
-        match output.item.map(crate::decode::item_from_sdk) {
+        let (kind, image) = match output.item.map(crate::decode::item_from_sdk) {
             Some(Err(error)) => {
                 return Ok(Err(crate::decode::DecodeProblem {
                     index,
@@ -692,19 +682,27 @@ impl Applier {
                     raw: letter.record.clone(),
                 }))
             }
-            Some(Ok(item)) => {
-                record.kind = crate::record::ChangeKind::Insert;
-                record.old_image = None;
-                record.new_image = Some(item.into());
-            }
-            None => {
-                record.kind = crate::record::ChangeKind::Remove;
-                record.old_image = None;
-                record.new_image = None;
-            }
-        }
-        record.origin = crate::record::Origin::Scan { segment: 0 };
-        Ok(Ok(record))
+            Some(Ok(item)) => (crate::record::ChangeKind::Insert, Some(item.into())),
+            None => (crate::record::ChangeKind::Remove, None),
+        };
+        Ok(Ok(ChangeRecord {
+            event_id: letter.event_id.clone().unwrap_or_default(),
+            kind,
+            keys: crate::record::Item::from(item_key).into(),
+            old_image: None,
+            new_image: image,
+            sequence_number: crate::record::SequenceNumber(
+                letter
+                    .sequence_number
+                    .clone()
+                    .unwrap_or_else(|| "0".to_string()),
+            ),
+            approximate_creation_ms: None,
+            ttl_expiry: false,
+            view_type: Some(crate::record::ViewType::NewImage),
+            size_bytes: None,
+            origin: crate::record::Origin::Scan { segment: 0 },
+        }))
     }
 
     /// The dead-letter store of this applier's table.
@@ -815,17 +813,29 @@ impl Applier {
                     decode_lambda_record(index, &letter.record)
                 });
             }
+            // Last, the item as it is now: effects are states, so once it
+            // applies, every letter of the item is superseded, even one
+            // whose later records planned nothing to hold (a poison item
+            // deleted since).
+            if let Some(key) = &group[0].source_key {
+                let last = &group[group.len() - 1];
+                batch.push(
+                    self.current_state(batch.len(), last, key)
+                        .await
+                        .map_err(fatal)?,
+                );
+            }
             let options = BatchOptions {
                 selection,
                 redrive: true,
                 ..BatchOptions::default()
             };
             let outcome = self.apply_batch(&batch, &options).await?;
-            // Effects are states: once a later record of the item applies,
-            // the item's derived state is that record's, and earlier
-            // letters that still fail (a stale image that can never render,
-            // a record no build can decode) are superseded. Letters after
-            // the last record that applied stay.
+            // Once a later record of the item applies, the item's derived
+            // state is that record's, and earlier letters that still fail
+            // (a stale image that can never render, a record no build can
+            // decode) are superseded. Letters after the last record that
+            // applied stay.
             let handled =
                 |s: &RecordStatus| matches!(s, RecordStatus::Applied | RecordStatus::Skipped(_));
             let cut = outcome
