@@ -61,6 +61,10 @@ pub(crate) enum Want<'e> {
         records: Vec<String>,
         /// Attributes the projection copies (removed when not wanted).
         managed: Vec<String>,
+        /// Attributes other projections write on the marker's entity:
+        /// left as they are. Anything else the marker holds beyond its key,
+        /// its copies and the known records goes.
+        keep: Vec<String>,
         /// Record attributes of every counter of the source's entity: all
         /// the records the marker may carry.
         known: Vec<String>,
@@ -125,6 +129,27 @@ pub(crate) fn known_records(spec: &Spec, projection: ProjectionId) -> Vec<String
         .collect()
 }
 
+/// Attributes other projections write on the items of the entity whose
+/// markers `projection` keeps (index keys or copies onto reverse items).
+pub(crate) fn foreign_attributes(spec: &Spec, projection: ProjectionId) -> Vec<String> {
+    let ProjectionKind::InverseEdge(edge) = &spec.projections[projection].kind else {
+        return Vec::new();
+    };
+    let mut out = Vec::new();
+    for (id, other) in spec.projections.iter().enumerate() {
+        if id == projection {
+            continue;
+        }
+        let written = match &other.kind {
+            ProjectionKind::IndexKeys(keys) if keys.entity == edge.target => &keys.set,
+            ProjectionKind::Denormalize(copy) if copy.target == edge.target => &copy.copy,
+            _ => continue,
+        };
+        out.extend(written.iter().map(|(name, _)| name.clone()));
+    }
+    out
+}
+
 /// What a membership or record effect wants of its marker item (`None`
 /// for other effects).
 pub(crate) fn marker_change<'e>(spec: &Spec, effect: &'e Effect) -> Option<MarkerChange<'e>> {
@@ -153,6 +178,7 @@ pub(crate) fn marker_change<'e>(spec: &Spec, effect: &'e Effect) -> Option<Marke
                         .map(|c| spec.record_attribute(c.counter))
                         .collect(),
                     managed,
+                    keep: foreign_attributes(spec, effect.projection),
                     known: known_records(spec, effect.projection),
                     was_present: *was_present,
                 },
@@ -238,8 +264,8 @@ impl MarkerChange<'_> {
                 state,
                 counters,
                 records,
-                managed,
                 known,
+                keep,
                 ..
             } => match (state, old) {
                 (MarkerState::Absent, None) => None,
@@ -285,11 +311,18 @@ impl MarkerChange<'_> {
                             set.push((name.clone(), value.clone()));
                         }
                     }
-                    for name in managed {
-                        if !content.contains_key(name) && old.contains_key(name) {
+                    // A copy no longer wanted, one an older definition made,
+                    // a retired counter's record: not the marker's any more.
+                    for (name, _) in old.iter() {
+                        if !table.is_key_attribute(name)
+                            && !content.contains_key(name)
+                            && !known.contains(name)
+                            && !keep.contains(name)
+                        {
                             remove.push(name.clone());
                         }
                     }
+                    remove.sort();
                     let mut pins = Vec::new();
                     let mut deltas = Vec::new();
                     for (counter, attribute) in counters.iter().zip(records) {
@@ -339,6 +372,7 @@ impl MarkerChange<'_> {
                 managed,
                 known,
                 was_present,
+                ..
             } => {
                 if !was_present {
                     return match self.exact(table, None) {
@@ -1092,6 +1126,7 @@ mod tests {
                 counters,
                 records: vec!["_ddbp#c#followers".into(), "_ddbp#c#following".into()],
                 managed: vec!["at".into()],
+                keep: vec![],
                 known: vec![
                     "_ddbp#c#followers".into(),
                     "_ddbp#c#following".into(),

@@ -597,13 +597,16 @@ impl Applier {
         for (index, group) in groups.iter().enumerate() {
             match &group.effect.op {
                 // Memberships that carry counter records (or may: their
-                // source's entity is counted), or that a snapshot planned,
-                // are written conditionally.
+                // source's entity is counted), share their items with other
+                // projections' attributes, or that a snapshot planned, are
+                // written conditionally; the others are put whole.
                 Op::Membership {
                     counters, guard, ..
                 } if !counters.is_empty()
                     || guard.is_some()
-                    || !markers::known_records(&self.spec, group.effect.projection).is_empty() =>
+                    || !markers::known_records(&self.spec, group.effect.projection).is_empty()
+                    || !markers::foreign_attributes(&self.spec, group.effect.projection)
+                        .is_empty() =>
                 {
                     members.push(index)
                 }
