@@ -11,6 +11,8 @@ mod holds;
 mod lambda;
 mod membership;
 mod model;
+mod oracle;
 mod properties;
 mod runner;
+mod specgen;
 mod table;
