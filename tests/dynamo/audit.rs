@@ -629,3 +629,70 @@ async fn checking_stops_at_the_deadline_and_records_nothing() {
         [pair("primary-email-verified", "USER#u1")]
     );
 }
+
+#[tokio::test]
+async fn repairing_a_counter_loses_no_follow_counted_meanwhile() {
+    let spec = support::shipped_spec("social-service.toml");
+    let (client, table, applier) = setup(spec.clone(), "audit-race").await;
+    let mut history = super::model::History::default();
+    for a in ["a", "c"] {
+        history.put(super::model::follow(a, "b", "t1"));
+    }
+    history.write_final(&client, &table).await;
+    let outcome = applier
+        .apply_batch(&history.records, &BatchOptions::default())
+        .await
+        .unwrap();
+    assert!(outcome.statuses.iter().all(|s| s.is_handled()));
+    // Someone moves a shard by hand: the counter is off by 5.
+    let shard = spec.counter_shard_key("followers", &["b".to_string()], 6);
+    client
+        .update_item()
+        .table_name(&table)
+        .key("PK", s(&shard.pk))
+        .key("SK", s(shard.sk.as_deref().unwrap()))
+        .update_expression("ADD #c :d")
+        .expression_attribute_names("#c", "count")
+        .expression_attribute_values(":d", Av::N("5".into()))
+        .send()
+        .await
+        .unwrap();
+    let mut report = run_audit(&applier, false).await;
+    assert!(
+        report.findings.iter().any(|f| f.problem
+            == (Problem::CounterOff {
+                expected: 2,
+                actual: 7
+            })),
+        "{}",
+        report.to_text(&spec)
+    );
+    // Between the audit's scan and its repair, d follows b live.
+    let before = history.records.len();
+    history.put(super::model::follow("d", "b", "t2"));
+    history.write_final(&client, &table).await;
+    let outcome = applier
+        .apply_batch(&history.records[before..], &BatchOptions::default())
+        .await
+        .unwrap();
+    assert!(outcome.statuses.iter().all(|s| s.is_handled()));
+    ddb_projector::audit::repair(&applier, &mut report)
+        .await
+        .unwrap();
+    assert!(
+        report.repair_failures.is_empty(),
+        "{:?}",
+        report.repair_failures
+    );
+    let followers = read_counter(
+        &client,
+        &table,
+        &spec,
+        "followers",
+        &[("userId".into(), "b".into())],
+    )
+    .await
+    .unwrap();
+    assert_eq!(followers, 3, "the repair lost the follow counted meanwhile");
+    assert!(run_audit(&applier, false).await.is_clean());
+}
