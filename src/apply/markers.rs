@@ -2,16 +2,20 @@
 //!
 //! A marker item (a reverse edge, or a counter's own marker) exists while
 //! its source item is in the set. Each counter that counts the source
-//! keeps a *record* on it: the attribute `_ddbp#c#<counter>` holding the
-//! partition key of the shard the source counts in. Every write here goes
-//! from the state the marker is in to the state the plan wants:
+//! keeps a *record* on it: in the map attribute `_ddbp#c`, the counter's
+//! name maps to the partition key of the shard the source counts in. Every
+//! write here goes from the state the marker is in to the state the plan
+//! wants:
 //!
 //! - the write is conditional on what it starts from: existence, and the
-//!   value of every record it changes or deletes (pins);
+//!   records it changes or deletes (pins; a delete pins the whole map, so
+//!   no record of any counter, even one the spec has dropped, goes
+//!   unnoticed);
 //! - the shards move, in the same `TransactWriteItems`, by exactly the
 //!   records the write adds (+1), moves (-1 old, +1 new) or removes (-1);
-//! - so each shard always equals the number of records naming it, whatever
-//!   is delivered twice, replayed, backfilled or repaired.
+//! - so each shard always equals the number of records naming it, for
+//!   every counter the table ever had, whatever is delivered twice,
+//!   replayed, backfilled, repaired, or dropped from the spec and added back.
 //!
 //! The first write is a guess from the record's old image (a new follow
 //! finds no edge; an unfollow finds the edge with its records). When the
@@ -21,7 +25,7 @@
 //! removed within the batch), and every marker of a backfill, is read
 //! first instead.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::atomic::Ordering;
 
 use aws_sdk_dynamodb::operation::transact_write_items::TransactWriteItemsError;
@@ -36,7 +40,7 @@ use super::writes::{av, Ctx, Expr, COUNT_ATTRIBUTE};
 use crate::decode::item_from_sdk;
 use crate::plan::{CounterShard, Effect, MarkerState, Op, SourceGuard};
 use crate::record::{AttributeValue, Item, ItemKey};
-use crate::spec::{values_equal, ProjectionId, ProjectionKind, Spec};
+use crate::spec::{values_equal, ProjectionKind, Spec, RECORDS_ATTRIBUTE};
 
 /// The attribute that counts the transactions that moved a shard: the
 /// audit compares it before and after recounting a shard's records.
@@ -57,24 +61,25 @@ pub(crate) enum Want<'e> {
     State {
         state: &'e MarkerState,
         counters: &'e [CounterShard],
-        /// Record attributes of `counters`, in the same order.
-        records: Vec<String>,
+        /// Names of `counters`, in the same order.
+        names: Vec<String>,
         /// Attributes the projection copies (removed when not wanted).
         managed: Vec<String>,
         /// Attributes other projections write on the marker's entity:
         /// left as they are. Anything else the marker holds beyond its key,
-        /// its copies and the known records goes.
+        /// its copies and its records goes.
         keep: Vec<String>,
-        /// Record attributes of every counter of the source's entity: all
-        /// the records the marker may carry.
+        /// Names of every counter of the spec. A record of one that is not
+        /// in `counters` stays (a scan moves it, shard and all); a record
+        /// of a counter the spec no longer has goes with its shard moved.
         known: Vec<String>,
         /// The guess of the marker's state before.
         was_present: bool,
     },
-    /// Record `attribute` goes (the whole item, when it is the counter's
-    /// own marker), moving its shard by -1.
+    /// Counter `name`'s record goes (the whole item, when it is that
+    /// counter's own marker), moving its shard by -1.
     Drop {
-        attribute: String,
+        name: String,
         shard: &'e str,
         whole: bool,
     },
@@ -90,6 +95,15 @@ pub(crate) struct MarkerChange<'e> {
     pub guard: Option<&'e SourceGuard>,
 }
 
+/// A place in a marker item.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) enum Path {
+    /// A top-level attribute (a copy, or the records map whole).
+    Attribute(String),
+    /// One counter's record in the records map.
+    Record(String),
+}
+
 /// The request that brings an item from one state to another.
 #[derive(Debug, Clone, PartialEq)]
 pub(crate) enum Write {
@@ -97,8 +111,8 @@ pub(crate) enum Write {
     Put(Item),
     /// Change these attributes (on condition that it exists, with the pins).
     Update {
-        set: Vec<(String, AttributeValue)>,
-        remove: Vec<String>,
+        set: Vec<(Path, AttributeValue)>,
+        remove: Vec<Path>,
     },
     /// Delete it (on condition that it exists, with the pins).
     Delete,
@@ -108,30 +122,49 @@ pub(crate) enum Write {
 #[derive(Debug, Clone, PartialEq)]
 pub(crate) struct Transition {
     pub write: Write,
-    /// Record attributes and the value the write assumes (`None`: absent).
-    pub pins: Vec<(String, Option<AttributeValue>)>,
+    /// Places and the value the write assumes there (`None`: absent).
+    pub pins: Vec<(Path, Option<AttributeValue>)>,
     /// Shard partition keys and how far each moves.
     pub deltas: Vec<(String, i64)>,
 }
 
-/// Record attributes of every counter over the source entity of a marker
-/// owned by `projection` (an inverse edge or a counter): every record such
-/// a marker may carry.
-pub(crate) fn known_records(spec: &Spec, projection: ProjectionId) -> Vec<String> {
-    let entity = match &spec.projections[projection].kind {
-        ProjectionKind::InverseEdge(edge) => edge.source,
-        ProjectionKind::Counter(counter) => counter.source,
-        _ => return Vec::new(),
-    };
-    spec.counters_over(entity)
+/// The records an item carries: counter name to shard partition key.
+pub(crate) fn records_of(item: &Item) -> BTreeMap<String, AttributeValue> {
+    match item.get(RECORDS_ATTRIBUTE) {
+        Some(AttributeValue::M(map)) => map.iter().map(|(k, v)| (k.clone(), v.clone())).collect(),
+        _ => BTreeMap::new(),
+    }
+}
+
+fn records_value(records: &BTreeMap<String, AttributeValue>) -> AttributeValue {
+    AttributeValue::M(
+        records
+            .iter()
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect(),
+    )
+}
+
+/// The pin of the whole records map as `records` has it.
+fn records_pin(old: Option<&AttributeValue>) -> (Path, Option<AttributeValue>) {
+    (Path::Attribute(RECORDS_ATTRIBUTE.to_string()), old.cloned())
+}
+
+/// Names of every counter of the spec.
+pub(crate) fn known_counters(spec: &Spec) -> Vec<String> {
+    spec.projections
         .iter()
-        .map(|&counter| spec.record_attribute(counter))
+        .filter(|p| matches!(p.kind, ProjectionKind::Counter(_)))
+        .map(|p| p.name.clone())
         .collect()
 }
 
 /// Attributes other projections write on the items of the entity whose
 /// markers `projection` keeps (index keys or copies onto reverse items).
-pub(crate) fn foreign_attributes(spec: &Spec, projection: ProjectionId) -> Vec<String> {
+pub(crate) fn foreign_attributes(
+    spec: &Spec,
+    projection: crate::spec::ProjectionId,
+) -> Vec<String> {
     let ProjectionKind::InverseEdge(edge) = &spec.projections[projection].kind else {
         return Vec::new();
     };
@@ -173,13 +206,13 @@ pub(crate) fn marker_change<'e>(spec: &Spec, effect: &'e Effect) -> Option<Marke
                 want: Want::State {
                     state,
                     counters,
-                    records: counters
+                    names: counters
                         .iter()
-                        .map(|c| spec.record_attribute(c.counter))
+                        .map(|c| spec.projections[c.counter].name.clone())
                         .collect(),
                     managed,
                     keep: foreign_attributes(spec, effect.projection),
-                    known: known_records(spec, effect.projection),
+                    known: known_counters(spec),
                     was_present: *was_present,
                 },
                 guard: guard.as_ref(),
@@ -192,7 +225,7 @@ pub(crate) fn marker_change<'e>(spec: &Spec, effect: &'e Effect) -> Option<Marke
         } => MarkerChange {
             key: item,
             want: Want::Drop {
-                attribute: spec.record_attribute(*counter),
+                name: spec.projections[*counter].name.clone(),
                 shard,
                 whole: spec
                     .parse_counter_marker(item)
@@ -213,9 +246,9 @@ pub(crate) enum First {
     Read,
 }
 
-fn shard_of(value: Option<&AttributeValue>) -> Option<&str> {
+fn shard_of(value: &AttributeValue) -> Option<&str> {
     match value {
-        Some(AttributeValue::S(shard)) => Some(shard),
+        AttributeValue::S(shard) => Some(shard),
         _ => None,
     }
 }
@@ -224,6 +257,46 @@ fn add_delta(deltas: &mut Vec<(String, i64)>, shard: &str, delta: i64) {
     match deltas.iter_mut().find(|(key, _)| key == shard) {
         Some((_, sum)) => *sum += delta,
         None => deltas.push((shard.to_string(), delta)),
+    }
+}
+
+/// The write that takes the records map from `old` to `new`: the map set
+/// whole (or removed) on condition that it still is `old`, and the shard
+/// moves between them.
+fn move_records(
+    old: &BTreeMap<String, AttributeValue>,
+    old_value: Option<&AttributeValue>,
+    new: &BTreeMap<String, AttributeValue>,
+    set: &mut Vec<(Path, AttributeValue)>,
+    remove: &mut Vec<Path>,
+    pins: &mut Vec<(Path, Option<AttributeValue>)>,
+    deltas: &mut Vec<(String, i64)>,
+) {
+    if old == new {
+        return;
+    }
+    for (name, value) in old {
+        if new.get(name) != Some(value) {
+            if let Some(shard) = shard_of(value) {
+                add_delta(deltas, shard, -1);
+            }
+        }
+    }
+    for (name, value) in new {
+        if old.get(name) != Some(value) {
+            if let Some(shard) = shard_of(value) {
+                add_delta(deltas, shard, 1);
+            }
+        }
+    }
+    pins.push(records_pin(old_value));
+    if new.is_empty() {
+        remove.push(Path::Attribute(RECORDS_ATTRIBUTE.to_string()));
+    } else {
+        set.push((
+            Path::Attribute(RECORDS_ATTRIBUTE.to_string()),
+            records_value(new),
+        ));
     }
 }
 
@@ -236,34 +309,45 @@ impl MarkerChange<'_> {
         old: Option<&Item>,
     ) -> Option<Transition> {
         match &self.want {
-            Want::Drop {
-                attribute,
-                shard: _,
-                whole,
-            } => {
+            Want::Drop { name, whole, .. } => {
                 let old = old?;
-                let value = old.get(attribute)?;
-                let mut deltas = Vec::new();
-                if let Some(shard) = shard_of(Some(value)) {
-                    add_delta(&mut deltas, shard, -1);
-                }
-                Some(Transition {
-                    write: if *whole {
-                        Write::Delete
-                    } else {
-                        Write::Update {
-                            set: Vec::new(),
-                            remove: vec![attribute.clone()],
+                let records = records_of(old);
+                records.get(name)?;
+                let mut kept = records.clone();
+                kept.remove(name);
+                let (mut set, mut remove, mut pins, mut deltas) =
+                    (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+                if *whole {
+                    for value in records.values() {
+                        if let Some(shard) = shard_of(value) {
+                            add_delta(&mut deltas, shard, -1);
                         }
-                    },
-                    pins: vec![(attribute.clone(), Some(value.clone()))],
+                    }
+                    return Some(Transition {
+                        write: Write::Delete,
+                        pins: vec![records_pin(old.get(RECORDS_ATTRIBUTE))],
+                        deltas,
+                    });
+                }
+                move_records(
+                    &records,
+                    old.get(RECORDS_ATTRIBUTE),
+                    &kept,
+                    &mut set,
+                    &mut remove,
+                    &mut pins,
+                    &mut deltas,
+                );
+                Some(Transition {
+                    write: Write::Update { set, remove },
+                    pins,
                     deltas,
                 })
             }
             Want::State {
                 state,
                 counters,
-                records,
+                names,
                 known,
                 keep,
                 ..
@@ -271,28 +355,27 @@ impl MarkerChange<'_> {
                 (MarkerState::Absent, None) => None,
                 (MarkerState::Absent, Some(old)) => {
                     let mut deltas = Vec::new();
-                    let pins = known
-                        .iter()
-                        .map(|attribute| {
-                            let value = old.get(attribute);
-                            if let Some(shard) = shard_of(value) {
-                                add_delta(&mut deltas, shard, -1);
-                            }
-                            (attribute.clone(), value.cloned())
-                        })
-                        .collect();
+                    for value in records_of(old).values() {
+                        if let Some(shard) = shard_of(value) {
+                            add_delta(&mut deltas, shard, -1);
+                        }
+                    }
                     Some(Transition {
                         write: Write::Delete,
-                        pins,
+                        pins: vec![records_pin(old.get(RECORDS_ATTRIBUTE))],
                         deltas,
                     })
                 }
                 (MarkerState::Present(content), None) => {
                     let mut item = content.clone();
+                    let mut records = BTreeMap::new();
                     let mut deltas = Vec::new();
-                    for (counter, attribute) in counters.iter().zip(records) {
-                        item.insert(attribute.clone(), AttributeValue::S(counter.key.pk.clone()));
+                    for (counter, name) in counters.iter().zip(names) {
+                        records.insert(name.clone(), AttributeValue::S(counter.key.pk.clone()));
                         add_delta(&mut deltas, &counter.key.pk, 1);
+                    }
+                    if !records.is_empty() {
+                        item.insert(RECORDS_ATTRIBUTE.to_string(), records_value(&records));
                     }
                     Some(Transition {
                         write: Write::Put(item),
@@ -308,35 +391,44 @@ impl MarkerChange<'_> {
                             continue;
                         }
                         if !old.get(name).is_some_and(|have| values_equal(have, value)) {
-                            set.push((name.clone(), value.clone()));
+                            set.push((Path::Attribute(name.clone()), value.clone()));
                         }
                     }
-                    // A copy no longer wanted, one an older definition made,
-                    // a retired counter's record: not the marker's any more.
-                    for (name, _) in old.iter() {
-                        if !table.is_key_attribute(name)
-                            && !content.contains_key(name)
-                            && !known.contains(name)
-                            && !keep.contains(name)
-                        {
-                            remove.push(name.clone());
-                        }
+                    // A copy no longer wanted, one an older definition made:
+                    // not the marker's any more.
+                    let mut stale: Vec<&String> = old
+                        .keys()
+                        .filter(|name| {
+                            !table.is_key_attribute(name)
+                                && *name != RECORDS_ATTRIBUTE
+                                && !content.contains_key(*name)
+                                && !keep.contains(name)
+                        })
+                        .collect();
+                    stale.sort();
+                    remove.extend(stale.into_iter().map(|name| Path::Attribute(name.clone())));
+                    // Records: this change's counters at their shards; other
+                    // counters of the spec as they are; counters the spec
+                    // dropped go.
+                    let records = records_of(old);
+                    let mut wanted: BTreeMap<String, AttributeValue> = records
+                        .iter()
+                        .filter(|(name, _)| known.contains(name) && !names.contains(name))
+                        .map(|(k, v)| (k.clone(), v.clone()))
+                        .collect();
+                    for (counter, name) in counters.iter().zip(names) {
+                        wanted.insert(name.clone(), AttributeValue::S(counter.key.pk.clone()));
                     }
-                    remove.sort();
-                    let mut pins = Vec::new();
-                    let mut deltas = Vec::new();
-                    for (counter, attribute) in counters.iter().zip(records) {
-                        let have = old.get(attribute);
-                        if shard_of(have) == Some(counter.key.pk.as_str()) {
-                            continue;
-                        }
-                        if let Some(shard) = shard_of(have) {
-                            add_delta(&mut deltas, shard, -1);
-                        }
-                        add_delta(&mut deltas, &counter.key.pk, 1);
-                        pins.push((attribute.clone(), have.cloned()));
-                        set.push((attribute.clone(), AttributeValue::S(counter.key.pk.clone())));
-                    }
+                    let (mut pins, mut deltas) = (Vec::new(), Vec::new());
+                    move_records(
+                        &records,
+                        old.get(RECORDS_ATTRIBUTE),
+                        &wanted,
+                        &mut set,
+                        &mut remove,
+                        &mut pins,
+                        &mut deltas,
+                    );
                     if set.is_empty() && remove.is_empty() {
                         return None;
                     }
@@ -355,22 +447,34 @@ impl MarkerChange<'_> {
     /// guessed).
     pub(crate) fn first(&self, table: &crate::spec::TableSpec) -> First {
         match &self.want {
-            Want::Drop {
-                attribute, shard, ..
-            } => {
-                let mut assumed = Item::default();
-                assumed.insert(attribute.clone(), AttributeValue::S(shard.to_string()));
-                match self.exact(table, Some(&assumed)) {
-                    Some(transition) => First::Write(transition),
-                    None => First::Read,
+            Want::Drop { name, shard, whole } => {
+                if *whole {
+                    // Its own marker: only this record, by the guess.
+                    let mut records = BTreeMap::new();
+                    records.insert(name.clone(), AttributeValue::S(shard.to_string()));
+                    return First::Write(Transition {
+                        write: Write::Delete,
+                        pins: vec![records_pin(Some(&records_value(&records)))],
+                        deltas: vec![(shard.to_string(), -1)],
+                    });
                 }
+                First::Write(Transition {
+                    write: Write::Update {
+                        set: Vec::new(),
+                        remove: vec![Path::Record(name.clone())],
+                    },
+                    pins: vec![(
+                        Path::Record(name.clone()),
+                        Some(AttributeValue::S(shard.to_string())),
+                    )],
+                    deltas: vec![(shard.to_string(), -1)],
+                })
             }
             Want::State {
                 state,
                 counters,
-                records,
+                names,
                 managed,
-                known,
                 was_present,
                 ..
             } => {
@@ -380,50 +484,46 @@ impl MarkerChange<'_> {
                         None => First::Read,
                     };
                 }
-                // Present before, with this change's records in place and
-                // no other counter's.
-                let recorded: Vec<(String, Option<AttributeValue>)> = known
-                    .iter()
-                    .map(|attribute| {
-                        let value = counters
-                            .iter()
-                            .zip(records)
-                            .find(|(_, a)| *a == attribute)
-                            .map(|(c, _)| AttributeValue::S(c.key.pk.clone()));
-                        (attribute.clone(), value)
-                    })
-                    .collect();
                 match state {
+                    // Present before with exactly this change's records.
                     MarkerState::Absent => {
+                        let mut records = BTreeMap::new();
                         let mut deltas = Vec::new();
-                        for counter in counters.iter() {
+                        for (counter, name) in counters.iter().zip(names) {
+                            records.insert(name.clone(), AttributeValue::S(counter.key.pk.clone()));
                             add_delta(&mut deltas, &counter.key.pk, -1);
                         }
+                        let pinned = (!records.is_empty()).then(|| records_value(&records));
                         First::Write(Transition {
                             write: Write::Delete,
-                            pins: recorded,
+                            pins: vec![records_pin(pinned.as_ref())],
                             deltas,
                         })
                     }
                     MarkerState::Present(content) => {
-                        let set: Vec<(String, AttributeValue)> = content
+                        let set: Vec<(Path, AttributeValue)> = content
                             .iter()
                             .filter(|(name, _)| !table.is_key_attribute(name))
-                            .map(|(name, value)| (name.clone(), value.clone()))
+                            .map(|(name, value)| (Path::Attribute(name.clone()), value.clone()))
                             .collect();
-                        let remove: Vec<String> = managed
+                        let remove: Vec<Path> = managed
                             .iter()
                             .filter(|name| !content.contains_key(*name))
-                            .cloned()
+                            .map(|name| Path::Attribute(name.clone()))
                             .collect();
                         if set.is_empty() && remove.is_empty() {
                             return First::Read;
                         }
-                        // Only this change's records are assumed: the
-                        // update touches no other.
-                        let pins = recorded
-                            .into_iter()
-                            .filter(|(attribute, _)| records.contains(attribute))
+                        // Its records in place: the update touches none.
+                        let pins = counters
+                            .iter()
+                            .zip(names)
+                            .map(|(c, name)| {
+                                (
+                                    Path::Record(name.clone()),
+                                    Some(AttributeValue::S(c.key.pk.clone())),
+                                )
+                            })
                             .collect();
                         First::Write(Transition {
                             write: Write::Update { set, remove },
@@ -618,12 +718,20 @@ struct Expressions {
 fn expression(ctx: &Ctx<'_>, transition: &Transition) -> Expressions {
     let mut expr = Expr::default();
     let pk = expr.name(&ctx.spec.table.partition_key);
+    let path = |expr: &mut Expr, path: &Path| match path {
+        Path::Attribute(name) => expr.name(name),
+        Path::Record(counter) => {
+            let map = expr.name(RECORDS_ATTRIBUTE);
+            let entry = expr.name(counter);
+            format!("{map}.{entry}")
+        }
+    };
     let mut condition = match transition.write {
         Write::Put(_) => vec![format!("attribute_not_exists({pk})")],
         _ => vec![format!("attribute_exists({pk})")],
     };
-    for (name, value) in &transition.pins {
-        let n = expr.name(name);
+    for (place, value) in &transition.pins {
+        let n = path(&mut expr, place);
         match value {
             Some(value) => {
                 let v = expr.value(av(value));
@@ -637,8 +745,8 @@ fn expression(ctx: &Ctx<'_>, transition: &Transition) -> Expressions {
             let mut text = String::new();
             let assignments: Vec<String> = set
                 .iter()
-                .map(|(name, value)| {
-                    let n = expr.name(name);
+                .map(|(place, value)| {
+                    let n = path(&mut expr, place);
                     let v = expr.value(av(value));
                     format!("{n} = {v}")
                 })
@@ -646,7 +754,7 @@ fn expression(ctx: &Ctx<'_>, transition: &Transition) -> Expressions {
             if !assignments.is_empty() {
                 text.push_str(&format!("SET {}", assignments.join(", ")));
             }
-            let removed: Vec<String> = remove.iter().map(|name| expr.name(name)).collect();
+            let removed: Vec<String> = remove.iter().map(|place| path(&mut expr, place)).collect();
             if !removed.is_empty() {
                 text.push_str(&format!(" REMOVE {}", removed.join(", ")));
             }
@@ -1084,20 +1192,32 @@ mod tests {
         }
     }
 
-    fn item(pairs: &[(&str, &str)]) -> Item {
+    fn edge_item(pairs: &[(&str, &str)], records: &[(&str, &str)]) -> Item {
         let mut item = Item::default();
+        item.insert("PK".into(), V::S("USER#b".into()));
+        item.insert("SK".into(), V::S("FOLLOWED_BY#a".into()));
         for (name, value) in pairs {
             item.insert(name.to_string(), V::S(value.to_string()));
+        }
+        if !records.is_empty() {
+            item.insert(RECORDS_ATTRIBUTE.into(), map(records));
         }
         item
     }
 
-    fn edge(at: &str) -> MarkerState {
-        MarkerState::Present(item(&[
-            ("PK", "USER#b"),
-            ("SK", "FOLLOWED_BY#a"),
-            ("at", at),
-        ]))
+    fn map(records: &[(&str, &str)]) -> V {
+        V::M(
+            records
+                .iter()
+                .map(|(k, v)| (k.to_string(), V::S(v.to_string())))
+                .collect(),
+        )
+    }
+
+    fn present(at: &str) -> MarkerState {
+        let mut item = edge_item(&[("at", at)], &[]);
+        item.remove(RECORDS_ATTRIBUTE);
+        MarkerState::Present(item)
     }
 
     fn shards() -> Vec<CounterShard> {
@@ -1124,34 +1244,39 @@ mod tests {
             want: Want::State {
                 state,
                 counters,
-                records: vec!["_ddbp#c#followers".into(), "_ddbp#c#following".into()],
+                names: vec!["followers".into(), "following".into()],
                 managed: vec!["at".into()],
                 keep: vec![],
-                known: vec![
-                    "_ddbp#c#followers".into(),
-                    "_ddbp#c#following".into(),
-                    "_ddbp#c#other".into(),
-                ],
+                known: vec!["followers".into(), "following".into(), "other".into()],
                 was_present,
             },
             guard: None,
         }
     }
 
+    fn key() -> ItemKey {
+        ItemKey::new("USER#b", "FOLLOWED_BY#a")
+    }
+
+    fn records_path() -> Path {
+        Path::Attribute(RECORDS_ATTRIBUTE.into())
+    }
+
     #[test]
     fn a_new_edge_is_created_with_a_record_per_counter() {
-        let key = ItemKey::new("USER#b", "FOLLOWED_BY#a");
-        let (state, counters) = (edge("t1"), shards());
-        let change = change(&key, &state, &counters, false);
-        let First::Write(t) = change.first(&table()) else {
+        let (key, state, counters) = (key(), present("t1"), shards());
+        let First::Write(t) = change(&key, &state, &counters, false).first(&table()) else {
             panic!("a guess")
         };
         let Write::Put(put) = &t.write else {
             panic!("{t:?}")
         };
         assert_eq!(
-            put.get("_ddbp#c#followers"),
-            Some(&V::S("COUNTER#followers#b#3".into()))
+            put.get(RECORDS_ATTRIBUTE),
+            Some(&map(&[
+                ("followers", "COUNTER#followers#b#3"),
+                ("following", "COUNTER#following#a#0")
+            ]))
         );
         assert_eq!(
             t.deltas,
@@ -1164,47 +1289,46 @@ mod tests {
 
     #[test]
     fn an_edge_found_without_a_counters_record_gains_it_and_counts_once() {
-        let key = ItemKey::new("USER#b", "FOLLOWED_BY#a");
-        let (state, counters) = (edge("t2"), shards());
+        let (key, state, counters) = (key(), present("t2"), shards());
         let change = change(&key, &state, &counters, false);
         // The edge exists from before `following` was added.
-        let old = item(&[
-            ("PK", "USER#b"),
-            ("SK", "FOLLOWED_BY#a"),
-            ("at", "t1"),
-            ("_ddbp#c#followers", "COUNTER#followers#b#3"),
-        ]);
+        let old = edge_item(&[("at", "t1")], &[("followers", "COUNTER#followers#b#3")]);
         let t = change.exact(&table(), Some(&old)).expect("a write");
         assert_eq!(t.deltas, vec![("COUNTER#following#a#0".to_string(), 1)]);
-        assert_eq!(t.pins, vec![("_ddbp#c#following".to_string(), None)]);
+        assert_eq!(
+            t.pins,
+            vec![(
+                records_path(),
+                Some(map(&[("followers", "COUNTER#followers#b#3")]))
+            )]
+        );
         let Write::Update { set, remove } = &t.write else {
             panic!("{t:?}")
         };
         assert!(remove.is_empty());
-        let names: Vec<&str> = set.iter().map(|(n, _)| n.as_str()).collect();
-        assert_eq!(names, vec!["at", "_ddbp#c#following"]);
+        assert_eq!(set[0], (Path::Attribute("at".into()), V::S("t2".into())));
         // With both records and the same copy: nothing to do.
-        let mut full = old.clone();
-        full.insert("at".into(), V::S("t2".into()));
-        full.insert(
-            "_ddbp#c#following".into(),
-            V::S("COUNTER#following#a#0".into()),
+        let full = edge_item(
+            &[("at", "t2")],
+            &[
+                ("followers", "COUNTER#followers#b#3"),
+                ("following", "COUNTER#following#a#0"),
+            ],
         );
         assert_eq!(change.exact(&table(), Some(&full)), None);
     }
 
     #[test]
     fn a_record_in_another_shard_moves_to_the_wanted_one() {
-        let key = ItemKey::new("USER#b", "FOLLOWED_BY#a");
-        let (state, counters) = (edge("t1"), shards());
+        let (key, state, counters) = (key(), present("t1"), shards());
         let change = change(&key, &state, &counters, true);
-        let old = item(&[
-            ("PK", "USER#b"),
-            ("SK", "FOLLOWED_BY#a"),
-            ("at", "t1"),
-            ("_ddbp#c#followers", "COUNTER#followers#b#7"),
-            ("_ddbp#c#following", "COUNTER#following#a#0"),
-        ]);
+        let old = edge_item(
+            &[("at", "t1")],
+            &[
+                ("followers", "COUNTER#followers#b#7"),
+                ("following", "COUNTER#following#a#0"),
+            ],
+        );
         let t = change.exact(&table(), Some(&old)).expect("a write");
         assert_eq!(
             t.deltas,
@@ -1213,42 +1337,62 @@ mod tests {
                 ("COUNTER#followers#b#3".to_string(), 1)
             ]
         );
-        assert_eq!(
-            t.pins,
-            vec![(
-                "_ddbp#c#followers".to_string(),
-                Some(V::S("COUNTER#followers#b#7".into()))
-            )]
+    }
+
+    #[test]
+    fn a_record_of_a_counter_the_spec_dropped_goes_with_its_shard_moved() {
+        let (key, state, counters) = (key(), present("t1"), shards());
+        let change = change(&key, &state, &counters, true);
+        let old = edge_item(
+            &[("at", "t1")],
+            &[
+                ("followers", "COUNTER#followers#b#3"),
+                ("following", "COUNTER#following#a#0"),
+                ("retired", "COUNTER#retired#b#1"),
+                ("other", "COUNTER#other#a#2"),
+            ],
         );
+        let t = change.exact(&table(), Some(&old)).expect("a write");
+        // `other` is a counter of the spec whose record sits here: a scan
+        // moves it; `retired` is not: it goes now, shard and all.
+        assert_eq!(t.deltas, vec![("COUNTER#retired#b#1".to_string(), -1)]);
     }
 
     #[test]
     fn deleting_a_marker_uncounts_every_record_it_carries() {
-        let key = ItemKey::new("USER#b", "FOLLOWED_BY#a");
-        let counters = shards();
+        let (key, counters) = (key(), shards());
         let state = MarkerState::Absent;
         let change = change(&key, &state, &counters, true);
-        // The guess: the edge with exactly this change's records.
+        // The guess: the edge with exactly this change's records, pinned
+        // whole, so any other record fails the condition.
         let First::Write(guess) = change.first(&table()) else {
             panic!("a guess")
         };
         assert_eq!(guess.write, Write::Delete);
         assert_eq!(guess.deltas.len(), 2);
-        assert!(guess.pins.contains(&("_ddbp#c#other".to_string(), None)));
-        // It also carried a record of a counter that no longer rides on
-        // this edge, in an old shard: that one goes down too.
-        let old = item(&[
-            ("PK", "USER#b"),
-            ("SK", "FOLLOWED_BY#a"),
-            ("_ddbp#c#followers", "COUNTER#followers#b#3"),
-            ("_ddbp#c#other", "COUNTER#other#a#1"),
-        ]);
+        assert_eq!(
+            guess.pins,
+            vec![(
+                records_path(),
+                Some(map(&[
+                    ("followers", "COUNTER#followers#b#3"),
+                    ("following", "COUNTER#following#a#0")
+                ]))
+            )]
+        );
+        let old = edge_item(
+            &[],
+            &[
+                ("followers", "COUNTER#followers#b#3"),
+                ("retired", "COUNTER#retired#a#1"),
+            ],
+        );
         let t = change.exact(&table(), Some(&old)).expect("a write");
         assert_eq!(
             t.deltas,
             vec![
                 ("COUNTER#followers#b#3".to_string(), -1),
-                ("COUNTER#other#a#1".to_string(), -1)
+                ("COUNTER#retired#a#1".to_string(), -1)
             ]
         );
         assert_eq!(change.exact(&table(), None), None);
@@ -1256,8 +1400,7 @@ mod tests {
 
     #[test]
     fn a_marker_probably_absent_is_read_first() {
-        let key = ItemKey::new("USER#b", "FOLLOWED_BY#a");
-        let counters = shards();
+        let (key, counters) = (key(), shards());
         let state = MarkerState::Absent;
         assert_eq!(
             change(&key, &state, &counters, false).first(&table()),

@@ -32,7 +32,7 @@ use std::time::Duration;
 pub use check::{CheckStats, RecordedViolation};
 pub use dlq::{problem_key, DeadLetter, DeadLetterStore, Hold, RedriveSummary};
 pub use markers::CHANGES_ATTRIBUTE;
-pub(crate) use markers::{marker_change, Write as MarkerWrite};
+pub(crate) use markers::{marker_change, records_of};
 pub use retry::{classify, describe as retry_describe, ErrorClass};
 pub(crate) use retry::{sdk, with_retries};
 pub use writes::{Requests, COUNT_ATTRIBUTE};
@@ -596,22 +596,11 @@ impl Applier {
         let mut singles = Vec::new();
         for (index, group) in groups.iter().enumerate() {
             match &group.effect.op {
-                // Memberships that carry counter records (or may: their
-                // source's entity is counted), share their items with other
-                // projections' attributes, or that a snapshot planned, are
-                // written conditionally; the others are put whole.
-                Op::Membership {
-                    counters, guard, ..
-                } if !counters.is_empty()
-                    || guard.is_some()
-                    || !markers::known_records(&self.spec, group.effect.projection).is_empty()
-                    || !markers::foreign_attributes(&self.spec, group.effect.projection)
-                        .is_empty() =>
-                {
-                    members.push(index)
-                }
-                Op::DropRecord { .. } => members.push(index),
-                Op::Membership { .. } | Op::Custom(_) => plain.push(index),
+                // Markers are written conditionally, always: any of them
+                // may carry counter records, even of a counter the spec no
+                // longer has, and a record goes only with its shard moved.
+                Op::Membership { .. } | Op::DropRecord { .. } => members.push(index),
+                Op::Custom(_) => plain.push(index),
                 Op::SetAttributes { .. } | Op::Recompute { .. } => singles.push(index),
             }
         }
@@ -625,16 +614,11 @@ impl Applier {
             markers::write_markers(ctx, &changes, read_markers_first).await
         };
         let plain_writes = async {
-            // Markers that carry no counter records and custom writes need
-            // no condition: a put or delete of a state is idempotent.
+            // Custom writes need no condition: a put or delete of a state
+            // is idempotent.
             let requests = plain
                 .iter()
                 .map(|&index| match &groups[index].effect.op {
-                    Op::Membership {
-                        state: crate::plan::MarkerState::Present(item),
-                        ..
-                    } => writes::put_request(item),
-                    Op::Membership { marker, .. } => writes::delete_request(ctx, marker),
                     Op::Custom(CustomOp::Put(item)) => writes::put_request(item),
                     Op::Custom(CustomOp::Delete(key)) => writes::delete_request(ctx, key),
                     _ => unreachable!("partitioned above"),

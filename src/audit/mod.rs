@@ -346,10 +346,8 @@ fn classify(spec: &Spec, item: Item, snapshot: &mut Snapshot) {
     let Some(key) = spec.table.item_key(&item) else {
         return;
     };
-    for (name, value) in item.iter() {
-        if let (Some(_), crate::record::AttributeValue::S(shard)) =
-            (spec.record_counter(name), value)
-        {
+    for value in crate::apply::records_of(&item).values() {
+        if let crate::record::AttributeValue::S(shard) = value {
             *snapshot.records.entry(shard.clone()).or_insert(0) += 1;
         }
     }
@@ -587,9 +585,9 @@ fn check_marker(
         }
     }
     let old = by_key.get(change.key).copied();
-    let Some(transition) = change.exact(&spec.table, old) else {
+    if change.exact(&spec.table, old).is_none() {
         return;
-    };
+    }
     let mut found: Vec<Finding> = Vec::new();
     match (&effect.op, old) {
         (
@@ -625,14 +623,13 @@ fn check_marker(
                     "does not exist"
                 }
             );
-            let records: Vec<String> = old
+            let records: Vec<String> = crate::apply::records_of(old)
                 .iter()
-                .filter(|(name, _)| crate::plan::is_record_attribute(name))
-                .map(|(name, value)| format!("{name} = {}", crate::record::value_to_json(value)))
+                .map(|(name, value)| format!("{name} in {}", crate::record::value_to_json(value)))
                 .collect();
             if !records.is_empty() {
                 f.detail
-                    .push_str(&format!("; it carries {}", records.join(", ")));
+                    .push_str(&format!("; it counts in {}", records.join(", ")));
             }
             found.push(f);
         }
@@ -663,30 +660,36 @@ fn check_marker(
             Op::Membership {
                 marker,
                 source,
+                state: MarkerState::Present(want),
                 counters,
                 ..
             },
             Some(old),
         ) => {
-            let crate::apply::MarkerWrite::Update { set, remove } = &transition.write else {
-                return;
-            };
-            let copies: Vec<String> = set
+            let copies: Vec<String> = want
                 .iter()
-                .filter(|(name, _)| !crate::plan::is_record_attribute(name))
-                .map(|(name, want)| {
+                .filter(|(name, _)| !spec.table.is_key_attribute(name))
+                .filter(|(name, value)| {
+                    !old.get(*name)
+                        .is_some_and(|have| crate::spec::values_equal(have, value))
+                })
+                .map(|(name, value)| {
                     format!(
                         "{name}: is {}, should be {}",
                         old.get(name)
                             .map(|v| crate::record::value_to_json(v).to_string())
                             .unwrap_or_else(|| "(none)".to_string()),
-                        crate::record::value_to_json(want)
+                        crate::record::value_to_json(value)
                     )
                 })
                 .chain(
-                    remove
-                        .iter()
-                        .map(|name| format!("{name}: should be absent")),
+                    old.iter()
+                        .filter(|(name, _)| {
+                            !spec.table.is_key_attribute(name)
+                                && !crate::plan::is_record_attribute(name)
+                                && !want.contains_key(*name)
+                        })
+                        .map(|(name, _)| format!("{name}: should be absent")),
                 )
                 .collect();
             if !copies.is_empty() {
@@ -695,12 +698,13 @@ fn check_marker(
                 f.detail = copies.join("; ");
                 found.push(f);
             }
+            let records = crate::apply::records_of(old);
             for counter in counters {
-                let attribute = spec.record_attribute(counter.counter);
-                let Some((_, want)) = set.iter().find(|(name, _)| *name == attribute) else {
+                let name = &spec.projections[counter.counter].name;
+                let have = records.get(name);
+                if have == Some(&crate::record::AttributeValue::S(counter.key.pk.clone())) {
                     continue;
-                };
-                let have = old.get(&attribute);
+                }
                 let mut f = finding(
                     spec,
                     counter.counter,
@@ -713,11 +717,18 @@ fn check_marker(
                 );
                 f.items = vec![source.to_string()];
                 f.detail = format!(
-                    "the record of {source}: is {}, should be {}",
+                    "the record of {source}: is {}, should be {:?}",
                     have.map(|v| crate::record::value_to_json(v).to_string())
                         .unwrap_or_else(|| "(none)".to_string()),
-                    crate::record::value_to_json(want)
+                    counter.key.pk
                 );
+                found.push(f);
+            }
+            if found.is_empty() {
+                // Only records of counters the spec no longer has.
+                let mut f = finding(spec, effect.projection, Problem::Stale, marker);
+                f.items = vec![source.to_string()];
+                f.detail = "it counts in counters the spec no longer has".to_string();
                 found.push(f);
             }
         }
@@ -1078,7 +1089,6 @@ async fn count_records(
     shards: &HashSet<&str>,
     stats: &mut BatchStats,
 ) -> Result<HashMap<String, i64>, ApplyError> {
-    let spec = applier.spec();
     let mut counts: HashMap<String, i64> = HashMap::new();
     let mut start: Option<HashMap<String, Av>> = None;
     loop {
@@ -1108,10 +1118,12 @@ async fn count_records(
             stats.read_units += c.capacity_units().unwrap_or(0.0);
         }
         for item in page.items() {
-            for (name, value) in item {
-                if let (Some(_), Av::S(shard)) = (spec.record_counter(name), value) {
-                    if shards.contains(shard.as_str()) {
-                        *counts.entry(shard.clone()).or_insert(0) += 1;
+            if let Some(Av::M(records)) = item.get(crate::spec::RECORDS_ATTRIBUTE) {
+                for value in records.values() {
+                    if let Av::S(shard) = value {
+                        if shards.contains(shard.as_str()) {
+                            *counts.entry(shard.clone()).or_insert(0) += 1;
+                        }
                     }
                 }
             }

@@ -16,7 +16,7 @@ use super::{
 use crate::record::{ChangeKind, ChangeRecord, Item, ItemKey, Origin, ValueRef};
 use crate::spec::{
     Bindings, Condition, Counter, InverseEdge, Marker, ProjectionId, ProjectionKind, RenderError,
-    Spec, Template, RECORD_PREFIX,
+    Spec, Template, RECORDS_ATTRIBUTE,
 };
 
 /// The shard a source item counts in: FNV-1a of its key, stable across
@@ -307,33 +307,39 @@ pub(super) fn plan_scanned_marker(
     let own = spec.parse_counter_marker(key);
     // Records of this spec's counters on the item, and whether the item is
     // where that counter keeps them.
-    for (name, value) in image.iter() {
-        let Some(counter) = spec.record_counter(name) else {
-            continue;
-        };
-        let ValueRef::S(shard) = value else { continue };
-        if !selected(selection, counter) {
-            continue;
-        }
-        let ProjectionKind::Counter(c) = &spec.projections[counter].kind else {
-            continue;
-        };
-        let in_place = match (c.marker, &own, entity) {
-            (Marker::Own, Some((marker_of, _)), _) => *marker_of == counter,
-            (Marker::Edge(edge), None, Some(entity)) => {
-                matches!(&spec.projections[edge].kind, ProjectionKind::InverseEdge(e) if e.target == entity)
+    if let Some(ValueRef::Other(crate::record::AttributeValue::M(records))) =
+        image.get(RECORDS_ATTRIBUTE)
+    {
+        for (name, value) in records.iter() {
+            let Some(counter) = spec.counter_id(name) else {
+                continue;
+            };
+            let crate::record::AttributeValue::S(shard) = value else {
+                continue;
+            };
+            if !selected(selection, counter) {
+                continue;
             }
-            _ => false,
-        };
-        if !in_place {
-            effects.push(Effect {
-                projection: counter,
-                op: Op::DropRecord {
-                    item: key.clone(),
-                    counter,
-                    shard: shard.to_string(),
-                },
-            });
+            let ProjectionKind::Counter(c) = &spec.projections[counter].kind else {
+                continue;
+            };
+            let in_place = match (c.marker, &own, entity) {
+                (Marker::Own, Some((marker_of, _)), _) => *marker_of == counter,
+                (Marker::Edge(edge), None, Some(entity)) => {
+                    matches!(&spec.projections[edge].kind, ProjectionKind::InverseEdge(e) if e.target == entity)
+                }
+                _ => false,
+            };
+            if !in_place {
+                effects.push(Effect {
+                    projection: counter,
+                    op: Op::DropRecord {
+                        item: key.clone(),
+                        counter,
+                        shard: shard.clone(),
+                    },
+                });
+            }
         }
     }
     // A counter's own marker whose source may be gone.
@@ -405,7 +411,7 @@ fn orphan_check(
     }
 }
 
-/// Whether an attribute name is a counter record.
+/// Whether an attribute is the projector's counter records.
 pub fn is_record_attribute(name: &str) -> bool {
-    name.starts_with(RECORD_PREFIX)
+    name == RECORDS_ATTRIBUTE
 }

@@ -28,9 +28,9 @@ pub const RESERVED_PREFIX: &str = "_ddbp#";
 pub const MAX_SHARDS: u32 = 100;
 
 /// Counter records: on the item that marks a source item's membership, the
-/// attribute `_ddbp#c#<counter>` holds the partition key of the shard the
-/// source item is counted in.
-pub const RECORD_PREFIX: &str = "_ddbp#c#";
+/// map attribute `_ddbp#c` maps each counter that counts the source to the
+/// partition key of the shard it is counted in.
+pub const RECORDS_ATTRIBUTE: &str = "_ddbp#c";
 
 /// The partition key prefix of counters' own marker items.
 pub const COUNTER_MARKER_PREFIX: &str = "_ddbp#count#";
@@ -416,8 +416,6 @@ pub struct Spec {
     pub invariants: Vec<Invariant>,
     /// For each entity, the projections that plan on its records.
     interested: Vec<Vec<ProjectionId>>,
-    /// For each entity, the counters that count its items.
-    counters_over: Vec<Vec<ProjectionId>>,
 }
 
 impl Spec {
@@ -558,22 +556,10 @@ impl Spec {
             })
     }
 
-    /// The attribute that holds counter `counter`'s record on a marker item.
-    pub fn record_attribute(&self, counter: ProjectionId) -> String {
-        format!("{RECORD_PREFIX}{}", self.projections[counter].name)
-    }
-
-    /// The counter a record attribute belongs to, if it is one of this spec's.
-    pub fn record_counter(&self, attribute: &str) -> Option<ProjectionId> {
-        let name = attribute.strip_prefix(RECORD_PREFIX)?;
+    /// The counter projection named `name`, if the spec has one.
+    pub fn counter_id(&self, name: &str) -> Option<ProjectionId> {
         self.projection_id(name)
             .filter(|&id| matches!(self.projections[id].kind, ProjectionKind::Counter(_)))
-    }
-
-    /// The counters that count items of `entity`: their records may sit on
-    /// the marker items of those items.
-    pub fn counters_over(&self, entity: EntityId) -> &[ProjectionId] {
-        &self.counters_over[entity]
     }
 
     /// The item that records whether `source` (an item of the counter's
@@ -896,12 +882,6 @@ impl Compiler {
             return Err(SpecErrors(self.errors));
         }
         let interested = interested(&projections, &entities);
-        let mut counters_over = vec![Vec::new(); entities.len()];
-        for (id, projection) in projections.iter().enumerate() {
-            if let ProjectionKind::Counter(counter) = &projection.kind {
-                counters_over[counter.source].push(id);
-            }
-        }
         Ok(Spec {
             file: self.file,
             service: raw.service,
@@ -910,7 +890,6 @@ impl Compiler {
             projections,
             invariants,
             interested,
-            counters_over,
         })
     }
 

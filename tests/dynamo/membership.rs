@@ -47,14 +47,16 @@ target = "followed_by"
 copy = { followedAt = "{followedAt}", note = "{note}" }
 "#;
 
-const COUNTERS: &str = r#"
+const FOLLOWERS: &str = r#"
 [[projections]]
 name = "followers"
 kind = "counter"
 source = "follow"
 of = { userId = "{followeeId}" }
 shards = 8
+"#;
 
+const FOLLOWING: &str = r#"
 [[projections]]
 name = "following"
 kind = "counter"
@@ -62,6 +64,11 @@ source = "follow"
 of = { userId = "{followerId}" }
 shards = 4
 "#;
+
+/// Both counters.
+fn counters() -> String {
+    format!("{FOLLOWERS}{FOLLOWING}")
+}
 
 fn follow(a: &str, b: &str, at: &str, note: &str) -> Attrs {
     attrs(&[
@@ -203,7 +210,7 @@ async fn an_inverse_edge_without_counters_keeps_its_edge_when_a_copied_attribute
 #[tokio::test]
 async fn counters_added_over_live_edges_are_filled_by_backfill() {
     let v1 = social(EDGE);
-    let v2 = social(&format!("{EDGE}{COUNTERS}"));
+    let v2 = social(&format!("{EDGE}{}", counters()));
     let mut live = Live::new(&v2, "counter-added").await;
     for (a, b) in [("a", "b"), ("c", "b"), ("a", "c"), ("d", "b"), ("b", "a")] {
         live.put(follow(a, b, "t1", "x")).await;
@@ -234,7 +241,7 @@ async fn counters_added_over_live_edges_are_filled_by_backfill() {
 
 #[tokio::test]
 async fn one_counter_replayed_or_backfilled_alone_leaves_the_other_exact() {
-    let spec = social(&format!("{EDGE}{COUNTERS}"));
+    let spec = social(&format!("{EDGE}{}", counters()));
     let mut live = Live::new(&spec, "one-counter").await;
     live.put(follow("a", "b", "t1", "x")).await;
     live.put(follow("c", "b", "t1", "x")).await;
@@ -278,7 +285,7 @@ async fn one_counter_replayed_or_backfilled_alone_leaves_the_other_exact() {
 
 #[tokio::test]
 async fn a_backfill_never_writes_an_older_copy_over_a_newer_one() {
-    let spec = social(&format!("{EDGE}{COUNTERS}"));
+    let spec = social(&format!("{EDGE}{}", counters()));
     let mut live = Live::new(&spec, "stale-scan").await;
     live.put(follow("a", "b", "t1", "x")).await;
     live.drain(&spec).await;
@@ -353,5 +360,85 @@ shards = 1
         outcome.stats.requests.transactions, 2,
         "{:?}",
         outcome.stats.requests
+    );
+}
+
+#[tokio::test]
+async fn an_edge_given_another_source_uncounts_the_records_its_old_items_carry() {
+    // v1: follows have reverse edges and `followers` rides on them.
+    let v1 = social(&format!("{EDGE}{FOLLOWERS}"));
+    // v2: the edge is built from blocks instead; `followers` keeps its
+    // own markers now.
+    let v2_text = format!(
+        r#"
+service = "membership-test"
+
+[table]
+name = "MembershipTest"
+
+[entities.follow]
+pk = "USER#{{followerId}}"
+sk = "FOLLOWS#{{followeeId}}"
+
+[entities.block]
+pk = "USER#{{followerId}}"
+sk = "BLOCKS#{{followeeId}}"
+
+[entities.followed_by]
+pk = "USER#{{followeeId}}"
+sk = "FOLLOWED_BY#{{followerId}}"
+
+[[projections]]
+name = "followed-by"
+kind = "inverse-edge"
+source = "block"
+target = "followed_by"
+
+{FOLLOWERS}"#
+    );
+    let v2 = Arc::new(Spec::from_toml(&v2_text, "v2.toml").expect("v2 compiles"));
+    let mut live = Live::new(&v1, "edge-source").await;
+    live.put(follow("a", "b", "t1", "x")).await;
+    live.put(follow("c", "b", "t1", "x")).await;
+    live.drain(&v1).await;
+    assert_eq!(live.counter(&v1, "followers", "b").await, 2);
+    // v2 deployed: backfill the changed edge and the counter it carried.
+    live.backfill(&v2, &["followed-by"]).await;
+    live.backfill(&v2, &["followers"]).await;
+    assert_eq!(live.counter(&v2, "followers", "b").await, 2);
+    // The reverse items of follows are gone (no block made them).
+    assert!(live.item("USER#b", "FOLLOWED_BY#a").await.is_none());
+    live.delete("USER#a", "FOLLOWS#b").await;
+    live.drain(&v2).await;
+    assert_eq!(live.counter(&v2, "followers", "b").await, 1);
+}
+
+/// Found in review: a counter taken out of the spec and put back (a
+/// rolled-back deploy) counted wrong after its backfill, because the spec
+/// without it dropped its records with the reverse items without moving
+/// its shards.
+#[tokio::test]
+async fn a_counter_removed_and_added_back_is_exact_after_its_backfill() {
+    let v1 = social(&format!("{EDGE}{FOLLOWERS}"));
+    let v2 = social(EDGE);
+    let mut live = Live::new(&v1, "readd").await;
+    live.put(follow("a", "b", "t1", "x")).await;
+    live.put(follow("c", "b", "t1", "x")).await;
+    live.drain(&v1).await;
+    assert_eq!(live.counter(&v1, "followers", "b").await, 2);
+    // v2 drops `followers`; a follow goes, another one's copy changes.
+    live.delete("USER#a", "FOLLOWS#b").await;
+    live.put(follow("c", "b", "t1", "y")).await;
+    live.drain(&v2).await;
+    assert!(live.item("USER#b", "FOLLOWED_BY#a").await.is_none());
+    // v1 again (a rollback): `followers` is new to the running spec, so it
+    // is backfilled.
+    live.put(follow("d", "b", "t1", "x")).await;
+    live.drain(&v1).await;
+    live.backfill(&v1, &["followers"]).await;
+    assert_eq!(
+        live.counter(&v1, "followers", "b").await,
+        2,
+        "followers of b: c and d follow b"
     );
 }
