@@ -813,18 +813,6 @@ impl Applier {
                     decode_lambda_record(index, &letter.record)
                 });
             }
-            // Last, the item as it is now: effects are states, so once it
-            // applies, every letter of the item is superseded, even one
-            // whose later records planned nothing to hold (a poison item
-            // deleted since).
-            if let Some(key) = &group[0].source_key {
-                let last = &group[group.len() - 1];
-                batch.push(
-                    self.current_state(batch.len(), last, key)
-                        .await
-                        .map_err(fatal)?,
-                );
-            }
             let options = BatchOptions {
                 selection,
                 redrive: true,
@@ -838,11 +826,32 @@ impl Applier {
             // applied stay.
             let handled =
                 |s: &RecordStatus| matches!(s, RecordStatus::Applied | RecordStatus::Skipped(_));
-            let cut = outcome
+            let mut cut = outcome
                 .statuses
                 .iter()
                 .rposition(handled)
                 .map_or(0, |i| i + 1);
+            // Then the item as it is now: effects are states, so once it
+            // applies, every letter of the item is superseded, even one
+            // whose later records planned nothing to hold (a poison item
+            // deleted since). It is a probe: a batch of its own, and it
+            // writes no letter when it fails (the item's letters keep
+            // their records).
+            if let (true, Some(key)) = (cut < records.len(), &group[0].source_key) {
+                let last = &group[group.len() - 1];
+                let now = self.current_state(0, last, key).await.map_err(fatal)?;
+                let probe = Applier {
+                    config: super::ApplyConfig {
+                        dead_letters: false,
+                        ..self.config.clone()
+                    },
+                    ..self.clone()
+                };
+                let outcome = probe.apply_batch(&[now], &options).await?;
+                if outcome.statuses.first().is_some_and(handled) {
+                    cut = records.len();
+                }
+            }
             for (index, (_, members)) in records.into_iter().enumerate() {
                 let n = members.len();
                 if index >= cut {

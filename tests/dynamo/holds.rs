@@ -226,3 +226,31 @@ async fn a_backfill_letter_is_redriven_from_the_items_current_state() {
         Some("EMAIL#sam@x.org")
     );
 }
+
+/// Found in review: a redrive that failed again replaced the letter's
+/// stream record with the item's current state it had tried last.
+#[tokio::test]
+async fn a_redrive_that_fails_again_keeps_the_letters_full_record() {
+    let applier = setup("redrive-overwrite").await;
+    let client = applier.client().clone();
+    let mut history = History::default();
+    for item in [email("u1", "e1", s("a@x.org")), email("u1", "e1", poison())] {
+        put_item(&client, applier.table(), &item).await;
+        history.put(item);
+    }
+    let outcome = applier
+        .apply_batch(&history.records, &BatchOptions::default())
+        .await
+        .unwrap();
+    assert!(matches!(outcome.statuses[1], RecordStatus::DeadLettered(_)));
+    let before = applier.dead_letter_store().list().await.unwrap();
+    assert_eq!(before.len(), 1);
+    assert_eq!(before[0].record["kind"], serde_json::json!("MODIFY"));
+    // No fix yet: the redrive fails again, and the letter is as it was.
+    let summary = applier.redrive(None).await.unwrap();
+    assert_eq!(summary.still_failing, 1, "{summary:?}");
+    let after = applier.dead_letter_store().list().await.unwrap();
+    assert_eq!(after.len(), 1);
+    assert_eq!(after[0].record, before[0].record);
+    assert_eq!(after[0].attempts, 2);
+}
