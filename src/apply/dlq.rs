@@ -228,6 +228,15 @@ impl DeadLetterStore {
         key
     }
 
+    /// The key of a letter's item. A table without a sort key gives each
+    /// letter a partition key of its own.
+    fn letter_key(&self, letter: &DeadLetter) -> HashMap<String, Av> {
+        match &self.sk {
+            Some(_) => self.key(DLQ_PK, &letter.sort_key()),
+            None => self.key(&format!("{DLQ_PK}#{}", letter.sort_key()), ""),
+        }
+    }
+
     /// Stores letters (idempotently: the same record and projection land on
     /// the same item, counting one more attempt) and their holds.
     pub async fn put(
@@ -238,7 +247,7 @@ impl DeadLetterStore {
         let retries = std::sync::atomic::AtomicU64::new(0);
         let at = now();
         for letter in letters {
-            let key = self.key(DLQ_PK, &letter.sort_key());
+            let key = self.letter_key(letter);
             let (record, omitted) = stored_record(letter);
             let mut values = HashMap::from([
                 (":projection".to_string(), Av::S(letter.projection.clone())),
@@ -520,25 +529,59 @@ impl DeadLetterStore {
                 std::time::Duration::from_secs(20),
                 &retries,
                 || {
-                    let request = self
-                        .client
-                        .query()
-                        .table_name(&self.table)
-                        .consistent_read(true)
-                        .key_condition_expression("#pk = :pk")
-                        .expression_attribute_names("#pk", &self.pk)
-                        .expression_attribute_values(":pk", Av::S(DLQ_PK.to_string()))
-                        .set_exclusive_start_key(start.clone());
-                    async move { request.send().await.map_err(sdk) }
+                    let request = match &self.sk {
+                        Some(_) => self
+                            .client
+                            .query()
+                            .table_name(&self.table)
+                            .consistent_read(true)
+                            .key_condition_expression("#pk = :pk")
+                            .expression_attribute_names("#pk", &self.pk)
+                            .expression_attribute_values(":pk", Av::S(DLQ_PK.to_string()))
+                            .set_exclusive_start_key(start.clone())
+                            .send(),
+                        // Without a sort key, letters are items of their own:
+                        // found by a scan (listing letters is rare).
+                        None => {
+                            let scan = self
+                                .client
+                                .scan()
+                                .table_name(&self.table)
+                                .consistent_read(true)
+                                .filter_expression("begins_with(#pk, :prefix)")
+                                .expression_attribute_names("#pk", &self.pk)
+                                .expression_attribute_values(":prefix", Av::S(format!("{DLQ_PK}#")))
+                                .set_exclusive_start_key(start.clone());
+                            return futures::future::Either::Right(async move {
+                                scan.send()
+                                    .await
+                                    .map(|page| {
+                                        (page.items().to_vec(), page.last_evaluated_key().cloned())
+                                    })
+                                    .map_err(sdk)
+                            });
+                        }
+                    };
+                    futures::future::Either::Left(async move {
+                        request
+                            .await
+                            .map(|page| (page.items().to_vec(), page.last_evaluated_key().cloned()))
+                            .map_err(sdk)
+                    })
                 },
             )
             .await?;
-            for item in page.items() {
+            let (items, last) = page;
+            for item in &items {
                 letters.push(from_item(item));
             }
-            match page.last_evaluated_key() {
-                Some(key) if !key.is_empty() => start = Some(key.clone()),
-                _ => return Ok(letters),
+            match last {
+                Some(key) if !key.is_empty() => start = Some(key),
+                _ => {
+                    // By source item, then stream order (a query's order).
+                    letters.sort_by_key(DeadLetter::sort_key);
+                    return Ok(letters);
+                }
             }
         }
     }
@@ -552,7 +595,7 @@ impl DeadLetterStore {
     ) -> Result<(), WriteError> {
         let retries = std::sync::atomic::AtomicU64::new(0);
         for letter in applied {
-            let key = self.key(DLQ_PK, &letter.sort_key());
+            let key = self.letter_key(letter);
             with_retries(
                 "remove_dead_letter",
                 std::time::Duration::from_secs(20),

@@ -1,10 +1,14 @@
-//! Holds against DynamoDB Local: later records of an item wait behind its
-//! dead letter, however many items are held and whatever could not be read
-//! of the record that failed.
+//! Dead letters and holds against DynamoDB Local: later records of an item
+//! wait behind its dead letter, however many items are held and whatever
+//! could not be read of the record that failed; a redrive supersedes what
+//! the item's later state makes obsolete, and keeps what still fails.
+
+use std::sync::Arc;
 
 use aws_sdk_dynamodb::types::AttributeValue as Av;
 use ddb_projector::apply::{Applier, ApplyConfig, BatchOptions, RecordStatus};
 use ddb_projector::decode::{decode_lambda_event, decode_scanned_item};
+use ddb_projector::spec::Spec;
 
 use super::model::{attrs, put_item, Attrs, History};
 use super::support::{self, s};
@@ -253,4 +257,94 @@ async fn a_redrive_that_fails_again_keeps_the_letters_full_record() {
     assert_eq!(after.len(), 1);
     assert_eq!(after[0].record, before[0].record);
     assert_eq!(after[0].attempts, 2);
+}
+
+/// Found in review: in a table without a sort key every dead letter was
+/// written to the one item `PK = _ddbp#dlq`, each overwriting the one
+/// before: two poison records of two items left one letter.
+#[tokio::test]
+async fn every_dead_letter_is_kept_in_a_table_without_a_sort_key() {
+    let spec = Arc::new(
+        Spec::from_toml(
+            r#"
+service = "nosk"
+[table]
+name = "NoSk"
+sort_key = ""
+[entities.user]
+pk = "USER#{userId}"
+[[projections]]
+name = "user-keys"
+kind = "index-keys"
+entity = "user"
+set = { lx = "X#{lower(x)}" }
+"#,
+            "nosk.toml",
+        )
+        .unwrap(),
+    );
+    let client = support::client().await;
+    let table = support::fresh_table(&client, &spec, "nosk-dlq").await;
+    let applier = Applier::new(client.clone(), spec, &table, ApplyConfig::default());
+    let poison =
+        aws_sdk_dynamodb::types::AttributeValue::M([("not".to_string(), s("text"))].into());
+    use ddb_projector::record::{
+        ChangeKind, ChangeRecord, Image, Item, Origin, SequenceNumber, ViewType,
+    };
+    let mut records: Vec<super::model::Record> = Vec::new();
+    for (i, user) in ["u1", "u2"].into_iter().enumerate() {
+        let item = attrs(&[
+            ("PK", s(&format!("USER#{user}"))),
+            ("userId", s(user)),
+            ("x", poison.clone()),
+        ]);
+        put_item(&client, &table, &item).await;
+        let keys = attrs(&[("PK", s(&format!("USER#{user}")))]);
+        records.push(Ok(ChangeRecord {
+            event_id: format!("e{i}"),
+            kind: ChangeKind::Insert,
+            keys: Image::from(Item::from(keys)),
+            old_image: None,
+            new_image: Some(Image::from(Item::from(item))),
+            sequence_number: SequenceNumber(format!("{:021}", i + 1)),
+            approximate_creation_ms: None,
+            ttl_expiry: false,
+            view_type: Some(ViewType::NewAndOldImages),
+            size_bytes: None,
+            origin: Origin::Synthetic,
+        }));
+    }
+    let outcome = applier
+        .apply_batch(&records, &BatchOptions::default())
+        .await
+        .unwrap();
+    assert!(
+        outcome
+            .statuses
+            .iter()
+            .all(|s| matches!(s, RecordStatus::DeadLettered(_))),
+        "{:?}",
+        outcome.statuses
+    );
+    let letters = applier.dead_letter_store().list().await.unwrap();
+    assert_eq!(
+        letters.len(),
+        2,
+        "two records were dead-lettered, the store kept: {letters:?}"
+    );
+    // One item is fixed: its letter goes on redrive, the other stays.
+    put_item(
+        &client,
+        &table,
+        &attrs(&[("PK", s("USER#u1")), ("userId", s("u1")), ("x", s("Fixed"))]),
+    )
+    .await;
+    let summary = applier.redrive(None).await.unwrap();
+    assert_eq!(
+        (summary.redriven + summary.superseded, summary.still_failing),
+        (1, 1)
+    );
+    let letters = applier.dead_letter_store().list().await.unwrap();
+    assert_eq!(letters.len(), 1);
+    assert_eq!(letters[0].source_key.as_ref().unwrap().pk, "USER#u2");
 }
