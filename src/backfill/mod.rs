@@ -23,8 +23,9 @@
 //!
 //! Progress of each segment (its last evaluated key) is checkpointed in the
 //! table after each page is applied: `PK = _ddbp#backfill`,
-//! `SK = <table>#<projections>#<segment>/<total>`. `--resume` continues
-//! from there, redoing at most one page.
+//! `SK = <table>#<projections>#<fingerprint of the spec's projections>#<segment>/<total>`.
+//! `--resume` continues from there, redoing at most one page; after a spec
+//! change the fingerprint differs, so the backfill starts over.
 
 use std::collections::HashMap;
 use std::io::IsTerminal;
@@ -200,7 +201,14 @@ pub async fn backfill(
     let run = Run {
         applier,
         options,
-        scope: format!("{}#{}", applier.table(), names.join(",")),
+        // A backfill after the spec changed is another backfill: its
+        // progress must not be taken for the last one's.
+        scope: format!(
+            "{}#{}#{:016x}",
+            applier.table(),
+            names.join(","),
+            spec.projections_fingerprint()
+        ),
         write_pacer: Pacer::new(options.max_wcu),
         read_pacer: Pacer::new(options.max_rcu),
         scanned: AtomicU64::new(0),

@@ -302,6 +302,9 @@ pub struct Projection {
     pub name: String,
     /// What it does.
     pub kind: ProjectionKind,
+    /// A stable hash of the definition as written (FNV-1a of its canonical
+    /// JSON): another definition under the same name has another one.
+    pub fingerprint: u64,
 }
 
 impl Projection {
@@ -756,6 +759,29 @@ fn entity_name_or<'a>(spec: &'a Spec, name: &'a str) -> &'a str {
         .unwrap_or(name)
 }
 
+/// FNV-1a, 64 bits: stable across builds and machines.
+fn fingerprint(text: &str) -> u64 {
+    let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
+    for byte in text.bytes() {
+        hash ^= u64::from(byte);
+        hash = hash.wrapping_mul(0x0100_0000_01b3);
+    }
+    hash
+}
+
+impl Spec {
+    /// A fingerprint of every projection's definition: two specs whose
+    /// projections are alike have the same one.
+    pub fn projections_fingerprint(&self) -> u64 {
+        let all: Vec<String> = self
+            .projections
+            .iter()
+            .map(|p| format!("{}={:016x}", p.name, p.fingerprint))
+            .collect();
+        fingerprint(&all.join(","))
+    }
+}
+
 /// Suggests the closest known name, for "did you mean" hints.
 fn suggest<'a>(name: &str, known: impl Iterator<Item = &'a str>) -> String {
     let known: Vec<&str> = known.collect();
@@ -841,7 +867,13 @@ impl Compiler {
                 continue;
             }
             if let Some(kind) = self.projection(raw_projection, &context, &table, &entities) {
-                projections.push(Projection { name, kind });
+                projections.push(Projection {
+                    name,
+                    kind,
+                    fingerprint: fingerprint(
+                        &serde_json::to_string(raw_projection).unwrap_or_default(),
+                    ),
+                });
             }
         }
         for projection in custom {
@@ -868,9 +900,16 @@ impl Compiler {
                 );
                 continue;
             }
+            // A Rust projection's definition is its code: its name and
+            // source stand for it.
+            let fingerprint = fingerprint(&format!(
+                "custom\u{1}{name}\u{1}{}",
+                projection.source_entity()
+            ));
             projections.push(Projection {
                 name,
                 kind: ProjectionKind::Custom(projection),
+                fingerprint,
             });
         }
         self.assign_markers(&mut projections, &table);

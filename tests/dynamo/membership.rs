@@ -442,3 +442,50 @@ async fn a_counter_removed_and_added_back_is_exact_after_its_backfill() {
         "followers of b: c and d follow b"
     );
 }
+
+/// Found in review: backfill progress was keyed by table, projection names
+/// and segment, and a Lambda (Step Functions) backfill resumes by default:
+/// after a spec change, the backfill of the changed projection found the
+/// earlier run's `done` and did nothing.
+#[tokio::test]
+async fn a_backfill_after_a_spec_change_is_not_skipped_as_already_done() {
+    use ddb_projector::lambda::backfill::BackfillRequest;
+    let v1 = social(&format!("{EDGE}{FOLLOWERS}"));
+    // v2: `followers` counts only follows with note "y".
+    let v2 = social(&format!(
+        "{EDGE}{}",
+        FOLLOWERS.replace("shards = 8", "shards = 8\nwhen = { note = \"y\" }")
+    ));
+    let mut live = Live::new(&v1, "resume-scope").await;
+    live.put(follow("a", "b", "t1", "x")).await;
+    live.put(follow("c", "b", "t1", "x")).await;
+    live.put(follow("d", "b", "t1", "y")).await;
+    live.drain(&v1).await;
+
+    // A Lambda backfill, as the Step Functions input
+    // {"totalSegments": 1, "projections": ["followers"]} runs it.
+    let lambda_backfill = |spec: &Arc<Spec>| {
+        let request = BackfillRequest {
+            projections: Some(vec!["followers".to_string()]),
+            ..BackfillRequest::default()
+        };
+        request.plan(spec).expect("a valid request").options
+    };
+    let summary = backfill(&live.applier(&v1), &lambda_backfill(&v1))
+        .await
+        .unwrap();
+    assert!(summary.is_done());
+    assert_eq!(live.counter(&v1, "followers", "b").await, 3);
+
+    // v2 is deployed; `followers` changed, so it is backfilled.
+    let summary = backfill(&live.applier(&v2), &lambda_backfill(&v2))
+        .await
+        .unwrap();
+    assert!(summary.is_done());
+    assert_eq!(
+        live.counter(&v2, "followers", "b").await,
+        1,
+        "only d's follow has note y (the backfill scanned {} items)",
+        summary.scanned
+    );
+}
