@@ -252,7 +252,8 @@ impl AuditReport {
 struct Snapshot {
     /// Entity items: (entity, key, item).
     items: Vec<(usize, ItemKey, Item)>,
-    /// Counters' own marker items.
+    /// Counters' own marker items, and items of no entity that carry
+    /// counter records.
     markers: HashMap<ItemKey, Item>,
     /// Counter shards by partition key: (counter, its values joined by `#`, count).
     shards: HashMap<String, (ProjectionId, String, i64)>,
@@ -370,6 +371,9 @@ fn classify(spec: &Spec, item: Item, snapshot: &mut Snapshot) {
     let mut vars = Vec::new();
     if let Some(entity) = spec.match_entity(&key.pk, key.sk.as_deref(), &mut vars) {
         snapshot.items.push((entity, key, item));
+    } else if item.contains_key(crate::spec::RECORDS_ATTRIBUTE) {
+        // An item of an entity the spec no longer has, still counted in.
+        snapshot.markers.insert(key, item);
     }
 }
 
@@ -948,21 +952,21 @@ pub async fn repair(applier: &Applier, report: &mut AuditReport) -> Result<(), A
             let Some(Fix::Recount(list)) = &report.findings[index].fix else {
                 continue;
             };
-            let failed: Vec<&String> = list
+            let errors: Vec<String> = list
                 .iter()
-                .filter(|shard| outcome.get(*shard).is_some_and(|r| r.is_err()))
+                .filter_map(|shard| match outcome.get(shard) {
+                    Some(Err(error)) => Some(error.clone()),
+                    _ => None,
+                })
                 .collect();
-            if failed.is_empty() {
+            if errors.is_empty() {
                 report.findings[index].repaired = true;
-            } else {
-                for shard in failed {
-                    if let Some(Err(error)) = outcome.get(shard) {
-                        report.repair_failures.push(format!(
-                            "{} {}: {error}",
-                            report.findings[index].rule, report.findings[index].key
-                        ));
-                    }
-                }
+            }
+            for error in errors {
+                report.repair_failures.push(format!(
+                    "{} {}: {error}",
+                    report.findings[index].rule, report.findings[index].key
+                ));
             }
         }
     }
@@ -1021,7 +1025,7 @@ async fn recount(
     applier: &Applier,
     shards: &[String],
     stats: &mut BatchStats,
-) -> Result<HashMap<String, Result<(), String>>, ApplyError> {
+) -> Result<HashMap<String, Result<i64, String>>, ApplyError> {
     let fatal = |message: String| ApplyError::Fatal {
         table: applier.table().to_string(),
         message,
@@ -1043,9 +1047,10 @@ async fn recount(
             );
             continue;
         }
-        let delta = records.get(shard.as_str()).copied().unwrap_or(0) - count;
+        let named = records.get(shard.as_str()).copied().unwrap_or(0);
+        let delta = named - count;
         if delta == 0 {
-            outcome.insert(shard.clone(), Ok(()));
+            outcome.insert(shard.clone(), Ok(named));
             continue;
         }
         let mut request = applier
@@ -1070,7 +1075,7 @@ async fn recount(
                 if let Some(c) = output.consumed_capacity() {
                     stats.write_units += c.capacity_units().unwrap_or(0.0);
                 }
-                Ok(())
+                Ok(named)
             }
             Err(error) => Err(format!(
                 "shard {shard} changed while repairing; run the audit again ({})",
