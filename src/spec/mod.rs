@@ -1502,16 +1502,14 @@ impl Compiler {
                 }
             }
         }
-        // TTL deletes an item without the projector: an edge that carries
-        // counter records must never expire.
+        // TTL deletes an item without the projector: reverse items that
+        // carry counter records must never expire, whichever projection
+        // would write the TTL attribute onto them.
         if let Some(ttl) = &table.ttl_attribute {
             for (id, projection) in projections.iter().enumerate() {
                 let ProjectionKind::InverseEdge(edge) = &projection.kind else {
                     continue;
                 };
-                if !edge.copy.iter().any(|(attr, _)| attr == ttl) {
-                    continue;
-                }
                 let counted: Vec<String> = projections
                     .iter()
                     .filter(|p| {
@@ -1519,14 +1517,26 @@ impl Compiler {
                     })
                     .map(|p| format!("`{}`", p.name))
                     .collect();
-                if !counted.is_empty() {
-                    self.error(
-                        format!("projection `{}`", projection.name),
-                        format!(
-                            "copies the table's TTL attribute `{ttl}` onto reverse items that counter(s) {} record their membership on: TTL would delete them without moving the counters; do not copy `{ttl}`, or give the counters another `when`",
-                            counted.join(", ")
-                        ),
-                    );
+                if counted.is_empty() {
+                    continue;
+                }
+                for writer in projections.iter() {
+                    let written = match &writer.kind {
+                        ProjectionKind::InverseEdge(e) if e.target == edge.target => &e.copy,
+                        ProjectionKind::Denormalize(d) if d.target == edge.target => &d.copy,
+                        ProjectionKind::IndexKeys(k) if k.entity == edge.target => &k.set,
+                        _ => continue,
+                    };
+                    if written.iter().any(|(attr, _)| attr == ttl) {
+                        self.error(
+                            format!("projection `{}`", writer.name),
+                            format!(
+                                "writes the table's TTL attribute `{ttl}` onto the reverse items of `{}`, which counter(s) {} record their membership on: TTL would delete them without moving the counters; do not write `{ttl}` there, or give the counters another `when`",
+                                projection.name,
+                                counted.join(", ")
+                            ),
+                        );
+                    }
                 }
             }
         }

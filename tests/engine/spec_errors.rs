@@ -939,7 +939,7 @@ of = { userId = "{followeeId}" }
     check(
         &format!("{base}{edge}{counter}"),
         expect![[r#"
-            spec.toml: projection `followed-by`: copies the table's TTL attribute `ttl` onto reverse items that counter(s) `followers` record their membership on: TTL would delete them without moving the counters; do not copy `ttl`, or give the counters another `when`
+            spec.toml: projection `followed-by`: writes the table's TTL attribute `ttl` onto the reverse items of `followed-by`, which counter(s) `followers` record their membership on: TTL would delete them without moving the counters; do not write `ttl` there, or give the counters another `when`
         "#]],
     );
     // Without a counter on it, an edge may expire with its source.
@@ -1002,6 +1002,41 @@ when = { close = true }
 "#,
         expect![[r#"
             spec.toml: projection `close-friends`: projections `followed-by` and `close-friends` both keep the reverse items of entity `followed_by`: each would delete the other's; give each inverse edge a target entity of its own
+        "#]],
+    );
+}
+
+#[test]
+fn no_projection_may_write_the_ttl_attribute_onto_counted_reverse_items() {
+    let base = BASE.replace(
+        "name = \"UserServiceTable\"",
+        "name = \"UserServiceTable\"\nttl_attribute = \"ttl\"",
+    );
+    check(
+        &format!(
+            r#"{base}
+[[projections]]
+name = "followed-by"
+kind = "inverse-edge"
+source = "follow"
+target = "followed_by"
+
+[[projections]]
+name = "followers"
+kind = "counter"
+source = "follow"
+of = {{ userId = "{{followeeId}}" }}
+
+[[projections]]
+name = "edge-expiry"
+kind = "denormalize"
+source = "follow"
+target = "followed_by"
+copy = {{ ttl = "{{expiresAt}}" }}
+"#
+        ),
+        expect![[r#"
+            spec.toml: projection `edge-expiry`: writes the table's TTL attribute `ttl` onto the reverse items of `followed-by`, which counter(s) `followers` record their membership on: TTL would delete them without moving the counters; do not write `ttl` there, or give the counters another `when`
         "#]],
     );
 }
