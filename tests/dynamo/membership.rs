@@ -552,3 +552,73 @@ sk = "FOLLOWS#{{followeeId}}"
     );
     assert_eq!(live.counter(&v2, "followers", "b").await, 2);
 }
+
+/// A reverse item may carry another projection's attributes (a copy from
+/// a friendship item onto the edge): the edge's own writes, exact ones
+/// included, leave them alone.
+#[tokio::test]
+async fn an_edge_leaves_alone_what_another_projection_writes_on_its_items() {
+    let spec = Arc::new(
+        Spec::from_toml(
+            &format!(
+                r#"
+service = "membership-test"
+
+[table]
+name = "MembershipTest"
+
+[entities.follow]
+pk = "USER#{{followerId}}"
+sk = "FOLLOWS#{{followeeId}}"
+
+[entities.followed_by]
+pk = "USER#{{followeeId}}"
+sk = "FOLLOWED_BY#{{followerId}}"
+
+[entities.friendship]
+pk = "PAIR#{{followerId}}#{{followeeId}}"
+sk = "LABEL"
+
+{EDGE}{FOLLOWERS}
+[[projections]]
+name = "edge-label"
+kind = "denormalize"
+source = "friendship"
+target = "followed_by"
+copy = {{ label = "{{label}}" }}
+"#
+            ),
+            "shared.toml",
+        )
+        .expect("the spec compiles"),
+    );
+    let mut live = Live::new(&spec, "shared-edge").await;
+    live.put(follow("a", "b", "t1", "x")).await;
+    live.drain(&spec).await;
+    live.put(attrs(&[
+        ("PK", s("PAIR#a#b")),
+        ("SK", s("LABEL")),
+        ("followerId", s("a")),
+        ("followeeId", s("b")),
+        ("label", s("close")),
+    ]))
+    .await;
+    live.drain(&spec).await;
+    let label = |item: Option<Attrs>| item.and_then(|item| text(&item, "label"));
+    assert_eq!(
+        label(live.item("USER#b", "FOLLOWED_BY#a").await).as_deref(),
+        Some("close")
+    );
+    // A copied attribute changes live, then a backfill writes the edge
+    // from what it reads: the label stays.
+    live.put(follow("a", "b", "t2", "y")).await;
+    live.drain(&spec).await;
+    live.backfill(&spec, &["followed-by"]).await;
+    let edge = live.item("USER#b", "FOLLOWED_BY#a").await;
+    assert_eq!(
+        edge.as_ref().and_then(|e| text(e, "note")).as_deref(),
+        Some("y")
+    );
+    assert_eq!(label(edge).as_deref(), Some("close"));
+    assert_eq!(live.counter(&spec, "followers", "b").await, 1);
+}
