@@ -5,6 +5,7 @@ mod bad_inputs;
 mod cli;
 mod decode;
 mod fuzz_regressions;
+mod iam;
 mod invariants;
 mod planner;
 mod spec_errors;
