@@ -622,3 +622,80 @@ copy = {{ label = "{{label}}" }}
     assert_eq!(label(edge).as_deref(), Some("close"));
     assert_eq!(live.counter(&spec, "followers", "b").await, 1);
 }
+
+/// The upgrade path the README gives: a table an older build left (reverse
+/// edges without records, shards counting them) is exact after a backfill
+/// of every counter and one `audit --repair`.
+#[tokio::test]
+async fn a_table_from_before_counter_records_is_exact_after_backfill_and_repair() {
+    let spec = social(&format!("{EDGE}{}", counters()));
+    let live = Live::new(&spec, "upgrade").await;
+    for (a, b) in [("a", "b"), ("c", "b")] {
+        put_item(&live.client, &live.table, &follow(a, b, "t1", "x")).await;
+        put_item(
+            &live.client,
+            &live.table,
+            &attrs(&[
+                ("PK", s(&format!("USER#{b}"))),
+                ("SK", s(&format!("FOLLOWED_BY#{a}"))),
+                ("followedAt", s("t1")),
+                ("note", s("x")),
+            ]),
+        )
+        .await;
+    }
+    for (counter, user, count) in [
+        ("followers", "b", 2),
+        ("following", "a", 1),
+        ("following", "c", 1),
+    ] {
+        let shard = spec.counter_shard_key(counter, &[user.to_string()], 0);
+        put_item(
+            &live.client,
+            &live.table,
+            &attrs(&[
+                ("PK", s(&shard.pk)),
+                ("SK", s("COUNTER")),
+                ("count", support::n(count)),
+            ]),
+        )
+        .await;
+    }
+    live.backfill(&spec, &["followers", "following"]).await;
+    let report = ddb_projector::audit::audit(
+        &live.applier(&spec),
+        &ddb_projector::audit::AuditOptions {
+            repair: true,
+            progress: false,
+            ..Default::default()
+        },
+    )
+    .await
+    .unwrap();
+    assert!(
+        report.repair_failures.is_empty(),
+        "{:?}",
+        report.repair_failures
+    );
+    for (counter, user, count) in [
+        ("followers", "b", 2),
+        ("following", "a", 1),
+        ("following", "c", 1),
+    ] {
+        assert_eq!(
+            live.counter(&spec, counter, user).await,
+            count,
+            "{counter} of {user}"
+        );
+    }
+    let again = ddb_projector::audit::audit(
+        &live.applier(&spec),
+        &ddb_projector::audit::AuditOptions {
+            progress: false,
+            ..Default::default()
+        },
+    )
+    .await
+    .unwrap();
+    assert!(again.is_clean(), "{}", again.to_text(&spec));
+}
