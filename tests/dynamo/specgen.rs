@@ -38,7 +38,7 @@ use super::oracle;
 use super::support::{self, s};
 
 /// Cases unless `SPEC_CASES` says otherwise.
-const CASES: u32 = 12;
+const CASES: u32 = 24;
 
 // ---------------------------------------------------------------- specs ---
 
