@@ -100,14 +100,53 @@ impl<'a> ValueRef<'a> {
     pub fn equals(self, other: &AttributeValue) -> bool {
         match (self, other) {
             (ValueRef::S(a), AttributeValue::S(b)) => a == b,
-            (ValueRef::N(a), AttributeValue::N(b)) => {
-                a == b || matches!((a.parse::<f64>(), b.parse::<f64>()), (Ok(x), Ok(y)) if x == y)
-            }
+            (ValueRef::N(a), AttributeValue::N(b)) => a == b || numbers_equal(a, b),
             (ValueRef::Bool(a), AttributeValue::Bool(b)) => a == *b,
             (ValueRef::Null(a), AttributeValue::Null(b)) => a == *b,
             (ValueRef::Other(a), b) => a == b,
             _ => false,
         }
+    }
+}
+
+/// A DynamoDB number as sign, significant digits and the power of ten of
+/// the first one: `-12.50` and `-1.25E1` are both `(true, "125", 2)`.
+/// Exact for DynamoDB's 38 digits, which an `f64` is not (a nanosecond
+/// timestamp's last digits vanish in one).
+fn decimal(text: &str) -> Option<(bool, String, i64)> {
+    let text = text.trim();
+    let (negative, rest) = match text.strip_prefix('-') {
+        Some(rest) => (true, rest),
+        None => (false, text.strip_prefix('+').unwrap_or(text)),
+    };
+    let (mantissa, exponent) = match rest.find(['e', 'E']) {
+        Some(at) => (&rest[..at], rest[at + 1..].parse::<i64>().ok()?),
+        None => (rest, 0),
+    };
+    let (whole, fraction) = mantissa.split_once('.').unwrap_or((mantissa, ""));
+    if whole.is_empty() && fraction.is_empty()
+        || !whole
+            .bytes()
+            .chain(fraction.bytes())
+            .all(|b| b.is_ascii_digit())
+    {
+        return None;
+    }
+    let digits: String = whole.chars().chain(fraction.chars()).collect();
+    let leading = digits.len() - digits.trim_start_matches('0').len();
+    let significant = digits.trim_matches('0');
+    if significant.is_empty() {
+        return Some((false, String::new(), 0));
+    }
+    let first = whole.len() as i64 - leading as i64 + exponent;
+    Some((negative, significant.to_string(), first))
+}
+
+/// Whether two DynamoDB numbers are the same value.
+fn numbers_equal(a: &str, b: &str) -> bool {
+    match (decimal(a), decimal(b)) {
+        (Some(x), Some(y)) => x == y,
+        _ => false,
     }
 }
 
@@ -820,5 +859,25 @@ mod tests {
         b.insert("x", ValueRef::N("2.0"));
         assert_ne!(a, b);
         assert!(ValueRef::N("2.0").equals(&AttributeValue::N("2".into())));
+    }
+
+    #[test]
+    fn numbers_compare_by_value_exactly_to_38_digits() {
+        let same = |a: &str, b: &str| ValueRef::N(a).equals(&AttributeValue::N(b.into()));
+        assert!(same("12.50", "12.5"));
+        assert!(same("-1.25E1", "-12.5"));
+        assert!(same("0.00", "0"));
+        assert!(same("-0", "0"));
+        assert!(same("1e3", "1000"));
+        assert!(same("007", "7"));
+        // Beyond an f64's 17 digits.
+        assert!(!same("1700000000000000001", "1700000000000000002"));
+        assert!(!same(
+            "1.2345678901234567890123456789012345678",
+            "1.2345678901234567890123456789012345679"
+        ));
+        assert!(!same("12", "-12"));
+        assert!(!same("0.1", "1"));
+        assert!(!same("abc", "abc0"));
     }
 }

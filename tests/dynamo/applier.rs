@@ -853,3 +853,77 @@ async fn a_source_read_holding_a_type_newer_than_this_build_dead_letters_its_rec
     assert_eq!(letters.len(), 1, "{letters:?}");
     assert_eq!(letters[0].projection, "profile-primary-email");
 }
+
+/// Found in review: numbers were compared through `f64`, so a copied
+/// number that changed past its 17th digit (a nanosecond timestamp, a
+/// snowflake id) was taken for unchanged and never written.
+#[tokio::test]
+async fn a_copied_number_that_changes_past_f64_precision_is_copied() {
+    let spec = Arc::new(
+        Spec::from_toml(
+            r#"
+service = "devices"
+
+[table]
+name = "Devices"
+
+[entities.profile]
+pk = "USER#{userId}"
+sk = "PROFILE"
+
+[entities.device]
+pk = "USER#{userId}"
+sk = "DEVICE#{deviceId}"
+
+[[projections]]
+name = "last-seen"
+kind = "denormalize"
+source = "device"
+target = "profile"
+when = { isPrimary = true }
+copy = { lastSeenNs = "{seenNs}" }
+"#,
+            "devices.toml",
+        )
+        .unwrap(),
+    );
+    let client = support::client().await;
+    let table = support::fresh_table(&client, &spec, "f64").await;
+    let applier = Applier::new(client.clone(), spec, &table, ApplyConfig::default());
+    let device = |seen: &str| {
+        attrs(&[
+            ("PK", s("USER#u")),
+            ("SK", s("DEVICE#d")),
+            ("userId", s("u")),
+            ("deviceId", s("d")),
+            ("isPrimary", Av::Bool(true)),
+            ("seenNs", Av::N(seen.to_string())),
+        ])
+    };
+    let mut history = super::model::History::default();
+    for item in [
+        attrs(&[
+            ("PK", s("USER#u")),
+            ("SK", s("PROFILE")),
+            ("userId", s("u")),
+        ]),
+        device("1700000000000000001"),
+        device("1700000000000000002"),
+    ] {
+        write(&client, &table, &item).await;
+        history.put(item);
+        let outcome = applier
+            .apply_batch(
+                &history.records[history.records.len() - 1..],
+                &BatchOptions::default(),
+            )
+            .await
+            .unwrap();
+        assert!(outcome.statuses.iter().all(|s| s.is_handled()));
+    }
+    let profile = get(&client, &table, "USER#u", "PROFILE").await.unwrap();
+    assert_eq!(
+        profile.get("lastSeenNs"),
+        Some(&Av::N("1700000000000000002".into()))
+    );
+}
