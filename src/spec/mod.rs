@@ -302,8 +302,9 @@ pub struct Projection {
     pub name: String,
     /// What it does.
     pub kind: ProjectionKind,
-    /// A stable hash of the definition as written (FNV-1a of its canonical
-    /// JSON): another definition under the same name has another one.
+    /// A stable hash of the definition (FNV-1a of its canonical JSON, the
+    /// key patterns of the entities it uses, the table's keys, a counter's
+    /// placement): another definition under the same name has another one.
     pub fingerprint: u64,
 }
 
@@ -759,6 +760,61 @@ fn entity_name_or<'a>(spec: &'a Spec, name: &'a str) -> &'a str {
         .unwrap_or(name)
 }
 
+/// Each projection's fingerprint covers more than its own text: the key
+/// patterns of the entities it reads and writes, the table's key names,
+/// and, for a counter, the edge its records ride on (or none). Changing any
+/// of these changes what the projection derives.
+fn set_fingerprints(projections: &mut [Projection], entities: &[Entity], table: &TableSpec) {
+    let pattern = |id: EntityId| {
+        let entity = &entities[id];
+        format!(
+            "{}={}/{}",
+            entity.name,
+            entity.pk,
+            entity.sk.as_ref().map(|sk| sk.as_str()).unwrap_or("")
+        )
+    };
+    let names: Vec<String> = projections.iter().map(|p| p.name.clone()).collect();
+    let extras: Vec<String> = projections
+        .iter()
+        .map(|projection| {
+            let mut parts = vec![format!(
+                "keys={}/{}",
+                table.partition_key,
+                table.sort_key.as_deref().unwrap_or("")
+            )];
+            match &projection.kind {
+                ProjectionKind::IndexKeys(p) => parts.push(pattern(p.entity)),
+                ProjectionKind::Denormalize(p) => {
+                    parts.push(pattern(p.source));
+                    parts.push(pattern(p.target));
+                }
+                ProjectionKind::InverseEdge(p) => {
+                    parts.push(pattern(p.source));
+                    parts.push(pattern(p.target));
+                }
+                ProjectionKind::Counter(p) => {
+                    parts.push(pattern(p.source));
+                    match p.marker {
+                        Marker::Edge(edge) => {
+                            parts.push(format!("rides on {}", names[edge]));
+                            if let ProjectionKind::InverseEdge(e) = &projections[edge].kind {
+                                parts.push(pattern(e.target));
+                            }
+                        }
+                        Marker::Own => parts.push("own markers".to_string()),
+                    }
+                }
+                ProjectionKind::Custom(_) => {}
+            }
+            parts.join(";")
+        })
+        .collect();
+    for (projection, extra) in projections.iter_mut().zip(extras) {
+        projection.fingerprint = fingerprint(&format!("{:016x};{extra}", projection.fingerprint));
+    }
+}
+
 /// FNV-1a, 64 bits: stable across builds and machines.
 fn fingerprint(text: &str) -> u64 {
     let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
@@ -870,6 +926,7 @@ impl Compiler {
                 projections.push(Projection {
                     name,
                     kind,
+                    // Set below, once every projection is known.
                     fingerprint: fingerprint(
                         &serde_json::to_string(raw_projection).unwrap_or_default(),
                     ),
@@ -913,6 +970,7 @@ impl Compiler {
             });
         }
         self.assign_markers(&mut projections, &table);
+        set_fingerprints(&mut projections, &entities, &table);
         self.check_loops(&projections, &entities);
         self.check_attributes(&projections, &entities);
         self.check_derived_items(&projections, &entities, &table);
@@ -1484,19 +1542,26 @@ impl Compiler {
     /// A counter whose source has an inverse edge with the same condition
     /// uses that edge as its membership marker (one write less per change).
     fn assign_markers(&mut self, projections: &mut [Projection], table: &TableSpec) {
-        let edges: Vec<(ProjectionId, EntityId, Condition)> = projections
+        let edges: Vec<(ProjectionId, String, EntityId, Condition)> = projections
             .iter()
             .enumerate()
             .filter_map(|(id, p)| match &p.kind {
-                ProjectionKind::InverseEdge(edge) => Some((id, edge.source, edge.when.clone())),
+                ProjectionKind::InverseEdge(edge) => {
+                    Some((id, p.name.clone(), edge.source, edge.when.clone()))
+                }
                 _ => None,
             })
             .collect();
         for projection in projections.iter_mut() {
             if let ProjectionKind::Counter(counter) = &mut projection.kind {
-                if let Some((id, _, _)) = edges
+                // Of several edges that would do, the one first by name:
+                // the order of the file must not move a counter's records.
+                if let Some((id, ..)) = edges
                     .iter()
-                    .find(|(_, source, when)| *source == counter.source && *when == counter.when)
+                    .filter(|(_, _, source, when)| {
+                        *source == counter.source && *when == counter.when
+                    })
+                    .min_by(|a, b| a.1.cmp(&b.1))
                 {
                     counter.marker = Marker::Edge(*id);
                 }

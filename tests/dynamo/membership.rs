@@ -9,7 +9,7 @@ use ddb_projector::apply::{Applier, ApplyConfig, BatchOptions};
 use ddb_projector::backfill::{backfill, BackfillOptions};
 use ddb_projector::counter::read_counter;
 use ddb_projector::decode::decode_scanned_item;
-use ddb_projector::spec::Spec;
+use ddb_projector::spec::{Marker, ProjectionKind, Spec};
 
 use super::model::{attrs, delete_item, put_item, Attrs, History, Record};
 use super::support::{self, get, s, text};
@@ -698,4 +698,105 @@ async fn a_table_from_before_counter_records_is_exact_after_backfill_and_repair(
     .await
     .unwrap();
     assert!(again.is_clean(), "{}", again.to_text(&spec));
+}
+
+/// Entities for two inverse edges over follows.
+const TWO_EDGES: &str = r#"
+service = "membership-test"
+
+[table]
+name = "MembershipTest"
+
+[entities.follow]
+pk = "USER#{followerId}"
+sk = "FOLLOWS#{followeeId}"
+
+[entities.followed_by]
+pk = "USER#{followeeId}"
+sk = "FOLLOWED_BY#{followerId}"
+
+[entities.follow_log]
+pk = "LOG#{followeeId}"
+sk = "FOLLOW#{followerId}"
+"#;
+
+const FOLLOW_LOG: &str = r#"
+[[projections]]
+name = "follow-log"
+kind = "inverse-edge"
+source = "follow"
+target = "follow_log"
+copy = { note = "{note}" }
+"#;
+
+fn compiled(text: &str) -> Arc<Spec> {
+    Arc::new(Spec::from_toml(text, "spec.toml").expect("the spec compiles"))
+}
+
+/// Found in review: a counter rode on the first of two fitting edges in
+/// file order, so swapping them in the file moved it to the other edge
+/// with nothing to say so, and a follow was counted twice.
+#[tokio::test]
+async fn the_order_of_the_projections_does_not_move_a_counter() {
+    let v1 = compiled(&format!("{TWO_EDGES}{EDGE}{FOLLOW_LOG}{FOLLOWERS}"));
+    let v2 = compiled(&format!("{TWO_EDGES}{FOLLOW_LOG}{EDGE}{FOLLOWERS}"));
+    let rides_on = |spec: &Spec| {
+        let id = spec.projection_id("followers").unwrap();
+        match &spec.projections[id].kind {
+            ProjectionKind::Counter(counter) => match counter.marker {
+                Marker::Edge(edge) => spec.projections[edge].name.clone(),
+                Marker::Own => "its own markers".to_string(),
+            },
+            _ => unreachable!("a counter"),
+        }
+    };
+    // The first fitting edge by name, in either file order.
+    assert_eq!(rides_on(&v1), "follow-log");
+    assert_eq!(rides_on(&v2), "follow-log");
+    for p in &v1.projections {
+        let q = &v2.projections[v2.projection_id(&p.name).unwrap()];
+        assert_eq!(p.fingerprint, q.fingerprint, "{}", p.name);
+    }
+    let mut live = Live::new(&v1, "reorder").await;
+    live.put(follow("a", "b", "t1", "x")).await;
+    live.drain(&v1).await;
+    live.put(follow("a", "b", "t1", "y")).await;
+    live.drain(&v2).await;
+    assert_eq!(live.counter(&v2, "followers", "b").await, 1);
+}
+
+/// Found in review: the backfill's progress was keyed by the projections'
+/// own text only; a spec that moved the reverse edges to another key
+/// pattern had the same fingerprint, and `--resume` took the earlier
+/// backfill's `done` for its own.
+#[tokio::test]
+async fn a_backfill_after_an_entity_key_change_starts_over() {
+    let v1 = compiled(&format!("{TWO_EDGES}{EDGE}{FOLLOWERS}"));
+    let v2 = compiled(&format!(
+        "{}{EDGE}{FOLLOWERS}",
+        TWO_EDGES.replace("FOLLOWED_BY#{followerId}", "FOLLOWER#{followerId}")
+    ));
+    assert_ne!(v1.projections_fingerprint(), v2.projections_fingerprint());
+    let live = Live::new(&v1, "entity-change").await;
+    put_item(&live.client, &live.table, &follow("a", "b", "t1", "x")).await;
+    let resumed = |spec: &Arc<Spec>| {
+        let applier = live.applier(spec);
+        async move {
+            backfill(
+                &applier,
+                &BackfillOptions {
+                    resume: true,
+                    progress: false,
+                    ..BackfillOptions::default()
+                },
+            )
+            .await
+            .expect("backfill")
+        }
+    };
+    assert!(resumed(&v1).await.is_done());
+    assert!(live.item("USER#b", "FOLLOWED_BY#a").await.is_some());
+    assert!(resumed(&v2).await.is_done());
+    assert!(live.item("USER#b", "FOLLOWER#a").await.is_some());
+    assert_eq!(live.counter(&v2, "followers", "b").await, 1);
 }
