@@ -335,7 +335,7 @@ impl DeadLetterStore {
             );
         }
         let holds: HashSet<Hold> = letters.iter().filter_map(DeadLetter::hold).collect();
-        self.change_holds(holds, true, max_retry).await
+        self.add_holds(holds, max_retry).await
     }
 
     /// The key of a hold item.
@@ -365,73 +365,106 @@ impl DeadLetterStore {
         ))
     }
 
-    /// Writes (`add`) or deletes hold items, 25 a request.
-    async fn change_holds(
+    /// Writes hold items, each bumping its `version`: a release compares
+    /// it, so a letter stored while a redrive runs keeps its hold.
+    async fn add_holds(
         &self,
         holds: HashSet<Hold>,
-        add: bool,
         max_retry: std::time::Duration,
     ) -> Result<(), WriteError> {
-        use aws_sdk_dynamodb::types::{DeleteRequest, PutRequest, WriteRequest};
         let retries = std::sync::atomic::AtomicU64::new(0);
-        let requests: Vec<WriteRequest> = holds
-            .iter()
-            .map(|hold| {
-                let key = self.hold_key(hold);
-                if add {
-                    let mut item = key;
-                    item.insert("projection".to_string(), Av::S(hold.0.clone()));
-                    item.insert("sourcePk".to_string(), Av::S(hold.1.pk.clone()));
-                    item.insert(
-                        "sourceSk".to_string(),
-                        Av::S(hold.1.sk.clone().unwrap_or_default()),
-                    );
-                    WriteRequest::builder()
-                        .put_request(
-                            PutRequest::builder()
-                                .set_item(Some(item))
-                                .build()
-                                .expect("item"),
-                        )
-                        .build()
-                } else {
-                    WriteRequest::builder()
-                        .delete_request(
-                            DeleteRequest::builder()
-                                .set_key(Some(key))
-                                .build()
-                                .expect("key"),
-                        )
-                        .build()
-                }
-            })
-            .collect();
-        for chunk in requests.chunks(25) {
-            let pending = std::sync::Mutex::new(chunk.to_vec());
-            let pending = &pending;
+        for hold in &holds {
+            let key = self.hold_key(hold);
             with_retries("holds", max_retry, &retries, || {
                 let request = self
                     .client
-                    .batch_write_item()
-                    .request_items(&self.table, pending.lock().expect("not poisoned").clone());
+                    .update_item()
+                    .table_name(&self.table)
+                    .set_key(Some(key.clone()))
+                    .update_expression("SET #p = :p, #spk = :spk, #ssk = :ssk ADD #v :one")
+                    .expression_attribute_names("#p", "projection")
+                    .expression_attribute_names("#spk", "sourcePk")
+                    .expression_attribute_names("#ssk", "sourceSk")
+                    .expression_attribute_names("#v", "version")
+                    .expression_attribute_values(":p", Av::S(hold.0.clone()))
+                    .expression_attribute_values(":spk", Av::S(hold.1.pk.clone()))
+                    .expression_attribute_values(
+                        ":ssk",
+                        Av::S(hold.1.sk.clone().unwrap_or_default()),
+                    )
+                    .expression_attribute_values(":one", Av::N("1".to_string()));
+                async move { request.send().await.map(|_| ()).map_err(sdk) }
+            })
+            .await?;
+        }
+        Ok(())
+    }
+
+    /// Releases the holds among `candidates` that no letter needs any
+    /// more. A hold's version is read first, then every letter is listed
+    /// again, and a hold none of them names is deleted only if its version
+    /// has not moved: a letter stored after the listing bumped it.
+    async fn release_holds(&self, candidates: HashSet<Hold>) -> Result<(), WriteError> {
+        if candidates.is_empty() {
+            return Ok(());
+        }
+        let max_retry = std::time::Duration::from_secs(20);
+        let retries = std::sync::atomic::AtomicU64::new(0);
+        let mut versions: Vec<(Hold, Option<Av>)> = Vec::new();
+        for hold in candidates {
+            let key = self.hold_key(&hold);
+            let output = with_retries("holds", max_retry, &retries, || {
+                let request = self
+                    .client
+                    .get_item()
+                    .table_name(&self.table)
+                    .set_key(Some(key.clone()))
+                    .consistent_read(true);
+                async move { request.send().await.map_err(sdk) }
+            })
+            .await?;
+            if let Some(item) = output.item() {
+                versions.push((hold, item.get("version").cloned()));
+            }
+        }
+        let needed: HashSet<Hold> = self
+            .list()
+            .await?
+            .iter()
+            .filter_map(DeadLetter::hold)
+            .collect();
+        for (hold, version) in versions {
+            if needed.contains(&hold) {
+                continue;
+            }
+            let key = self.hold_key(&hold);
+            let released = with_retries("holds", max_retry, &retries, || {
+                let request = self
+                    .client
+                    .delete_item()
+                    .table_name(&self.table)
+                    .set_key(Some(key.clone()))
+                    .expression_attribute_names("#v", "version");
+                let request = match &version {
+                    Some(version) => request
+                        .condition_expression("#v = :v")
+                        .expression_attribute_values(":v", version.clone()),
+                    None => request.condition_expression("attribute_not_exists(#v)"),
+                };
                 async move {
-                    let output = request.send().await.map_err(sdk)?;
-                    let left = output
-                        .unprocessed_items()
-                        .and_then(|items| items.get(&self.table))
-                        .cloned()
-                        .unwrap_or_default();
-                    if left.is_empty() {
-                        return Ok(());
+                    match request.send().await {
+                        Ok(_) => Ok(true),
+                        Err(error) => match sdk(error) {
+                            (super::retry::ErrorClass::Conditional, _) => Ok(false),
+                            other => Err(other),
+                        },
                     }
-                    *pending.lock().expect("not poisoned") = left;
-                    Err((
-                        super::retry::ErrorClass::Retry("unprocessed items"),
-                        "BatchWriteItem left holds unprocessed".to_string(),
-                    ))
                 }
             })
             .await?;
+            if !released {
+                tracing::info!(projection = %hold.0, item = %hold.1, "a letter was stored during the redrive: its hold stays");
+            }
         }
         Ok(())
     }
@@ -617,8 +650,7 @@ impl DeadLetterStore {
             .filter_map(DeadLetter::hold)
             .filter(|hold| !still.contains(hold))
             .collect();
-        self.change_holds(released, false, std::time::Duration::from_secs(20))
-            .await
+        self.release_holds(released).await
     }
 }
 

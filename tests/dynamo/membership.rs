@@ -800,3 +800,142 @@ async fn a_backfill_after_an_entity_key_change_starts_over() {
     assert!(live.item("USER#b", "FOLLOWER#a").await.is_some());
     assert_eq!(live.counter(&v2, "followers", "b").await, 1);
 }
+
+const LABELLED: &str = r#"
+service = "membership-test"
+
+[table]
+name = "MembershipTest"
+
+[entities.follow]
+pk = "USER#{followerId}"
+sk = "FOLLOWS#{followeeId}"
+
+[entities.followed_by]
+pk = "USER#{followeeId}"
+sk = "FOLLOWED_BY#{followerId}"
+
+[[projections]]
+name = "followed-by"
+kind = "inverse-edge"
+source = "follow"
+target = "followed_by"
+copy = { label = "{a}-{b}" }
+
+[[projections]]
+name = "followers"
+kind = "counter"
+source = "follow"
+of = { userId = "{followeeId}" }
+shards = 2
+"#;
+
+/// A follow whose label renders only when `b` is given.
+fn labelled(follower: &str, followee: &str, a: &str, b: Option<&str>) -> Attrs {
+    let mut item = attrs(&[
+        ("PK", s(&format!("USER#{follower}"))),
+        ("SK", s(&format!("FOLLOWS#{followee}"))),
+        ("followerId", s(follower)),
+        ("followeeId", s(followee)),
+        ("a", s(a)),
+    ]);
+    if let Some(b) = b {
+        item.insert("b".to_string(), s(b));
+    }
+    item
+}
+
+/// Found in review: a record held (dead-lettered behind its item's letter)
+/// while a redrive ran lost its hold when the redrive ended, because the
+/// redrive released holds from a listing made before that letter existed;
+/// the item's next record then overtook the older letter, and a later
+/// redrive brought an unfollowed edge back, counted.
+#[tokio::test]
+async fn a_letter_held_during_a_redrive_keeps_its_hold() {
+    let spec = compiled(LABELLED);
+    let mut live = Live::new(&spec, "review-redrive-race").await;
+    // a follows b, but the label cannot render yet: dead-lettered, held.
+    live.put(labelled("a", "b", "x", None)).await;
+    // Many other poison follows: the redrive has work after item a's.
+    for i in 0..60 {
+        live.put(labelled(&format!("z{i:03}"), "c", "x", None))
+            .await;
+    }
+    live.drain(&spec).await;
+    // The writer fixes a's follow: held behind its letter.
+    live.put(labelled("a", "b", "x", Some("y"))).await;
+    live.drain(&spec).await;
+    assert!(live.item("USER#b", "FOLLOWED_BY#a").await.is_none());
+
+    // The operator redrives while the worker runs; a's follow changes
+    // during the redrive, after the redrive applied a's letters.
+    live.put(labelled("a", "b", "x", Some("z"))).await;
+    let applier = live.applier(&spec);
+    let pending: Vec<Record> = live.history.records[live.applied..].to_vec();
+    let during = async {
+        for _ in 0..500 {
+            if live.item("USER#b", "FOLLOWED_BY#a").await.is_some() {
+                break;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+        }
+        applier
+            .apply_batch(&pending, &BatchOptions::default())
+            .await
+            .expect("the live batch")
+    };
+    let (summary, outcome) = tokio::join!(applier.redrive(None), during);
+    let summary = summary.expect("redrive");
+    eprintln!("redrive: {summary:?}; live record: {:?}", outcome.statuses);
+    live.applied = live.history.records.len();
+    assert_eq!(live.counter(&spec, "followers", "b").await, 1);
+    let store = applier.dead_letter_store();
+    let pair = (
+        "followed-by".to_string(),
+        ddb_projector::record::ItemKey::new("USER#a", "FOLLOWS#b"),
+    );
+    let held = store
+        .held(
+            &[pair].into_iter().collect(),
+            std::time::Duration::from_secs(5),
+        )
+        .await
+        .expect("holds");
+    let letters_of_a = store
+        .list()
+        .await
+        .expect("letters")
+        .into_iter()
+        .filter(|l| l.source_key.as_ref().is_some_and(|k| k.pk == "USER#a"))
+        .count();
+    eprintln!(
+        "after the redrive: {letters_of_a} letter(s) of a's follow, holds of the pair: {held:?}"
+    );
+
+    // a unfollows b, and the worker applies it.
+    live.history.delete("USER#a", "FOLLOWS#b");
+    super::model::delete_item(
+        &live.client,
+        &live.table,
+        attrs(&[("PK", s("USER#a")), ("SK", s("FOLLOWS#b"))]),
+    )
+    .await;
+    live.drain(&spec).await;
+    // Later, another redrive.
+    let summary = applier.redrive(None).await.expect("redrive");
+    eprintln!("second redrive: {summary:?}");
+    let letters = applier.dead_letter_store().list().await.expect("letters");
+    let of_a = letters
+        .iter()
+        .filter(|l| l.source_key.as_ref().is_some_and(|k| k.pk == "USER#a"))
+        .count();
+    assert_eq!(
+        (
+            live.item("USER#b", "FOLLOWED_BY#a").await.is_some(),
+            live.counter(&spec, "followers", "b").await,
+            of_a
+        ),
+        (false, 0, 0),
+        "a no longer follows b: no reverse edge, b has no follower"
+    );
+}
