@@ -227,9 +227,12 @@ pub(crate) fn marker_change<'e>(spec: &Spec, effect: &'e Effect) -> Option<Marke
             want: Want::Drop {
                 name: spec.projections[*counter].name.clone(),
                 shard,
-                whole: spec
-                    .parse_counter_marker(item)
-                    .is_some_and(|(owner, _)| owner == *counter),
+                // A counter's own marker (of this counter, or one the
+                // spec can no longer attribute) is nothing but records.
+                whole: item.pk.starts_with(crate::spec::COUNTER_MARKER_PREFIX)
+                    && spec
+                        .parse_counter_marker(item)
+                        .is_none_or(|(owner, _)| owner == *counter),
             },
             guard: None,
         },

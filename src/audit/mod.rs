@@ -353,7 +353,12 @@ fn classify(spec: &Spec, item: Item, snapshot: &mut Snapshot) {
         }
     }
     if key.pk.starts_with(RESERVED_PREFIX) {
-        if spec.parse_counter_marker(&key).is_some() {
+        // Counters' own markers, also of a counter this spec no longer
+        // reads so (its source changed) while they still count.
+        if spec.parse_counter_marker(&key).is_some()
+            || key.pk.starts_with(crate::spec::COUNTER_MARKER_PREFIX)
+                && item.contains_key(crate::spec::RECORDS_ATTRIBUTE)
+        {
             snapshot.markers.insert(key, item);
         }
         return;

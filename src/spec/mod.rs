@@ -1502,6 +1502,13 @@ impl Compiler {
                 ..
             } => {
                 let source = self.entity(context, "source", source, entities)?;
+                if raw.name().contains('#') {
+                    self.error(
+                        context,
+                        "a counter's name must not contain `#`: it separates the parts of its shard and marker keys",
+                    );
+                    return None;
+                }
                 if !(1..=MAX_SHARDS).contains(shards) {
                     self.error(
                         context,

@@ -939,3 +939,37 @@ async fn a_letter_held_during_a_redrive_keeps_its_hold() {
         "a no longer follows b: no reverse edge, b has no follower"
     );
 }
+
+/// Found in review: the audit skipped a counter's own markers once the
+/// counter counted another entity (the markers no longer parse as the
+/// counter's), so their records kept the counter off after a repair.
+#[tokio::test]
+async fn an_audit_repair_drops_the_markers_a_counter_left_on_its_old_source() {
+    let v1 = compiled(&format!("{TWO_EDGES}{FOLLOWERS}"));
+    let v2 = compiled(&format!(
+        "{TWO_EDGES}\n[entities.block]\npk = \"USER#{{followerId}}\"\nsk = \"BLOCKS#{{followeeId}}\"\n{}",
+        FOLLOWERS.replace("source = \"follow\"", "source = \"block\"")
+    ));
+    let mut live = Live::new(&v1, "audit-old-source").await;
+    live.put(follow("a", "b", "t1", "x")).await;
+    live.drain(&v1).await;
+    assert_eq!(live.counter(&v1, "followers", "b").await, 1);
+    let options = |repair| ddb_projector::audit::AuditOptions {
+        repair,
+        progress: false,
+        ..Default::default()
+    };
+    let report = ddb_projector::audit::audit(&live.applier(&v2), &options(true))
+        .await
+        .unwrap();
+    assert!(
+        report.repair_failures.is_empty(),
+        "{:?}",
+        report.repair_failures
+    );
+    let again = ddb_projector::audit::audit(&live.applier(&v2), &options(false))
+        .await
+        .unwrap();
+    assert!(again.is_clean(), "{}", again.to_text(&v2));
+    assert_eq!(live.counter(&v2, "followers", "b").await, 0);
+}

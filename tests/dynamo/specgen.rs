@@ -22,6 +22,7 @@
 //! cases (CI runs a modest number).
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use aws_sdk_dynamodb::types::AttributeValue as Av;
@@ -39,6 +40,41 @@ use super::support::{self, s};
 
 /// Cases unless `SPEC_CASES` says otherwise.
 const CASES: u32 = 24;
+
+/// What the cases exercised, summed over a run (printed at its end).
+struct Coverage {
+    cases: AtomicUsize,
+    counters_on_edges: AtomicUsize,
+    counters_moved: AtomicUsize,
+    changed_specs: AtomicUsize,
+    backfilled: AtomicUsize,
+    replays: AtomicUsize,
+    records: AtomicUsize,
+    letters_redriven: AtomicUsize,
+}
+
+static COVERAGE: Coverage = Coverage {
+    cases: AtomicUsize::new(0),
+    counters_on_edges: AtomicUsize::new(0),
+    counters_moved: AtomicUsize::new(0),
+    changed_specs: AtomicUsize::new(0),
+    backfilled: AtomicUsize::new(0),
+    replays: AtomicUsize::new(0),
+    records: AtomicUsize::new(0),
+    letters_redriven: AtomicUsize::new(0),
+};
+
+fn count(what: &AtomicUsize, n: usize) {
+    what.fetch_add(n, Ordering::Relaxed);
+}
+
+/// Whether a spec has a counter riding on an inverse edge.
+fn rides(spec: &Spec) -> bool {
+    spec.projections.iter().any(|p| {
+        matches!(&p.kind, ddb_projector::spec::ProjectionKind::Counter(c)
+            if c.marker != ddb_projector::spec::Marker::Own)
+    })
+}
 
 // ---------------------------------------------------------------- specs ---
 
@@ -568,10 +604,14 @@ async fn redrive_all(applier: &Applier, first: Option<String>) -> Result<(), Tes
             .await
             .map_err(|error| TestCaseError::fail(format!("redrive {name}: {error}")))?;
     }
-    applier
+    let summary = applier
         .redrive(None)
         .await
         .map_err(|error| TestCaseError::fail(format!("redrive: {error}")))?;
+    count(
+        &COVERAGE.letters_redriven,
+        summary.redriven + summary.superseded,
+    );
     let letters = applier.dead_letter_store().list().await.expect("list");
     prop_assert!(
         letters.is_empty(),
@@ -611,6 +651,36 @@ async fn case(specs: &Specs, plan: &Plan) -> Result<(), TestCaseError> {
     play(&mut history, &plan.phase1);
     let phase1 = history.records.len();
     play(&mut history, &plan.phase2);
+    count(&COVERAGE.cases, 1);
+    count(&COVERAGE.records, history.records.len());
+    count(
+        &COVERAGE.counters_on_edges,
+        usize::from(rides(&v1) || rides(&v2)),
+    );
+    let placements = |spec: &Spec| -> BTreeMap<String, bool> {
+        spec.projections
+            .iter()
+            .filter_map(|p| match &p.kind {
+                ddb_projector::spec::ProjectionKind::Counter(c) => {
+                    Some((p.name.clone(), c.marker == ddb_projector::spec::Marker::Own))
+                }
+                _ => None,
+            })
+            .collect()
+    };
+    let (before, after) = (placements(&v1), placements(&v2));
+    count(
+        &COVERAGE.counters_moved,
+        usize::from(
+            before
+                .iter()
+                .any(|(name, own)| after.get(name).is_some_and(|o| o != own)),
+        ),
+    );
+    count(
+        &COVERAGE.changed_specs,
+        usize::from(!specs.needed().is_empty()),
+    );
     let result = async {
         // Phase 1: v1 live.
         let mut writer = Writer {
@@ -649,6 +719,7 @@ async fn case(specs: &Specs, plan: &Plan) -> Result<(), TestCaseError> {
             if selection.is_empty() {
                 return Ok(());
             }
+            count(&COVERAGE.backfilled, 1);
             backfill_in_slices(
                 &worker2,
                 selection.iter().copied().collect(),
@@ -662,6 +733,7 @@ async fn case(specs: &Specs, plan: &Plan) -> Result<(), TestCaseError> {
 
         // A replay of some projections over the stream's tail.
         if let Some((chosen, percent)) = &plan.replay {
+            count(&COVERAGE.replays, 1);
             let mut ids: Vec<usize> = chosen
                 .iter()
                 .map(|i| usize::from(*i) % v2.projections.len())
@@ -775,9 +847,19 @@ fn generated_specs_stay_exact_through_changes_backfills_replays_and_redrives() {
         .expect("a thread")
         .join()
         .expect("the property test thread");
+    let c = &COVERAGE;
+    let n = |what: &AtomicUsize| what.load(Ordering::Relaxed);
     eprintln!(
-        "timing: generated specs: {cases} cases took {:.1} s",
-        started.elapsed().as_secs_f64()
+        "timing: generated specs: {cases} cases took {:.1} s; of {} runs (with shrinking): {} with counters riding on edges, {} moving a counter between an edge and markers of its own, {} changing what needs a backfill, {} backfilled beside the live worker, {} replaying some projections; {} records, {} dead letters redriven",
+        started.elapsed().as_secs_f64(),
+        n(&c.cases),
+        n(&c.counters_on_edges),
+        n(&c.counters_moved),
+        n(&c.changed_specs),
+        n(&c.backfilled),
+        n(&c.replays),
+        n(&c.records),
+        n(&c.letters_redriven),
     );
     if let Err(error) = result {
         panic!("{error}");

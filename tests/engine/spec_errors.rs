@@ -1040,3 +1040,19 @@ copy = {{ ttl = "{{expiresAt}}" }}
         "#]],
     );
 }
+
+#[test]
+fn a_counter_name_may_not_contain_a_hash() {
+    check_with(
+        r#"
+[[projections]]
+name = "followers#v2"
+kind = "counter"
+source = "follow"
+of = { userId = "{followeeId}" }
+"#,
+        expect![[r#"
+            spec.toml: projection `followers#v2`: a counter's name must not contain `#`: it separates the parts of its shard and marker keys
+        "#]],
+    );
+}
