@@ -927,6 +927,19 @@ impl Applier {
                     cut = records.len();
                 }
             }
+            // Letters the redrive itself stored for records now superseded
+            // (a projection of the selection that had no letter at that
+            // record and failed there) go too.
+            for (index, letter) in &outcome.letters {
+                if *index < cut
+                    && !records[*index]
+                        .1
+                        .iter()
+                        .any(|&i| group[i].projection == letter.projection)
+                {
+                    applied.push(letter.clone());
+                }
+            }
             for (index, (_, members)) in records.into_iter().enumerate() {
                 let n = members.len();
                 if index >= cut {

@@ -148,6 +148,8 @@ pub struct BatchOutcome {
     pub statuses: Vec<RecordStatus>,
     /// Counts.
     pub stats: BatchStats,
+    /// The dead letters stored, with the index of their record.
+    pub letters: Vec<(usize, DeadLetter)>,
 }
 
 impl BatchOutcome {
@@ -293,7 +295,11 @@ impl Applier {
                         ..BatchStats::default()
                     };
                     record_metrics(&statuses, &stats);
-                    return Ok(BatchOutcome { statuses, stats });
+                    return Ok(BatchOutcome {
+                        statuses,
+                        stats,
+                        letters: Vec::new(),
+                    });
                 }
                 Err(error) => return Err(fatal(error.to_string())),
             }
@@ -462,6 +468,11 @@ impl Applier {
                 }
             }
         }
+        let stored_letters: Vec<(usize, DeadLetter)> = letters
+            .iter()
+            .filter(|(i, _)| failed[*i].is_none())
+            .cloned()
+            .collect();
 
         // 7. Check the invariants whose scope the batch touched; never
         // changes a record's status.
@@ -510,7 +521,11 @@ impl Applier {
             requests: ctx.requests(),
         };
         record_metrics(&statuses, &stats);
-        Ok(BatchOutcome { statuses, stats })
+        Ok(BatchOutcome {
+            statuses,
+            stats,
+            letters: stored_letters,
+        })
     }
 
     /// Applies effects planned outside a stream batch (`audit --repair`),
