@@ -320,13 +320,31 @@ fn specs() -> impl Strategy<Value = Specs> {
         prop::collection::vec(0u8..10, 5),
         prop::collection::vec(0u8..9, 5),
         prop::collection::vec(kind(), 0..3),
+        prop::collection::vec(any::<bool>(), 5),
     )
-        .prop_map(|(kinds, fates, tweaks, added)| {
-            let v1: Vec<Projection> = kinds
+        .prop_map(|(kinds, fates, tweaks, added, ride)| {
+            let mut v1: Vec<Projection> = kinds
                 .into_iter()
                 .enumerate()
                 .map(|(id, kind)| Projection { id: id as u8, kind })
                 .collect();
+            // Counters that ride on an edge (same source, same `when`) are
+            // the paths that matter most: make them common.
+            let edges: Vec<(Source, When)> = v1
+                .iter()
+                .filter_map(|p| match p.kind {
+                    Kind::Edge { source, when, .. } => Some((source, when)),
+                    _ => None,
+                })
+                .collect();
+            for (i, projection) in v1.iter_mut().enumerate() {
+                if let Kind::Counter { source, when, .. } = &mut projection.kind {
+                    if let (true, Some((edge_source, edge_when))) = (ride[i], edges.first()) {
+                        *source = *edge_source;
+                        *when = *edge_when;
+                    }
+                }
+            }
             let mut v2 = Vec::new();
             for (i, projection) in v1.iter().enumerate() {
                 match fates[i] {
@@ -792,6 +810,9 @@ async fn case(specs: &Specs, plan: &Plan) -> Result<(), TestCaseError> {
                     item.remove("changes");
                     if let Some(Av::M(records)) = item.get_mut("_ddbp#c") {
                         records.retain(|name, _| current(name));
+                        if records.is_empty() {
+                            item.remove("_ddbp#c");
+                        }
                     }
                     item
                 })
