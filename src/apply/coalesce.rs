@@ -70,7 +70,6 @@ fn merge(earlier: &Effect, later: Effect) -> Effect {
             },
             Op::Membership {
                 marker,
-                source,
                 state,
                 counters,
                 guard,
@@ -80,7 +79,6 @@ fn merge(earlier: &Effect, later: Effect) -> Effect {
             projection: later.projection,
             op: Op::Membership {
                 marker,
-                source,
                 state,
                 counters,
                 was_present: *before,
@@ -157,7 +155,6 @@ mod tests {
             projection: 0,
             op: Op::Membership {
                 marker: ItemKey::new(pk, "M"),
-                source: ItemKey::new("S", pk),
                 state: match present {
                     Some(at) => {
                         let mut item = Item::default();

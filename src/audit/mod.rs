@@ -597,6 +597,12 @@ fn check_marker(
     if change.exact(&spec.table, old).is_none() {
         return;
     }
+    // A scan plans every membership with a guard on its source.
+    let source = change
+        .guard
+        .map(|guard| guard.source.clone())
+        .unwrap_or_else(|| change.key.clone());
+    let source = &source;
     let mut found: Vec<Finding> = Vec::new();
     match (&effect.op, old) {
         (
@@ -616,7 +622,6 @@ fn check_marker(
         (
             Op::Membership {
                 marker,
-                source,
                 state: MarkerState::Absent,
                 ..
             },
@@ -645,7 +650,6 @@ fn check_marker(
         (
             Op::Membership {
                 marker,
-                source,
                 state: MarkerState::Present(want),
                 counters,
                 ..
@@ -668,7 +672,6 @@ fn check_marker(
         (
             Op::Membership {
                 marker,
-                source,
                 state: MarkerState::Present(want),
                 counters,
                 ..

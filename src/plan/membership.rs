@@ -183,7 +183,6 @@ pub(super) fn plan_edge(
     let Some(wanted) = desired(subject, &edge.when, &edge.reads, needs_image)? else {
         return Ok(());
     };
-    let counters = edge_counters(spec, id, &subject.key, &subject.vars)?;
     if wanted.member
         && wanted.was_member
         && edge.copy.is_empty()
@@ -192,6 +191,7 @@ pub(super) fn plan_edge(
         // Stays in the set, nothing copied: the marker is already right.
         return Ok(());
     }
+    let counters = edge_counters(spec, id, &subject.key, &subject.vars)?;
     let target = spec.entities[edge.target]
         .render_key(&subject.vars)
         .expect("inverse-edge variables are checked when the spec is compiled");
@@ -206,7 +206,6 @@ pub(super) fn plan_edge(
         projection: id,
         op: Op::Membership {
             marker: target,
-            source: subject.key.clone(),
             state,
             counters,
             was_present: wanted.was_member,
@@ -251,13 +250,8 @@ pub(super) fn plan_counter(
         };
         return plan_edge(spec, edge, edge_projection, subject, effects);
     }
-    let reads: Vec<String> = counter
-        .when
-        .0
-        .iter()
-        .map(|(name, _)| name.clone())
-        .collect();
-    let Some(wanted) = desired(subject, &counter.when, &reads, !counter.when.is_empty())? else {
+    let reads = || counter.when.0.iter().map(|(name, _)| name);
+    let Some(wanted) = desired(subject, &counter.when, reads(), !counter.when.is_empty())? else {
         return Ok(());
     };
     if wanted.member && wanted.was_member && subject.record.kind == ChangeKind::Modify {
@@ -274,14 +268,13 @@ pub(super) fn plan_counter(
         projection: id,
         op: Op::Membership {
             marker,
-            source: subject.key.clone(),
             state,
             counters: vec![CounterShard {
                 counter: id,
                 key: shard_key(spec, id, counter, &subject.key, &subject.vars)?,
             }],
             was_present: wanted.was_member,
-            guard: guard(subject, &reads),
+            guard: guard(subject, reads()),
         },
     });
     Ok(())
@@ -402,7 +395,6 @@ fn orphan_check(
         projection,
         op: Op::Membership {
             marker,
-            source: source.clone(),
             state: MarkerState::Absent,
             counters,
             was_present: true,

@@ -155,8 +155,6 @@ pub enum Op {
     Membership {
         /// The marker item.
         marker: ItemKey,
-        /// The source item whose membership it marks.
-        source: ItemKey,
         /// Present with attributes, or absent.
         state: MarkerState,
         /// Every counter that records its membership on this marker, and
