@@ -282,7 +282,13 @@ impl Handler {
             .unwrap_or_else(|| self.spec.table.name.clone());
         let segment = request.segment;
         let total = request.total_segments;
-        let deadlines = deadlines(context.deadline, SystemTime::now(), started, self.margin);
+        let deadlines = deadlines(
+            context.deadline,
+            self.process_started,
+            SystemTime::now(),
+            started,
+            self.margin,
+        );
         if deadlines.stop_writes <= started {
             // A slice that cannot start a page would answer "not done"
             // forever; failing says what to fix.

@@ -2,6 +2,7 @@
 //! the first record that is not handled; or run a backfill slice
 //! ([`super::backfill`]).
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -100,18 +101,69 @@ pub struct Deadlines {
     pub abandon: Instant,
 }
 
-/// The deadlines of an invocation whose Lambda deadline is `deadline_ms`
-/// (milliseconds since the Unix epoch, from `Lambda-Runtime-Deadline-Ms`).
+/// The invocation's deadline as `Lambda-Runtime-Deadline-Ms` gives it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Deadline {
+    /// Milliseconds since the Unix epoch, as Lambda sends it.
+    At(u64),
+    /// A duration from the invocation's start, as cargo-lambda's emulator
+    /// sends it (`600000`, its default timeout).
+    Within(Duration),
+}
+
+impl Deadline {
+    /// Reads the header. A deadline before the process started cannot be a
+    /// real one: it is a duration (cargo-lambda sends the function's timeout
+    /// there). Real deadlines are kept exact.
+    pub fn read(deadline_ms: u64, process_started: SystemTime) -> Deadline {
+        let started_ms = process_started
+            .duration_since(UNIX_EPOCH)
+            .map_or(0, |d| d.as_millis() as u64);
+        if deadline_ms < started_ms {
+            Deadline::Within(Duration::from_millis(deadline_ms))
+        } else {
+            Deadline::At(deadline_ms)
+        }
+    }
+
+    /// The time left at `now`.
+    pub fn remaining(self, now: SystemTime) -> Duration {
+        match self {
+            Deadline::At(deadline_ms) => {
+                let now_ms = now
+                    .duration_since(UNIX_EPOCH)
+                    .map_or(0, |d| d.as_millis() as u64);
+                Duration::from_millis(deadline_ms.saturating_sub(now_ms))
+            }
+            Deadline::Within(left) => left,
+        }
+    }
+}
+
+/// Warned once per process: a deadline read as a duration.
+static DURATION_WARNED: AtomicBool = AtomicBool::new(false);
+
+/// The deadlines of an invocation given `Lambda-Runtime-Deadline-Ms`
+/// (`deadline_ms`), read at `now` / `now_instant` in a process that started
+/// at `process_started` (see [`Deadline::read`]).
 pub fn deadlines(
     deadline_ms: u64,
+    process_started: SystemTime,
     now: SystemTime,
     now_instant: Instant,
     margin: Duration,
 ) -> Deadlines {
-    let now_ms = now
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis() as u64);
-    let remaining = Duration::from_millis(deadline_ms.saturating_sub(now_ms));
+    let deadline = Deadline::read(deadline_ms, process_started);
+    if let Deadline::Within(left) = deadline {
+        if !DURATION_WARNED.swap(true, Ordering::Relaxed) {
+            tracing::warn!(
+                deadline_ms,
+                "Lambda-Runtime-Deadline-Ms lies before this process started, so it is not a time: read as {} ms left (cargo-lambda's emulator sends the function timeout there; Lambda itself sends a time)",
+                left.as_millis()
+            );
+        }
+    }
+    let remaining = deadline.remaining(now);
     Deadlines {
         stop_writes: now_instant + remaining.saturating_sub(margin),
         abandon: now_instant + remaining.saturating_sub(margin / 3),
@@ -175,6 +227,9 @@ pub struct Handler {
     pub config: ApplyConfig,
     /// The EMF recorder, flushed after every invocation.
     pub metrics: Option<&'static metrics_cloudwatch_embedded::Collector>,
+    /// When the execution environment started: a `Lambda-Runtime-Deadline-Ms`
+    /// before it is a duration, not a time ([`Deadline::read`]).
+    pub process_started: SystemTime,
 }
 
 impl Handler {
@@ -219,7 +274,13 @@ impl Handler {
                 .ok_or(InvocationError::NoTable)?
                 .to_string(),
         };
-        let deadlines = deadlines(context.deadline, SystemTime::now(), started, self.margin);
+        let deadlines = deadlines(
+            context.deadline,
+            self.process_started,
+            SystemTime::now(),
+            started,
+            self.margin,
+        );
         if deadlines.stop_writes <= started {
             tracing::warn!(
                 request_id = %context.request_id,
@@ -447,17 +508,39 @@ mod tests {
 
     #[test]
     fn deadlines_keep_the_margin_free() {
+        let started = UNIX_EPOCH + Duration::from_millis(900_000);
         let now = UNIX_EPOCH + Duration::from_millis(1_000_000);
         let at = Instant::now();
         let margin = Duration::from_millis(1500);
-        let d = deadlines(1_010_000, now, at, margin);
+        let d = deadlines(1_010_000, started, now, at, margin);
         assert_eq!(d.stop_writes, at + Duration::from_millis(8_500));
         assert_eq!(d.abandon, at + Duration::from_millis(9_500));
-        // Already too late: nothing may start.
-        let d = deadlines(1_000_500, now, at, margin);
+        // Already too late (but after the process started): nothing may start.
+        let d = deadlines(1_000_500, started, now, at, margin);
         assert_eq!(d.stop_writes, at);
         assert_eq!(d.abandon, at);
-        let d = deadlines(0, now, at, margin);
+        let d = deadlines(950_000, started, now, at, margin);
         assert_eq!(d.stop_writes, at);
+    }
+
+    #[test]
+    fn a_deadline_before_the_process_started_is_a_duration() {
+        // cargo-lambda's emulator: `Lambda-Runtime-Deadline-Ms: 600000`.
+        let started = UNIX_EPOCH + Duration::from_secs(1_795_000_000);
+        let now = started + Duration::from_secs(30);
+        let at = Instant::now();
+        let margin = Duration::from_millis(1500);
+        assert_eq!(
+            Deadline::read(600_000, started),
+            Deadline::Within(Duration::from_secs(600))
+        );
+        let d = deadlines(600_000, started, now, at, margin);
+        assert_eq!(d.stop_writes, at + Duration::from_millis(598_500));
+        assert_eq!(d.abandon, at + Duration::from_millis(599_500));
+        // A real deadline stays exact to the millisecond.
+        let real = 1_795_000_030_000 + 2_345;
+        assert_eq!(Deadline::read(real, started), Deadline::At(real));
+        let d = deadlines(real, started, now, at, margin);
+        assert_eq!(d.stop_writes, at + Duration::from_millis(845));
     }
 }

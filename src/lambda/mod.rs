@@ -38,7 +38,9 @@ use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::Duration;
 
-pub use handler::{batch_response, deadlines, Deadlines, Handler, InvocationError, Response};
+pub use handler::{
+    batch_response, deadlines, Deadline, Deadlines, Handler, InvocationError, Response,
+};
 
 use crate::apply::ApplyConfig;
 use crate::cli::{Cli, Command, LogFormat};
@@ -146,6 +148,7 @@ pub fn run() -> anyhow::Result<ExitCode> {
 
 /// Everything done once per execution environment.
 async fn init() -> Result<Handler, InitError> {
+    let process_started = std::time::SystemTime::now();
     for var in [
         "AWS_LAMBDA_FUNCTION_NAME",
         "AWS_LAMBDA_FUNCTION_MEMORY_SIZE",
@@ -194,6 +197,7 @@ async fn init() -> Result<Handler, InitError> {
         margin,
         config: ApplyConfig::default(),
         metrics: Some(collector),
+        process_started,
     })
 }
 

@@ -788,6 +788,7 @@ async fn the_lambda_handler_converges_under_every_fault() {
         margin: Duration::from_millis(1500),
         config: apply_config(),
         metrics: None,
+        process_started: std::time::SystemTime::now(),
     };
     let users = social_users(16);
     let mut history = History::default();
