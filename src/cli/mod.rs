@@ -83,6 +83,29 @@ pub enum Command {
         #[arg(long = "projection")]
         projections: Vec<String>,
     },
+    /// Apply again the batches Lambda gave up on (after MaximumRetryAttempts
+    /// or MaximumRecordAgeInSeconds), named by the messages of its on-failure
+    /// queue; delete each message once its records are applied. Exit 0 when
+    /// every message was recovered, 1 when some are kept, 2 on errors.
+    Recover {
+        /// Spec and table.
+        #[command(flatten)]
+        target: Target,
+        /// The on-failure destination's queue (the stack's FailureQueueUrl
+        /// output). For a local queue set AWS_ENDPOINT_URL_SQS.
+        #[arg(long)]
+        queue_url: String,
+        /// For ranges the stream no longer holds (older than 24 hours): run a
+        /// guarded backfill of the whole table, then delete their messages.
+        #[arg(long)]
+        backfill_trimmed: bool,
+        /// Read the queue and the stream; write and delete nothing.
+        #[arg(long)]
+        dry_run: bool,
+        /// Output format.
+        #[arg(long, value_enum, default_value_t = OutputFormat::Text)]
+        format: OutputFormat,
+    },
     /// Scan the table and bring derived state up to date for existing items
     /// (a new GSI, a new projection). Parallel, resumable, rate-limited.
     Backfill {
@@ -265,6 +288,19 @@ pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             target,
             projections,
         } => block_on(stream::replay(target, projections)),
+        Command::Recover {
+            target,
+            queue_url,
+            backfill_trimmed,
+            dry_run,
+            format,
+        } => block_on(stream::recover(
+            target,
+            queue_url,
+            backfill_trimmed,
+            dry_run,
+            format,
+        )),
         Command::Backfill {
             target,
             projections,

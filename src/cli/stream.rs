@@ -8,8 +8,9 @@ use std::process::ExitCode;
 
 use anyhow::bail;
 
-use super::{connect, Connection, Target};
+use super::{connect, Connection, OutputFormat, Target};
 use crate::apply::{Applier, ApplyConfig};
+use crate::source::recover::{RecoverOptions, Recovery};
 use crate::source::stream::MAX_BATCH;
 use crate::source::{RunOptions, StreamRunner, Summary};
 
@@ -50,6 +51,72 @@ pub async fn replay(target: Target, projections: Vec<String>) -> anyhow::Result<
     }
     let selection = (!selection.is_empty()).then_some(selection);
     run_stream(&c, RunOptions::replay(selection), "replay").await
+}
+
+/// `recover`: the batches Lambda gave up on, from its on-failure queue.
+pub async fn recover(
+    target: Target,
+    queue_url: String,
+    backfill_trimmed: bool,
+    dry_run: bool,
+    format: OutputFormat,
+) -> anyhow::Result<ExitCode> {
+    let c = match connect(&target).await {
+        Ok(connection) => connection,
+        Err(result) => return result,
+    };
+    let applier = Applier::new(
+        c.dynamodb.clone(),
+        c.spec.clone(),
+        &c.table,
+        ApplyConfig::default(),
+    );
+    let recovery = Recovery::new(
+        applier,
+        crate::aws::streams(&c.config),
+        aws_sdk_sqs::Client::new(&c.config),
+        &queue_url,
+    );
+    let options = RecoverOptions {
+        backfill_trimmed,
+        dry_run,
+        ..RecoverOptions::default()
+    };
+    let summary = recovery.run(&options).await?;
+    match format {
+        OutputFormat::Json => println!("{}", serde_json::to_string(&summary)?),
+        OutputFormat::Text => {
+            eprintln!(
+                "ddb-projector recover on table {} from {queue_url}:\n{summary}",
+                c.table
+            );
+            let trimmed = summary.messages.iter().any(|m| {
+                matches!(
+                    m.outcome,
+                    crate::source::recover::Outcome::Trimmed {
+                        backfilled: false,
+                        ..
+                    }
+                )
+            });
+            if trimmed && !dry_run {
+                eprintln!(
+                    "The stream no longer holds some ranges, and Lambda's failure messages do not carry \
+                     the records' keys, so what they touched is unknown. Run \
+                     `ddb-projector recover --spec {} --queue-url {queue_url} --backfill-trimmed` \
+                     (a guarded backfill of the whole table, then the messages are deleted), or \
+                     `ddb-projector audit --spec {} --repair` and delete the messages yourself.",
+                    target.spec.display(),
+                    target.spec.display()
+                );
+            }
+        }
+    }
+    Ok(if summary.kept() == 0 {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::from(1)
+    })
 }
 
 async fn run_stream(

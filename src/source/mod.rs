@@ -5,6 +5,9 @@
 //!   walks the shards parents first, reads them in order, applies each batch
 //!   with [`crate::apply::Applier::apply_batch`] and checkpoints only past
 //!   handled records.
+//! - [`recover`]: `recover`, the batches Lambda gave up on: reads their
+//!   ranges again from the stream (named by the on-failure queue's
+//!   messages) and applies them like any batch.
 //! - [`checkpoint`]: the durable per-shard checkpoints, kept in the table
 //!   itself under the reserved prefix.
 //!
@@ -14,6 +17,7 @@
 //! applier's idempotent effects make harmless.
 
 pub mod checkpoint;
+pub mod recover;
 pub mod stream;
 
 pub use checkpoint::{Checkpoint, CheckpointStore};

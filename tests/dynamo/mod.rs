@@ -13,6 +13,7 @@ mod membership;
 mod model;
 mod oracle;
 mod properties;
+mod recover;
 mod runner;
 mod specgen;
 mod table;

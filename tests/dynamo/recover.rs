@@ -1,0 +1,380 @@
+//! `recover` end to end: DynamoDB Local for the table and its stream, moto's
+//! server mode for the on-failure queue (a real SQS API), fed messages in
+//! the exact format Lambda writes to an on-failure destination. The
+//! "Lambda" here applies the stream's records with the library and skips
+//! the batch it gave up on, as Lambda moves past it.
+
+use std::process::{Command, Output, Stdio};
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
+
+use aws_sdk_dynamodbstreams::types::{Record, ShardIteratorType};
+use ddb_projector::apply::{Applier, ApplyConfig, BatchOptions};
+use ddb_projector::decode::decode_stream_record;
+use serde_json::json;
+
+use super::model::{check_derived, follow, put_item, social_users};
+use super::support::{self, repo};
+
+// ------------------------------------------------------------------ moto ---
+
+/// The moto server of this test process (started on first use; stopped
+/// when the process exits). `MOTO_SERVER` names its program, else the one
+/// `scripts/test` installs in `.venv-tools`.
+fn moto() -> &'static str {
+    static ENDPOINT: OnceLock<String> = OnceLock::new();
+    ENDPOINT.get_or_init(|| {
+        let program = std::env::var("MOTO_SERVER")
+            .map(std::path::PathBuf::from)
+            .unwrap_or_else(|_| repo().join(".venv-tools/bin/moto_server"));
+        assert!(
+            program.exists(),
+            "{} is missing: the recover tests need moto's server mode (a real SQS API). \
+             `scripts/test` installs it; or `python3 -m venv .venv-tools && .venv-tools/bin/pip install 'moto[server]'`, \
+             or set MOTO_SERVER to a moto_server program",
+            program.display()
+        );
+        let port = {
+            let socket = std::net::TcpListener::bind("127.0.0.1:0").expect("a free port");
+            socket.local_addr().expect("its address").port()
+        };
+        let child = Command::new(&program)
+            .args(["-H", "127.0.0.1", "-p", &port.to_string()])
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("start moto_server");
+        // Stop it when this test process is gone.
+        let watchdog = format!(
+            "while kill -0 {} 2>/dev/null; do sleep 1; done; kill {} 2>/dev/null",
+            std::process::id(),
+            child.id()
+        );
+        #[allow(clippy::zombie_processes)]
+        Command::new("sh")
+            .args(["-c", &watchdog])
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("spawn the watchdog");
+        std::mem::forget(child);
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+            assert!(Instant::now() < deadline, "moto_server did not start on port {port}");
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        format!("http://127.0.0.1:{port}")
+    })
+}
+
+async fn sqs() -> aws_sdk_sqs::Client {
+    aws_sdk_sqs::Client::new(&support::sdk_config_for(moto()).await)
+}
+
+async fn queue(sqs: &aws_sdk_sqs::Client) -> String {
+    sqs.create_queue()
+        .queue_name(support::unique_table("failures"))
+        .send()
+        .await
+        .expect("create the queue")
+        .queue_url()
+        .expect("a queue URL")
+        .to_string()
+}
+
+/// Every message the queue holds, received (and made visible again).
+async fn bodies(sqs: &aws_sdk_sqs::Client, url: &str) -> Vec<String> {
+    let received = sqs
+        .receive_message()
+        .queue_url(url)
+        .max_number_of_messages(10)
+        .visibility_timeout(1)
+        .send()
+        .await
+        .expect("receive");
+    let mut bodies = Vec::new();
+    for message in received.messages() {
+        bodies.push(message.body().unwrap_or_default().to_string());
+        sqs.change_message_visibility()
+            .queue_url(url)
+            .receipt_handle(message.receipt_handle().unwrap_or_default())
+            .visibility_timeout(0)
+            .send()
+            .await
+            .expect("make it visible again");
+    }
+    bodies.sort();
+    bodies
+}
+
+async fn send(sqs: &aws_sdk_sqs::Client, url: &str, body: &str) {
+    sqs.send_message()
+        .queue_url(url)
+        .message_body(body)
+        .send()
+        .await
+        .expect("send");
+}
+
+/// The message Lambda writes to an on-failure destination after it gave
+/// up on the records `start..=end` of a shard.
+fn lambda_failure(stream_arn: &str, shard: &str, start: &str, end: &str, size: usize) -> String {
+    json!({
+        "requestContext": {
+            "requestId": "316aa6d0-8154-4b3c-9af7-85d5f4a6bc81",
+            "functionArn": "arn:aws:lambda:us-east-1:123456789012:function:ddb-projector",
+            "condition": "RetryAttemptsExhausted",
+            "approximateInvokeCount": 4
+        },
+        "responseContext": {
+            "statusCode": 200,
+            "executedVersion": "$LATEST",
+            "functionError": "Unhandled"
+        },
+        "version": "1.0",
+        "timestamp": "2026-11-23T18:22:26.479Z",
+        "DDBStreamBatchInfo": {
+            "shardId": shard,
+            "startSequenceNumber": start,
+            "endSequenceNumber": end,
+            "approximateArrivalOfFirstRecord": "2026-11-23T18:21:49Z",
+            "approximateArrivalOfLastRecord": "2026-11-23T18:21:49Z",
+            "batchSize": size,
+            "streamArn": stream_arn
+        }
+    })
+    .to_string()
+}
+
+// ---------------------------------------------------------------- stream ---
+
+/// The stream's ARN, its one shard (DynamoDB Local) and its records.
+async fn stream(client: &aws_sdk_dynamodb::Client, table: &str) -> (String, String, Vec<Record>) {
+    let (arn, _) = ddb_projector::aws::require_stream(client, table)
+        .await
+        .expect("a stream");
+    let streams = aws_sdk_dynamodbstreams::Client::new(&support::sdk_config().await);
+    let described = streams
+        .describe_stream()
+        .stream_arn(&arn)
+        .send()
+        .await
+        .expect("describe stream");
+    let shards = described.stream_description().unwrap().shards();
+    assert_eq!(shards.len(), 1, "DynamoDB Local keeps one shard");
+    let shard = shards[0].shard_id().unwrap().to_string();
+    let mut iterator = streams
+        .get_shard_iterator()
+        .stream_arn(&arn)
+        .shard_id(&shard)
+        .shard_iterator_type(ShardIteratorType::TrimHorizon)
+        .send()
+        .await
+        .expect("iterator")
+        .shard_iterator
+        .clone();
+    let mut records = Vec::new();
+    while let Some(current) = iterator {
+        let page = streams
+            .get_records()
+            .shard_iterator(current)
+            .send()
+            .await
+            .expect("records");
+        if page.records().is_empty() {
+            break;
+        }
+        records.extend(page.records().iter().cloned());
+        iterator = page.next_shard_iterator().map(str::to_string);
+    }
+    (arn, shard, records)
+}
+
+fn seq(record: &Record) -> &str {
+    record.dynamodb().unwrap().sequence_number().unwrap()
+}
+
+/// Applies records as Lambda would have (the batches it did not give up on).
+async fn lambda_applies(applier: &Applier, shard: &str, records: &[Record]) {
+    let batch: Vec<_> = records
+        .iter()
+        .enumerate()
+        .map(|(i, r)| decode_stream_record(i, shard, r))
+        .collect();
+    let outcome = applier
+        .apply_batch(&batch, &BatchOptions::default())
+        .await
+        .expect("apply");
+    assert_eq!(outcome.first_failure(), None, "{:?}", outcome.statuses);
+}
+
+fn recover(spec: &str, table: &str, url: &str, extra: &[&str]) -> Output {
+    let spec = repo().join("projections").join(spec);
+    Command::new(support::binary())
+        .args([
+            "recover",
+            "--spec",
+            spec.to_str().unwrap(),
+            "--table",
+            table,
+        ])
+        .args(["--queue-url", url])
+        .args(extra)
+        .envs(support::env())
+        .env("AWS_ENDPOINT_URL_SQS", moto())
+        .env("RUST_LOG", "warn")
+        .stdin(Stdio::null())
+        .output()
+        .expect("run the binary")
+}
+
+fn stderr(output: &Output) -> String {
+    String::from_utf8_lossy(&output.stderr).into_owned()
+}
+
+// ----------------------------------------------------------------- tests ---
+
+#[tokio::test]
+async fn recover_applies_the_batches_lambda_gave_up_on_and_deletes_their_messages() {
+    let client = support::client().await;
+    let spec = support::shipped_spec("social-service.toml");
+    let table = support::fresh_table(&client, &spec, "recover").await;
+    let users = social_users(4);
+    let follows = [(0, 1), (2, 1), (0, 2), (1, 0), (3, 1), (3, 0)];
+    for (a, b) in follows {
+        put_item(&client, &table, &follow(&users[a], &users[b], "2026-11-23")).await;
+    }
+    let (arn, shard, records) = stream(&client, &table).await;
+    assert_eq!(records.len(), follows.len());
+    // Lambda applied the first record and the last two; it gave up on the
+    // batch of records 1..=3 and moved on.
+    let applier = Applier::new(client.clone(), spec.clone(), &table, ApplyConfig::default());
+    lambda_applies(&applier, &shard, &records[..1]).await;
+    lambda_applies(&applier, &shard, &records[4..]).await;
+    let before = check_derived(&client, &table, &spec, &users).await;
+    assert!(
+        !before.is_empty(),
+        "the skipped batch must leave edges and counters behind"
+    );
+
+    let sqs = sqs().await;
+    let url = queue(&sqs).await;
+    let message = lambda_failure(&arn, &shard, seq(&records[1]), seq(&records[3]), 3);
+    send(&sqs, &url, &message).await;
+    // Lambda may report one batch twice (a retried destination delivery):
+    // counters must not count it twice.
+    send(&sqs, &url, &message).await;
+
+    let output = recover("social-service.toml", &table, &url, &[]);
+    assert!(
+        output.status.success(),
+        "recover failed:\n{}",
+        stderr(&output)
+    );
+    assert!(
+        stderr(&output).contains("2 recovered (6 records)"),
+        "{}",
+        stderr(&output)
+    );
+    let after = check_derived(&client, &table, &spec, &users).await;
+    assert!(after.is_empty(), "after recover:\n{}", after.join("\n"));
+    assert!(bodies(&sqs, &url).await.is_empty(), "messages deleted");
+
+    // Nothing left: a second run finds nothing and changes nothing.
+    let output = recover("social-service.toml", &table, &url, &[]);
+    assert!(output.status.success(), "{}", stderr(&output));
+    assert!(
+        stderr(&output).contains("0 messages"),
+        "{}",
+        stderr(&output)
+    );
+    assert!(check_derived(&client, &table, &spec, &users)
+        .await
+        .is_empty());
+}
+
+#[tokio::test]
+async fn ranges_the_stream_no_longer_holds_are_kept_until_a_backfill_covers_them() {
+    let client = support::client().await;
+    let spec = support::shipped_spec("social-service.toml");
+    let table = support::fresh_table(&client, &spec, "recover-trim").await;
+    let users = social_users(3);
+    for (a, b) in [(0, 1), (2, 1), (1, 0)] {
+        put_item(&client, &table, &follow(&users[a], &users[b], "2026-11-23")).await;
+    }
+    let (arn, shard, records) = stream(&client, &table).await;
+    // Lambda applied only the first record; the rest are in a range the
+    // stream no longer holds (a sequence number the shard never had stands
+    // for a trimmed one: DynamoDB Local refuses both alike).
+    let applier = Applier::new(client.clone(), spec.clone(), &table, ApplyConfig::default());
+    lambda_applies(&applier, &shard, &records[..1]).await;
+    assert!(!check_derived(&client, &table, &spec, &users)
+        .await
+        .is_empty());
+
+    let sqs = sqs().await;
+    let url = queue(&sqs).await;
+    let trimmed = lambda_failure(
+        &arn,
+        &shard,
+        "000000000000000000000",
+        "000000000000000000000",
+        2,
+    );
+    let other = lambda_failure(
+        &arn.replace(&format!("table/{table}/"), "table/AnotherTable/"),
+        &shard,
+        seq(&records[1]),
+        seq(&records[2]),
+        2,
+    );
+    for body in [trimmed.as_str(), other.as_str(), "{\"hello\": 1}"] {
+        send(&sqs, &url, body).await;
+    }
+
+    // Without --backfill-trimmed: everything kept, and the output says why
+    // and what to run.
+    let output = recover("social-service.toml", &table, &url, &[]);
+    assert_eq!(output.status.code(), Some(1), "{}", stderr(&output));
+    let text = stderr(&output);
+    for expected in [
+        "trimmed",
+        "--backfill-trimmed",
+        "not for table",
+        "AnotherTable",
+        "no `DDBStreamBatchInfo`",
+        "3 kept in the queue",
+    ] {
+        assert!(text.contains(expected), "no `{expected}` in:\n{text}");
+    }
+    assert_eq!(bodies(&sqs, &url).await.len(), 3, "all kept, visible again");
+    assert!(!check_derived(&client, &table, &spec, &users)
+        .await
+        .is_empty());
+
+    // A dry run reads and reports, and deletes nothing.
+    let output = recover("social-service.toml", &table, &url, &["--dry-run"]);
+    assert_eq!(output.status.code(), Some(1), "{}", stderr(&output));
+    assert_eq!(bodies(&sqs, &url).await.len(), 3);
+
+    // With it: the backfill brings every derived item up to date, and only
+    // the trimmed range's message goes.
+    let output = recover("social-service.toml", &table, &url, &["--backfill-trimmed"]);
+    assert_eq!(output.status.code(), Some(1), "{}", stderr(&output));
+    assert!(
+        stderr(&output).contains("the backfill covered it"),
+        "{}",
+        stderr(&output)
+    );
+    let problems = check_derived(&client, &table, &spec, &users).await;
+    assert!(
+        problems.is_empty(),
+        "after the backfill:\n{}",
+        problems.join("\n")
+    );
+    let left = bodies(&sqs, &url).await;
+    assert_eq!(left.len(), 2, "{left:?}");
+    assert!(left.iter().all(|body| *body != trimmed));
+}
