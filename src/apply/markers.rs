@@ -1081,6 +1081,7 @@ async fn transact(
     }
     ctx.sent();
     ctx.count(|r| &mut r.transactions);
+    ctx.count_n(|r| &mut r.transaction_items, items.len());
     let sent = ctx
         .client
         .transact_write_items()

@@ -79,6 +79,11 @@ pub struct Requests {
     pub transactions: u64,
     /// Of these, transactions DynamoDB cancelled.
     pub cancelled_transactions: u64,
+    /// Items sent in `BatchWriteItem`s (not requests).
+    pub batch_write_items: u64,
+    /// Items sent in `TransactWriteItems`, condition checks included (not
+    /// requests).
+    pub transaction_items: u64,
 }
 
 impl Requests {
@@ -93,6 +98,18 @@ impl Requests {
         self.batch_writes += other.batch_writes;
         self.transactions += other.transactions;
         self.cancelled_transactions += other.cancelled_transactions;
+        self.batch_write_items += other.batch_write_items;
+        self.transaction_items += other.transaction_items;
+    }
+
+    /// The least DynamoDB bills for the writes sent, whatever the endpoint
+    /// reports: 1 write unit per KB of each single or batched write (a
+    /// failed condition included) and 2 per KB of each transaction item,
+    /// counting every item as under 1 KB; the writes to GSIs come on top.
+    /// DynamoDB Local reports 2.0 for a whole transaction, so its figure can
+    /// be far lower.
+    pub fn min_billed_write_units(&self) -> u64 {
+        self.updates + self.single_writes + self.batch_write_items + 2 * self.transaction_items
     }
 
     /// Every request counted.
@@ -152,7 +169,12 @@ impl<'a> Ctx<'a> {
 
     /// Counts a request by purpose.
     pub(crate) fn count(&self, purpose: impl FnOnce(&mut Requests) -> &mut u64) {
-        *purpose(&mut self.requests.lock().expect("not poisoned")) += 1;
+        self.count_n(purpose, 1);
+    }
+
+    /// Adds `n` to a count.
+    pub(crate) fn count_n(&self, purpose: impl FnOnce(&mut Requests) -> &mut u64, n: usize) {
+        *purpose(&mut self.requests.lock().expect("not poisoned")) += n as u64;
     }
 
     /// The requests counted so far.
@@ -536,6 +558,7 @@ pub(crate) async fn batch_write(
 
 async fn write_chunk(ctx: &Ctx<'_>, chunk: Vec<WriteRequest>) -> Result<(), WriteError> {
     ctx.count(|r| &mut r.batch_writes);
+    ctx.count_n(|r| &mut r.batch_write_items, chunk.len());
     let pending = std::sync::Mutex::new(chunk);
     let pending = &pending;
     with_retries(

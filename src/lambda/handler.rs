@@ -380,6 +380,7 @@ impl Handler {
             effects = stats.effects,
             writes = stats.writes,
             write_units = stats.write_units,
+            min_billed_write_units = stats.requests.min_billed_write_units(),
             retries = stats.retries,
             elapsed_ms = started.elapsed().as_millis() as u64,
             "batch done"

@@ -231,12 +231,86 @@ pub enum PlanProblem {
         /// The view type, if known.
         view: String,
     },
-    /// A key attribute is missing or not a string.
-    #[error("key attribute `{0}` is missing or not a string")]
-    BadKey(String),
+    /// A key attribute is missing or not a string: usually an event from
+    /// another table.
+    #[error("{}", bad_key_message(.name, .found, .spec_table, .source_table.as_deref()))]
+    BadKey {
+        /// The key attribute the spec's table has.
+        name: String,
+        /// The key attributes the record has, with their types (`Id (N)`).
+        found: Vec<String>,
+        /// The spec's table and its keys (`UserServiceTable (PK, SK)`).
+        spec_table: String,
+        /// The table the record's `eventSourceARN` names, when it has one.
+        source_table: Option<String>,
+    },
     /// A custom projection refused the record.
     #[error("{0}")]
     Custom(String),
+}
+
+fn bad_key_message(
+    name: &str,
+    found: &[String],
+    spec_table: &str,
+    source_table: Option<&str>,
+) -> String {
+    let found = if found.is_empty() {
+        "none".to_string()
+    } else {
+        found.join(", ")
+    };
+    let mut message = format!(
+        "key attribute `{name}` is missing or not a string: the record's keys are {found}, the spec's table is {spec_table}"
+    );
+    if let Some(source) = source_table {
+        let spec_name = spec_table.split(' ').next().unwrap_or(spec_table);
+        if source != spec_name {
+            message.push_str(&format!(
+                "; the record comes from table {source} (its eventSourceARN): an event of another table, or a spec of another service?"
+            ));
+        }
+    }
+    message
+}
+
+/// The key problem of a record whose key attribute `name` is missing or
+/// not a string, with what the record has and what the spec expects.
+fn bad_key(spec: &Spec, record: &ChangeRecord, name: &str) -> PlanProblem {
+    let type_of = |value: ValueRef<'_>| match value {
+        ValueRef::S(_) => "S",
+        ValueRef::N(_) => "N",
+        ValueRef::Bool(_) => "BOOL",
+        ValueRef::Null(_) => "NULL",
+        ValueRef::Other(value) => match value {
+            serde_dynamo::AttributeValue::B(_) => "B",
+            serde_dynamo::AttributeValue::L(_) => "L",
+            serde_dynamo::AttributeValue::M(_) => "M",
+            _ => "a set",
+        },
+    };
+    let mut found: Vec<String> = record
+        .keys
+        .iter()
+        .map(|(key, value)| format!("`{key}` ({})", type_of(value)))
+        .collect();
+    found.sort();
+    let keys = match &spec.table.sort_key {
+        Some(sk) => format!("{}, {sk}", spec.table.partition_key),
+        None => spec.table.partition_key.clone(),
+    };
+    let source_table = match &record.origin {
+        crate::record::Origin::Lambda {
+            event_source_arn: Some(arn),
+        } => crate::lambda::event::table_from_stream_arn(arn).map(str::to_string),
+        _ => None,
+    };
+    PlanProblem::BadKey {
+        name: name.to_string(),
+        found,
+        spec_table: format!("{} (keys {keys}, strings)", spec.table.name),
+        source_table,
+    }
 }
 
 /// A projection's failure to plan one record.
@@ -292,7 +366,7 @@ pub fn plan_record(spec: &Spec, record: &ChangeRecord, selection: Selection<'_>)
         _ => {
             plan.errors.push(PlanError {
                 projection: None,
-                problem: PlanProblem::BadKey(pk_name.clone()),
+                problem: bad_key(spec, record, pk_name),
             });
             return plan;
         }
@@ -303,7 +377,7 @@ pub fn plan_record(spec: &Spec, record: &ChangeRecord, selection: Selection<'_>)
             _ => {
                 plan.errors.push(PlanError {
                     projection: None,
-                    problem: PlanProblem::BadKey(name.clone()),
+                    problem: bad_key(spec, record, name),
                 });
                 return plan;
             }

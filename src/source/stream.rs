@@ -122,6 +122,9 @@ pub struct Summary {
     pub writes: u64,
     /// Write capacity units DynamoDB reported.
     pub write_units: f64,
+    /// The least DynamoDB bills for the writes sent
+    /// ([`crate::apply::Requests::min_billed_write_units`]).
+    pub min_billed_write_units: u64,
     /// Read capacity units DynamoDB reported.
     pub read_units: f64,
     /// Requests the applier retried.
@@ -163,8 +166,14 @@ impl fmt::Display for Summary {
         writeln!(f, "  writes           {}", self.writes)?;
         writeln!(
             f,
-            "  write units      {:.1} ({per_record:.2} per record)",
+            "  write units      {:.1} reported ({per_record:.2} per record)",
             self.write_units
+        )?;
+        let billed = self.min_billed_write_units as f64;
+        writeln!(
+            f,
+            "  billed at least  {billed:.1} ({:.2} per record; DynamoDB bills 2 per transaction item and 1 per other write, per KB, GSI writes extra; DynamoDB Local reports 2.0 for a whole transaction)",
+            if self.records > 0 { billed / self.records as f64 } else { 0.0 }
         )?;
         writeln!(f, "  retries          {}", self.retries)?;
         writeln!(f, "  re-reads         {}", self.rereads)?;
@@ -982,6 +991,7 @@ async fn apply_page(
         summary.effects += stats.effects as u64;
         summary.writes += stats.writes as u64;
         summary.write_units += stats.write_units;
+        summary.min_billed_write_units += stats.requests.min_billed_write_units();
         summary.read_units += stats.read_units;
         summary.retries += stats.retries;
         summary.batches += 1;

@@ -57,7 +57,7 @@ fn a_key_without_its_sort_key_is_an_error_not_a_skip() {
     check(
         email_insert("USER#u1", None),
         expect![[r#"
-            error: key attribute `SK` is missing or not a string
+            error: key attribute `SK` is missing or not a string: the record's keys are `PK` (S), the spec's table is UserServiceTable (keys PK, SK, strings)
         "#]],
     );
 }

@@ -200,6 +200,28 @@ fn plan_with_a_malformed_event_names_the_file() {
 }
 
 #[test]
+fn plan_of_another_tables_event_names_both_tables_and_their_keys() {
+    // AWS's sample event (`sam local generate-event dynamodb update`):
+    // table ExampleTableWithStream, key `Id` (a number).
+    let output = run(&[
+        "plan",
+        "--spec",
+        "projections/user-service.toml",
+        "--event",
+        "tests/fixtures/sam-dynamodb-update.json",
+    ]);
+    assert_eq!(output.status.code(), Some(1), "{}", stderr(&output));
+    let lines: Vec<Value> = stdout(&output)
+        .lines()
+        .map(|line| serde_json::from_str(line).unwrap())
+        .collect();
+    assert_eq!(lines.len(), 3);
+    expect![[r#"
+        key attribute `PK` is missing or not a string: the record's keys are `Id` (N), the spec's table is UserServiceTable (keys PK, SK, strings); the record comes from table ExampleTableWithStream (its eventSourceARN): an event of another table, or a spec of another service?"#]]
+    .assert_eq(lines[0]["error"].as_str().unwrap());
+}
+
+#[test]
 fn plan_with_a_missing_event_file() {
     let output = run(&[
         "plan",
