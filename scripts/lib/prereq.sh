@@ -11,7 +11,7 @@ prereq_die() { printf '%s: error: %s\n' "${PREREQ_NAME:-prereq}" "$*" >&2; exit 
 # Installs Debian packages as root; otherwise says which and stops.
 apt_install() { # $@ = packages
     if [[ "$(id -u)" != 0 ]] || ! command -v apt-get >/dev/null 2>&1; then
-        prereq_die "missing: $* (install with: sudo apt-get install -y $*)"
+        prereq_die "missing: $* (install as root with: apt-get install -y $*)"
     fi
     prereq_log "installing $* with apt-get (once)"
     local log

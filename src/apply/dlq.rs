@@ -730,10 +730,34 @@ impl Applier {
         letter: &DeadLetter,
         key: &ItemKey,
     ) -> Result<Result<ChangeRecord, crate::decode::DecodeProblem>, WriteError> {
+        self.current_state_record(
+            index,
+            letter.event_id.as_deref(),
+            letter.sequence_number.as_deref(),
+            &letter.record,
+            key,
+        )
+        .await
+    }
+
+    /// The item at `key` as it is now, read consistently, as a record that
+    /// derives it like a scanned item (guarded by the state it read): an
+    /// `INSERT` of its image, or a `REMOVE` without images when it is gone.
+    /// It takes the event id and sequence number of the record it stands
+    /// for; `raw` is that record, for the problem when the item cannot be
+    /// decoded.
+    pub(crate) async fn current_state_record(
+        &self,
+        index: usize,
+        event_id: Option<&str>,
+        sequence_number: Option<&str>,
+        raw: &serde_json::Value,
+        key: &ItemKey,
+    ) -> Result<Result<ChangeRecord, crate::decode::DecodeProblem>, WriteError> {
         let retries = std::sync::atomic::AtomicU64::new(0);
         let item_key: HashMap<String, Av> = self.spec.table.key_item(key).into();
         let output = with_retries(
-            "redrive_read",
+            "current_state_read",
             std::time::Duration::from_secs(20),
             &retries,
             || {
@@ -751,26 +775,23 @@ impl Applier {
             Some(Err(error)) => {
                 return Ok(Err(crate::decode::DecodeProblem {
                     index,
-                    event_id: letter.event_id.clone(),
-                    sequence_number: letter.sequence_number.clone(),
+                    event_id: event_id.map(str::to_string),
+                    sequence_number: sequence_number.map(str::to_string),
                     reason: format!("the item's current state {key}: {error}"),
-                    raw: letter.record.clone(),
+                    raw: raw.clone(),
                 }))
             }
             Some(Ok(item)) => (crate::record::ChangeKind::Insert, Some(item.into())),
             None => (crate::record::ChangeKind::Remove, None),
         };
         Ok(Ok(ChangeRecord {
-            event_id: letter.event_id.clone().unwrap_or_default(),
+            event_id: event_id.unwrap_or_default().to_string(),
             kind,
             keys: crate::record::Item::from(item_key).into(),
             old_image: None,
             new_image: image,
             sequence_number: crate::record::SequenceNumber(
-                letter
-                    .sequence_number
-                    .clone()
-                    .unwrap_or_else(|| "0".to_string()),
+                sequence_number.unwrap_or("0").to_string(),
             ),
             approximate_creation_ms: None,
             ttl_expiry: false,

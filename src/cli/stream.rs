@@ -100,14 +100,17 @@ pub async fn recover(
                 )
             });
             if trimmed && !dry_run {
+                let table = match &target.table {
+                    Some(table) => format!(" --table {table}"),
+                    None => String::new(),
+                };
+                let spec = target.spec.display();
                 eprintln!(
                     "The stream no longer holds some ranges, and Lambda's failure messages do not carry \
                      the records' keys, so what they touched is unknown. Run \
-                     `ddb-projector recover --spec {} --queue-url {queue_url} --backfill-trimmed` \
-                     (a guarded backfill of the whole table, then the messages are deleted), or \
-                     `ddb-projector audit --spec {} --repair` and delete the messages yourself.",
-                    target.spec.display(),
-                    target.spec.display()
+                     `ddb-projector recover --spec {spec}{table} --queue-url {queue_url} --backfill-trimmed` \
+                     (a guarded backfill of the whole table, then those messages are deleted), or \
+                     `ddb-projector audit --spec {spec}{table} --repair` and delete the messages yourself."
                 );
             }
         }

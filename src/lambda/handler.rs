@@ -120,7 +120,8 @@ impl Deadline {
             .duration_since(UNIX_EPOCH)
             .map_or(0, |d| d.as_millis() as u64);
         if deadline_ms < started_ms {
-            Deadline::Within(Duration::from_millis(deadline_ms))
+            // No invocation may run longer than Lambda's 15 minutes.
+            Deadline::Within(Duration::from_millis(deadline_ms.min(MAX_TIMEOUT_MS)))
         } else {
             Deadline::At(deadline_ms)
         }
@@ -139,6 +140,9 @@ impl Deadline {
         }
     }
 }
+
+/// Lambda's longest function timeout.
+const MAX_TIMEOUT_MS: u64 = 900_000;
 
 /// Warned once per process: a deadline read as a duration.
 static DURATION_WARNED: AtomicBool = AtomicBool::new(false);
@@ -538,6 +542,11 @@ mod tests {
         let d = deadlines(600_000, started, now, at, margin);
         assert_eq!(d.stop_writes, at + Duration::from_millis(598_500));
         assert_eq!(d.abandon, at + Duration::from_millis(599_500));
+        // Never more than Lambda's 15 minutes.
+        assert_eq!(
+            Deadline::read(1_700_000_000, started),
+            Deadline::Within(Duration::from_secs(900))
+        );
         // A real deadline stays exact to the millisecond.
         let real = 1_795_000_030_000 + 2_345;
         assert_eq!(Deadline::read(real, started), Deadline::At(real));

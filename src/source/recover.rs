@@ -6,24 +6,33 @@
 //! (`DDBStreamBatchInfo`). Those records are never projected unless someone
 //! reads them again. Recovery reads each failure message from the queue,
 //! reads the named range from the stream while DynamoDB Streams still keeps
-//! it (24 hours), applies it through the normal path
-//! ([`Applier::apply_batch`]: holds, dead letters and all), and only then
-//! deletes the message.
+//! it (24 hours), and derives the current state of every item the range
+//! touched, the way a backfill derives a scanned item: read consistently,
+//! every write guarded by the state read, through [`Applier::apply_batch`]
+//! (holds, dead letters and all). Only then is the message deleted.
+//!
+//! The range's own images are never applied: Lambda went on past it, so
+//! newer records of the same items may have applied already (and ranges
+//! come back in any order, some twice), and an old image applied after them
+//! would bring back an edge the source no longer has or count a follow
+//! twice. The range only says which items changed.
 //!
 //! A range that is gone (trimmed, or its shard with it) cannot be read: the
 //! message does not carry the records' keys, so what they touched is
 //! unknown. Such messages are kept, and the summary says that a guarded
 //! backfill (or `audit --repair`) is needed; with
-//! [`RecoverOptions::backfill_trimmed`], recovery runs that backfill itself
-//! and then deletes them.
+//! [`RecoverOptions::backfill_trimmed`], recovery runs that backfill itself,
+//! then receives those messages again and deletes them.
 //!
-//! **Architecture Invariant:** a message is deleted only after every record
-//! of its range is handled (applied, skipped or dead-lettered with the full
-//! record), or after a backfill over the whole table finished; anything
-//! else leaves it in the queue, where it comes back after its visibility
-//! timeout. Applying a range again, or after newer records of the same
-//! items, changes nothing that is right: it is a replay of those records.
+//! **Architecture Invariant:** a message is deleted only after every item
+//! its range touched is derived from its current state (or its records are
+//! dead-lettered with the full record), or after a backfill over the whole
+//! table that started after the message was read; anything else leaves it
+//! in the queue, visible again at the end of the run. Messages are received
+//! one at a time, and a message's visibility is renewed while its range is
+//! worked on, so its receipt handle is valid when it is deleted.
 
+use std::collections::{HashMap, HashSet};
 use std::fmt;
 use std::io::IsTerminal;
 use std::time::{Duration, Instant};
@@ -33,9 +42,11 @@ use backoff::backoff::Backoff;
 use serde::Serialize;
 
 use super::stream::backoff_policy;
-use crate::apply::{classify, retry_describe, Applier, ApplyError, BatchOptions, ErrorClass};
+use crate::apply::{
+    classify, retry_describe, Applier, ApplyError, BatchOptions, ErrorClass, RecordStatus,
+};
 use crate::decode::decode_stream_record;
-use crate::record::SequenceNumber;
+use crate::record::{ItemKey, SequenceNumber};
 
 /// Where a failed batch was, as Lambda's failure message says.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -184,6 +195,8 @@ pub enum Outcome {
     Recovered {
         /// Records in the range.
         records: u64,
+        /// Items they touched, each derived once from its current state.
+        items: u64,
         /// Of them, dead-lettered.
         dead_lettered: u64,
         /// Of them, skipped (nothing applies).
@@ -234,21 +247,26 @@ pub struct RecoverSummary {
     pub records: u64,
     /// Whether a backfill ran for trimmed ranges.
     pub backfilled: bool,
+    /// Messages the queue still showed visible when the run stopped
+    /// (approximate; they were never received).
+    pub unread: u64,
     /// How long it took.
     pub elapsed_ms: u64,
 }
 
 impl RecoverSummary {
-    /// Messages left in the queue (not deleted).
+    /// Messages left in the queue (not deleted), the unread included.
     pub fn kept(&self) -> usize {
-        self.messages
-            .iter()
-            .filter(|m| match &m.outcome {
-                Outcome::Recovered { .. } => false,
-                Outcome::Trimmed { backfilled, .. } => !backfilled,
-                _ => true,
-            })
-            .count()
+        self.unread as usize
+            + self
+                .messages
+                .iter()
+                .filter(|m| match &m.outcome {
+                    Outcome::Recovered { .. } => false,
+                    Outcome::Trimmed { backfilled, .. } => !backfilled,
+                    _ => true,
+                })
+                .count()
     }
 
     fn count(&self, pick: fn(&Outcome) -> bool) -> usize {
@@ -266,10 +284,11 @@ impl fmt::Display for RecoverSummary {
             let what = match &m.outcome {
                 Outcome::Recovered {
                     records,
+                    items,
                     dead_lettered,
                     skipped,
                 } => format!(
-                    "recovered: {records} records applied again ({dead_lettered} dead-lettered, {skipped} skipped); message deleted"
+                    "recovered: {records} records, {items} items derived from their current state ({dead_lettered} dead-lettered, {skipped} skipped); message deleted"
                 ),
                 Outcome::Trimmed { detail, backfilled: true } => {
                     format!("trimmed ({detail}); the backfill covered it; message deleted")
@@ -318,9 +337,6 @@ pub enum RecoverError {
         /// What SQS or the SDK said.
         message: String,
     },
-    /// The Streams API refuses the stream (access denied...).
-    #[error("{0}")]
-    Stream(String),
     /// The applier cannot write (no table, no access...).
     #[error(transparent)]
     Apply(#[from] ApplyError),
@@ -379,132 +395,182 @@ impl Recovery {
         let started = Instant::now();
         let mut summary = RecoverSummary::default();
         let bar = progress_bar(options.progress, self.approximate_messages().await);
-        // Trimmed ranges' receipt handles, for the backfill's deletes.
-        let mut trimmed: Vec<(usize, String)> = Vec::new();
-        // Messages kept: visible again at the end, so that the next run
-        // (after a fix) sees them at once.
-        let mut kept: Vec<String> = Vec::new();
-        let mut seen = std::collections::HashSet::new();
         let visibility = options.visibility_timeout.as_secs().clamp(1, 43_200) as i32;
-        loop {
-            let received = self
-                .sqs
-                .receive_message()
-                .queue_url(&self.queue_url)
-                .max_number_of_messages(10)
-                .visibility_timeout(visibility)
-                .wait_time_seconds(1)
-                .send()
-                .await
-                .map_err(|e| self.queue_error("ReceiveMessage", e))?;
-            let messages: Vec<_> = received
-                .messages()
-                .iter()
-                .filter(|m| seen.insert(m.message_id().unwrap_or_default().to_string()))
-                .collect();
-            if messages.is_empty() {
+        // Messages kept, by id: their newest receipt handle, so that they
+        // can be made visible again at the end (for the next run, after a
+        // fix) and, for trimmed ranges, found again after the backfill.
+        let mut kept: HashMap<String, String> = HashMap::new();
+        let mut trimmed: HashSet<String> = HashSet::new();
+        let mut seen: HashSet<String> = HashSet::new();
+        // Receives that brought only messages already handled in this run.
+        let mut idle = 0;
+        while idle < 3 {
+            let Some(message) = self.receive_one(visibility).await? else {
                 break;
+            };
+            let id = message.message_id().unwrap_or_default().to_string();
+            let receipt = message.receipt_handle().unwrap_or_default().to_string();
+            if !seen.insert(id.clone()) {
+                // A kept message back after its visibility timeout.
+                if let Some(handle) = kept.get_mut(&id) {
+                    *handle = receipt;
+                }
+                idle += 1;
+                continue;
             }
-            for message in messages {
-                let message_id = message.message_id().unwrap_or("?").to_string();
-                let receipt = message.receipt_handle().unwrap_or_default().to_string();
-                let (batch, outcome) = match parse_failure(message.body().unwrap_or_default()) {
-                    Err(error) => (
-                        None,
-                        Outcome::Refused {
-                            reason: error.to_string(),
-                        },
-                    ),
-                    Ok(batch) => {
-                        let outcome = self.recover(&batch, options).await?;
-                        (Some(batch), outcome)
-                    }
-                };
-                if let Outcome::Recovered { records, .. } = &outcome {
+            idle = 0;
+            let body = message.body().unwrap_or_default();
+            // The message stays invisible while its range is applied.
+            let (batch, outcome) = self
+                .with_heartbeat(&receipt, visibility, self.handle(body, options))
+                .await?;
+            let label = match &outcome {
+                Outcome::Recovered { .. } => "recovered",
+                Outcome::Trimmed { .. } => "trimmed",
+                Outcome::Refused { .. } => "refused",
+                Outcome::Failed { .. } => "failed",
+                Outcome::Readable { .. } => "readable",
+            };
+            metrics::counter!("projector_recover_messages_total", "outcome" => label).increment(1);
+            let described = batch.as_ref().map(ToString::to_string);
+            match &outcome {
+                Outcome::Recovered { records, .. } => {
                     summary.records += records;
+                    self.delete(&receipt).await?;
+                    tracing::info!(message = %id, batch = ?described, ?outcome, "range recovered; message deleted");
                 }
-                let label = match &outcome {
-                    Outcome::Recovered { .. } => "recovered",
-                    Outcome::Trimmed { .. } => "trimmed",
-                    Outcome::Refused { .. } => "refused",
-                    Outcome::Failed { .. } => "failed",
-                    Outcome::Readable { .. } => "readable",
-                };
-                metrics::counter!("projector_recover_messages_total", "outcome" => label)
-                    .increment(1);
-                match &outcome {
-                    Outcome::Recovered { .. } => {
-                        self.delete(&receipt).await?;
-                        tracing::info!(message = %message_id, batch = ?batch.as_ref().map(ToString::to_string), ?outcome, "range recovered; message deleted");
-                    }
-                    Outcome::Trimmed { detail, .. } => {
-                        tracing::warn!(message = %message_id, batch = ?batch.as_ref().map(ToString::to_string), detail, "the stream no longer holds this range");
-                        trimmed.push((summary.messages.len(), receipt));
-                    }
-                    Outcome::Readable { .. } => {
-                        tracing::info!(message = %message_id, batch = ?batch.as_ref().map(ToString::to_string), ?outcome, "dry run: range readable");
-                        kept.push(receipt);
-                    }
-                    Outcome::Refused { reason } | Outcome::Failed { reason } => {
-                        tracing::error!(message = %message_id, batch = ?batch.as_ref().map(ToString::to_string), reason, "message kept in the queue");
-                        kept.push(receipt);
-                    }
+                Outcome::Trimmed { detail, .. } => {
+                    tracing::warn!(message = %id, batch = ?described, detail, "the stream no longer holds this range");
+                    trimmed.insert(id.clone());
+                    kept.insert(id.clone(), receipt);
                 }
-                summary.messages.push(MessageReport {
-                    message_id,
-                    batch,
-                    outcome,
-                });
-                bar.inc(1);
+                Outcome::Readable { .. } => {
+                    tracing::info!(message = %id, batch = ?described, ?outcome, "dry run: range readable");
+                    kept.insert(id.clone(), receipt);
+                }
+                Outcome::Refused { reason } | Outcome::Failed { reason } => {
+                    tracing::error!(message = %id, batch = ?described, reason, "message kept in the queue");
+                    kept.insert(id.clone(), receipt);
+                }
             }
+            summary.messages.push(MessageReport {
+                message_id: id,
+                batch,
+                outcome,
+            });
+            bar.inc(1);
         }
         bar.finish_and_clear();
+        // What is still visible now was never received: the loop stopped on
+        // answers of only messages it had handled.
+        summary.unread = self.approximate_messages().await.unwrap_or(0);
         if !trimmed.is_empty() && options.backfill_trimmed && !options.dry_run {
-            // The backfill may outlast the visibility timeout: keep the
-            // messages hidden until it is done (SQS allows 12 hours from
-            // the receive in all; an hour of that is left for the run so far).
-            for (_, receipt) in &trimmed {
-                self.hide(receipt, 39_600).await?;
-            }
-            tracing::info!(
-                ranges = trimmed.len(),
-                "running a guarded backfill of the whole table for the trimmed ranges"
-            );
-            let backfill_options = crate::backfill::BackfillOptions {
-                progress: options.progress,
-                ..crate::backfill::BackfillOptions::default()
-            };
-            match crate::backfill::backfill(&self.applier, &backfill_options).await {
-                Ok(done) => {
-                    tracing::info!(?done, "backfill done");
-                    summary.backfilled = true;
-                    for (index, receipt) in &trimmed {
-                        self.delete(receipt).await?;
-                        if let Outcome::Trimmed { backfilled, .. } =
-                            &mut summary.messages[*index].outcome
-                        {
-                            *backfilled = true;
-                        }
-                    }
-                }
-                Err(error) => {
-                    for (_, receipt) in &trimmed {
-                        let _ = self.hide(receipt, 0).await;
-                    }
-                    for receipt in &kept {
-                        let _ = self.hide(receipt, 0).await;
-                    }
-                    return Err(error.into());
-                }
-            }
-        } else {
-            kept.extend(trimmed.into_iter().map(|(_, receipt)| receipt));
+            self.backfill_trimmed(options, &mut kept, &trimmed, &mut summary)
+                .await?;
         }
-        for receipt in &kept {
+        for receipt in kept.values() {
             self.hide(receipt, 0).await?;
         }
         summary.elapsed_ms = started.elapsed().as_millis() as u64;
         Ok(summary)
+    }
+
+    /// One message, received with `visibility`, or `None` when the queue
+    /// has nothing visible.
+    async fn receive_one(
+        &self,
+        visibility: i32,
+    ) -> Result<Option<aws_sdk_sqs::types::Message>, RecoverError> {
+        let received = self
+            .sqs
+            .receive_message()
+            .queue_url(&self.queue_url)
+            .max_number_of_messages(1)
+            .visibility_timeout(visibility)
+            .wait_time_seconds(1)
+            .send()
+            .await
+            .map_err(|e| self.queue_error("ReceiveMessage", e))?;
+        Ok(received.messages().first().cloned())
+    }
+
+    /// Runs `work` while keeping the message invisible: its visibility is
+    /// renewed every third of `visibility`.
+    async fn with_heartbeat<F: std::future::Future>(
+        &self,
+        receipt: &str,
+        visibility: i32,
+        work: F,
+    ) -> F::Output {
+        tokio::pin!(work);
+        let period = Duration::from_secs((visibility as u64 / 3).max(1));
+        let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + period, period);
+        loop {
+            tokio::select! {
+                output = &mut work => return output,
+                _ = tick.tick() => {
+                    if let Err(error) = self.hide(receipt, visibility).await {
+                        tracing::warn!(%error, "could not extend the message's visibility");
+                    }
+                }
+            }
+        }
+    }
+
+    /// Runs a guarded backfill of the whole table for the ranges the stream
+    /// no longer holds, then deletes their messages, received again for
+    /// fresh receipt handles (the backfill may outlast any visibility
+    /// timeout SQS allows).
+    async fn backfill_trimmed(
+        &self,
+        options: &RecoverOptions,
+        kept: &mut HashMap<String, String>,
+        trimmed: &HashSet<String>,
+        summary: &mut RecoverSummary,
+    ) -> Result<(), RecoverError> {
+        tracing::info!(
+            ranges = trimmed.len(),
+            "running a guarded backfill of the whole table for the trimmed ranges"
+        );
+        // Visible again while the backfill runs: no handle has to outlive it.
+        for receipt in kept.values() {
+            self.hide(receipt, 0).await?;
+        }
+        kept.clear();
+        let backfill_options = crate::backfill::BackfillOptions {
+            progress: options.progress,
+            ..crate::backfill::BackfillOptions::default()
+        };
+        let done = crate::backfill::backfill(&self.applier, &backfill_options).await?;
+        tracing::info!(?done, "backfill done");
+        summary.backfilled = true;
+        let visibility = options.visibility_timeout.as_secs().clamp(1, 43_200) as i32;
+        let mut deleted: HashSet<String> = HashSet::new();
+        let mut idle = 0;
+        while deleted.len() < trimmed.len() && idle < 3 {
+            let Some(message) = self.receive_one(visibility).await? else {
+                break;
+            };
+            let id = message.message_id().unwrap_or_default().to_string();
+            let receipt = message.receipt_handle().unwrap_or_default().to_string();
+            if trimmed.contains(&id) && !deleted.contains(&id) {
+                self.delete(&receipt).await?;
+                deleted.insert(id);
+                idle = 0;
+            } else {
+                // Another message (kept, or new since): made visible again
+                // at the end, for the next run.
+                if kept.insert(id, receipt).is_some() {
+                    idle += 1;
+                }
+            }
+        }
+        for report in &mut summary.messages {
+            if let Outcome::Trimmed { backfilled, .. } = &mut report.outcome {
+                *backfilled = deleted.contains(&report.message_id);
+            }
+        }
+        Ok(())
     }
 
     /// The queue's approximate visible messages, for the progress bar.
@@ -548,7 +614,39 @@ impl Recovery {
         Ok(())
     }
 
-    /// Reads one range and applies it.
+    /// One message: its range read again, and the current state of every
+    /// item it touched derived (or why not).
+    async fn handle(
+        &self,
+        body: &str,
+        options: &RecoverOptions,
+    ) -> Result<(Option<FailedBatch>, Outcome), RecoverError> {
+        match parse_failure(body) {
+            Err(error) => Ok((
+                None,
+                Outcome::Refused {
+                    reason: error.to_string(),
+                },
+            )),
+            Ok(batch) => {
+                let outcome = self.recover(&batch, options).await?;
+                Ok((Some(batch), outcome))
+            }
+        }
+    }
+
+    /// Reads one range and derives the current state of every item its
+    /// records touched.
+    ///
+    /// The records' own images are not applied: Lambda went on past the
+    /// range, so newer records of the same items may have applied already,
+    /// and an older image applied after them would bring back an edge the
+    /// source no longer has, or count a follow twice. What the range tells
+    /// is which items changed; each is read consistently and derived like a
+    /// scanned item, every write guarded by the state read (as a backfill
+    /// does), so a newer live change is never undone and the order of
+    /// messages does not matter. An item held behind dead letters is held
+    /// as usual: its letter then stands for its current state.
     async fn recover(
         &self,
         batch: &FailedBatch,
@@ -579,54 +677,134 @@ impl Recovery {
                 records: records.len() as u64,
             });
         }
-        let mut decoded: Vec<_> = records
-            .iter()
-            .enumerate()
-            .map(|(index, record)| decode_stream_record(index, &batch.shard_id, record))
-            .collect();
-        let (mut dead_lettered, mut skipped) = (0, 0);
-        let mut backoff = backoff_policy(Some(options.max_apply_time));
-        let n = decoded.len() as u64;
-        // A chunk per GetRecords page's worth, in stream order; a chunk's
-        // unhandled suffix is applied again (in order) until it is handled.
-        while !decoded.is_empty() {
-            let take = decoded.len().min(super::stream::MAX_BATCH as usize);
-            let chunk: Vec<_> = decoded[..take].to_vec();
-            let outcome = self
-                .applier
-                .apply_batch(&chunk, &BatchOptions::default())
-                .await?;
-            let handled = outcome.first_failure().unwrap_or(take);
-            for status in &outcome.statuses[..handled] {
-                match status {
-                    crate::apply::RecordStatus::DeadLettered(_) => dead_lettered += 1,
-                    crate::apply::RecordStatus::Skipped(_) => skipped += 1,
-                    _ => {}
+        let spec = self.applier.spec();
+        // The items the range touched, each once (with the last record that
+        // touched it), in stream order of those records; and the records
+        // whose item cannot be told, applied as they are (dead-lettered with
+        // the full record and the reason).
+        let mut items: Vec<(ItemKey, String, String, serde_json::Value)> = Vec::new();
+        let mut position: HashMap<ItemKey, usize> = HashMap::new();
+        let mut unkeyed = Vec::new();
+        for (index, record) in records.iter().enumerate() {
+            let decoded = decode_stream_record(index, &batch.shard_id, record);
+            let (key, event_id, seq, raw) = match &decoded {
+                Ok(change) => match spec.table.item_key(&change.keys) {
+                    Some(key) => (
+                        key,
+                        change.event_id.clone(),
+                        change.sequence_number.0.clone(),
+                        serde_json::to_value(change).unwrap_or_default(),
+                    ),
+                    None => {
+                        unkeyed.push(decoded);
+                        continue;
+                    }
+                },
+                Err(problem) => match crate::apply::problem_key(problem, &spec.table) {
+                    Some(key) => (
+                        key,
+                        problem.event_id.clone().unwrap_or_default(),
+                        problem.sequence_number.clone().unwrap_or_default(),
+                        problem.raw.clone(),
+                    ),
+                    None => {
+                        unkeyed.push(decoded);
+                        continue;
+                    }
+                },
+            };
+            match position.get(&key) {
+                Some(&at) => items[at] = (key, event_id, seq, raw),
+                None => {
+                    position.insert(key.clone(), items.len());
+                    items.push((key, event_id, seq, raw));
                 }
             }
-            decoded.drain(..handled);
-            if handled < take {
-                let reason = match &outcome.statuses[handled] {
-                    crate::apply::RecordStatus::Failed(reason) => reason.clone(),
-                    other => format!("{other:?}"),
-                };
-                match backoff.next_backoff() {
-                    Some(wait) => {
-                        tracing::warn!(%batch, reason, wait_ms = wait.as_millis() as u64, "records of the range failed; retrying");
-                        tokio::time::sleep(wait).await;
+        }
+        let n = records.len() as u64;
+        let n_items = items.len() as u64;
+        let mut counts = (0, 0);
+        // Records without a readable key first: they can only become
+        // letters, and their order against the others does not matter.
+        if !unkeyed.is_empty() {
+            if let Some(reason) = self.apply_all(unkeyed, options, &mut counts).await? {
+                return Ok(Outcome::Failed { reason });
+            }
+        }
+        for chunk in items.chunks(super::stream::MAX_BATCH as usize) {
+            let mut states = Vec::with_capacity(chunk.len());
+            for (index, (key, event_id, seq, raw)) in chunk.iter().enumerate() {
+                let state = self
+                    .applier
+                    .current_state_record(index, Some(event_id), Some(seq), raw, key)
+                    .await;
+                match state {
+                    Ok(state) => states.push(state),
+                    Err(error) => {
+                        return Ok(Outcome::Failed {
+                            reason: format!("reading {key}: {error}"),
+                        })
                     }
-                    None => return Ok(Outcome::Failed { reason }),
                 }
-            } else {
-                backoff.reset();
+            }
+            if let Some(reason) = self.apply_all(states, options, &mut counts).await? {
+                return Ok(Outcome::Failed { reason });
             }
         }
         metrics::counter!("projector_recover_records_total").increment(n);
         Ok(Outcome::Recovered {
             records: n,
-            dead_lettered,
-            skipped,
+            items: n_items,
+            dead_lettered: counts.0,
+            skipped: counts.1,
         })
+    }
+
+    /// Applies `batch` until every record is handled, retrying the
+    /// unhandled suffix (in order) for up to `max_apply_time`; the last
+    /// failure when it is not.
+    async fn apply_all(
+        &self,
+        mut batch: Vec<Result<crate::record::ChangeRecord, crate::decode::DecodeProblem>>,
+        options: &RecoverOptions,
+        counts: &mut (u64, u64),
+    ) -> Result<Option<String>, RecoverError> {
+        let batch_options = BatchOptions {
+            read_markers_first: true,
+            ..BatchOptions::default()
+        };
+        let mut backoff = backoff_policy(Some(options.max_apply_time));
+        while !batch.is_empty() {
+            let outcome = self.applier.apply_batch(&batch, &batch_options).await?;
+            let handled = outcome.first_failure().unwrap_or(batch.len());
+            for status in &outcome.statuses[..handled] {
+                match status {
+                    RecordStatus::DeadLettered(_) => counts.0 += 1,
+                    RecordStatus::Skipped(_) => counts.1 += 1,
+                    _ => {}
+                }
+            }
+            if handled == batch.len() {
+                return Ok(None);
+            }
+            let reason = match &outcome.statuses[handled] {
+                RecordStatus::Failed(reason) => reason.clone(),
+                other => format!("{other:?}"),
+            };
+            batch.drain(..handled);
+            match backoff.next_backoff() {
+                Some(wait) => {
+                    tracing::warn!(
+                        reason,
+                        wait_ms = wait.as_millis() as u64,
+                        "records of the range failed; retrying"
+                    );
+                    tokio::time::sleep(wait).await;
+                }
+                None => return Ok(Some(reason)),
+            }
+        }
+        Ok(None)
     }
 
     /// Reads `batch`'s records from the stream, or says why it cannot.
@@ -676,10 +854,8 @@ impl Recovery {
             match (classify(&error), backoff.next_backoff()) {
                 (ErrorClass::Retry(_), Some(wait)) => tokio::time::sleep(wait).await,
                 _ => {
-                    return Err(RecoverError::Stream(format!(
-                        "GetShardIterator on stream {} shard {}: {}",
-                        batch.stream_arn,
-                        batch.shard_id,
+                    return Ok(Range::Incomplete(format!(
+                        "GetShardIterator failed: {}",
                         retry_describe(&error)
                     )))
                 }
@@ -714,18 +890,21 @@ impl Recovery {
                             continue;
                         }
                         _ => {
-                            return Err(RecoverError::Stream(format!(
-                                "GetRecords on stream {} shard {}: {}",
-                                batch.stream_arn,
-                                batch.shard_id,
+                            return Ok(Range::Incomplete(format!(
+                                "GetRecords failed after {} records of the range: {}",
+                                records.len(),
                                 retry_describe(&error)
                             )))
                         }
                     }
                 }
             };
+            // Each page gets the whole retry budget again.
+            backoff.reset();
             if page.records().is_empty() {
                 empty_pages += 1;
+            } else {
+                empty_pages = 0;
             }
             for record in page.records() {
                 let Some(seq) = record
@@ -733,7 +912,9 @@ impl Recovery {
                     .and_then(|s| s.sequence_number())
                     .map(|s| SequenceNumber(s.to_string()))
                 else {
-                    continue;
+                    return Ok(Range::Incomplete(
+                        "a record of the range has no sequence number".to_string(),
+                    ));
                 };
                 if records.is_empty() && seq != batch.start {
                     return Ok(Range::Gone(format!(
@@ -752,12 +933,14 @@ impl Recovery {
             }
             // DynamoDB Streams may answer empty pages before it reaches
             // records; a closed shard ends with no next iterator.
+            next = page.next_shard_iterator().map(str::to_string);
             if empty_pages > 20 {
                 break;
             }
-            next = page.next_shard_iterator().map(str::to_string);
         }
-        if records.is_empty() {
+        // Read to the end of a closed shard without finding its first
+        // record: the shard does not hold the range.
+        if records.is_empty() && next.is_none() {
             return Ok(Range::Gone(format!(
                 "the shard has no record {} (read to its end)",
                 batch.start

@@ -951,7 +951,7 @@ fn numeric_partition_key_is_a_bad_key() {
         user_service(),
         json!({"kind": "INSERT", "keys": {"PK": 42, "SK": "PROFILE"}}),
         expect![[r#"
-            error: key attribute `PK` is missing or not a string
+            error: key attribute `PK` is missing or not a string: the record's keys are `PK` (N), `SK` (S), the spec's table is UserServiceTable (keys PK, SK, strings)
         "#]],
     );
 }
@@ -962,7 +962,7 @@ fn missing_sort_key_is_a_bad_key() {
         user_service(),
         json!({"kind": "INSERT", "pk": "USER#u1"}),
         expect![[r#"
-            error: key attribute `SK` is missing or not a string
+            error: key attribute `SK` is missing or not a string: the record's keys are `PK` (S), the spec's table is UserServiceTable (keys PK, SK, strings)
         "#]],
     );
 }
