@@ -1081,7 +1081,7 @@ async fn transact(
     }
     ctx.sent();
     ctx.count(|r| &mut r.transactions);
-    ctx.count_n(|r| &mut r.transaction_items, items.len());
+    let n_items = items.len();
     let sent = ctx
         .client
         .transact_write_items()
@@ -1092,6 +1092,9 @@ async fn transact(
     let error = match sent {
         Ok(output) => {
             ctx.count_units(output.consumed_capacity(), true);
+            // Billed: only a transaction that ran is counted, so the
+            // figure stays a floor.
+            ctx.count_n(|r| &mut r.transaction_items, n_items);
             return TransactOutcome {
                 attempts: chunk.iter().map(|(i, _)| (*i, Attempt::Done)).collect(),
                 split: None,

@@ -558,7 +558,6 @@ pub(crate) async fn batch_write(
 
 async fn write_chunk(ctx: &Ctx<'_>, chunk: Vec<WriteRequest>) -> Result<(), WriteError> {
     ctx.count(|r| &mut r.batch_writes);
-    ctx.count_n(|r| &mut r.batch_write_items, chunk.len());
     let pending = std::sync::Mutex::new(chunk);
     let pending = &pending;
     with_retries(
@@ -580,6 +579,12 @@ async fn write_chunk(ctx: &Ctx<'_>, chunk: Vec<WriteRequest>) -> Result<(), Writ
                     .and_then(|items| items.get(ctx.table))
                     .cloned()
                     .unwrap_or_default();
+                // Billed: the items DynamoDB processed.
+                let sent = pending.lock().expect("not poisoned").len();
+                ctx.count_n(
+                    |r| &mut r.batch_write_items,
+                    sent.saturating_sub(unprocessed.len()),
+                );
                 if unprocessed.is_empty() {
                     Ok(())
                 } else {
