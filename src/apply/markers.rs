@@ -555,6 +555,26 @@ enum Attempt {
     Again(Option<&'static str>),
     /// Could not be applied.
     Failed(WriteError),
+    /// Superseded by a newer change of the source, but the marker holds
+    /// attributes no current definition writes: this write removes them.
+    Cleanup(Transition),
+}
+
+/// Of a snapshot's planned write, the removals of attributes the current
+/// definition does not manage (copies an older definition made). They are
+/// stale whatever the source's state: the live worker's record of the
+/// newer state writes a guess that only knows the current copies.
+fn stale_removals(change: &MarkerChange<'_>, transition: &Transition) -> Vec<Path> {
+    let (Want::State { managed, .. }, Write::Update { remove, .. }) =
+        (&change.want, &transition.write)
+    else {
+        return Vec::new();
+    };
+    remove
+        .iter()
+        .filter(|path| matches!(path, Path::Attribute(name) if !managed.contains(name)))
+        .cloned()
+        .collect()
 }
 
 /// Brings every change to its wanted state. One result per change.
@@ -655,6 +675,16 @@ pub(crate) async fn write_markers(
                         pause = reason;
                     }
                     next.push((i, by_index[&i].clone()));
+                }
+                Attempt::Cleanup(transition) => {
+                    // Best effort: what it leaves, the audit finds.
+                    for _ in 0..3 {
+                        match write_single(ctx, changes[i].key, &transition).await {
+                            Attempt::Again(_) => continue,
+                            _ => break,
+                        }
+                    }
+                    results[i] = Some(Ok(()));
                 }
             }
         }
@@ -1154,13 +1184,30 @@ async fn transact(
     let attempts = chunk
         .iter()
         .zip(&positions)
-        .map(|((i, _), (write, guard))| {
+        .map(|((i, transition), (write, guard))| {
             let change = &changes[*i];
             if let Some(guard) = guard {
                 match class_at(*guard) {
                     // The source changed since the snapshot: the live
-                    // worker's record of that change decides.
-                    Some(ErrorClass::Conditional) => return (*i, Attempt::Done),
+                    // worker's record of that change decides, all but the
+                    // copies an older definition left.
+                    Some(ErrorClass::Conditional) => {
+                        let stale = stale_removals(change, transition);
+                        if stale.is_empty() {
+                            return (*i, Attempt::Done);
+                        }
+                        return (
+                            *i,
+                            Attempt::Cleanup(Transition {
+                                write: Write::Update {
+                                    set: Vec::new(),
+                                    remove: stale,
+                                },
+                                pins: Vec::new(),
+                                deltas: Vec::new(),
+                            }),
+                        );
+                    }
                     Some(ErrorClass::Retry(reason)) => return (*i, Attempt::Again(Some(reason))),
                     _ => {}
                 }
