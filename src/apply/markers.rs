@@ -577,6 +577,28 @@ fn stale_removals(change: &MarkerChange<'_>, transition: &Transition) -> Vec<Pat
         .collect()
 }
 
+/// The write that removes `stale` attributes from a marker that exists.
+fn cleanup(stale: Vec<Path>) -> Transition {
+    Transition {
+        write: Write::Update {
+            set: Vec::new(),
+            remove: stale,
+        },
+        pins: Vec::new(),
+        deltas: Vec::new(),
+    }
+}
+
+/// Writes a cleanup, best effort: what it leaves, the audit finds.
+async fn clean(ctx: &Ctx<'_>, key: &ItemKey, transition: &Transition) {
+    for _ in 0..3 {
+        match write_single(ctx, key, transition).await {
+            Attempt::Again(_) => continue,
+            _ => break,
+        }
+    }
+}
+
 /// Brings every change to its wanted state. One result per change.
 pub(crate) async fn write_markers(
     ctx: &Ctx<'_>,
@@ -597,11 +619,19 @@ pub(crate) async fn write_markers(
     if !to_read.is_empty() {
         match read(ctx, changes, &to_read).await {
             Ok(found) => {
+                let mut cleanups = Vec::new();
                 for i in to_read {
                     let change = &changes[i];
                     if let Some(guard) = change.guard {
                         if !guard.holds(found.get(&guard.source)) {
-                            // The source moved on: its own record decides.
+                            // The source moved on: its own record decides,
+                            // all but the copies an older definition left.
+                            if let Some(transition) = change.exact(table, found.get(change.key)) {
+                                let stale = stale_removals(change, &transition);
+                                if !stale.is_empty() {
+                                    cleanups.push((i, cleanup(stale)));
+                                }
+                            }
                             results[i] = Some(Ok(()));
                             continue;
                         }
@@ -610,6 +640,9 @@ pub(crate) async fn write_markers(
                         Some(transition) => pending.push((i, transition)),
                         None => results[i] = Some(Ok(())),
                     }
+                }
+                for (i, transition) in cleanups {
+                    clean(ctx, changes[i].key, &transition).await;
                 }
             }
             Err(error) => {
@@ -677,13 +710,7 @@ pub(crate) async fn write_markers(
                     next.push((i, by_index[&i].clone()));
                 }
                 Attempt::Cleanup(transition) => {
-                    // Best effort: what it leaves, the audit finds.
-                    for _ in 0..3 {
-                        match write_single(ctx, changes[i].key, &transition).await {
-                            Attempt::Again(_) => continue,
-                            _ => break,
-                        }
-                    }
+                    clean(ctx, changes[i].key, &transition).await;
                     results[i] = Some(Ok(()));
                 }
             }
@@ -1196,17 +1223,7 @@ async fn transact(
                         if stale.is_empty() {
                             return (*i, Attempt::Done);
                         }
-                        return (
-                            *i,
-                            Attempt::Cleanup(Transition {
-                                write: Write::Update {
-                                    set: Vec::new(),
-                                    remove: stale,
-                                },
-                                pins: Vec::new(),
-                                deltas: Vec::new(),
-                            }),
-                        );
+                        return (*i, Attempt::Cleanup(cleanup(stale)));
                     }
                     Some(ErrorClass::Retry(reason)) => return (*i, Attempt::Again(Some(reason))),
                     _ => {}
