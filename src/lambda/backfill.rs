@@ -22,14 +22,12 @@
 //! A dry run is refused: it keeps no checkpoint, so it could not continue in
 //! the next invocation (`ddb-projector backfill --dry-run` does it).
 
-use std::time::SystemTime;
-
 use lambda_runtime::Context;
 use serde::{Deserialize, Serialize};
 use tokio::time::Instant;
 
-use super::handler::{deadlines, Handler, InvocationError};
-use crate::apply::{Applier, ApplyConfig};
+use super::handler::{Handler, InvocationError};
+use crate::apply::Applier;
 use crate::backfill::{BackfillOptions, BackfillSummary};
 use crate::spec::Spec;
 
@@ -282,13 +280,7 @@ impl Handler {
             .unwrap_or_else(|| self.spec.table.name.clone());
         let segment = request.segment;
         let total = request.total_segments;
-        let deadlines = deadlines(
-            context.deadline,
-            self.process_started,
-            SystemTime::now(),
-            started,
-            self.margin,
-        );
+        let (deadlines, config) = self.budget(context, started);
         if deadlines.stop_writes <= started {
             // A slice that cannot start a page would answer "not done"
             // forever; failing says what to fix.
@@ -296,13 +288,6 @@ impl Handler {
                 margin_ms: self.margin.as_millis() as u64,
             });
         }
-        let config = ApplyConfig {
-            max_retry_time: self
-                .config
-                .max_retry_time
-                .min(deadlines.stop_writes.saturating_duration_since(started) / 3),
-            ..self.config.clone()
-        };
         let applier = Applier::new(self.client.clone(), self.spec.clone(), &table, config);
         let options = BackfillOptions {
             deadline: Some(deadlines.stop_writes),

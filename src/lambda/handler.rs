@@ -237,6 +237,28 @@ pub struct Handler {
 }
 
 impl Handler {
+    /// The invocation's deadlines, and the applier's settings under them:
+    /// a write that keeps failing may retry for a third of the time left,
+    /// so that the writes after it (recomputes, dead letters) still start
+    /// before the deadline and only its own records fail.
+    pub(super) fn budget(&self, context: &Context, started: Instant) -> (Deadlines, ApplyConfig) {
+        let deadlines = deadlines(
+            context.deadline,
+            self.process_started,
+            SystemTime::now(),
+            started,
+            self.margin,
+        );
+        let config = ApplyConfig {
+            max_retry_time: self
+                .config
+                .max_retry_time
+                .min(deadlines.stop_writes.saturating_duration_since(started) / 3),
+            ..self.config.clone()
+        };
+        (deadlines, config)
+    }
+
     /// Handles one invocation (a stream batch or a backfill slice) and
     /// flushes its metrics.
     pub async fn handle(&self, event: LambdaEvent<Payload>) -> Result<Response, InvocationError> {
@@ -278,13 +300,7 @@ impl Handler {
                 .ok_or(InvocationError::NoTable)?
                 .to_string(),
         };
-        let deadlines = deadlines(
-            context.deadline,
-            self.process_started,
-            SystemTime::now(),
-            started,
-            self.margin,
-        );
+        let (deadlines, config) = self.budget(context, started);
         if deadlines.stop_writes <= started {
             tracing::warn!(
                 request_id = %context.request_id,
@@ -292,16 +308,6 @@ impl Handler {
                 "the invocation has less time left than the margin: nothing will be written (a function timeout shorter than PROJECTOR_DEADLINE_MARGIN_MS fails every batch)"
             );
         }
-        // A write that keeps failing may retry for a third of the time
-        // left, so that the writes after it (recomputes, dead letters) still
-        // start before the deadline and only its own records fail.
-        let config = ApplyConfig {
-            max_retry_time: self
-                .config
-                .max_retry_time
-                .min(deadlines.stop_writes.saturating_duration_since(started) / 3),
-            ..self.config.clone()
-        };
         let applier = Applier::new(self.client.clone(), self.spec.clone(), &table, config);
         let options = BatchOptions {
             deadline: Some(deadlines.stop_writes),
