@@ -420,6 +420,10 @@ pub struct Spec {
     pub invariants: Vec<Invariant>,
     /// For each entity, the projections that plan on its records.
     interested: Vec<Vec<ProjectionId>>,
+    /// The spec as written (without projections written in Rust): the
+    /// lifecycle registry keeps it, so that a retired projection can still
+    /// be pruned once no spec file has it.
+    pub raw: RawSpec,
 }
 
 impl Spec {
@@ -454,7 +458,10 @@ impl Spec {
         label: &str,
         custom: Vec<Arc<dyn CustomProjection>>,
     ) -> Result<Spec, SpecErrors> {
-        Compiler::new(label).compile(raw, custom)
+        let kept = raw.clone();
+        let mut spec = Compiler::new(label).compile(raw, custom)?;
+        spec.raw = kept;
+        Ok(spec)
     }
 
     /// The entity with this name.
@@ -987,6 +994,7 @@ impl Compiler {
             projections,
             invariants,
             interested,
+            raw: RawSpec::default(),
         })
     }
 
