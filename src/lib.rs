@@ -34,6 +34,7 @@ pub mod counter;
 pub mod decode;
 pub mod invariant;
 pub mod lambda;
+pub mod lifecycle;
 pub mod plan;
 pub mod record;
 pub mod source;

@@ -30,7 +30,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 pub use check::{CheckStats, RecordedViolation};
-pub use dlq::{problem_key, DeadLetter, DeadLetterStore, Hold, RedriveSummary};
+pub use dlq::{problem_key, DeadLetter, DeadLetterStore, Hold, RedriveSummary, WHOLE_RECORD};
 pub use markers::CHANGES_ATTRIBUTE;
 pub(crate) use markers::{marker_change, records_of};
 pub use retry::{classify, describe as retry_describe, ErrorClass};
@@ -53,6 +53,15 @@ pub struct ApplyConfig {
     pub dead_letters: bool,
     /// Whether the spec's invariants are checked after each batch.
     pub check_invariants: bool,
+    /// Whether this applier consumes the table's stream for the whole spec
+    /// (the Lambda, the runner): its lifecycle leases then also say that
+    /// it runs the definitions, and that it leaves the projections its
+    /// spec lacks unprojected ([`crate::lifecycle`]).
+    pub stream_consumer: bool,
+    /// How long a lifecycle lease lasts past what a batch needs
+    /// (`PROJECTOR_LEASE_SECONDS`, default 120 s). The first applier of a
+    /// table and definition in a process sets it for all of them.
+    pub lease: Duration,
 }
 
 impl Default for ApplyConfig {
@@ -62,6 +71,8 @@ impl Default for ApplyConfig {
             max_retry_time: Duration::from_secs(20),
             dead_letters: true,
             check_invariants: true,
+            stream_consumer: false,
+            lease: crate::lifecycle::lease_length(),
         }
     }
 }
@@ -179,6 +190,8 @@ pub struct Applier {
     pub(crate) spec: Arc<Spec>,
     pub(crate) table: String,
     pub(crate) config: ApplyConfig,
+    /// The lifecycle leases every write is made under.
+    pub(crate) leases: Arc<crate::lifecycle::Leases>,
 }
 
 /// Which records one coalesced write stands for, and its outcome.
@@ -195,12 +208,45 @@ impl Applier {
         table: &str,
         config: ApplyConfig,
     ) -> Applier {
+        let leases = crate::lifecycle::Leases::shared(
+            &client,
+            table,
+            &spec,
+            config.stream_consumer,
+            config.lease,
+        );
         Applier {
             client,
             spec,
             table: table.to_string(),
             config,
+            leases,
         }
+    }
+
+    /// This applier as the stream consumer of its table (see
+    /// [`ApplyConfig::stream_consumer`]).
+    pub fn as_stream_consumer(self) -> Applier {
+        let config = ApplyConfig {
+            stream_consumer: true,
+            ..self.config
+        };
+        Applier::new(self.client, self.spec, &self.table, config)
+    }
+
+    /// Takes (or renews) this applier's lifecycle leases now, for every
+    /// projection: what a stream consumer does when it starts.
+    pub async fn take_leases(&self) -> Result<(), String> {
+        if !self.config.stream_consumer {
+            return Ok(());
+        }
+        let needed = crate::lifecycle::now_ms() + self.leases_margin();
+        self.leases.ensure(None, needed).await
+    }
+
+    /// How long a batch without a deadline may take: half the lease.
+    fn leases_margin(&self) -> u64 {
+        self.config.lease.as_millis() as u64 / 2
     }
 
     /// The spec this applier runs.
@@ -256,6 +302,40 @@ impl Applier {
             .collect();
 
         let ctx = writes::Ctx::new(&self.client, &self.table, spec, &self.config);
+
+        // Nothing is written without a lease of the definitions written
+        // with, lasting past the batch ([`crate::lifecycle`]): a request
+        // only when the lease would run out first. A stream consumer takes
+        // it for any batch, so that `status` sees the deploy at once.
+        // A batch past its deadline writes nothing, so it needs none.
+        let past_deadline = options
+            .deadline
+            .is_some_and(|deadline| deadline <= tokio::time::Instant::now());
+        if (n_effects > 0 || (self.config.stream_consumer && n > 0)) && !past_deadline {
+            let now = crate::lifecycle::now_ms();
+            let needed = match options.deadline {
+                Some(deadline) => {
+                    now + deadline
+                        .saturating_duration_since(tokio::time::Instant::now())
+                        .as_millis() as u64
+                }
+                None => now + self.leases_margin(),
+            };
+            if let Err(message) = self.leases.ensure(selection, needed).await {
+                let statuses = vec![RecordStatus::Failed(message); n];
+                let stats = BatchStats {
+                    records: n,
+                    effects: n_effects,
+                    ..BatchStats::default()
+                };
+                record_metrics(&statuses, &stats);
+                return Ok(BatchOutcome {
+                    statuses,
+                    stats,
+                    ..BatchOutcome::default()
+                });
+            }
+        }
 
         // 2. Hold what sits behind a dead letter. A redrive holds nothing:
         // it replays an item's letters in order, and a later state

@@ -136,11 +136,16 @@ async fn run_stream(
         }
     }
     let (stream_arn, _) = crate::aws::require_stream(&c.dynamodb, &c.table).await?;
+    // `run` consumes the stream for the whole spec; `replay` does not.
+    let consumer = options.checkpoints && options.selection.is_none();
     let applier = Applier::new(
         c.dynamodb.clone(),
         c.spec.clone(),
         &c.table,
-        ApplyConfig::default(),
+        ApplyConfig {
+            stream_consumer: consumer,
+            ..ApplyConfig::default()
+        },
     );
     let runner = StreamRunner::new(applier, crate::aws::streams(&c.config), &stream_arn);
     tracing::info!(table = %c.table, stream = %stream_arn, drain = options.drain, checkpoints = options.checkpoints, "starting");

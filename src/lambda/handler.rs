@@ -70,6 +70,16 @@ pub enum InvocationError {
         /// The number of segments.
         total: u32,
     },
+    /// A backfill claim while a writer of another definition may write.
+    #[error("backfill: a writer of another definition ({other}) of `{projection}` holds a lease until {until}: a backfill started now could be undone by it; try again after then (the state machine does), or deploy the spec first if the old definition is still running")]
+    OtherDefinitionRunning {
+        /// The projection.
+        projection: String,
+        /// The other definition's fingerprint.
+        other: String,
+        /// Its lease.
+        until: String,
+    },
 }
 
 impl From<InvocationError> for Diagnostic {
@@ -82,6 +92,7 @@ impl From<InvocationError> for Diagnostic {
             InvocationError::BackfillNoTime { .. } | InvocationError::BackfillAbandoned { .. } => {
                 "Projector.BackfillTimeout"
             }
+            InvocationError::OtherDefinitionRunning { .. } => "Projector.OtherDefinitionRunning",
         };
         Diagnostic {
             error_type: error_type.to_string(),
@@ -308,6 +319,10 @@ impl Handler {
                 "the invocation has less time left than the margin: nothing will be written (a function timeout shorter than PROJECTOR_DEADLINE_MARGIN_MS fails every batch)"
             );
         }
+        let config = ApplyConfig {
+            stream_consumer: true,
+            ..config
+        };
         let applier = Applier::new(self.client.clone(), self.spec.clone(), &table, config);
         let options = BatchOptions {
             deadline: Some(deadlines.stop_writes),

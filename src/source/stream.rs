@@ -305,6 +305,11 @@ impl StreamRunner {
             options,
             summary: Mutex::new(Summary::default()),
         });
+        // A consumer of the stream says so at once, not at its first batch,
+        // so that `status` sees the deploy of a table without traffic.
+        if let Err(message) = self.applier.take_leases().await {
+            tracing::warn!(%message, "could not take the lifecycle leases; trying again at the first batch");
+        }
         let result = Coordinator::new(shared.clone()).run(stop).await;
         let mut summary = shared.summary.lock().expect("summary lock").clone();
         summary.elapsed = started.elapsed();

@@ -1,0 +1,1258 @@
+//! The projection lifecycle: which definitions of each projection wrote the
+//! derived data in the table, whether a backfill brought all of it to the
+//! spec's definition, and what a deploy needs next.
+//!
+//! Everything is kept in the table, under the reserved partition
+//! `_ddbp#lifecycle` (tables without a sort key: `_ddbp#lifecycle#<sk>`):
+//!
+//! - **Leases** (sort key `leases`, one item). Every process that writes
+//!   derived data (the Lambda, the runner, `backfill`, `replay`, `dlq
+//!   redrive`, `recover`) first takes a lease for each projection it writes
+//!   and the fingerprint of the definition it writes it with:
+//!   `w#<fingerprint>#<projection>` holds the time (ms) until which it may
+//!   write. A stream consumer (the Lambda, the runner) also writes
+//!   `c#…` (the same time), `s#…` (when one first ran it) and `w#-#<name>`
+//!   for each projection the registry knows that its spec lacks: a
+//!   consumer without a projection leaves that projection's changes
+//!   unprojected. A writer renews its lease before a batch that could
+//!   outlast it, so a batch needs no request of its own
+//!   ([`Leases::ensure`]); it never writes past its lease.
+//! - **Projection records** (sort key `p#<projection>`): the backfill under
+//!   way (`claimRun`, `claimFp`, `claimFromMs`) and the last complete one
+//!   (`doneRun`, `doneFp`, `doneFromMs`, `doneAtMs`).
+//! - **Spec texts** (sort key `spec#<fingerprint of the spec>`): the spec a
+//!   lease's definition came from (`d#…` names it), so that `prune` can
+//!   remove what a projection that no spec file has any more derived.
+//!
+//! **Architecture Invariant:** a projection is *live* only when a backfill
+//! of its definition `f` completed, a stream consumer runs `f`, and no
+//! lease of any other definition (nor of a consumer without it) lasted
+//! past the instant the backfill started. Every item's derived data was
+//! then written by `f`: the backfill brought each item to `f` after every
+//! other writer had stopped, and only writers of `f` wrote since. `status`
+//! computes this from the leases at every call ([`states`]), so a writer of
+//! another definition that runs later (a rollback, a stale environment, a
+//! redrive with an old spec file) turns the projection back from live at
+//! once; nothing has to remember to clear a flag.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::sync::{Arc, Mutex as StdMutex, OnceLock};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use aws_sdk_dynamodb::types::{AttributeValue as Av, KeysAndAttributes, ReturnValue};
+use serde::Serialize;
+
+use crate::apply::{retry_describe, ApplyError};
+use crate::spec::{ProjectionId, Spec, TableSpec};
+
+/// The partition key of the registry items.
+pub const LIFECYCLE_PK: &str = "_ddbp#lifecycle";
+
+/// The sort key of the leases item.
+const LEASES: &str = "leases";
+
+/// The fingerprint a stream consumer leases for a projection its spec
+/// lacks.
+pub const WITHOUT: &str = "-";
+
+/// How long a lease lasts past what a writer needs (and, for writers
+/// without a deadline, how long it lasts).
+pub const DEFAULT_LEASE: Duration = Duration::from_secs(120);
+
+/// The lease length: `PROJECTOR_LEASE_SECONDS` or [`DEFAULT_LEASE`].
+pub fn lease_length() -> Duration {
+    std::env::var("PROJECTOR_LEASE_SECONDS")
+        .ok()
+        .and_then(|s| s.parse::<f64>().ok())
+        .filter(|s| *s > 0.0 && s.is_finite())
+        .map_or(DEFAULT_LEASE, Duration::from_secs_f64)
+}
+
+/// Milliseconds since the Unix epoch.
+pub fn now_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
+}
+
+/// A time in ms as RFC 3339.
+pub fn iso(ms: u64) -> String {
+    aws_smithy_types::DateTime::from_millis(ms as i64)
+        .fmt(aws_smithy_types::date_time::Format::DateTime)
+        .unwrap_or_default()
+}
+
+/// The hex form of a fingerprint, as stored.
+pub fn hex(fingerprint: u64) -> String {
+    format!("{fingerprint:016x}")
+}
+
+/// One definition of a projection, as the leases record it.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Definition {
+    /// Its fingerprint ([`WITHOUT`]: a stream consumer without the
+    /// projection).
+    pub fingerprint: String,
+    /// Writers of it may write until then (ms).
+    pub writes_until: u64,
+    /// A stream consumer ran it until then (ms).
+    pub consumed_until: Option<u64>,
+    /// When a stream consumer first ran it (ms).
+    pub consumed_since: Option<u64>,
+    /// The stored spec text it comes from.
+    pub spec_key: Option<String>,
+}
+
+/// A backfill under way or done.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct BackfillRun {
+    /// Its name (a Step Functions execution, or one the CLI made up).
+    pub run: String,
+    /// The definition it brings the items to.
+    pub fingerprint: String,
+    /// When it claimed the projection: it scanned every item after this.
+    pub from_ms: u64,
+    /// When it completed (done runs).
+    pub done_ms: Option<u64>,
+}
+
+/// What the registry says of one projection name.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Record {
+    /// The projection.
+    pub name: String,
+    /// Its kind, as the last writer's spec said.
+    pub kind: Option<String>,
+    /// Every definition that wrote it, oldest lease first.
+    pub definitions: Vec<Definition>,
+    /// The backfill under way.
+    pub claim: Option<BackfillRun>,
+    /// The last complete backfill.
+    pub backfilled: Option<BackfillRun>,
+}
+
+impl Record {
+    /// The definition with this fingerprint.
+    pub fn definition(&self, fingerprint: &str) -> Option<&Definition> {
+        self.definitions
+            .iter()
+            .find(|d| d.fingerprint == fingerprint)
+    }
+
+    /// The latest lease of a writer of another definition than
+    /// `fingerprint`: until when, and which.
+    pub fn other_writes_until(&self, fingerprint: &str) -> Option<(u64, &str)> {
+        self.definitions
+            .iter()
+            .filter(|d| d.fingerprint != fingerprint)
+            .map(|d| (d.writes_until, d.fingerprint.as_str()))
+            .max()
+    }
+
+    /// Whether a complete backfill of `fingerprint` holds: no writer of
+    /// another definition could write after it started.
+    pub fn backfill_holds(&self, fingerprint: &str) -> bool {
+        self.backfilled.as_ref().is_some_and(|done| {
+            done.fingerprint == fingerprint
+                && self
+                    .other_writes_until(fingerprint)
+                    .is_none_or(|(until, _)| until < done.from_ms)
+        })
+    }
+}
+
+/// The registry as read at one instant.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Snapshot {
+    /// Every projection name the registry knows, by name.
+    pub records: BTreeMap<String, Record>,
+}
+
+impl Snapshot {
+    /// The record of `name` (an empty one when the registry has none).
+    pub fn record(&self, name: &str) -> Record {
+        self.records.get(name).cloned().unwrap_or_else(|| Record {
+            name: name.to_string(),
+            ..Record::default()
+        })
+    }
+}
+
+/// Where a projection is in its life.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum State {
+    /// Live changes projected (or about to be, once deployed); the history
+    /// is not backfilled.
+    New,
+    /// A backfill of its definition is under way.
+    Backfilling,
+    /// Every item's derived data comes from its definition.
+    Live,
+    /// Derived data of another definition may be in the table.
+    Changed,
+    /// In the table, not in the spec.
+    Retired,
+}
+
+impl State {
+    /// The state as `status` prints it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            State::New => "new",
+            State::Backfilling => "backfilling",
+            State::Live => "live",
+            State::Changed => "changed",
+            State::Retired => "retired",
+        }
+    }
+}
+
+/// One row of `status`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ProjectionStatus {
+    /// The projection.
+    pub name: String,
+    /// Its kind.
+    pub kind: String,
+    /// Its state.
+    pub state: State,
+    /// Since when (RFC 3339), when known.
+    pub since: Option<String>,
+    /// The spec's definition (hex fingerprint; the last one for retired).
+    pub fingerprint: String,
+    /// Whether a stream consumer (the Lambda, the runner) runs this
+    /// definition.
+    pub deployed: bool,
+    /// What to run next, if anything.
+    pub next: Option<String>,
+    /// Why the state is what it is, when that is not obvious.
+    pub note: Option<String>,
+    /// Open dead letters of the projection.
+    pub dead_letters: usize,
+}
+
+/// How `status` spells the commands it suggests.
+#[derive(Debug, Clone, Default)]
+pub struct Commands {
+    /// `--spec FILE` and, when given, `--table NAME`.
+    pub target: String,
+}
+
+impl Commands {
+    fn backfill(&self, name: &str) -> String {
+        format!("ddb-projector backfill {} --projection {name}", self.target)
+    }
+
+    fn prune(&self, name: &str) -> String {
+        format!("ddb-projector prune {} --projection {name}", self.target)
+    }
+}
+
+/// Each projection's state from a snapshot of the registry at `now` (ms).
+/// Pure: `status` adds the dead letters.
+pub fn states(
+    spec: &Spec,
+    snapshot: &Snapshot,
+    now: u64,
+    commands: &Commands,
+) -> Vec<ProjectionStatus> {
+    let mut out = Vec::new();
+    for projection in &spec.projections {
+        let f = hex(projection.fingerprint);
+        let record = snapshot.record(&projection.name);
+        let mine = record.definition(&f);
+        let deployed = mine.is_some_and(|d| d.consumed_until.is_some());
+        let other = record.other_writes_until(&f);
+        let other_consumer_running = record
+            .definitions
+            .iter()
+            .filter(|d| d.fingerprint != f && d.fingerprint != WITHOUT)
+            .filter_map(|d| d.consumed_until.map(|until| (until, d.fingerprint.clone())))
+            .filter(|(until, _)| *until >= now)
+            .max();
+        let claim = record.claim.as_ref().filter(|c| c.fingerprint == f);
+        let mut note = None;
+        let (state, since) = if deployed && record.backfill_holds(&f) {
+            let done = record.backfilled.as_ref().expect("holds");
+            (State::Live, done.done_ms)
+        } else if let Some(claim) = claim {
+            if let Some((until, g)) = other.filter(|(until, _)| *until >= claim.from_ms) {
+                note = Some(format!(
+                    "a writer of another definition ({g}) could write until {}, after backfill `{}` started: that backfill cannot make it live",
+                    iso(until),
+                    claim.run
+                ));
+            }
+            (State::Backfilling, Some(claim.from_ms))
+        } else {
+            let other_wrote = record
+                .definitions
+                .iter()
+                .any(|d| d.fingerprint != f && d.fingerprint != WITHOUT);
+            let since = mine.and_then(|d| d.consumed_since);
+            let other_backfilled = record
+                .backfilled
+                .as_ref()
+                .is_some_and(|done| done.fingerprint != f);
+            if other_wrote || other_backfilled {
+                (State::Changed, since)
+            } else {
+                (State::New, since)
+            }
+        };
+        if state == State::Live && !deployed {
+            unreachable!("live needs a consumer");
+        }
+        let next = if state == State::Live {
+            None
+        } else if !deployed {
+            Some(format!(
+                "deploy this spec (no Lambda or runner runs this definition yet), then {}",
+                commands.backfill(&projection.name)
+            ))
+        } else if let Some((until, g)) = other_consumer_running {
+            Some(format!(
+                "wait until {}: a worker still runs another definition ({g}); then {}",
+                iso(until),
+                commands.backfill(&projection.name)
+            ))
+        } else if state == State::Backfilling && note.is_none() {
+            Some(format!(
+                "let backfill `{}` finish (or start over: {})",
+                claim.map(|c| c.run.as_str()).unwrap_or_default(),
+                commands.backfill(&projection.name)
+            ))
+        } else {
+            Some(commands.backfill(&projection.name))
+        };
+        out.push(ProjectionStatus {
+            name: projection.name.clone(),
+            kind: projection.kind_name().to_string(),
+            state,
+            since: since.map(iso),
+            fingerprint: f,
+            deployed,
+            next,
+            note,
+            dead_letters: 0,
+        });
+    }
+    for (name, record) in &snapshot.records {
+        if spec.projection_id(name).is_some() || record.definitions.is_empty() {
+            continue;
+        }
+        let last = record
+            .definitions
+            .iter()
+            .filter(|d| d.fingerprint != WITHOUT)
+            .max_by_key(|d| d.writes_until);
+        let running = last
+            .and_then(|d| d.consumed_until)
+            .filter(|until| *until >= now);
+        out.push(ProjectionStatus {
+            name: name.clone(),
+            kind: record.kind.clone().unwrap_or_else(|| "?".to_string()),
+            state: State::Retired,
+            since: record
+                .definition(WITHOUT)
+                .and_then(|d| d.consumed_since)
+                .map(iso),
+            fingerprint: last.map(|d| d.fingerprint.clone()).unwrap_or_default(),
+            deployed: running.is_some(),
+            next: Some(match running {
+                Some(until) => format!(
+                    "deploy this spec: a worker still runs it (lease until {}); then {}",
+                    iso(until),
+                    commands.prune(name)
+                ),
+                None => commands.prune(name),
+            }),
+            note: None,
+            dead_letters: 0,
+        });
+    }
+    out
+}
+
+/// The answer to a claim.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ClaimOutcome {
+    /// The projections are the run's; it scans every item from now.
+    Claimed,
+    /// The run already completed for this projection: its progress says
+    /// every segment is done, so claiming with it again would record a
+    /// backfill that scanned nothing. Name a new run.
+    AlreadyDone {
+        /// The projection.
+        projection: String,
+    },
+    /// A writer of another definition may still write: a backfill started
+    /// now could be undone by it. Try again after `until` (ms).
+    Wait {
+        /// The projection.
+        projection: String,
+        /// The other definition.
+        other: String,
+        /// Its lease.
+        until: u64,
+    },
+}
+
+/// What completing a run found.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+pub struct Completion {
+    /// Projections now backfilled to the spec's definition.
+    pub backfilled: Vec<String>,
+    /// Projections the run could not vouch for, and why.
+    pub not: Vec<(String, String)>,
+}
+
+/// Reads and writes the registry of one table.
+#[derive(Debug, Clone)]
+pub struct Registry {
+    client: aws_sdk_dynamodb::Client,
+    table: String,
+    pk: String,
+    sk: Option<String>,
+}
+
+fn text(item: &HashMap<String, Av>, name: &str) -> Option<String> {
+    match item.get(name) {
+        Some(Av::S(text)) => Some(text.clone()),
+        _ => None,
+    }
+}
+
+fn number(item: &HashMap<String, Av>, name: &str) -> Option<u64> {
+    match item.get(name) {
+        Some(Av::N(n)) => n.parse().ok(),
+        _ => None,
+    }
+}
+
+fn is_condition_failure(error: &impl aws_sdk_dynamodb::error::ProvideErrorMetadata) -> bool {
+    error.code() == Some("ConditionalCheckFailedException")
+}
+
+/// The attributes of one projection's lease: writer, consumer, since,
+/// spec, kind.
+fn lease_names(fingerprint: &str, name: &str) -> [String; 4] {
+    [
+        format!("w#{fingerprint}#{name}"),
+        format!("c#{fingerprint}#{name}"),
+        format!("s#{fingerprint}#{name}"),
+        format!("d#{fingerprint}#{name}"),
+    ]
+}
+
+/// Parses the leases item into records (without claims).
+fn parse_leases(item: &HashMap<String, Av>) -> BTreeMap<String, Record> {
+    let mut records: BTreeMap<String, Record> = BTreeMap::new();
+    for (attribute, value) in item {
+        let Some((tag, rest)) = attribute.split_once('#') else {
+            continue;
+        };
+        if tag == "k" {
+            if let Av::S(kind) = value {
+                let record = records.entry(rest.to_string()).or_default();
+                record.name = rest.to_string();
+                record.kind = Some(kind.clone());
+            }
+            continue;
+        }
+        let Some((fingerprint, name)) = rest.split_once('#') else {
+            continue;
+        };
+        let record = records.entry(name.to_string()).or_default();
+        record.name = name.to_string();
+        let index = match record
+            .definitions
+            .iter()
+            .position(|d| d.fingerprint == fingerprint)
+        {
+            Some(i) => i,
+            None => {
+                record.definitions.push(Definition {
+                    fingerprint: fingerprint.to_string(),
+                    ..Definition::default()
+                });
+                record.definitions.len() - 1
+            }
+        };
+        let definition = &mut record.definitions[index];
+        let n = match value {
+            Av::N(n) => n.parse().ok(),
+            _ => None,
+        };
+        match tag {
+            "w" => definition.writes_until = n.unwrap_or(0),
+            "c" => definition.consumed_until = n,
+            "s" => definition.consumed_since = n,
+            "d" => {
+                if let Av::S(key) = value {
+                    definition.spec_key = Some(key.clone());
+                }
+            }
+            _ => {}
+        }
+    }
+    for record in records.values_mut() {
+        record
+            .definitions
+            .sort_by_key(|d| (d.writes_until, d.fingerprint.clone()));
+    }
+    records
+}
+
+impl Registry {
+    /// The registry of `table`, with `keys`' key attributes.
+    pub fn new(client: aws_sdk_dynamodb::Client, table: &str, keys: &TableSpec) -> Registry {
+        Registry {
+            client,
+            table: table.to_string(),
+            pk: keys.partition_key.clone(),
+            sk: keys.sort_key.clone(),
+        }
+    }
+
+    /// The table.
+    pub fn table(&self) -> &str {
+        &self.table
+    }
+
+    fn fatal(&self, what: &str, error: impl std::error::Error + 'static) -> ApplyError {
+        ApplyError::Fatal {
+            table: self.table.clone(),
+            message: format!("{what} the lifecycle registry: {}", retry_describe(&error)),
+        }
+    }
+
+    fn key(&self, sk: &str) -> HashMap<String, Av> {
+        let mut key = HashMap::new();
+        match &self.sk {
+            Some(name) => {
+                key.insert(self.pk.clone(), Av::S(LIFECYCLE_PK.to_string()));
+                key.insert(name.clone(), Av::S(sk.to_string()));
+            }
+            None => {
+                key.insert(self.pk.clone(), Av::S(format!("{LIFECYCLE_PK}#{sk}")));
+            }
+        }
+        key
+    }
+
+    fn projection_key(&self, name: &str) -> HashMap<String, Av> {
+        self.key(&format!("p#{name}"))
+    }
+
+    /// Whether an item's key is a registry item's.
+    pub fn is_registry_key(pk: &str) -> bool {
+        pk == LIFECYCLE_PK || pk.starts_with(&format!("{LIFECYCLE_PK}#"))
+    }
+
+    /// The registry, read consistently: the leases item, then the record
+    /// of every projection it or `spec` names.
+    pub async fn snapshot(&self, spec: &Spec) -> Result<Snapshot, ApplyError> {
+        let leases = self
+            .client
+            .get_item()
+            .table_name(&self.table)
+            .set_key(Some(self.key(LEASES)))
+            .consistent_read(true)
+            .send()
+            .await
+            .map_err(|e| self.fatal("reading", e))?;
+        let mut records = leases.item().map(parse_leases).unwrap_or_default();
+        for projection in &spec.projections {
+            records
+                .entry(projection.name.clone())
+                .or_insert_with(|| Record {
+                    name: projection.name.clone(),
+                    ..Record::default()
+                });
+        }
+        let names: Vec<String> = records.keys().cloned().collect();
+        for chunk in names.chunks(100) {
+            let mut keys: Vec<HashMap<String, Av>> =
+                chunk.iter().map(|n| self.projection_key(n)).collect();
+            while !keys.is_empty() {
+                let request = KeysAndAttributes::builder()
+                    .set_keys(Some(std::mem::take(&mut keys)))
+                    .consistent_read(true)
+                    .build()
+                    .expect("keys are set");
+                let output = self
+                    .client
+                    .batch_get_item()
+                    .request_items(&self.table, request)
+                    .send()
+                    .await
+                    .map_err(|e| self.fatal("reading", e))?;
+                for item in output
+                    .responses()
+                    .and_then(|r| r.get(&self.table))
+                    .into_iter()
+                    .flatten()
+                {
+                    let sk = match &self.sk {
+                        Some(name) => text(item, name),
+                        None => text(item, &self.pk)
+                            .and_then(|pk| pk.strip_prefix(LIFECYCLE_PK).map(str::to_string))
+                            .and_then(|rest| rest.strip_prefix('#').map(str::to_string)),
+                    };
+                    let Some(name) = sk.as_deref().and_then(|sk| sk.strip_prefix("p#")) else {
+                        continue;
+                    };
+                    let Some(record) = records.get_mut(name) else {
+                        continue;
+                    };
+                    if let (Some(run), Some(fingerprint), Some(from_ms)) = (
+                        text(item, "claimRun"),
+                        text(item, "claimFp"),
+                        number(item, "claimFromMs"),
+                    ) {
+                        record.claim = Some(BackfillRun {
+                            run,
+                            fingerprint,
+                            from_ms,
+                            done_ms: None,
+                        });
+                    }
+                    if let (Some(run), Some(fingerprint), Some(from_ms)) = (
+                        text(item, "doneRun"),
+                        text(item, "doneFp"),
+                        number(item, "doneFromMs"),
+                    ) {
+                        record.backfilled = Some(BackfillRun {
+                            run,
+                            fingerprint,
+                            from_ms,
+                            done_ms: number(item, "doneAtMs"),
+                        });
+                    }
+                    if record.kind.is_none() {
+                        record.kind = text(item, "kind");
+                    }
+                }
+                if let Some(unprocessed) = output
+                    .unprocessed_keys()
+                    .and_then(|u| u.get(&self.table))
+                    .map(|k| k.keys().to_vec())
+                {
+                    if !unprocessed.is_empty() {
+                        tokio::time::sleep(Duration::from_millis(50)).await;
+                        keys = unprocessed;
+                    }
+                }
+            }
+        }
+        Ok(Snapshot { records })
+    }
+
+    /// Claims `ids` for the backfill `run`: from now, its scan brings every
+    /// item to the spec's definitions. Claiming again with the same run
+    /// keeps the first claim (segments on several machines, a retried
+    /// claim); another run replaces it, and the replaced one can then no
+    /// longer complete. Refused with [`ClaimOutcome::Wait`] while a writer of
+    /// another definition holds a lease.
+    pub async fn claim(
+        &self,
+        spec: &Spec,
+        ids: &[ProjectionId],
+        run: &str,
+    ) -> Result<ClaimOutcome, ApplyError> {
+        let snapshot = self.snapshot(spec).await?;
+        let now = now_ms();
+        for &id in ids {
+            let projection = &spec.projections[id];
+            let f = hex(projection.fingerprint);
+            let record = snapshot.record(&projection.name);
+            if record
+                .backfilled
+                .as_ref()
+                .is_some_and(|done| done.run == run)
+            {
+                return Ok(ClaimOutcome::AlreadyDone {
+                    projection: projection.name.clone(),
+                });
+            }
+            if let Some((until, other)) = record.other_writes_until(&f) {
+                if until >= now {
+                    return Ok(ClaimOutcome::Wait {
+                        projection: projection.name.clone(),
+                        other: other.to_string(),
+                        until,
+                    });
+                }
+            }
+        }
+        for &id in ids {
+            let projection = &spec.projections[id];
+            let sent = self
+                .client
+                .update_item()
+                .table_name(&self.table)
+                .set_key(Some(self.projection_key(&projection.name)))
+                .update_expression(
+                    "SET claimRun = :r, claimFp = :f, claimFromMs = :now, kind = :kind",
+                )
+                .condition_expression("attribute_not_exists(claimRun) OR claimRun <> :r")
+                .expression_attribute_values(":r", Av::S(run.to_string()))
+                .expression_attribute_values(":f", Av::S(hex(projection.fingerprint)))
+                .expression_attribute_values(":now", Av::N(now.to_string()))
+                .expression_attribute_values(":kind", Av::S(projection.kind_name().to_string()))
+                .send()
+                .await;
+            match sent {
+                Ok(_) => {}
+                // Already this run's.
+                Err(error) if is_condition_failure(&error) => {}
+                Err(error) => return Err(self.fatal("writing", error)),
+            }
+        }
+        tracing::info!(run, projections = ?ids.iter().map(|&id| &spec.projections[id].name).collect::<Vec<_>>(), "lifecycle: backfill claimed");
+        Ok(ClaimOutcome::Claimed)
+    }
+
+    /// The run that claimed every one of `ids` for the spec's definitions,
+    /// if one did (what `backfill --resume` continues).
+    pub async fn claimed_run(
+        &self,
+        spec: &Spec,
+        ids: &[ProjectionId],
+    ) -> Result<Option<String>, ApplyError> {
+        let snapshot = self.snapshot(spec).await?;
+        let runs: BTreeSet<Option<String>> = ids
+            .iter()
+            .map(|&id| {
+                let projection = &spec.projections[id];
+                snapshot
+                    .record(&projection.name)
+                    .claim
+                    .filter(|c| c.fingerprint == hex(projection.fingerprint))
+                    .map(|c| c.run)
+            })
+            .collect();
+        Ok(match runs.into_iter().collect::<Vec<_>>().as_slice() {
+            [Some(run)] => Some(run.clone()),
+            _ => None,
+        })
+    }
+
+    /// Records that every segment of `run` is done: each of `ids` the run
+    /// still holds the claim of is backfilled, unless a writer of another
+    /// definition could write after the run started.
+    pub async fn complete(
+        &self,
+        spec: &Spec,
+        ids: &[ProjectionId],
+        run: &str,
+    ) -> Result<Completion, ApplyError> {
+        let snapshot = self.snapshot(spec).await?;
+        let now = now_ms();
+        let mut completion = Completion::default();
+        for &id in ids {
+            let projection = &spec.projections[id];
+            let f = hex(projection.fingerprint);
+            let record = snapshot.record(&projection.name);
+            let Some(claim) = record
+                .claim
+                .clone()
+                .filter(|c| c.run == run && c.fingerprint == f)
+            else {
+                let why = match &record.claim {
+                    Some(other) => format!("backfill `{}` claimed it after this one", other.run),
+                    None => "this backfill's claim is gone (another backfill completed it, or it never claimed)".to_string(),
+                };
+                completion.not.push((projection.name.clone(), why));
+                continue;
+            };
+            if let Some((until, other)) = record
+                .other_writes_until(&f)
+                .filter(|(until, _)| *until >= claim.from_ms)
+            {
+                completion.not.push((
+                    projection.name.clone(),
+                    format!(
+                        "a writer of another definition ({other}) could write until {}, after this backfill started at {}: backfill it again once only this definition runs",
+                        iso(until),
+                        iso(claim.from_ms)
+                    ),
+                ));
+                continue;
+            }
+            let sent = self
+                .client
+                .update_item()
+                .table_name(&self.table)
+                .set_key(Some(self.projection_key(&projection.name)))
+                .update_expression(
+                    "SET doneRun = :r, doneFp = :f, doneFromMs = :from, doneAtMs = :now REMOVE claimRun, claimFp, claimFromMs",
+                )
+                .condition_expression("claimRun = :r AND claimFp = :f")
+                .expression_attribute_values(":r", Av::S(run.to_string()))
+                .expression_attribute_values(":f", Av::S(f))
+                .expression_attribute_values(":from", Av::N(claim.from_ms.to_string()))
+                .expression_attribute_values(":now", Av::N(now.to_string()))
+                .send()
+                .await;
+            match sent {
+                Ok(_) => completion.backfilled.push(projection.name.clone()),
+                Err(error) if is_condition_failure(&error) => completion.not.push((
+                    projection.name.clone(),
+                    "another backfill claimed it meanwhile".to_string(),
+                )),
+                Err(error) => return Err(self.fatal("writing", error)),
+            }
+        }
+        for (name, why) in &completion.not {
+            tracing::warn!(projection = %name, run, "backfill complete but not vouched for: {why}");
+        }
+        Ok(completion)
+    }
+
+    /// The spec text stored under `key`.
+    pub async fn spec_text(&self, key: &str) -> Result<Option<String>, ApplyError> {
+        let output = self
+            .client
+            .get_item()
+            .table_name(&self.table)
+            .set_key(Some(self.key(key)))
+            .consistent_read(true)
+            .send()
+            .await
+            .map_err(|e| self.fatal("reading", e))?;
+        Ok(output.item().and_then(|item| text(item, "text")))
+    }
+
+    /// Removes everything the registry holds of `name` (after a prune).
+    pub async fn forget(&self, name: &str, record: &Record) -> Result<(), ApplyError> {
+        let mut names = Vec::new();
+        for definition in &record.definitions {
+            names.extend(lease_names(&definition.fingerprint, name));
+        }
+        names.push(format!("k#{name}"));
+        for chunk in names.chunks(40) {
+            let mut update = self
+                .client
+                .update_item()
+                .table_name(&self.table)
+                .set_key(Some(self.key(LEASES)));
+            let mut parts = Vec::new();
+            for (i, attribute) in chunk.iter().enumerate() {
+                update = update.expression_attribute_names(format!("#a{i}"), attribute);
+                parts.push(format!("#a{i}"));
+            }
+            update
+                .update_expression(format!("REMOVE {}", parts.join(", ")))
+                .send()
+                .await
+                .map_err(|e| self.fatal("writing", e))?;
+        }
+        self.client
+            .delete_item()
+            .table_name(&self.table)
+            .set_key(Some(self.projection_key(name)))
+            .send()
+            .await
+            .map_err(|e| self.fatal("writing", e))?;
+        Ok(())
+    }
+}
+
+/// A process's leases on one table: taken before the first write of a
+/// definition, renewed before a batch that could outlast them.
+#[derive(Debug)]
+pub struct Leases {
+    registry: Registry,
+    spec: Arc<Spec>,
+    consumer: bool,
+    length: Duration,
+    state: tokio::sync::Mutex<LeaseState>,
+}
+
+#[derive(Debug, Default)]
+struct LeaseState {
+    /// Until when each projection's lease runs (ms), as this process wrote it.
+    until: HashMap<ProjectionId, u64>,
+    /// Every name the leases item had at the last renewal.
+    known: BTreeSet<String>,
+    /// The spec's text is stored.
+    spec_stored: bool,
+}
+
+type LeaseKey = (String, u64, bool);
+
+impl Leases {
+    /// The leases this process holds on `table` for `spec`'s definitions
+    /// (one set per table, definition and role, shared by every applier).
+    pub fn shared(
+        client: &aws_sdk_dynamodb::Client,
+        table: &str,
+        spec: &Arc<Spec>,
+        consumer: bool,
+        length: Duration,
+    ) -> Arc<Leases> {
+        static ALL: OnceLock<StdMutex<HashMap<LeaseKey, Arc<Leases>>>> = OnceLock::new();
+        let key = (table.to_string(), spec.projections_fingerprint(), consumer);
+        let mut all = ALL
+            .get_or_init(Default::default)
+            .lock()
+            .expect("leases lock");
+        all.entry(key)
+            .or_insert_with(|| {
+                Arc::new(Leases {
+                    registry: Registry::new(client.clone(), table, &spec.table),
+                    spec: spec.clone(),
+                    consumer,
+                    length,
+                    state: tokio::sync::Mutex::new(LeaseState::default()),
+                })
+            })
+            .clone()
+    }
+
+    fn spec_key(&self) -> String {
+        format!("spec#{}", hex(self.spec.projections_fingerprint()))
+    }
+
+    /// Makes sure this process may write `selection` (all: `None`) until
+    /// `needed` (ms): a request only when its leases run out before.
+    pub async fn ensure(
+        &self,
+        selection: Option<&[ProjectionId]>,
+        needed: u64,
+    ) -> Result<(), String> {
+        let ids: Vec<ProjectionId> = match selection {
+            Some(ids) if !self.consumer => ids.to_vec(),
+            _ => (0..self.spec.projections.len()).collect(),
+        };
+        let mut state = self.state.lock().await;
+        if ids
+            .iter()
+            .all(|id| state.until.get(id).is_some_and(|&until| until >= needed))
+        {
+            return Ok(());
+        }
+        if !state.spec_stored {
+            self.store_spec().await?;
+            state.spec_stored = true;
+        }
+        let now = now_ms();
+        let until = needed.max(now) + self.length.as_millis() as u64;
+        // A name learnt from the answer that this consumer's spec lacks is
+        // leased as "without" at once: at most a second request.
+        for _ in 0..2 {
+            let without: Vec<String> = if self.consumer {
+                state
+                    .known
+                    .iter()
+                    .filter(|name| self.spec.projection_id(name).is_none())
+                    .cloned()
+                    .collect()
+            } else {
+                Vec::new()
+            };
+            let known_before = state.known.clone();
+            let names = self.renew(&ids, &without, until, now).await?;
+            state.known = names;
+            let unknown = state
+                .known
+                .iter()
+                .any(|n| !known_before.contains(n) && self.spec.projection_id(n).is_none());
+            if !(self.consumer && unknown) {
+                break;
+            }
+        }
+        for id in ids {
+            state.until.insert(id, until);
+        }
+        Ok(())
+    }
+
+    async fn store_spec(&self) -> Result<(), String> {
+        let text = toml::to_string(&self.spec.raw)
+            .map_err(|e| format!("cannot serialize the spec for the lifecycle registry: {e}"))?;
+        let mut item = self.registry.key(&self.spec_key());
+        item.insert("text".to_string(), Av::S(text));
+        item.insert("file".to_string(), Av::S(self.spec.file.clone()));
+        let sent = self
+            .registry
+            .client
+            .put_item()
+            .table_name(&self.registry.table)
+            .set_item(Some(item))
+            .condition_expression("attribute_not_exists(#t)")
+            .expression_attribute_names("#t", "text")
+            .send()
+            .await;
+        match sent {
+            Ok(_) => Ok(()),
+            Err(error) if is_condition_failure(&error) => Ok(()),
+            Err(error) => Err(format!(
+                "storing the spec in the lifecycle registry: {}",
+                retry_describe(&error)
+            )),
+        }
+    }
+
+    /// One or more updates of the leases item; the names it then holds.
+    async fn renew(
+        &self,
+        ids: &[ProjectionId],
+        without: &[String],
+        until: u64,
+        now: u64,
+    ) -> Result<BTreeSet<String>, String> {
+        // (attribute, value expression) pairs.
+        let mut sets: Vec<(String, &'static str)> = Vec::new();
+        let spec_key = self.spec_key();
+        for &id in ids {
+            let projection = &self.spec.projections[id];
+            let [w, c, s, d] = lease_names(&hex(projection.fingerprint), &projection.name);
+            sets.push((w, ":until"));
+            sets.push((d, ":spec"));
+            sets.push((format!("k#{}", projection.name), "KIND"));
+            if self.consumer {
+                sets.push((c, ":until"));
+                sets.push((s, "SINCE"));
+            }
+        }
+        for name in without {
+            let [w, c, s, _] = lease_names(WITHOUT, name);
+            sets.push((w, ":until"));
+            sets.push((c, ":until"));
+            sets.push((s, "SINCE"));
+        }
+        let mut names = BTreeSet::new();
+        // Expressions are limited to 4 KB: 30 attributes per request.
+        for chunk in sets.chunks(30) {
+            let mut update = self
+                .registry
+                .client
+                .update_item()
+                .table_name(&self.registry.table)
+                .set_key(Some(self.registry.key(LEASES)))
+                .expression_attribute_values(":until", Av::N(until.to_string()))
+                .return_values(ReturnValue::AllNew);
+            let mut parts = Vec::new();
+            let mut uses_spec = false;
+            let mut uses_now = false;
+            for (i, (attribute, value)) in chunk.iter().enumerate() {
+                update = update.expression_attribute_names(format!("#a{i}"), attribute);
+                match *value {
+                    "KIND" => {
+                        let name = attribute.strip_prefix("k#").unwrap_or_default();
+                        let kind = self
+                            .spec
+                            .projection_id(name)
+                            .map_or("?", |id| self.spec.projections[id].kind_name());
+                        update = update
+                            .expression_attribute_values(format!(":k{i}"), Av::S(kind.to_string()));
+                        parts.push(format!("#a{i} = :k{i}"));
+                    }
+                    "SINCE" => {
+                        uses_now = true;
+                        parts.push(format!("#a{i} = if_not_exists(#a{i}, :now)"));
+                    }
+                    ":spec" => {
+                        uses_spec = true;
+                        parts.push(format!("#a{i} = :spec"));
+                    }
+                    other => parts.push(format!("#a{i} = {other}")),
+                }
+            }
+            if uses_spec {
+                update = update.expression_attribute_values(":spec", Av::S(spec_key.clone()));
+            }
+            if uses_now {
+                update = update.expression_attribute_values(":now", Av::N(now.to_string()));
+            }
+            let output = update
+                .update_expression(format!("SET {}", parts.join(", ")))
+                .send()
+                .await
+                .map_err(|e| {
+                    format!(
+                        "renewing the lifecycle lease on {}: {}",
+                        self.registry.table,
+                        retry_describe(&e)
+                    )
+                })?;
+            if let Some(item) = output.attributes() {
+                names.extend(parse_leases(item).into_keys());
+            }
+        }
+        metrics::counter!("projector_lease_renewals_total").increment(1);
+        Ok(names)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn spec() -> Spec {
+        Spec::from_file(std::path::Path::new(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/projections/social-service.toml"
+        )))
+        .expect("the shipped spec compiles")
+    }
+
+    fn definition(fingerprint: &str, until: u64, consumer: bool) -> Definition {
+        Definition {
+            fingerprint: fingerprint.to_string(),
+            writes_until: until,
+            consumed_until: consumer.then_some(until),
+            consumed_since: consumer.then_some(1),
+            spec_key: None,
+        }
+    }
+
+    fn done(fingerprint: &str, from_ms: u64) -> Option<BackfillRun> {
+        Some(BackfillRun {
+            run: "r".to_string(),
+            fingerprint: fingerprint.to_string(),
+            from_ms,
+            done_ms: Some(from_ms + 10),
+        })
+    }
+
+    fn row<'a>(rows: &'a [ProjectionStatus], name: &str) -> &'a ProjectionStatus {
+        rows.iter().find(|r| r.name == name).expect("a row")
+    }
+
+    #[test]
+    fn live_needs_a_backfill_after_every_other_writer_stopped() {
+        let spec = spec();
+        let name = spec.projections[0].name.clone();
+        let f = hex(spec.projections[0].fingerprint);
+        let commands = Commands {
+            target: "--spec s.toml".to_string(),
+        };
+        let with = |record: Record| Snapshot {
+            records: [(name.clone(), record)].into_iter().collect(),
+        };
+        // Never seen: new, and the spec must be deployed first.
+        let rows = states(&spec, &Snapshot::default(), 1_000, &commands);
+        assert_eq!(row(&rows, &name).state, State::New);
+        assert!(row(&rows, &name)
+            .next
+            .as_deref()
+            .unwrap()
+            .starts_with("deploy"));
+        // Deployed and backfilled after the old definition's last lease.
+        let mut record = Record {
+            name: name.clone(),
+            definitions: vec![definition("old", 500, true), definition(&f, 2_000, true)],
+            backfilled: done(&f, 600),
+            ..Record::default()
+        };
+        let rows = states(&spec, &with(record.clone()), 1_000, &commands);
+        assert_eq!(row(&rows, &name).state, State::Live);
+        assert_eq!(row(&rows, &name).next, None);
+        // The old definition's lease reached past the backfill's start: a
+        // stale worker could have undone it.
+        record.definitions[0].writes_until = 600;
+        let rows = states(&spec, &with(record.clone()), 1_000, &commands);
+        assert_eq!(row(&rows, &name).state, State::Changed);
+        // A consumer without the projection ran after the backfill (it was
+        // retired and added back): not live either, but nothing of another
+        // definition was written, so it is new.
+        record.definitions[0] = definition(WITHOUT, 700, true);
+        record.backfilled = None;
+        let rows = states(&spec, &with(record.clone()), 1_000, &commands);
+        assert_eq!(row(&rows, &name).state, State::New);
+        // Backfilled but no consumer runs the definition: not live.
+        let record = Record {
+            name: name.clone(),
+            definitions: vec![definition(&f, 2_000, false)],
+            backfilled: done(&f, 600),
+            ..Record::default()
+        };
+        let rows = states(&spec, &with(record), 1_000, &commands);
+        assert_ne!(row(&rows, &name).state, State::Live);
+    }
+
+    #[test]
+    fn a_backfill_under_way_says_when_it_cannot_make_it_live() {
+        let spec = spec();
+        let name = spec.projections[0].name.clone();
+        let f = hex(spec.projections[0].fingerprint);
+        let record = Record {
+            name: name.clone(),
+            definitions: vec![definition("old", 900, true), definition(&f, 2_000, true)],
+            claim: Some(BackfillRun {
+                run: "r1".to_string(),
+                fingerprint: f.clone(),
+                from_ms: 800,
+                done_ms: None,
+            }),
+            ..Record::default()
+        };
+        let snapshot = Snapshot {
+            records: [(name.clone(), record)].into_iter().collect(),
+        };
+        let rows = states(&spec, &snapshot, 1_000, &Commands::default());
+        let r = row(&rows, &name);
+        assert_eq!(r.state, State::Backfilling);
+        assert!(r.note.as_deref().unwrap().contains("cannot make it live"));
+    }
+
+    #[test]
+    fn a_name_not_in_the_spec_is_retired_until_pruned() {
+        let spec = spec();
+        let record = Record {
+            name: "gone".to_string(),
+            kind: Some("counter".to_string()),
+            definitions: vec![definition("aa", 5_000, true)],
+            ..Record::default()
+        };
+        let snapshot = Snapshot {
+            records: [("gone".to_string(), record)].into_iter().collect(),
+        };
+        let commands = Commands {
+            target: "--spec s.toml".to_string(),
+        };
+        let rows = states(&spec, &snapshot, 1_000, &commands);
+        let r = row(&rows, "gone");
+        assert_eq!(r.state, State::Retired);
+        assert!(r.next.as_deref().unwrap().starts_with("deploy this spec"));
+        let rows = states(&spec, &snapshot, 9_000, &commands);
+        assert_eq!(
+            row(&rows, "gone").next.as_deref(),
+            Some("ddb-projector prune --spec s.toml --projection gone")
+        );
+    }
+
+    #[test]
+    fn the_leases_item_parses_back_into_definitions() {
+        let mut item = HashMap::new();
+        item.insert("w#aa#x#y".to_string(), Av::N("10".to_string()));
+        item.insert("c#aa#x#y".to_string(), Av::N("10".to_string()));
+        item.insert("s#aa#x#y".to_string(), Av::N("3".to_string()));
+        item.insert("d#aa#x#y".to_string(), Av::S("spec#1".to_string()));
+        item.insert("k#x#y".to_string(), Av::S("counter".to_string()));
+        item.insert("w#-#z".to_string(), Av::N("4".to_string()));
+        let records = parse_leases(&item);
+        let x = &records["x#y"];
+        assert_eq!(x.kind.as_deref(), Some("counter"));
+        assert_eq!(
+            x.definitions,
+            vec![Definition {
+                fingerprint: "aa".to_string(),
+                writes_until: 10,
+                consumed_until: Some(10),
+                consumed_since: Some(3),
+                spec_key: Some("spec#1".to_string()),
+            }]
+        );
+        assert_eq!(records["z"].definitions[0].fingerprint, WITHOUT);
+    }
+}
