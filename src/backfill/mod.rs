@@ -69,6 +69,11 @@ pub struct BackfillOptions {
     /// Stop starting new pages after this instant (a Lambda invocation's
     /// budget); progress is checkpointed, so the next call continues.
     pub deadline: Option<tokio::time::Instant>,
+    /// The lifecycle run this backfill belongs to, claimed beforehand with
+    /// [`crate::lifecycle::Registry::claim`]: its progress is its own, and
+    /// once every segment of it is done (here or elsewhere) its projections
+    /// are recorded as backfilled. `None`: not recorded in the lifecycle.
+    pub run: Option<String>,
 }
 
 impl Default for BackfillOptions {
@@ -85,6 +90,7 @@ impl Default for BackfillOptions {
             progress: true,
             max_pages: None,
             deadline: None,
+            run: None,
         }
     }
 }
@@ -112,6 +118,11 @@ pub struct BackfillSummary {
     pub segments: u32,
     /// Wall time.
     pub seconds: f64,
+    /// Projections this run found complete (every segment of its run done)
+    /// and recorded as backfilled in the lifecycle registry.
+    pub backfilled: Vec<String>,
+    /// Projections of a complete run it could not record, and why.
+    pub not_backfilled: Vec<(String, String)>,
 }
 
 impl BackfillSummary {
@@ -203,11 +214,18 @@ pub async fn backfill(
         options,
         // A backfill after the spec changed is another backfill: its
         // progress must not be taken for the last one's.
+        // A run's progress is its own: another run (even of the same
+        // scope) starts from the beginning.
         scope: format!(
-            "{}#{}#{:016x}",
+            "{}#{}#{:016x}{}",
             applier.table(),
             names.join(","),
-            spec.projections_fingerprint()
+            spec.projections_fingerprint(),
+            options
+                .run
+                .as_deref()
+                .map(|run| format!("#run={run}"))
+                .unwrap_or_default()
         ),
         write_pacer: Pacer::new(options.max_wcu),
         read_pacer: Pacer::new(options.max_rcu),
@@ -256,7 +274,28 @@ pub async fn backfill(
         segments_done: run.segments_done.load(Ordering::Relaxed) as u32,
         segments: options.segments.len() as u32,
         seconds: started.elapsed().as_secs_f64(),
+        backfilled: Vec::new(),
+        not_backfilled: Vec::new(),
     };
+    let mut summary = summary;
+    if let (Some(run), false) = (&options.run, options.dry_run) {
+        // Every segment of the run done, here or on other machines: its
+        // projections are backfilled to the spec's definitions.
+        if summary.is_done() && run_ref.all_segments_done().await? {
+            let ids: Vec<ProjectionId> = match &options.projections {
+                Some(ids) => ids.clone(),
+                None => (0..spec.projections.len()).collect(),
+            };
+            let registry = crate::lifecycle::Registry::new(
+                applier.client().clone(),
+                applier.table(),
+                &spec.table,
+            );
+            let completion = registry.complete(spec, &ids, run).await?;
+            summary.backfilled = completion.backfilled;
+            summary.not_backfilled = completion.not;
+        }
+    }
     tracing::info!(
         scanned = summary.scanned,
         planned = summary.planned,
@@ -314,6 +353,22 @@ impl Run<'_> {
         if !self.options.resume {
             return Ok(Progress::default());
         }
+        self.read_progress(segment).await
+    }
+
+    /// Whether every segment of this backfill's scope is done, whichever
+    /// process ran it.
+    async fn all_segments_done(&self) -> Result<bool, ApplyError> {
+        for segment in 0..self.options.total_segments {
+            if !self.options.segments.contains(&segment) && !self.read_progress(segment).await?.done
+            {
+                return Ok(false);
+            }
+        }
+        Ok(true)
+    }
+
+    async fn read_progress(&self, segment: u32) -> Result<Progress, ApplyError> {
         let output = self
             .applier
             .client()

@@ -1,6 +1,7 @@
 //! Command-line interface: argument parsing and one function per command.
 
 mod audit;
+mod lifecycle;
 mod offline;
 mod online;
 mod stream;
@@ -112,9 +113,22 @@ pub enum Command {
         /// Spec and table.
         #[command(flatten)]
         target: Target,
-        /// Only these projections (repeatable; default all).
+        /// Only these projections (repeatable; default: those `status` says
+        /// are not live).
         #[arg(long = "projection")]
         projections: Vec<String>,
+        /// Every projection of the spec, live ones too.
+        #[arg(long, conflicts_with = "projections")]
+        all: bool,
+        /// Name this backfill: every machine running a segment of it passes
+        /// the same name (default: a new name; with --resume, the backfill
+        /// under way).
+        #[arg(long)]
+        run: Option<String>,
+        /// How long to wait for writers of another definition to stop
+        /// before claiming the projections (e.g. `20m`, `90s`).
+        #[arg(long, default_value = "20m", value_parser = parse_duration)]
+        wait: std::time::Duration,
         /// Scan segments to run in parallel in this process.
         #[arg(long, default_value_t = 4)]
         segments: u32,
@@ -136,6 +150,18 @@ pub enum Command {
         /// Count what would change without writing.
         #[arg(long)]
         dry_run: bool,
+    },
+    /// Where each projection is in its life (new, backfilling, live,
+    /// changed, retired), since when, what it needs next, its open dead
+    /// letters and the recorded violations. Exit 0 when every projection is
+    /// live, 1 otherwise, 2 on errors.
+    Status {
+        /// Spec and table.
+        #[command(flatten)]
+        target: Target,
+        /// Output format.
+        #[arg(long, value_enum, default_value_t = OutputFormat::Text)]
+        format: OutputFormat,
     },
     /// Serve DynamoDB Streams events as an AWS Lambda function (the default
     /// when AWS_LAMBDA_RUNTIME_API is set and no command is given).
@@ -304,6 +330,9 @@ pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Backfill {
             target,
             projections,
+            all,
+            run,
+            wait,
             segments,
             segment,
             total_segments,
@@ -311,19 +340,26 @@ pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             max_rcu,
             resume,
             dry_run,
-        } => block_on(online::backfill(
+        } => block_on(lifecycle::backfill(
             target,
-            projections,
-            online::Segments {
-                segments,
-                segment,
-                total_segments,
+            lifecycle::BackfillArgs {
+                projections,
+                all,
+                run,
+                wait,
+                segments: online::Segments {
+                    segments,
+                    segment,
+                    total_segments,
+                },
+                max_wcu,
+                max_rcu,
+                resume,
+                dry_run,
             },
-            max_wcu,
-            max_rcu,
-            resume,
-            dry_run,
         )),
+        Command::Status { target, format } => block_on(lifecycle::status(target, format)),
+
         Command::Lambda => crate::lambda::run(),
         Command::Filters { spec } => Ok(crate::lambda::filters::command(&spec)),
         Command::Counter {
@@ -398,4 +434,28 @@ fn load_spec(path: &std::path::Path) -> Result<Spec, ExitCode> {
         eprintln!("{errors}");
         ExitCode::from(1)
     })
+}
+
+/// A duration as `90s`, `20m`, `1h`, `500ms` or plain seconds.
+fn parse_duration(text: &str) -> Result<std::time::Duration, String> {
+    let text = text.trim();
+    let split = text
+        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .unwrap_or(text.len());
+    let (number, unit) = text.split_at(split);
+    let value: f64 = number
+        .parse()
+        .map_err(|_| format!("`{text}` is not a duration (e.g. 90s, 20m, 1h)"))?;
+    let seconds = match unit {
+        "" | "s" => value,
+        "ms" => value / 1000.0,
+        "m" => value * 60.0,
+        "h" => value * 3600.0,
+        _ => {
+            return Err(format!(
+                "`{text}`: unknown unit `{unit}` (use ms, s, m or h)"
+            ))
+        }
+    };
+    Ok(std::time::Duration::from_secs_f64(seconds))
 }

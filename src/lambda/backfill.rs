@@ -18,6 +18,8 @@
 //! | `maxWcu`, `maxRcu` | consumed capacity per second this invocation stays under |
 //! | `pageSize` | items per scan page (default 200) |
 //! | `restart` | ignore the segment's checkpoint and scan it from the start |
+//! | `run` | the backfill's name, the same in every slice (the state machine sends its execution name): the lifecycle registry records the projections backfilled once every segment of the run is done; without it the slice is not recorded |
+//! | `claim` | with `run`: claim the projections for the run and scan nothing (the state machine's first step); fails with `Projector.OtherDefinitionRunning` while a writer of another definition holds a lease |
 //!
 //! A dry run is refused: it keeps no checkpoint, so it could not continue in
 //! the next invocation (`ddb-projector backfill --dry-run` does it).
@@ -63,6 +65,12 @@ pub struct BackfillRequest {
     /// error says why instead of "unknown field".
     #[serde(default)]
     pub dry_run: Option<bool>,
+    /// The backfill run, the same in every slice.
+    #[serde(default)]
+    pub run: Option<String>,
+    /// Claim the projections for `run` and scan nothing.
+    #[serde(default)]
+    pub claim: Option<bool>,
 }
 
 fn one() -> u32 {
@@ -80,6 +88,8 @@ impl Default for BackfillRequest {
             page_size: None,
             restart: None,
             dry_run: None,
+            run: None,
+            claim: None,
         }
     }
 }
@@ -122,6 +132,22 @@ pub enum BackfillRequestError {
     /// `pageSize` is 0.
     #[error("backfill: pageSize is 0: it must be at least 1")]
     NoPageSize,
+    /// `claim` without `run`.
+    #[error("backfill: claim needs run: the name of the backfill every slice will send")]
+    ClaimWithoutRun,
+    /// `run` is empty.
+    #[error(
+        "backfill: run is empty: name the backfill (the state machine sends its execution name)"
+    )]
+    EmptyRun,
+    /// A claim with the name of a run that already completed.
+    #[error("backfill: run `{run}` already completed `{projection}`: start a new execution (or send a new run) to backfill again")]
+    RunDone {
+        /// The run.
+        run: String,
+        /// The projection it completed.
+        projection: String,
+    },
     /// `dryRun` is true.
     #[error("backfill: dryRun is not supported in Lambda: a dry run keeps no checkpoint, so it cannot continue in the next invocation; run `ddb-projector backfill --dry-run` instead")]
     DryRun,
@@ -162,6 +188,12 @@ impl BackfillRequest {
         }
         if self.page_size == Some(0) {
             return Err(BackfillRequestError::NoPageSize);
+        }
+        if self.run.as_deref() == Some("") {
+            return Err(BackfillRequestError::EmptyRun);
+        }
+        if self.claim == Some(true) && self.run.is_none() {
+            return Err(BackfillRequestError::ClaimWithoutRun);
         }
         let names = self.projections.as_deref().unwrap_or_default();
         let ids = if names.is_empty() {
@@ -205,6 +237,7 @@ impl BackfillRequest {
                 progress: false,
                 max_pages: None,
                 deadline: None,
+                run: self.run.clone(),
             },
             projections,
         })
@@ -241,6 +274,13 @@ pub struct BackfillResponse {
     pub dead_letters: u64,
     /// Time this invocation spent.
     pub seconds: f64,
+    /// The request was a claim: the projections are the run's.
+    pub claimed: bool,
+    /// Projections the lifecycle registry now records as backfilled (this
+    /// slice found every segment of the run done).
+    pub backfilled: Vec<String>,
+    /// Projections of a complete run it could not record, and why.
+    pub not_backfilled: Vec<(String, String)>,
 }
 
 impl BackfillResponse {
@@ -259,11 +299,57 @@ impl BackfillResponse {
             read_units: summary.read_units,
             dead_letters: summary.dead_letters,
             seconds: summary.seconds,
+            claimed: false,
+            backfilled: summary.backfilled.clone(),
+            not_backfilled: summary.not_backfilled.clone(),
         }
     }
 }
 
 impl Handler {
+    /// Claims the projections of `plan` for `run` in the lifecycle registry.
+    async fn claim(
+        &self,
+        plan: &BackfillPlan,
+        table: &str,
+        run: &str,
+        started: Instant,
+    ) -> Result<BackfillResponse, InvocationError> {
+        let registry =
+            crate::lifecycle::Registry::new(self.client.clone(), table, &self.spec.table);
+        let ids: Vec<_> = match &plan.options.projections {
+            Some(ids) => ids.clone(),
+            None => (0..self.spec.projections.len()).collect(),
+        };
+        match registry.claim(&self.spec, &ids, run).await? {
+            crate::lifecycle::ClaimOutcome::Claimed => {
+                let summary = BackfillSummary {
+                    seconds: started.elapsed().as_secs_f64(),
+                    ..BackfillSummary::default()
+                };
+                let mut response = BackfillResponse::new(plan, table, &summary);
+                response.claimed = true;
+                response.done = false;
+                Ok(response)
+            }
+            crate::lifecycle::ClaimOutcome::AlreadyDone { projection } => {
+                Err(InvocationError::Backfill(BackfillRequestError::RunDone {
+                    run: run.to_string(),
+                    projection,
+                }))
+            }
+            crate::lifecycle::ClaimOutcome::Wait {
+                projection,
+                other,
+                until,
+            } => Err(InvocationError::OtherDefinitionRunning {
+                projection,
+                other,
+                until: crate::lifecycle::iso(until),
+            }),
+        }
+    }
+
     /// Runs one backfill slice before the invocation's deadline.
     pub(super) async fn backfill(
         &self,
@@ -287,6 +373,9 @@ impl Handler {
             return Err(InvocationError::BackfillNoTime {
                 margin_ms: self.margin.as_millis() as u64,
             });
+        }
+        if let (Some(true), Some(run)) = (request.claim, &request.run) {
+            return self.claim(&plan, &table, run, started).await;
         }
         let applier = Applier::new(self.client.clone(), self.spec.clone(), &table, config);
         let options = BackfillOptions {
@@ -427,6 +516,10 @@ mod tests {
         assert!(message.contains("pageSize is 0"), "{message}");
         let message = error(serde_json::json!({ "dryRun": true }));
         assert!(message.contains("dryRun is not supported"), "{message}");
+        let message = error(serde_json::json!({ "claim": true }));
+        assert!(message.contains("claim needs run"), "{message}");
+        let message = error(serde_json::json!({ "run": "" }));
+        assert!(message.contains("run is empty"), "{message}");
     }
 
     #[test]
@@ -459,6 +552,7 @@ mod tests {
             segments_done: 0,
             segments: 1,
             seconds: 0.25,
+            ..BackfillSummary::default()
         };
         let value = serde_json::to_value(BackfillResponse::new(&plan, "T", &summary)).unwrap();
         assert_eq!(value["done"], false);

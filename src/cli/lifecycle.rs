@@ -1,0 +1,320 @@
+//! The lifecycle commands: `status`, and `backfill` (which claims what it
+//! backfills in the lifecycle registry and records it once complete).
+
+use std::collections::BTreeMap;
+use std::io::Write;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use anyhow::bail;
+use serde_json::json;
+
+use super::online::{projection_ids, Segments};
+use super::{connect, OutputFormat, Target};
+use crate::apply::{Applier, ApplyConfig};
+use crate::lifecycle::{iso, now_ms, states, ClaimOutcome, Commands, Registry, State};
+use crate::spec::ProjectionId;
+
+/// How `status` writes the commands it suggests for this target.
+fn commands(target: &Target) -> Commands {
+    let mut line = format!("--spec {}", target.spec.display());
+    if let Some(table) = &target.table {
+        line.push_str(&format!(" --table {table}"));
+    }
+    Commands { target: line }
+}
+
+/// `status`: exit 0 when every projection is live, 1 otherwise.
+pub async fn status(target: Target, format: OutputFormat) -> anyhow::Result<ExitCode> {
+    let c = match connect(&target).await {
+        Ok(c) => c,
+        Err(result) => return result,
+    };
+    crate::aws::describe_table(&c.dynamodb, &c.table).await?;
+    let registry = Registry::new(c.dynamodb.clone(), &c.table, &c.spec.table);
+    let snapshot = registry.snapshot(&c.spec).await?;
+    let mut rows = states(&c.spec, &snapshot, now_ms(), &commands(&target));
+    let applier = Applier::new(
+        c.dynamodb.clone(),
+        c.spec.clone(),
+        &c.table,
+        ApplyConfig::default(),
+    );
+    let letters =
+        applier.dead_letter_store().list().await.map_err(|error| {
+            anyhow::anyhow!("reading the dead letters of {}: {error:?}", c.table)
+        })?;
+    let mut by_projection: BTreeMap<String, usize> = BTreeMap::new();
+    for letter in &letters {
+        *by_projection.entry(letter.projection.clone()).or_default() += 1;
+    }
+    for row in &mut rows {
+        row.dead_letters = by_projection.get(&row.name).copied().unwrap_or(0);
+    }
+    let whole = by_projection
+        .get(crate::apply::WHOLE_RECORD)
+        .copied()
+        .unwrap_or(0);
+    let violations = applier.recorded_violations().await?;
+    let mut by_invariant: BTreeMap<String, usize> = c
+        .spec
+        .invariants
+        .iter()
+        .map(|i| (i.name.clone(), 0))
+        .collect();
+    for v in &violations {
+        *by_invariant.entry(v.invariant.clone()).or_default() += 1;
+    }
+    let live = rows.iter().filter(|r| r.state == State::Live).count();
+    let all_live = live == rows.len();
+    let stdout = std::io::stdout();
+    let mut out = stdout.lock();
+    match format {
+        OutputFormat::Json => {
+            let value = json!({
+                "table": c.table,
+                "spec": target.spec.display().to_string(),
+                "projections": rows,
+                "wholeRecordDeadLetters": whole,
+                "violations": by_invariant,
+                "allLive": all_live,
+            });
+            writeln!(out, "{value}")?;
+        }
+        OutputFormat::Text => {
+            writeln!(out, "table {}, spec {}", c.table, target.spec.display())?;
+            let width = rows.iter().map(|r| r.name.len()).max().unwrap_or(0).max(10);
+            writeln!(
+                out,
+                "  {:width$}  {:12}  {:11}  {:24}  {:>7}  next",
+                "projection", "kind", "state", "since", "letters"
+            )?;
+            for row in &rows {
+                writeln!(
+                    out,
+                    "  {:width$}  {:12}  {:11}  {:24}  {:>7}  {}",
+                    row.name,
+                    row.kind,
+                    row.state.as_str(),
+                    row.since.as_deref().unwrap_or("-"),
+                    row.dead_letters,
+                    row.next.as_deref().unwrap_or("-"),
+                )?;
+                if let Some(note) = &row.note {
+                    writeln!(out, "  {:width$}  {note}", "")?;
+                }
+            }
+            if whole > 0 {
+                writeln!(
+                    out,
+                    "  {whole} dead letters of whole records (undecodable): `ddb-projector dlq list`"
+                )?;
+            }
+            for (invariant, n) in &by_invariant {
+                writeln!(out, "  invariant {invariant}: {n} recorded violations")?;
+            }
+            writeln!(
+                out,
+                "{live} of {} projections live{}",
+                rows.len(),
+                if all_live {
+                    ""
+                } else {
+                    ": run what `next` says"
+                }
+            )?;
+        }
+    }
+    Ok(if all_live {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::from(1)
+    })
+}
+
+/// `backfill`'s arguments.
+pub struct BackfillArgs {
+    /// `--projection` (none: what is not live).
+    pub projections: Vec<String>,
+    /// `--all`.
+    pub all: bool,
+    /// `--run`.
+    pub run: Option<String>,
+    /// `--wait`.
+    pub wait: Duration,
+    /// `--segments`, `--segment`, `--total-segments`.
+    pub segments: Segments,
+    /// `--max-wcu`.
+    pub max_wcu: Option<f64>,
+    /// `--max-rcu`.
+    pub max_rcu: Option<f64>,
+    /// `--resume`.
+    pub resume: bool,
+    /// `--dry-run`.
+    pub dry_run: bool,
+}
+
+/// A new run name: the time and the process, unique enough for a table.
+fn new_run() -> String {
+    format!("cli-{:x}-{:x}", now_ms(), std::process::id())
+}
+
+/// `backfill`.
+pub async fn backfill(target: Target, args: BackfillArgs) -> anyhow::Result<ExitCode> {
+    let c = match connect(&target).await {
+        Ok(c) => c,
+        Err(result) => return result,
+    };
+    crate::aws::describe_table(&c.dynamodb, &c.table).await?;
+    let registry = Registry::new(c.dynamodb.clone(), &c.table, &c.spec.table);
+    let all: Vec<ProjectionId> = (0..c.spec.projections.len()).collect();
+    let ids: Vec<ProjectionId> = match projection_ids(&c.spec, &args.projections)? {
+        Some(ids) => ids,
+        None if args.all => all.clone(),
+        None => {
+            // What `status` says needs it: every projection not live.
+            let snapshot = registry.snapshot(&c.spec).await?;
+            let needed: Vec<ProjectionId> =
+                states(&c.spec, &snapshot, now_ms(), &commands(&target))
+                    .into_iter()
+                    .filter(|row| row.state != State::Live)
+                    .filter_map(|row| c.spec.projection_id(&row.name))
+                    .collect();
+            if needed.is_empty() {
+                eprintln!(
+                    "every projection of {} is live on {}: nothing to backfill (--all backfills them anyway)",
+                    target.spec.display(),
+                    c.table
+                );
+                println!(
+                    "{}",
+                    serde_json::to_string(&crate::backfill::BackfillSummary::default())?
+                );
+                return Ok(ExitCode::SUCCESS);
+            }
+            let names: Vec<&str> = needed
+                .iter()
+                .map(|&id| c.spec.projections[id].name.as_str())
+                .collect();
+            eprintln!("backfilling what is not live: {}", names.join(", "));
+            needed
+        }
+    };
+    let (segment_list, total) = match (args.segments.segment, args.segments.total_segments) {
+        (Some(segment), Some(total)) => {
+            if segment >= total {
+                bail!("--segment {segment} is out of range for --total-segments {total} (segments count from 0)");
+            }
+            (vec![segment], total)
+        }
+        _ => {
+            let n = args.segments.segments.clamp(1, 1_000_000);
+            ((0..n).collect(), n)
+        }
+    };
+    let run = if args.dry_run {
+        None
+    } else {
+        let run = match (&args.run, args.resume) {
+            (Some(run), _) => run.clone(),
+            (None, true) => match registry.claimed_run(&c.spec, &ids).await? {
+                Some(run) => {
+                    eprintln!("resuming backfill `{run}`");
+                    run
+                }
+                None => {
+                    let run = new_run();
+                    eprintln!("no backfill of exactly these projections is under way: starting `{run}` from the beginning");
+                    run
+                }
+            },
+            (None, false) => new_run(),
+        };
+        claim(&registry, &c.spec, &ids, &run, args.wait).await?;
+        Some(run)
+    };
+    let applier = Applier::new(
+        c.dynamodb.clone(),
+        c.spec.clone(),
+        &c.table,
+        ApplyConfig::default(),
+    );
+    let options = crate::backfill::BackfillOptions {
+        projections: (ids != all).then_some(ids),
+        segments: segment_list,
+        total_segments: total,
+        max_wcu: args.max_wcu,
+        max_rcu: args.max_rcu,
+        resume: args.resume || args.run.is_some(),
+        dry_run: args.dry_run,
+        run,
+        ..Default::default()
+    };
+    let summary = crate::backfill::backfill(&applier, &options).await?;
+    eprintln!(
+        "{}backfill of {}: {} items scanned, {} {}, {} writes, {:.1} WCU, {:.1} RCU, {} dead letters, {:.1} s ({:.0} items/s)",
+        if args.dry_run { "dry-run " } else { "" },
+        c.table,
+        summary.scanned,
+        summary.planned,
+        if args.dry_run { "would change" } else { "needed changes" },
+        summary.writes,
+        summary.write_units,
+        summary.read_units,
+        summary.dead_letters,
+        summary.seconds,
+        summary.items_per_second()
+    );
+    if !summary.backfilled.is_empty() {
+        eprintln!(
+            "backfilled (live once a worker runs them): {}",
+            summary.backfilled.join(", ")
+        );
+    }
+    for (name, why) in &summary.not_backfilled {
+        eprintln!("{name}: not recorded as backfilled: {why}");
+    }
+    if let (Some(run), false) = (&options.run, summary.is_done()) {
+        eprintln!("segments left: continue with --resume (or --run {run} on every machine)");
+    }
+    println!("{}", serde_json::to_string(&summary)?);
+    Ok(ExitCode::SUCCESS)
+}
+
+/// Claims `ids` for `run`, waiting while a writer of another definition
+/// holds a lease (at most `wait`).
+async fn claim(
+    registry: &Registry,
+    spec: &crate::spec::Spec,
+    ids: &[ProjectionId],
+    run: &str,
+    wait: Duration,
+) -> anyhow::Result<()> {
+    let give_up = now_ms() + wait.as_millis() as u64;
+    loop {
+        match registry.claim(spec, ids, run).await? {
+            ClaimOutcome::Claimed => return Ok(()),
+            ClaimOutcome::AlreadyDone { projection } => bail!(
+                "backfill `{run}` already completed `{projection}`: give a new --run (or none) to backfill again"
+            ),
+            ClaimOutcome::Wait {
+                projection,
+                other,
+                until,
+            } => {
+                if until > give_up {
+                    bail!(
+                        "a writer of another definition ({other}) of `{projection}` holds a lease until {}, past --wait: a backfill started before then could be undone by it. Deploy this spec (so that the old definition stops running) or wait, then backfill again",
+                        iso(until)
+                    );
+                }
+                eprintln!(
+                    "waiting until {} for the writers of another definition ({other}) of `{projection}` to stop",
+                    iso(until)
+                );
+                let left = until.saturating_sub(now_ms()) + 200;
+                tokio::time::sleep(Duration::from_millis(left)).await;
+            }
+        }
+    }
+}
