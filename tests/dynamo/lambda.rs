@@ -1089,6 +1089,86 @@ async fn source_and_derived(client: &aws_sdk_dynamodb::Client, table: &str) -> V
         .collect()
 }
 
+/// The state machine's way: a claim under the execution's name, then the
+/// slices of every segment with that name; the slice that finds every
+/// segment done records the projections as backfilled, and the name cannot
+/// be claimed again.
+#[tokio::test]
+async fn lambda_claims_a_run_and_its_last_slice_records_the_backfill() {
+    let client = support::client().await;
+    let spec = support::shipped_spec("user-service.toml");
+    let table = support::fresh_table(&client, &spec, "lambda-claim").await;
+    let users = backfill_users(20);
+    let names: Vec<&str> = users.iter().map(String::as_str).collect();
+    write_users(&client, &table, &names).await;
+    let api = RuntimeApi::start().await;
+    let function = Function::start(
+        support::binary(),
+        &api,
+        &function_env("user-service.toml", Some(&table)),
+    );
+    api.ready().await;
+    let invoke = |request: Value| {
+        let api = &api;
+        async move {
+            api.invoke_event(&json!({ "backfill": request }), GENEROUS)
+                .await
+        }
+    };
+    let Outcome::Response(body) = invoke(json!({
+        "totalSegments": 2, "run": "exec-1", "claim": true,
+    }))
+    .await
+    else {
+        panic!("{}", function.stderr());
+    };
+    assert_eq!(body["claimed"], true, "{body}");
+    assert_eq!(body["scanned"], 0, "{body}");
+    let registry = ddb_projector::lifecycle::Registry::new(client.clone(), &table, &spec.table);
+    let snapshot = registry.snapshot(&spec).await.unwrap();
+    for projection in &spec.projections {
+        let claim = snapshot.record(&projection.name).claim.expect("claimed");
+        assert_eq!(claim.run, "exec-1");
+    }
+    let mut recorded = Vec::new();
+    for segment in 0..2 {
+        let Outcome::Response(body) = invoke(json!({
+            "segment": segment, "totalSegments": 2, "run": "exec-1",
+        }))
+        .await
+        else {
+            panic!("{}", function.stderr());
+        };
+        assert_eq!(body["done"], true, "{body}");
+        recorded.push(body["backfilled"].clone());
+    }
+    assert_eq!(
+        recorded,
+        vec![
+            json!([]),
+            json!(["email-gsi1-keys", "profile-primary-email"])
+        ],
+        "only the slice that finds every segment done records them"
+    );
+    let snapshot = registry.snapshot(&spec).await.unwrap();
+    for projection in &spec.projections {
+        let record = snapshot.record(&projection.name);
+        let done = record.backfilled.expect("backfilled");
+        assert_eq!(done.run, "exec-1");
+        assert_eq!(
+            done.fingerprint,
+            ddb_projector::lifecycle::hex(projection.fingerprint)
+        );
+        assert!(record.claim.is_none());
+    }
+    // The finished run's name claims nothing: its checkpoints say done, so
+    // a claim would record a backfill that scanned nothing.
+    let outcome = invoke(json!({"totalSegments": 2, "run": "exec-1", "claim": true})).await;
+    let (error_type, message) = invocation_error(&outcome);
+    assert_eq!(error_type, "Projector.InvalidBackfillRequest", "{message}");
+    assert!(message.contains("already completed"), "{message}");
+}
+
 #[tokio::test]
 async fn lambda_backfills_each_segment_in_slices_until_done_and_stream_events_still_work() {
     let started = Instant::now();

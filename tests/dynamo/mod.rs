@@ -9,6 +9,7 @@ mod delivery;
 mod faults;
 mod holds;
 mod lambda;
+mod lifecycle;
 mod membership;
 mod model;
 mod oracle;

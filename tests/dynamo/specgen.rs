@@ -14,6 +14,14 @@
 //! resuming; a replay of a random selection of projections over a tail of
 //! the stream follows, then `dlq redrive`, by one projection first.
 //!
+//! The lifecycle goes along: the workers are stream consumers with short
+//! leases, phase 1 ends with a claimed backfill of every v1 projection, and
+//! phase 2's backfill covers what `status` says is not live once v2 is about
+//! to be deployed, which must include every projection whose definition
+//! changed (the test's own `needed`, not the fingerprints). After each
+//! phase `status` must say every projection of the spec is live (and the
+//! ones v2 dropped retired) exactly when the oracle agrees with the table.
+//!
 //! Every case must end with: the table equal to what `oracle.rs` (which
 //! reads the spec's TOML, not `src/plan`) computes from the source items;
 //! no dead letter left; `audit` clean; and a full replay followed by a
@@ -29,6 +37,7 @@ use aws_sdk_dynamodb::types::AttributeValue as Av;
 use ddb_projector::apply::{Applier, ApplyConfig, BatchOptions};
 use ddb_projector::audit::{audit, AuditOptions};
 use ddb_projector::backfill::{backfill, BackfillOptions};
+use ddb_projector::lifecycle::{self, ClaimOutcome, Registry, State};
 use ddb_projector::spec::Spec;
 use proptest::prelude::*;
 use proptest::test_runner::{Config, FileFailurePersistence, TestCaseError, TestRunner};
@@ -372,10 +381,10 @@ fn specs() -> impl Strategy<Value = Specs> {
 }
 
 impl Specs {
-    /// What a team backfills after deploying v2: every projection that is
-    /// new or changed, and every counter when an edge came, went or
-    /// changed (its records may move between edge items and markers of
-    /// its own).
+    /// What a team must backfill after deploying v2: every projection that
+    /// is new or changed, and every counter whose records move: its home is
+    /// the reverse item of the first edge by name over the same source with
+    /// the same `when`, else a marker of its own.
     fn needed(&self) -> BTreeSet<String> {
         let before: BTreeMap<String, &Projection> = self.v1.iter().map(|p| (p.name(), p)).collect();
         let after: BTreeMap<String, &Projection> = self.v2.iter().map(|p| (p.name(), p)).collect();
@@ -384,14 +393,20 @@ impl Specs {
             .filter(|(name, p)| before.get(*name) != Some(*p))
             .map(|(name, _)| name.clone())
             .collect();
-        let edges_moved = before
-            .keys()
-            .chain(after.keys())
-            .filter(|name| name.starts_with("ie"))
-            .any(|name| before.get(name) != after.get(name));
-        if edges_moved {
-            for projection in &self.v2 {
-                if let Kind::Counter { .. } = projection.kind {
+        let home = |projections: &[Projection], of: Source, by: When| -> Option<(String, bool)> {
+            projections
+                .iter()
+                .filter_map(|p| match p.kind {
+                    Kind::Edge {
+                        source, rev, when, ..
+                    } if source == of && when == by => Some((p.name(), rev)),
+                    _ => None,
+                })
+                .min()
+        };
+        for projection in &self.v2 {
+            if let Kind::Counter { source, when, .. } = projection.kind {
+                if home(&self.v1, source, when) != home(&self.v2, source, when) {
                     needed.insert(projection.name());
                 }
             }
@@ -586,33 +601,110 @@ fn compile(projections: &[Projection], label: &str) -> (Arc<Spec>, String) {
     (Arc::new(spec), text)
 }
 
-/// Backfills `selection` of `applier`'s spec, each call reading at most
-/// `pages` pages and then stopping as a crash would; calls again with
-/// `--resume` until every segment is done.
+/// Claims `selection` of `applier`'s spec for `run`, waiting out the
+/// leases of another definition as `backfill` does.
+async fn claim(applier: &Applier, selection: &[usize], run: &str) -> Result<(), TestCaseError> {
+    let registry = Registry::new(
+        applier.client().clone(),
+        applier.table(),
+        &applier.spec().table,
+    );
+    for _ in 0..100 {
+        match registry
+            .claim(applier.spec(), selection, run)
+            .await
+            .map_err(|error| TestCaseError::fail(format!("claim: {error}")))?
+        {
+            ClaimOutcome::Claimed => return Ok(()),
+            ClaimOutcome::Wait { until, .. } => {
+                let left = until.saturating_sub(lifecycle::now_ms()) + 20;
+                tokio::time::sleep(std::time::Duration::from_millis(left)).await;
+            }
+            other => return Err(TestCaseError::fail(format!("claim: {other:?}"))),
+        }
+    }
+    Err(TestCaseError::fail("the claim kept waiting"))
+}
+
+/// Backfills `selection` of `applier`'s spec as run `run`, each call
+/// reading at most `pages` pages and then stopping as a crash would; calls
+/// again until every segment is done. The names the last call recorded as
+/// backfilled.
 async fn backfill_in_slices(
     applier: &Applier,
     selection: Vec<usize>,
     pages: u64,
-) -> Result<(), TestCaseError> {
-    for call in 0..200 {
+    run: &str,
+) -> Result<Vec<String>, TestCaseError> {
+    for _ in 0..200 {
         let summary = backfill(
             applier,
             &BackfillOptions {
                 projections: Some(selection.clone()),
                 page_size: 7,
                 max_pages: Some(pages),
-                resume: call > 0,
+                resume: true,
                 progress: false,
+                run: Some(run.to_string()),
                 ..BackfillOptions::default()
             },
         )
         .await
         .map_err(|error| TestCaseError::fail(format!("backfill: {error}")))?;
         if summary.is_done() {
-            return Ok(());
+            prop_assert!(
+                summary.not_backfilled.is_empty(),
+                "run {run} not recorded: {:?}",
+                summary.not_backfilled
+            );
+            return Ok(summary.backfilled);
         }
     }
     Err(TestCaseError::fail("the backfill never finished"))
+}
+
+/// `status` of `spec` on `table`: each projection's state by name.
+async fn states(
+    client: &aws_sdk_dynamodb::Client,
+    table: &str,
+    spec: &Spec,
+) -> BTreeMap<String, State> {
+    let registry = Registry::new(client.clone(), table, &spec.table);
+    let snapshot = registry.snapshot(spec).await.expect("the registry");
+    lifecycle::states(
+        spec,
+        &snapshot,
+        lifecycle::now_ms(),
+        &lifecycle::Commands::default(),
+    )
+    .into_iter()
+    .map(|row| (row.name, row.state))
+    .collect()
+}
+
+/// Every projection of `spec` is live; the registry's other names retired.
+async fn check_live(
+    client: &aws_sdk_dynamodb::Client,
+    table: &str,
+    spec: &Spec,
+    context: &str,
+) -> Result<(), TestCaseError> {
+    let states = states(client, table, spec).await;
+    for (name, state) in &states {
+        let want = match spec.projection_id(name) {
+            Some(_) => State::Live,
+            None => State::Retired,
+        };
+        prop_assert_eq!(
+            *state,
+            want,
+            "{}: status of {}: {:?}",
+            context,
+            name,
+            states
+        );
+    }
+    Ok(())
 }
 
 async fn redrive_all(applier: &Applier, first: Option<String>) -> Result<(), TestCaseError> {
@@ -663,8 +755,17 @@ async fn case(specs: &Specs, plan: &Plan) -> Result<(), TestCaseError> {
     let (v2, toml2) = compile(&specs.v2, "v2.toml");
     let client = support::client().await;
     let table = support::fresh_table(&client, &v2, "specgen").await;
-    let worker1 = Applier::new(client.clone(), v1.clone(), &table, ApplyConfig::default());
-    let worker2 = Applier::new(client.clone(), v2.clone(), &table, ApplyConfig::default());
+    // Short leases, so that v2's backfill waits little for v1's worker.
+    let config = ApplyConfig {
+        lease: std::time::Duration::from_millis(300),
+        ..ApplyConfig::default()
+    };
+    let worker1 =
+        Applier::new(client.clone(), v1.clone(), &table, config.clone()).as_stream_consumer();
+    let worker2 =
+        Applier::new(client.clone(), v2.clone(), &table, config.clone()).as_stream_consumer();
+    let filler1 = Applier::new(client.clone(), v1.clone(), &table, config.clone());
+    let filler2 = Applier::new(client.clone(), v2.clone(), &table, config);
     let mut history = History::default();
     play(&mut history, &plan.phase1);
     let phase1 = history.records.len();
@@ -717,33 +818,65 @@ async fn case(specs: &Specs, plan: &Plan) -> Result<(), TestCaseError> {
             history: &phase1_history,
             written: 0,
         };
+        // Deployed: the worker takes its leases when it starts.
+        worker1.take_leases().await.map_err(TestCaseError::fail)?;
         deliver(&worker1, &mut writer1, 0, &plan.delivery1).await?;
         redrive_all(&worker1, None).await?;
         check_oracle(&client, &table, &toml1, "after phase 1 under v1").await?;
+        // Projected from the first write on, but not backfilled: not live
+        // until a backfill of every v1 projection.
+        let all1: Vec<usize> = (0..v1.projections.len()).collect();
+        let before = states(&client, &table, &v1).await;
+        prop_assert!(
+            before.values().all(|state| *state == State::New),
+            "never backfilled: {:?}",
+            before
+        );
+        claim(&filler1, &all1, "p1").await?;
+        let done = backfill_in_slices(&filler1, all1, plan.backfill_pages, "p1").await?;
+        prop_assert_eq!(done.len(), v1.projections.len());
+        check_live(&client, &table, &v1, "after phase 1's backfill").await?;
         writer.written = phase1;
 
         // Phase 2: v2 deployed; its worker takes the rest of the stream
         // while a backfill of what changed runs beside it.
-        let mut selection: BTreeSet<usize> = specs
+        let not_live: BTreeSet<String> = states(&client, &table, &v2)
+            .await
+            .into_iter()
+            .filter(|(name, state)| *state != State::Live && v2.projection_id(name).is_some())
+            .map(|(name, _)| name)
+            .collect();
+        let needed: BTreeSet<String> = specs
             .needed()
+            .into_iter()
+            .filter(|name| v2.projection_id(name).is_some())
+            .collect();
+        prop_assert!(
+            needed.is_subset(&not_live),
+            "status says live what changed: needed {:?}, not live {:?}",
+            needed,
+            not_live
+        );
+        let mut selection: BTreeSet<usize> = not_live
             .iter()
             .filter_map(|name| v2.projection_id(name))
             .collect();
         for extra in &plan.extra_backfill {
             selection.insert(usize::from(*extra) % v2.projections.len());
         }
+        let selection: Vec<usize> = selection.into_iter().collect();
+        if !selection.is_empty() {
+            // After v1's worker stopped, before v2's starts.
+            claim(&filler2, &selection, "p2").await?;
+        }
+        worker2.take_leases().await.map_err(TestCaseError::fail)?;
         let live = deliver(&worker2, &mut writer, phase1, &plan.delivery2);
         let filling = async {
             if selection.is_empty() {
-                return Ok(());
+                return Ok(Vec::new());
             }
             count(&COVERAGE.backfilled, 1);
-            backfill_in_slices(
-                &worker2,
-                selection.iter().copied().collect(),
-                plan.backfill_pages,
-            )
-            .await
+            backfill_in_slices(&filler2, selection.clone(), plan.backfill_pages, "p2").await
         };
         let (live, filling) = tokio::join!(live, filling);
         live?;
@@ -772,6 +905,7 @@ async fn case(specs: &Specs, plan: &Plan) -> Result<(), TestCaseError> {
         });
         redrive_all(&worker2, first).await?;
         check_oracle(&client, &table, &toml2, "after phase 2 under v2").await?;
+        check_live(&client, &table, &v2, "after phase 2").await?;
 
         // The audit finds nothing.
         let report = audit(
@@ -797,6 +931,9 @@ async fn case(specs: &Specs, plan: &Plan) -> Result<(), TestCaseError> {
             let current = |name: &str| v2.counter_id(name).is_some();
             items
                 .into_iter()
+                .filter(|item| {
+                    support::text(item, "PK").is_none_or(|pk| !Registry::is_registry_key(&pk))
+                })
                 .filter(|item| {
                     support::text(item, "PK")
                         .and_then(|pk| pk.strip_prefix("COUNTER#").map(str::to_string))
