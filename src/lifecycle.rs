@@ -39,7 +39,7 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::{Arc, Mutex as StdMutex, OnceLock};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use aws_sdk_dynamodb::types::{AttributeValue as Av, KeysAndAttributes, ReturnValue};
+use aws_sdk_dynamodb::types::{AttributeValue as Av, KeysAndAttributes};
 use serde::Serialize;
 
 use crate::apply::{retry_describe, ApplyError};
@@ -58,6 +58,16 @@ pub const WITHOUT: &str = "-";
 /// How long a lease lasts past what a writer needs (and, for writers
 /// without a deadline, how long it lasts).
 pub const DEFAULT_LEASE: Duration = Duration::from_secs(120);
+
+/// How far apart two machines' clocks may be: a lease counts as reaching
+/// past an instant when it ends less than this before it
+/// (`PROJECTOR_CLOCK_SKEW_MS`, default 2000).
+pub fn clock_skew_ms() -> u64 {
+    std::env::var("PROJECTOR_CLOCK_SKEW_MS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(2_000)
+}
 
 /// The lease length: `PROJECTOR_LEASE_SECONDS` or [`DEFAULT_LEASE`].
 pub fn lease_length() -> Duration {
@@ -154,12 +164,12 @@ impl Record {
 
     /// Whether a complete backfill of `fingerprint` holds: no writer of
     /// another definition could write after it started.
-    pub fn backfill_holds(&self, fingerprint: &str) -> bool {
+    pub fn backfill_holds(&self, fingerprint: &str, skew_ms: u64) -> bool {
         self.backfilled.as_ref().is_some_and(|done| {
             done.fingerprint == fingerprint
                 && self
                     .other_writes_until(fingerprint)
-                    .is_none_or(|(until, _)| until < done.from_ms)
+                    .is_none_or(|(until, _)| until + skew_ms < done.from_ms)
         })
     }
 }
@@ -169,6 +179,8 @@ impl Record {
 pub struct Snapshot {
     /// Every projection name the registry knows, by name.
     pub records: BTreeMap<String, Record>,
+    /// The specs stream consumers ran.
+    pub consumers: Vec<ConsumerSpec>,
 }
 
 impl Snapshot {
@@ -192,6 +204,8 @@ pub enum State {
     Backfilling,
     /// Every item's derived data comes from its definition.
     Live,
+    /// Live but for items held behind open dead letters.
+    Held,
     /// Derived data of another definition may be in the table.
     Changed,
     /// In the table, not in the spec.
@@ -205,6 +219,7 @@ impl State {
             State::New => "new",
             State::Backfilling => "backfilling",
             State::Live => "live",
+            State::Held => "held",
             State::Changed => "changed",
             State::Retired => "retired",
         }
@@ -259,8 +274,15 @@ pub fn states(
     spec: &Spec,
     snapshot: &Snapshot,
     now: u64,
+    skew_ms: u64,
+    letters: &HashMap<String, usize>,
     commands: &Commands,
 ) -> Vec<ProjectionStatus> {
+    // Letters of undecodable records hold items of every projection.
+    let whole = letters
+        .get(crate::apply::WHOLE_RECORD)
+        .copied()
+        .unwrap_or(0);
     let mut out = Vec::new();
     for projection in &spec.projections {
         let f = hex(projection.fingerprint);
@@ -277,11 +299,19 @@ pub fn states(
             .max();
         let claim = record.claim.as_ref().filter(|c| c.fingerprint == f);
         let mut note = None;
-        let (state, since) = if deployed && record.backfill_holds(&f) {
+        let held = letters.get(&projection.name).copied().unwrap_or(0) + whole;
+        let (state, since) = if deployed && record.backfill_holds(&f, skew_ms) {
             let done = record.backfilled.as_ref().expect("holds");
-            (State::Live, done.done_ms)
+            if held > 0 {
+                note = Some(format!(
+                    "{held} open dead letters hold items behind them: `ddb-projector dlq list`, fix, then `dlq redrive`"
+                ));
+                (State::Held, done.done_ms)
+            } else {
+                (State::Live, done.done_ms)
+            }
         } else if let Some(claim) = claim {
-            if let Some((until, g)) = other.filter(|(until, _)| *until >= claim.from_ms) {
+            if let Some((until, g)) = other.filter(|(until, _)| *until + skew_ms >= claim.from_ms) {
                 note = Some(format!(
                     "a writer of another definition ({g}) could write until {}, after backfill `{}` started: that backfill cannot make it live",
                     iso(until),
@@ -310,6 +340,8 @@ pub fn states(
         }
         let next = if state == State::Live {
             None
+        } else if state == State::Held {
+            Some(format!("ddb-projector dlq redrive {}", commands.target))
         } else if !deployed {
             Some(format!(
                 "deploy this spec (no Lambda or runner runs this definition yet), then {}",
@@ -343,7 +375,10 @@ pub fn states(
         });
     }
     for (name, record) in &snapshot.records {
-        if spec.projection_id(name).is_some() || record.definitions.is_empty() {
+        // Retired: something wrote it (a pruned one keeps only the leases
+        // of consumers that did not have it).
+        let wrote = record.definitions.iter().any(|d| d.fingerprint != WITHOUT);
+        if spec.projection_id(name).is_some() || !wrote {
             continue;
         }
         let last = record
@@ -384,10 +419,10 @@ pub fn states(
 pub enum ClaimOutcome {
     /// The projections are the run's; it scans every item from now.
     Claimed,
-    /// The run already completed for this projection: its progress says
-    /// every segment is done, so claiming with it again would record a
-    /// backfill that scanned nothing. Name a new run.
-    AlreadyDone {
+    /// The run's name already claimed this projection once (it completed,
+    /// or a later run superseded it): its progress would count for this
+    /// claim although it was made before it. Name a new run.
+    RunUsed {
         /// The projection.
         projection: String,
     },
@@ -419,6 +454,7 @@ pub struct Registry {
     table: String,
     pk: String,
     sk: Option<String>,
+    skew_ms: u64,
 }
 
 fn text(item: &HashMap<String, Av>, name: &str) -> Option<String> {
@@ -435,7 +471,8 @@ fn number(item: &HashMap<String, Av>, name: &str) -> Option<u64> {
     }
 }
 
-fn is_condition_failure(error: &impl aws_sdk_dynamodb::error::ProvideErrorMetadata) -> bool {
+/// Whether a request failed on its condition.
+pub fn is_condition_failure(error: &impl aws_sdk_dynamodb::error::ProvideErrorMetadata) -> bool {
     error.code() == Some("ConditionalCheckFailedException")
 }
 
@@ -450,13 +487,44 @@ fn lease_names(fingerprint: &str, name: &str) -> [String; 4] {
     ]
 }
 
-/// Parses the leases item into records (without claims).
-fn parse_leases(item: &HashMap<String, Av>) -> BTreeMap<String, Record> {
+/// A spec a stream consumer ran, as its leases record it.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ConsumerSpec {
+    /// The spec's fingerprint (hex).
+    pub fingerprint: String,
+    /// A consumer ran it until then (ms).
+    pub until: u64,
+    /// When a consumer first ran it (ms).
+    pub since: u64,
+    /// Its projections.
+    pub names: BTreeSet<String>,
+}
+
+/// Parses the leases item into records (without claims) and the specs
+/// consumers ran.
+fn parse_leases(item: &HashMap<String, Av>) -> (BTreeMap<String, Record>, Vec<ConsumerSpec>) {
     let mut records: BTreeMap<String, Record> = BTreeMap::new();
+    let mut consumers: BTreeMap<String, ConsumerSpec> = BTreeMap::new();
+    let number = |value: &Av| match value {
+        Av::N(n) => n.parse::<u64>().ok(),
+        _ => None,
+    };
     for (attribute, value) in item {
         let Some((tag, rest)) = attribute.split_once('#') else {
             continue;
         };
+        if matches!(tag, "C" | "S" | "N") {
+            let consumer = consumers.entry(rest.to_string()).or_default();
+            consumer.fingerprint = rest.to_string();
+            match (tag, value) {
+                ("C", _) => consumer.until = number(value).unwrap_or(0),
+                ("S", _) => consumer.since = number(value).unwrap_or(0),
+                ("N", Av::Ss(names)) => consumer.names = names.iter().cloned().collect(),
+                _ => {}
+            }
+            continue;
+        }
         if tag == "k" {
             if let Av::S(kind) = value {
                 let record = records.entry(rest.to_string()).or_default();
@@ -485,10 +553,7 @@ fn parse_leases(item: &HashMap<String, Av>) -> BTreeMap<String, Record> {
             }
         };
         let definition = &mut record.definitions[index];
-        let n = match value {
-            Av::N(n) => n.parse().ok(),
-            _ => None,
-        };
+        let n = number(value);
         match tag {
             "w" => definition.writes_until = n.unwrap_or(0),
             "c" => definition.consumed_until = n,
@@ -506,7 +571,54 @@ fn parse_leases(item: &HashMap<String, Av>) -> BTreeMap<String, Record> {
             .definitions
             .sort_by_key(|d| (d.writes_until, d.fingerprint.clone()));
     }
-    records
+    let consumers: Vec<ConsumerSpec> = consumers
+        .into_values()
+        .filter(|c| c.until > 0 && !c.names.is_empty())
+        .collect();
+    (records, consumers)
+}
+
+/// A consumer of a spec without a projection leaves that projection's
+/// changes unprojected while it runs: each record gets a [`WITHOUT`]
+/// definition covering the leases of the consumers whose spec lacks it.
+/// (A consumer that is deployed but runs no batch takes no lease: with an
+/// event filter, changes only the missing projection needed may then pass
+/// unseen; `ARCHITECTURE.md` says what to do about it.)
+fn add_without(records: &mut BTreeMap<String, Record>, consumers: &[ConsumerSpec]) {
+    for consumer in consumers {
+        let until = consumer.until;
+        for (name, record) in records.iter_mut() {
+            if consumer.names.contains(name) {
+                continue;
+            }
+            let index = match record
+                .definitions
+                .iter()
+                .position(|d| d.fingerprint == WITHOUT)
+            {
+                Some(i) => i,
+                None => {
+                    record.definitions.push(Definition {
+                        fingerprint: WITHOUT.to_string(),
+                        ..Definition::default()
+                    });
+                    record.definitions.len() - 1
+                }
+            };
+            let without = &mut record.definitions[index];
+            without.writes_until = without.writes_until.max(until);
+            without.consumed_until = Some(without.consumed_until.unwrap_or(0).max(until));
+            without.consumed_since = Some(match without.consumed_since {
+                Some(since) => since.min(consumer.since),
+                None => consumer.since,
+            });
+        }
+    }
+    for record in records.values_mut() {
+        record
+            .definitions
+            .sort_by_key(|d| (d.writes_until, d.fingerprint.clone()));
+    }
 }
 
 impl Registry {
@@ -517,7 +629,19 @@ impl Registry {
             table: table.to_string(),
             pk: keys.partition_key.clone(),
             sk: keys.sort_key.clone(),
+            skew_ms: clock_skew_ms(),
         }
+    }
+
+    /// The same registry, allowing for `skew_ms` between clocks.
+    pub fn with_skew(mut self, skew_ms: u64) -> Registry {
+        self.skew_ms = skew_ms;
+        self
+    }
+
+    /// The clock skew it allows for.
+    pub fn skew_ms(&self) -> u64 {
+        self.skew_ms
     }
 
     /// The table.
@@ -567,7 +691,7 @@ impl Registry {
             .send()
             .await
             .map_err(|e| self.fatal("reading", e))?;
-        let mut records = leases.item().map(parse_leases).unwrap_or_default();
+        let (mut records, consumers) = leases.item().map(parse_leases).unwrap_or_default();
         for projection in &spec.projections {
             records
                 .entry(projection.name.clone())
@@ -576,6 +700,15 @@ impl Registry {
                     ..Record::default()
                 });
         }
+        for consumer in &consumers {
+            for name in &consumer.names {
+                records.entry(name.clone()).or_insert_with(|| Record {
+                    name: name.clone(),
+                    ..Record::default()
+                });
+            }
+        }
+        add_without(&mut records, &consumers);
         let names: Vec<String> = records.keys().cloned().collect();
         for chunk in names.chunks(100) {
             let mut keys: Vec<HashMap<String, Av>> =
@@ -651,15 +784,17 @@ impl Registry {
                 }
             }
         }
-        Ok(Snapshot { records })
+        Ok(Snapshot { records, consumers })
     }
 
     /// Claims `ids` for the backfill `run`: from now, its scan brings every
     /// item to the spec's definitions. Claiming again with the same run
-    /// keeps the first claim (segments on several machines, a retried
-    /// claim); another run replaces it, and the replaced one can then no
-    /// longer complete. Refused with [`ClaimOutcome::Wait`] while a writer of
-    /// another definition holds a lease.
+    /// while it holds the claim keeps the first claim (segments on several
+    /// machines, a retried claim); another run replaces it, and the
+    /// replaced one can then no longer complete, nor claim again (a run's
+    /// name claims a projection once: its progress would otherwise count
+    /// for a claim made after it). Refused with [`ClaimOutcome::Wait`] while
+    /// a writer of another definition holds a lease.
     pub async fn claim(
         &self,
         spec: &Spec,
@@ -672,21 +807,12 @@ impl Registry {
             let projection = &spec.projections[id];
             let f = hex(projection.fingerprint);
             let record = snapshot.record(&projection.name);
-            if record
-                .backfilled
-                .as_ref()
-                .is_some_and(|done| done.run == run)
-            {
-                return Ok(ClaimOutcome::AlreadyDone {
-                    projection: projection.name.clone(),
-                });
-            }
             if let Some((until, other)) = record.other_writes_until(&f) {
-                if until >= now {
+                if until + self.skew_ms >= now {
                     return Ok(ClaimOutcome::Wait {
                         projection: projection.name.clone(),
                         other: other.to_string(),
-                        until,
+                        until: until + self.skew_ms,
                     });
                 }
             }
@@ -699,19 +825,46 @@ impl Registry {
                 .table_name(&self.table)
                 .set_key(Some(self.projection_key(&projection.name)))
                 .update_expression(
-                    "SET claimRun = :r, claimFp = :f, claimFromMs = :now, kind = :kind",
+                    "SET claimRun = :r, claimFp = :f, claimFromMs = :now, kind = :kind ADD runs :rs",
                 )
-                .condition_expression("attribute_not_exists(claimRun) OR claimRun <> :r")
+                .condition_expression(
+                    "(attribute_not_exists(claimRun) OR claimRun <> :r) AND NOT contains(runs, :r)",
+                )
                 .expression_attribute_values(":r", Av::S(run.to_string()))
+                .expression_attribute_values(":rs", Av::Ss(vec![run.to_string()]))
                 .expression_attribute_values(":f", Av::S(hex(projection.fingerprint)))
                 .expression_attribute_values(":now", Av::N(now.to_string()))
                 .expression_attribute_values(":kind", Av::S(projection.kind_name().to_string()))
+                .return_values_on_condition_check_failure(
+                    aws_sdk_dynamodb::types::ReturnValuesOnConditionCheckFailure::AllOld,
+                )
                 .send()
                 .await;
             match sent {
                 Ok(_) => {}
-                // Already this run's.
-                Err(error) if is_condition_failure(&error) => {}
+                Err(error) if is_condition_failure(&error) => {
+                    let old = error
+                        .as_service_error()
+                        .and_then(|e| match e {
+                            aws_sdk_dynamodb::operation::update_item::UpdateItemError::ConditionalCheckFailedException(e) => e.item().cloned(),
+                            _ => None,
+                        });
+                    let holder = match old {
+                        Some(item) => text(&item, "claimRun"),
+                        None => self
+                            .snapshot(spec)
+                            .await?
+                            .record(&projection.name)
+                            .claim
+                            .map(|c| c.run),
+                    };
+                    // Already this run's: the first claim stands.
+                    if holder.as_deref() != Some(run) {
+                        return Ok(ClaimOutcome::RunUsed {
+                            projection: projection.name.clone(),
+                        });
+                    }
+                }
                 Err(error) => return Err(self.fatal("writing", error)),
             }
         }
@@ -774,7 +927,7 @@ impl Registry {
             };
             if let Some((until, other)) = record
                 .other_writes_until(&f)
-                .filter(|(until, _)| *until >= claim.from_ms)
+                .filter(|(until, _)| *until + self.skew_ms >= claim.from_ms)
             {
                 completion.not.push((
                     projection.name.clone(),
@@ -784,6 +937,24 @@ impl Registry {
                         iso(claim.from_ms)
                     ),
                 ));
+                // The claim can never complete: it goes, so that the next
+                // backfill starts a run of its own.
+                let sent = self
+                    .client
+                    .update_item()
+                    .table_name(&self.table)
+                    .set_key(Some(self.projection_key(&projection.name)))
+                    .update_expression("REMOVE claimRun, claimFp, claimFromMs")
+                    .condition_expression("claimRun = :r AND claimFromMs = :from")
+                    .expression_attribute_values(":r", Av::S(run.to_string()))
+                    .expression_attribute_values(":from", Av::N(claim.from_ms.to_string()))
+                    .send()
+                    .await;
+                match sent {
+                    Ok(_) => {}
+                    Err(error) if is_condition_failure(&error) => {}
+                    Err(error) => return Err(self.fatal("writing", error)),
+                }
                 continue;
             }
             let sent = self
@@ -880,13 +1051,24 @@ pub struct Leases {
 struct LeaseState {
     /// Until when each projection's lease runs (ms), as this process wrote it.
     until: HashMap<ProjectionId, u64>,
-    /// Every name the leases item had at the last renewal.
-    known: BTreeSet<String>,
-    /// The spec's text is stored.
-    spec_stored: bool,
+    /// The spec's text is stored, and (for a writer that is not a stream
+    /// consumer) the deployed definitions were checked.
+    started: bool,
 }
 
 type LeaseKey = (String, u64, bool);
+
+/// One attribute a renewal sets.
+enum Set {
+    /// A lease end: only ever moved later.
+    Until(String),
+    /// Set once: the first time.
+    Since(String),
+    /// A plain value.
+    Text(String, String),
+    /// The spec's projection names.
+    Names(String),
+}
 
 impl Leases {
     /// The leases this process holds on `table` for `spec`'s definitions
@@ -921,56 +1103,86 @@ impl Leases {
         format!("spec#{}", hex(self.spec.projections_fingerprint()))
     }
 
-    /// Makes sure this process may write `selection` (all: `None`) until
-    /// `needed` (ms): a request only when its leases run out before.
-    pub async fn ensure(
-        &self,
-        selection: Option<&[ProjectionId]>,
-        needed: u64,
-    ) -> Result<(), String> {
-        let ids: Vec<ProjectionId> = match selection {
-            Some(ids) if !self.consumer => ids.to_vec(),
-            _ => (0..self.spec.projections.len()).collect(),
+    /// Makes sure this process may write `written` (a stream consumer:
+    /// every projection) until `needed` (ms): a request only when its
+    /// leases run out before. Returns until when it may write them.
+    pub async fn ensure(&self, written: &[ProjectionId], needed: u64) -> Result<u64, String> {
+        let ids: Vec<ProjectionId> = if self.consumer {
+            (0..self.spec.projections.len()).collect()
+        } else {
+            written.to_vec()
         };
         let mut state = self.state.lock().await;
-        if ids
-            .iter()
-            .all(|id| state.until.get(id).is_some_and(|&until| until >= needed))
-        {
-            return Ok(());
+        let valid = |state: &LeaseState| {
+            ids.iter()
+                .map(|id| state.until.get(id).copied().unwrap_or(0))
+                .min()
+                .unwrap_or(u64::MAX)
+        };
+        if valid(&state) >= needed {
+            return Ok(valid(&state));
         }
-        if !state.spec_stored {
+        if !state.started {
             self.store_spec().await?;
-            state.spec_stored = true;
+            if !self.consumer {
+                self.check_deployed().await?;
+            }
+            state.started = true;
         }
         let now = now_ms();
         let until = needed.max(now) + self.length.as_millis() as u64;
-        // A name learnt from the answer that this consumer's spec lacks is
-        // leased as "without" at once: at most a second request.
-        for _ in 0..2 {
-            let without: Vec<String> = if self.consumer {
-                state
-                    .known
-                    .iter()
-                    .filter(|name| self.spec.projection_id(name).is_none())
-                    .cloned()
-                    .collect()
-            } else {
-                Vec::new()
-            };
-            let known_before = state.known.clone();
-            let names = self.renew(&ids, &without, until, now).await?;
-            state.known = names;
-            let unknown = state
-                .known
-                .iter()
-                .any(|n| !known_before.contains(n) && self.spec.projection_id(n).is_none());
-            if !(self.consumer && unknown) {
-                break;
-            }
+        self.renew(&ids, until, now).await?;
+        for &id in &ids {
+            let entry = state.until.entry(id).or_insert(0);
+            *entry = (*entry).max(until);
         }
-        for id in ids {
-            state.until.insert(id, until);
+        Ok(valid(&state))
+    }
+
+    /// A writer that is not the stream's consumer (a backfill, a redrive,
+    /// a recovery) refuses to write a definition other than the one a
+    /// consumer is running now: its spec file is not the deployed one, and
+    /// it would undo what the worker writes.
+    async fn check_deployed(&self) -> Result<(), String> {
+        let output = self
+            .registry
+            .client
+            .get_item()
+            .table_name(&self.registry.table)
+            .set_key(Some(self.registry.key(LEASES)))
+            .consistent_read(true)
+            .send()
+            .await
+            .map_err(|e| format!("reading the lifecycle leases: {}", retry_describe(&e)))?;
+        let Some(item) = output.item() else {
+            return Ok(());
+        };
+        let (records, _) = parse_leases(item);
+        let now = now_ms();
+        for projection in &self.spec.projections {
+            let f = hex(projection.fingerprint);
+            let Some(record) = records.get(&projection.name) else {
+                continue;
+            };
+            let running = record
+                .definitions
+                .iter()
+                .filter(|d| d.fingerprint != f && d.fingerprint != WITHOUT)
+                .filter(|d| d.consumed_until.is_some_and(|until| until >= now))
+                .max_by_key(|d| d.consumed_until);
+            let mine = record
+                .definition(&f)
+                .and_then(|d| d.consumed_until)
+                .unwrap_or(0);
+            if let Some(other) = running.filter(|d| d.consumed_until.unwrap_or(0) > mine) {
+                return Err(format!(
+                    "the deployed worker runs another definition of `{}` ({}, lease until {}) than {} ({f}): writing this one would undo its work; use the deployed spec",
+                    projection.name,
+                    other.fingerprint,
+                    iso(other.consumed_until.unwrap_or(0)),
+                    self.spec.file
+                ));
+            }
         }
         Ok(())
     }
@@ -1001,95 +1213,150 @@ impl Leases {
         }
     }
 
-    /// One or more updates of the leases item; the names it then holds.
-    async fn renew(
-        &self,
-        ids: &[ProjectionId],
-        without: &[String],
-        until: u64,
-        now: u64,
-    ) -> Result<BTreeSet<String>, String> {
-        // (attribute, value expression) pairs.
-        let mut sets: Vec<(String, &'static str)> = Vec::new();
+    /// Updates of the leases item; a lease end only ever moves later,
+    /// whichever process of the same definition writes last.
+    async fn renew(&self, ids: &[ProjectionId], until: u64, now: u64) -> Result<(), String> {
+        let mut sets: Vec<Set> = Vec::new();
         let spec_key = self.spec_key();
         for &id in ids {
             let projection = &self.spec.projections[id];
             let [w, c, s, d] = lease_names(&hex(projection.fingerprint), &projection.name);
-            sets.push((w, ":until"));
-            sets.push((d, ":spec"));
-            sets.push((format!("k#{}", projection.name), "KIND"));
+            sets.push(Set::Until(w));
+            sets.push(Set::Text(d, spec_key.clone()));
+            sets.push(Set::Text(
+                format!("k#{}", projection.name),
+                projection.kind_name().to_string(),
+            ));
             if self.consumer {
-                sets.push((c, ":until"));
-                sets.push((s, "SINCE"));
+                sets.push(Set::Until(c));
+                sets.push(Set::Since(s));
             }
         }
-        for name in without {
-            let [w, c, s, _] = lease_names(WITHOUT, name);
-            sets.push((w, ":until"));
-            sets.push((c, ":until"));
-            sets.push((s, "SINCE"));
+        if self.consumer && !self.spec.projections.is_empty() {
+            let fingerprint = hex(self.spec.projections_fingerprint());
+            sets.push(Set::Until(format!("C#{fingerprint}")));
+            sets.push(Set::Since(format!("S#{fingerprint}")));
+            sets.push(Set::Names(format!("N#{fingerprint}")));
         }
-        let mut names = BTreeSet::new();
-        // Expressions are limited to 4 KB: 30 attributes per request.
-        for chunk in sets.chunks(30) {
-            let mut update = self
-                .registry
-                .client
-                .update_item()
-                .table_name(&self.registry.table)
-                .set_key(Some(self.registry.key(LEASES)))
-                .expression_attribute_values(":until", Av::N(until.to_string()))
-                .return_values(ReturnValue::AllNew);
-            let mut parts = Vec::new();
-            let mut uses_spec = false;
-            let mut uses_now = false;
-            for (i, (attribute, value)) in chunk.iter().enumerate() {
-                update = update.expression_attribute_names(format!("#a{i}"), attribute);
-                match *value {
-                    "KIND" => {
-                        let name = attribute.strip_prefix("k#").unwrap_or_default();
-                        let kind = self
-                            .spec
-                            .projection_id(name)
-                            .map_or("?", |id| self.spec.projections[id].kind_name());
-                        update = update
-                            .expression_attribute_values(format!(":k{i}"), Av::S(kind.to_string()));
-                        parts.push(format!("#a{i} = :k{i}"));
+        // Expressions are limited to 4 KB: 20 attributes per request.
+        for chunk in sets.chunks(20) {
+            let mut skip: Vec<bool> = vec![false; chunk.len()];
+            for _attempt in 0..4 {
+                let mut update = self
+                    .registry
+                    .client
+                    .update_item()
+                    .table_name(&self.registry.table)
+                    .set_key(Some(self.registry.key(LEASES)))
+                    .return_values_on_condition_check_failure(
+                        aws_sdk_dynamodb::types::ReturnValuesOnConditionCheckFailure::AllOld,
+                    );
+                let mut parts = Vec::new();
+                let mut conditions = Vec::new();
+                let (mut uses_until, mut uses_now) = (false, false);
+                for (i, set) in chunk.iter().enumerate() {
+                    if skip[i] {
+                        continue;
                     }
-                    "SINCE" => {
-                        uses_now = true;
-                        parts.push(format!("#a{i} = if_not_exists(#a{i}, :now)"));
+                    let name = match set {
+                        Set::Until(name) | Set::Since(name) | Set::Names(name) => name,
+                        Set::Text(name, _) => name,
+                    };
+                    update = update.expression_attribute_names(format!("#a{i}"), name);
+                    match set {
+                        Set::Until(_) => {
+                            uses_until = true;
+                            parts.push(format!("#a{i} = :until"));
+                            conditions
+                                .push(format!("(attribute_not_exists(#a{i}) OR #a{i} < :until)"));
+                        }
+                        Set::Since(_) => {
+                            uses_now = true;
+                            parts.push(format!("#a{i} = if_not_exists(#a{i}, :now)"));
+                        }
+                        Set::Text(_, value) => {
+                            update = update.expression_attribute_values(
+                                format!(":v{i}"),
+                                Av::S(value.clone()),
+                            );
+                            parts.push(format!("#a{i} = :v{i}"));
+                        }
+                        Set::Names(_) => {
+                            let names: Vec<String> = self
+                                .spec
+                                .projections
+                                .iter()
+                                .map(|p| p.name.clone())
+                                .collect();
+                            update =
+                                update.expression_attribute_values(format!(":v{i}"), Av::Ss(names));
+                            parts.push(format!("#a{i} = :v{i}"));
+                        }
                     }
-                    ":spec" => {
-                        uses_spec = true;
-                        parts.push(format!("#a{i} = :spec"));
-                    }
-                    other => parts.push(format!("#a{i} = {other}")),
                 }
-            }
-            if uses_spec {
-                update = update.expression_attribute_values(":spec", Av::S(spec_key.clone()));
-            }
-            if uses_now {
-                update = update.expression_attribute_values(":now", Av::N(now.to_string()));
-            }
-            let output = update
-                .update_expression(format!("SET {}", parts.join(", ")))
-                .send()
-                .await
-                .map_err(|e| {
-                    format!(
-                        "renewing the lifecycle lease on {}: {}",
-                        self.registry.table,
-                        retry_describe(&e)
-                    )
-                })?;
-            if let Some(item) = output.attributes() {
-                names.extend(parse_leases(item).into_keys());
+                if parts.is_empty() {
+                    break;
+                }
+                if uses_until {
+                    update = update.expression_attribute_values(":until", Av::N(until.to_string()));
+                }
+                if uses_now {
+                    update = update.expression_attribute_values(":now", Av::N(now.to_string()));
+                }
+                if !conditions.is_empty() {
+                    update = update.condition_expression(conditions.join(" AND "));
+                }
+                match update
+                    .update_expression(format!("SET {}", parts.join(", ")))
+                    .send()
+                    .await
+                {
+                    Ok(_) => break,
+                    Err(error) if is_condition_failure(&error) => {
+                        // Another process of the same definition holds a
+                        // later end for some of them: those stay.
+                        let old = error.as_service_error().and_then(|e| match e {
+                            aws_sdk_dynamodb::operation::update_item::UpdateItemError::ConditionalCheckFailedException(e) => e.item().cloned(),
+                            _ => None,
+                        });
+                        let old = match old {
+                            Some(item) => item,
+                            None => self
+                                .registry
+                                .client
+                                .get_item()
+                                .table_name(&self.registry.table)
+                                .set_key(Some(self.registry.key(LEASES)))
+                                .consistent_read(true)
+                                .send()
+                                .await
+                                .map_err(|e| {
+                                    format!("reading the lifecycle leases: {}", retry_describe(&e))
+                                })?
+                                .item()
+                                .cloned()
+                                .unwrap_or_default(),
+                        };
+                        for (i, set) in chunk.iter().enumerate() {
+                            if let Set::Until(name) = set {
+                                if number(&old, name).is_some_and(|existing| existing >= until) {
+                                    skip[i] = true;
+                                }
+                            }
+                        }
+                    }
+                    Err(error) => {
+                        return Err(format!(
+                            "renewing the lifecycle lease on {}: {}",
+                            self.registry.table,
+                            retry_describe(&error)
+                        ))
+                    }
+                }
             }
         }
         metrics::counter!("projector_lease_renewals_total").increment(1);
-        Ok(names)
+        Ok(())
     }
 }
 
@@ -1138,9 +1405,17 @@ mod tests {
         };
         let with = |record: Record| Snapshot {
             records: [(name.clone(), record)].into_iter().collect(),
+            ..Snapshot::default()
         };
         // Never seen: new, and the spec must be deployed first.
-        let rows = states(&spec, &Snapshot::default(), 1_000, &commands);
+        let rows = states(
+            &spec,
+            &Snapshot::default(),
+            1_000,
+            0,
+            &HashMap::new(),
+            &commands,
+        );
         assert_eq!(row(&rows, &name).state, State::New);
         assert!(row(&rows, &name)
             .next
@@ -1154,20 +1429,41 @@ mod tests {
             backfilled: done(&f, 600),
             ..Record::default()
         };
-        let rows = states(&spec, &with(record.clone()), 1_000, &commands);
+        let rows = states(
+            &spec,
+            &with(record.clone()),
+            1_000,
+            0,
+            &HashMap::new(),
+            &commands,
+        );
         assert_eq!(row(&rows, &name).state, State::Live);
         assert_eq!(row(&rows, &name).next, None);
         // The old definition's lease reached past the backfill's start: a
         // stale worker could have undone it.
         record.definitions[0].writes_until = 600;
-        let rows = states(&spec, &with(record.clone()), 1_000, &commands);
+        let rows = states(
+            &spec,
+            &with(record.clone()),
+            1_000,
+            0,
+            &HashMap::new(),
+            &commands,
+        );
         assert_eq!(row(&rows, &name).state, State::Changed);
         // A consumer without the projection ran after the backfill (it was
         // retired and added back): not live either, but nothing of another
         // definition was written, so it is new.
         record.definitions[0] = definition(WITHOUT, 700, true);
         record.backfilled = None;
-        let rows = states(&spec, &with(record.clone()), 1_000, &commands);
+        let rows = states(
+            &spec,
+            &with(record.clone()),
+            1_000,
+            0,
+            &HashMap::new(),
+            &commands,
+        );
         assert_eq!(row(&rows, &name).state, State::New);
         // Backfilled but no consumer runs the definition: not live.
         let record = Record {
@@ -1176,7 +1472,7 @@ mod tests {
             backfilled: done(&f, 600),
             ..Record::default()
         };
-        let rows = states(&spec, &with(record), 1_000, &commands);
+        let rows = states(&spec, &with(record), 1_000, 0, &HashMap::new(), &commands);
         assert_ne!(row(&rows, &name).state, State::Live);
     }
 
@@ -1198,8 +1494,16 @@ mod tests {
         };
         let snapshot = Snapshot {
             records: [(name.clone(), record)].into_iter().collect(),
+            ..Snapshot::default()
         };
-        let rows = states(&spec, &snapshot, 1_000, &Commands::default());
+        let rows = states(
+            &spec,
+            &snapshot,
+            1_000,
+            0,
+            &HashMap::new(),
+            &Commands::default(),
+        );
         let r = row(&rows, &name);
         assert_eq!(r.state, State::Backfilling);
         assert!(r.note.as_deref().unwrap().contains("cannot make it live"));
@@ -1216,19 +1520,105 @@ mod tests {
         };
         let snapshot = Snapshot {
             records: [("gone".to_string(), record)].into_iter().collect(),
+            ..Snapshot::default()
         };
         let commands = Commands {
             target: "--spec s.toml".to_string(),
         };
-        let rows = states(&spec, &snapshot, 1_000, &commands);
+        let rows = states(&spec, &snapshot, 1_000, 0, &HashMap::new(), &commands);
         let r = row(&rows, "gone");
         assert_eq!(r.state, State::Retired);
         assert!(r.next.as_deref().unwrap().starts_with("deploy this spec"));
-        let rows = states(&spec, &snapshot, 9_000, &commands);
+        let rows = states(&spec, &snapshot, 9_000, 0, &HashMap::new(), &commands);
         assert_eq!(
             row(&rows, "gone").next.as_deref(),
             Some("ddb-projector prune --spec s.toml --projection gone")
         );
+    }
+
+    #[test]
+    fn open_dead_letters_keep_a_backfilled_projection_from_live() {
+        let spec = spec();
+        let name = spec.projections[0].name.clone();
+        let f = hex(spec.projections[0].fingerprint);
+        let record = Record {
+            name: name.clone(),
+            definitions: vec![definition(&f, 2_000, true)],
+            backfilled: done(&f, 600),
+            ..Record::default()
+        };
+        let snapshot = Snapshot {
+            records: [(name.clone(), record)].into_iter().collect(),
+            ..Snapshot::default()
+        };
+        let commands = Commands {
+            target: "--spec s.toml".to_string(),
+        };
+        for letters in [
+            HashMap::from([(name.clone(), 2)]),
+            HashMap::from([(crate::apply::WHOLE_RECORD.to_string(), 1)]),
+        ] {
+            let rows = states(&spec, &snapshot, 1_000, 0, &letters, &commands);
+            let r = row(&rows, &name);
+            assert_eq!(r.state, State::Held, "{letters:?}");
+            assert_eq!(
+                r.next.as_deref(),
+                Some("ddb-projector dlq redrive --spec s.toml")
+            );
+        }
+        let rows = states(&spec, &snapshot, 1_000, 0, &HashMap::new(), &commands);
+        assert_eq!(row(&rows, &name).state, State::Live);
+        // A lease ending within the clock skew of the backfill's start
+        // could have reached past it.
+        let mut late = snapshot.clone();
+        late.records
+            .get_mut(&name)
+            .unwrap()
+            .definitions
+            .push(definition("old", 590, true));
+        let rows = states(&spec, &late, 1_000, 0, &HashMap::new(), &commands);
+        assert_eq!(row(&rows, &name).state, State::Live);
+        let rows = states(&spec, &late, 1_000, 20, &HashMap::new(), &commands);
+        assert_eq!(row(&rows, &name).state, State::Changed);
+    }
+
+    #[test]
+    fn a_consumer_without_a_projection_covers_it_while_it_runs() {
+        let consumer = |fingerprint: &str, since: u64, until: u64, names: &[&str]| ConsumerSpec {
+            fingerprint: fingerprint.to_string(),
+            since,
+            until,
+            names: names.iter().map(|n| n.to_string()).collect(),
+        };
+        let mut records: BTreeMap<String, Record> = ["p", "q"]
+            .into_iter()
+            .map(|n| {
+                (
+                    n.to_string(),
+                    Record {
+                        name: n.to_string(),
+                        ..Record::default()
+                    },
+                )
+            })
+            .collect();
+        // v1 had p and q; v2 lacked q (two consumers of it); v3 has both.
+        add_without(
+            &mut records,
+            &[
+                consumer("v1", 0, 9, &["p", "q"]),
+                consumer("v2", 10, 15, &["p"]),
+                consumer("v2b", 12, 40, &["p"]),
+                consumer("v3", 100, 120, &["p", "q"]),
+            ],
+        );
+        assert!(records["p"].definitions.is_empty());
+        let without = records["q"].definition(WITHOUT).expect("covered");
+        assert_eq!(
+            without.writes_until, 40,
+            "the last lease of a spec without q"
+        );
+        assert_eq!(without.consumed_since, Some(10));
     }
 
     #[test]
@@ -1240,7 +1630,7 @@ mod tests {
         item.insert("d#aa#x#y".to_string(), Av::S("spec#1".to_string()));
         item.insert("k#x#y".to_string(), Av::S("counter".to_string()));
         item.insert("w#-#z".to_string(), Av::N("4".to_string()));
-        let records = parse_leases(&item);
+        let (records, _) = parse_leases(&item);
         let x = &records["x#y"];
         assert_eq!(x.kind.as_deref(), Some("counter"));
         assert_eq!(

@@ -166,7 +166,7 @@ async fn check_shape(
             .find(|g| g.index_name() == Some(gsi.name.as_str()))
         {
             None => problems.push(format!(
-                "index `{}` is missing (add it, then run `ddb-projector backfill` for its keys)",
+                "index `{}` is missing (add it, then run `ddb-projector backfill --all` for its keys)",
                 gsi.name
             )),
             Some(index) => {

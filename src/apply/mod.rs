@@ -42,6 +42,10 @@ use crate::plan::plan_record;
 use crate::record::{ChangeRecord, ItemKey};
 use crate::spec::{ProjectionId, Spec};
 
+/// How far past what a batch needs its lease must run: writes started just
+/// before a deadline still finish.
+const LEASE_MARGIN_MS: u64 = 5_000;
+
 /// How the applier behaves.
 #[derive(Debug, Clone)]
 pub struct ApplyConfig {
@@ -62,6 +66,10 @@ pub struct ApplyConfig {
     /// (`PROJECTOR_LEASE_SECONDS`, default 120 s). The first applier of a
     /// table and definition in a process sets it for all of them.
     pub lease: Duration,
+    /// How far apart machines' clocks may be, for the lease comparisons a
+    /// backfill makes when it completes (`PROJECTOR_CLOCK_SKEW_MS`,
+    /// default 2 s).
+    pub clock_skew: Duration,
 }
 
 impl Default for ApplyConfig {
@@ -73,6 +81,7 @@ impl Default for ApplyConfig {
             check_invariants: true,
             stream_consumer: false,
             lease: crate::lifecycle::lease_length(),
+            clock_skew: Duration::from_millis(crate::lifecycle::clock_skew_ms()),
         }
     }
 }
@@ -241,7 +250,12 @@ impl Applier {
             return Ok(());
         }
         let needed = crate::lifecycle::now_ms() + self.leases_margin();
-        self.leases.ensure(None, needed).await
+        self.leases.ensure(&[], needed).await.map(|_| ())
+    }
+
+    /// How far past a batch's end its lease must reach.
+    fn lease_margin(&self) -> u64 {
+        LEASE_MARGIN_MS.min(self.config.lease.as_millis() as u64)
     }
 
     /// How long a batch without a deadline may take: half the lease.
@@ -264,11 +278,36 @@ impl Applier {
         &self.client
     }
 
+    /// Its settings.
+    pub fn config(&self) -> &ApplyConfig {
+        &self.config
+    }
+
     /// Applies a batch of records given in stream order (see the module docs).
     pub async fn apply_batch(
         &self,
         batch: &[Result<ChangeRecord, DecodeProblem>],
         options: &BatchOptions,
+    ) -> Result<BatchOutcome, ApplyError> {
+        let mut written = Vec::new();
+        let outcome = self.apply_leased(batch, options, &mut written).await?;
+        // A batch that outlasted its lease (throttling, a paused process)
+        // records how long it wrote, so that `status` and the next claim
+        // see it; no request when the lease still runs.
+        if !written.is_empty() {
+            let now = crate::lifecycle::now_ms();
+            if let Err(message) = self.leases.ensure(&written, now + 1_000).await {
+                tracing::warn!(%message, "could not extend the lifecycle lease after a long batch");
+            }
+        }
+        Ok(outcome)
+    }
+
+    async fn apply_leased(
+        &self,
+        batch: &[Result<ChangeRecord, DecodeProblem>],
+        options: &BatchOptions,
+        written: &mut Vec<ProjectionId>,
     ) -> Result<BatchOutcome, ApplyError> {
         let spec = &*self.spec;
         let n = batch.len();
@@ -308,10 +347,26 @@ impl Applier {
         // only when the lease would run out first. A stream consumer takes
         // it for any batch, so that `status` sees the deploy at once.
         // A batch past its deadline writes nothing, so it needs none.
+        // The projections written are those of the planned effects: a
+        // membership writes its counters too, whatever was selected.
+        let mut ids: Vec<ProjectionId> = plans
+            .iter()
+            .flatten()
+            .flat_map(|plan| plan.effects.iter().flat_map(effect_projections))
+            .collect();
+        ids.sort_unstable();
+        ids.dedup();
+        // A consumer's own lease renewals come back on the stream: they do
+        // not call for another.
+        let consumed = self.config.stream_consumer
+            && sources
+                .iter()
+                .flatten()
+                .any(|key| !key.pk.starts_with(crate::spec::RESERVED_PREFIX));
         let past_deadline = options
             .deadline
             .is_some_and(|deadline| deadline <= tokio::time::Instant::now());
-        if (n_effects > 0 || (self.config.stream_consumer && n > 0)) && !past_deadline {
+        if (!ids.is_empty() || consumed) && !past_deadline {
             let now = crate::lifecycle::now_ms();
             let needed = match options.deadline {
                 Some(deadline) => {
@@ -320,8 +375,10 @@ impl Applier {
                         .as_millis() as u64
                 }
                 None => now + self.leases_margin(),
-            };
-            if let Err(message) = self.leases.ensure(selection, needed).await {
+            } + self.lease_margin();
+            *written = ids.clone();
+            if let Err(message) = self.leases.ensure(&ids, needed).await {
+                written.clear();
                 let statuses = vec![RecordStatus::Failed(message); n];
                 let stats = BatchStats {
                     records: n,
@@ -618,6 +675,16 @@ impl Applier {
     ) -> (Vec<Result<(), String>>, BatchStats) {
         let n = effects.len();
         let spec = &*self.spec;
+        // The same lease as a batch's: a repair writes definitions too.
+        let mut ids: Vec<ProjectionId> = effects.iter().flat_map(effect_projections).collect();
+        ids.sort_unstable();
+        ids.dedup();
+        if !ids.is_empty() {
+            let needed = crate::lifecycle::now_ms() + self.leases_margin() + self.lease_margin();
+            if let Err(message) = self.leases.ensure(&ids, needed).await {
+                return (vec![Err(message); n], BatchStats::default());
+            }
+        }
         let groups = coalesce::coalesce(effects.into_iter().enumerate(), &spec.table);
         let ctx = writes::Ctx::new(&self.client, &self.table, spec, &self.config);
         let (recomputes, first): (Vec<_>, Vec<_>) = groups

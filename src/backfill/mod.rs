@@ -143,14 +143,14 @@ impl BackfillSummary {
 
 /// Keeps consumed capacity per second under a limit, averaged over the run.
 #[derive(Debug)]
-struct Pacer {
+pub(crate) struct Pacer {
     per_second: Option<f64>,
     start: Instant,
     consumed_micro: AtomicU64,
 }
 
 impl Pacer {
-    fn new(per_second: Option<f64>) -> Pacer {
+    pub(crate) fn new(per_second: Option<f64>) -> Pacer {
         Pacer {
             per_second: per_second.filter(|v| *v > 0.0),
             start: Instant::now(),
@@ -159,7 +159,7 @@ impl Pacer {
     }
 
     /// Records consumption, then waits until the average is back under the limit.
-    async fn consume(&self, units: f64) {
+    pub(crate) async fn consume(&self, units: f64) {
         let total = self
             .consumed_micro
             .fetch_add((units * 1e6) as u64, Ordering::Relaxed) as f64
@@ -290,7 +290,8 @@ pub async fn backfill(
                 applier.client().clone(),
                 applier.table(),
                 &spec.table,
-            );
+            )
+            .with_skew(applier.config().clock_skew.as_millis() as u64);
             let completion = registry.complete(spec, &ids, run).await?;
             summary.backfilled = completion.backfilled;
             summary.not_backfilled = completion.not;

@@ -1,7 +1,7 @@
 //! The lifecycle commands: `status`, and `backfill` (which claims what it
 //! backfills in the lifecycle registry and records it once complete).
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::io::Write;
 use std::process::ExitCode;
 use std::time::Duration;
@@ -24,6 +24,18 @@ fn commands(target: &Target) -> Commands {
     Commands { target: line }
 }
 
+/// Open dead letters by projection (`*`: whole records).
+async fn letters(applier: &Applier) -> anyhow::Result<HashMap<String, usize>> {
+    let letters = applier.dead_letter_store().list().await.map_err(|error| {
+        anyhow::anyhow!("reading the dead letters of {}: {error:?}", applier.table())
+    })?;
+    let mut by_projection: HashMap<String, usize> = HashMap::new();
+    for letter in &letters {
+        *by_projection.entry(letter.projection.clone()).or_default() += 1;
+    }
+    Ok(by_projection)
+}
+
 /// `status`: exit 0 when every projection is live, 1 otherwise.
 pub async fn status(target: Target, format: OutputFormat) -> anyhow::Result<ExitCode> {
     let c = match connect(&target).await {
@@ -33,21 +45,21 @@ pub async fn status(target: Target, format: OutputFormat) -> anyhow::Result<Exit
     crate::aws::describe_table(&c.dynamodb, &c.table).await?;
     let registry = Registry::new(c.dynamodb.clone(), &c.table, &c.spec.table);
     let snapshot = registry.snapshot(&c.spec).await?;
-    let mut rows = states(&c.spec, &snapshot, now_ms(), &commands(&target));
     let applier = Applier::new(
         c.dynamodb.clone(),
         c.spec.clone(),
         &c.table,
         ApplyConfig::default(),
     );
-    let letters =
-        applier.dead_letter_store().list().await.map_err(|error| {
-            anyhow::anyhow!("reading the dead letters of {}: {error:?}", c.table)
-        })?;
-    let mut by_projection: BTreeMap<String, usize> = BTreeMap::new();
-    for letter in &letters {
-        *by_projection.entry(letter.projection.clone()).or_default() += 1;
-    }
+    let by_projection = letters(&applier).await?;
+    let mut rows = states(
+        &c.spec,
+        &snapshot,
+        now_ms(),
+        registry.skew_ms(),
+        &by_projection,
+        &commands(&target),
+    );
     for row in &mut rows {
         row.dead_letters = by_projection.get(&row.name).copied().unwrap_or(0);
     }
@@ -174,12 +186,26 @@ pub async fn backfill(target: Target, args: BackfillArgs) -> anyhow::Result<Exit
         None => {
             // What `status` says needs it: every projection not live.
             let snapshot = registry.snapshot(&c.spec).await?;
-            let needed: Vec<ProjectionId> =
-                states(&c.spec, &snapshot, now_ms(), &commands(&target))
-                    .into_iter()
-                    .filter(|row| row.state != State::Live)
-                    .filter_map(|row| c.spec.projection_id(&row.name))
-                    .collect();
+            let applier = Applier::new(
+                c.dynamodb.clone(),
+                c.spec.clone(),
+                &c.table,
+                ApplyConfig::default(),
+            );
+            let letters = letters(&applier).await?;
+            // Held projections need a redrive, not a backfill.
+            let needed: Vec<ProjectionId> = states(
+                &c.spec,
+                &snapshot,
+                now_ms(),
+                registry.skew_ms(),
+                &letters,
+                &commands(&target),
+            )
+            .into_iter()
+            .filter(|row| !matches!(row.state, State::Live | State::Held))
+            .filter_map(|row| c.spec.projection_id(&row.name))
+            .collect();
             if needed.is_empty() {
                 eprintln!(
                     "every projection of {} is live on {}: nothing to backfill (--all backfills them anyway)",
@@ -212,6 +238,9 @@ pub async fn backfill(target: Target, args: BackfillArgs) -> anyhow::Result<Exit
             ((0..n).collect(), n)
         }
     };
+    if args.segments.segment.is_some() && args.run.is_none() && !args.dry_run {
+        bail!("--segment needs --run NAME: the same name on every machine, so that the segments make one backfill (its projections are recorded once every segment is done)");
+    }
     let run = if args.dry_run {
         None
     } else {
@@ -294,8 +323,8 @@ async fn claim(
     loop {
         match registry.claim(spec, ids, run).await? {
             ClaimOutcome::Claimed => return Ok(()),
-            ClaimOutcome::AlreadyDone { projection } => bail!(
-                "backfill `{run}` already completed `{projection}`: give a new --run (or none) to backfill again"
+            ClaimOutcome::RunUsed { projection } => bail!(
+                "backfill `{run}` already claimed `{projection}` once (it completed, or a later backfill superseded it): give a new --run (or none) to backfill again"
             ),
             ClaimOutcome::Wait {
                 projection,
@@ -317,4 +346,126 @@ async fn claim(
             }
         }
     }
+}
+
+/// `prune`.
+pub async fn prune(
+    target: Target,
+    names: Vec<String>,
+    from_spec: Option<std::path::PathBuf>,
+    options: crate::prune::PruneOptions,
+) -> anyhow::Result<ExitCode> {
+    let c = match connect(&target).await {
+        Ok(c) => c,
+        Err(result) => return result,
+    };
+    crate::aws::describe_table(&c.dynamodb, &c.table).await?;
+    let registry = Registry::new(c.dynamodb.clone(), &c.table, &c.spec.table);
+    let snapshot = registry.snapshot(&c.spec).await?;
+    let retired_known: Vec<&str> = snapshot
+        .records
+        .iter()
+        .filter(|(name, record)| {
+            c.spec.projection_id(name).is_none()
+                && record
+                    .definitions
+                    .iter()
+                    .any(|d| d.fingerprint != crate::lifecycle::WITHOUT)
+        })
+        .map(|(name, _)| name.as_str())
+        .collect();
+    let from = match &from_spec {
+        Some(path) => match super::load_spec(path) {
+            Ok(spec) => Some(std::sync::Arc::new(spec)),
+            Err(code) => return Ok(code),
+        },
+        None => None,
+    };
+    let now = now_ms();
+    let mut retired = Vec::new();
+    for name in &names {
+        if c.spec.projection_id(name).is_some() {
+            bail!(
+                "`{name}` is in {}: prune removes what a retired projection derived; remove it from the spec and deploy first",
+                target.spec.display()
+            );
+        }
+        let record = snapshot.record(name);
+        if let Some(writer) = record
+            .definitions
+            .iter()
+            .filter(|d| d.fingerprint != crate::lifecycle::WITHOUT)
+            .find(|d| d.writes_until >= now)
+        {
+            bail!(
+                "a writer of `{name}` (definition {}) holds a lease until {}: deploy a spec without it first (or wait for the old workers to stop), then prune",
+                writer.fingerprint,
+                iso(writer.writes_until)
+            );
+        }
+        let spec = match &from {
+            Some(spec) => spec.clone(),
+            None => {
+                let latest = record
+                    .definitions
+                    .iter()
+                    .filter(|d| d.fingerprint != crate::lifecycle::WITHOUT)
+                    .filter_map(|d| d.spec_key.as_ref().map(|key| (d.writes_until, key)))
+                    .max();
+                let Some((_, key)) = latest else {
+                    bail!(
+                        "the lifecycle registry of {} knows no definition of `{name}` (retired projections it knows: {}); give the spec that had it with --from-spec",
+                        c.table,
+                        if retired_known.is_empty() { "none".to_string() } else { retired_known.join(", ") }
+                    );
+                };
+                let Some(text) = registry.spec_text(key).await? else {
+                    bail!("the lifecycle registry lost the spec text `{key}` that defined `{name}`: give it with --from-spec");
+                };
+                let label = format!("the registry's copy of the spec that last ran `{name}`");
+                match crate::spec::Spec::from_toml(&text, &label) {
+                    Ok(spec) => std::sync::Arc::new(spec),
+                    Err(errors) => bail!("{errors}"),
+                }
+            }
+        };
+        retired.push(crate::prune::Retired::new(name, spec).map_err(anyhow::Error::msg)?);
+    }
+    let summary = crate::prune::prune(&c.dynamodb, &c.table, &c.spec, &retired, &options).await?;
+    eprintln!(
+        "{}prune of {} from {}: {} items scanned, {} deleted, {} stripped of derived attributes, {} counter records removed, {} kept, {} dead letters removed, {:.1} WCU, {:.1} s",
+        if options.dry_run { "dry-run " } else { "" },
+        names.join(", "),
+        c.table,
+        summary.scanned,
+        summary.deleted_items,
+        summary.stripped_items,
+        summary.removed_records,
+        summary.kept_count,
+        summary.dead_letters,
+        summary.write_units,
+        summary.seconds,
+    );
+    for why in &summary.kept {
+        eprintln!("  kept: {why}");
+    }
+    let left: Vec<&String> = names
+        .iter()
+        .filter(|n| !summary.forgotten.contains(n))
+        .collect();
+    if !options.dry_run && !left.is_empty() {
+        eprintln!(
+            "not forgotten (a writer ran during the prune; run it again once none does): {}",
+            left.iter()
+                .map(|s| s.as_str())
+                .collect::<Vec<_>>()
+                .join(", ")
+        );
+    }
+    println!("{}", serde_json::to_string(&summary)?);
+    Ok(if options.dry_run || left.is_empty() {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::from(1)
+    })
 }

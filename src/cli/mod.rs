@@ -163,6 +163,32 @@ pub enum Command {
         #[arg(long, value_enum, default_value_t = OutputFormat::Text)]
         format: OutputFormat,
     },
+    /// Delete what a retired projection (in the table, no longer in the
+    /// spec) derived: counter shards, markers and records, reverse items,
+    /// index keys and copied attributes, its dead letters and registry
+    /// entries. Resumable (run it again), rate-limited, with progress.
+    /// Refuses a projection still in the spec or still being written.
+    Prune {
+        /// Spec and table.
+        #[command(flatten)]
+        target: Target,
+        /// The retired projection (repeatable).
+        #[arg(long = "projection", required = true)]
+        projections: Vec<String>,
+        /// A spec file that defines the retired projections (default: the
+        /// registry's copy of the spec that last ran them).
+        #[arg(long)]
+        from_spec: Option<PathBuf>,
+        /// Count what would change without writing.
+        #[arg(long)]
+        dry_run: bool,
+        /// Consumed write capacity units per second to stay under.
+        #[arg(long)]
+        max_wcu: Option<f64>,
+        /// Scan segments in parallel.
+        #[arg(long, default_value_t = 4)]
+        segments: u32,
+    },
     /// Serve DynamoDB Streams events as an AWS Lambda function (the default
     /// when AWS_LAMBDA_RUNTIME_API is set and no command is given).
     Lambda,
@@ -359,6 +385,24 @@ pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             },
         )),
         Command::Status { target, format } => block_on(lifecycle::status(target, format)),
+        Command::Prune {
+            target,
+            projections,
+            from_spec,
+            dry_run,
+            max_wcu,
+            segments,
+        } => block_on(lifecycle::prune(
+            target,
+            projections,
+            from_spec,
+            crate::prune::PruneOptions {
+                dry_run,
+                max_wcu,
+                segments,
+                ..Default::default()
+            },
+        )),
 
         Command::Lambda => crate::lambda::run(),
         Command::Filters { spec } => Ok(crate::lambda::filters::command(&spec)),

@@ -140,8 +140,8 @@ pub enum BackfillRequestError {
         "backfill: run is empty: name the backfill (the state machine sends its execution name)"
     )]
     EmptyRun,
-    /// A claim with the name of a run that already completed.
-    #[error("backfill: run `{run}` already completed `{projection}`: start a new execution (or send a new run) to backfill again")]
+    /// A claim with the name of a run that already claimed once.
+    #[error("backfill: run `{run}` already claimed `{projection}` once (it completed, or a later run superseded it): start a new execution (or send a new run) to backfill again")]
     RunDone {
         /// The run.
         run: String,
@@ -332,7 +332,7 @@ impl Handler {
                 response.done = false;
                 Ok(response)
             }
-            crate::lifecycle::ClaimOutcome::AlreadyDone { projection } => {
+            crate::lifecycle::ClaimOutcome::RunUsed { projection } => {
                 Err(InvocationError::Backfill(BackfillRequestError::RunDone {
                     run: run.to_string(),
                     projection,

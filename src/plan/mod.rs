@@ -41,6 +41,13 @@ pub trait CustomProjection: Send + Sync + fmt::Debug {
     fn source_entity(&self) -> &str;
     /// Plans the writes for one change; an `Err` dead-letters the record.
     fn plan(&self, change: &EntityChange<'_>) -> Result<Vec<CustomOp>, String>;
+    /// The version of what it derives: change it whenever the code derives
+    /// something else, so that the lifecycle registry sees a new definition
+    /// (`status` then asks for a backfill). Its fingerprint covers only the
+    /// name, the source entity and this.
+    fn version(&self) -> u32 {
+        0
+    }
 }
 
 /// What a custom projection sees of a change.

@@ -202,7 +202,7 @@ pub enum RunErrorKind {
         "records were lost: shard {shard_id} of stream {stream_arn} cannot be read after its checkpoint \
          (sequence number {sequence_number}): {detail}. Changes after the checkpoint were never applied and derived \
          items may be stale. To recover: \
-         (1) rebuild derived state with `ddb-projector backfill --spec FILE --table {table}`; \
+         (1) rebuild derived state with `ddb-projector backfill --all --spec FILE --table {table}`; \
          (2) reset the checkpoint by deleting its item ({key}), e.g. \
          `aws dynamodb delete-item --table-name {table} --key '{key_json}'`; \
          (3) start `ddb-projector run` again"
@@ -505,7 +505,7 @@ impl Shared {
                     format!(
                         "shard {} no longer exists before it was read to its end (the stream was disabled, \
                          or the shard was trimmed: then records after sequence number {} were lost; see \
-                         `ddb-projector backfill`)",
+                         `ddb-projector backfill --all`)",
                         run.shard_id,
                         run.position.as_ref().map_or("none", |s| s.as_str())
                     ),

@@ -967,8 +967,9 @@ impl Compiler {
             // A Rust projection's definition is its code: its name and
             // source stand for it.
             let fingerprint = fingerprint(&format!(
-                "custom\u{1}{name}\u{1}{}",
-                projection.source_entity()
+                "custom\u{1}{name}\u{1}{}\u{1}{}",
+                projection.source_entity(),
+                projection.version()
             ));
             projections.push(Projection {
                 name,
