@@ -36,6 +36,7 @@ pub mod invariant;
 pub mod lambda;
 pub mod lifecycle;
 pub mod plan;
+pub mod prune;
 pub mod record;
 pub mod source;
 pub mod spec;
