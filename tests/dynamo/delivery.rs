@@ -223,6 +223,11 @@ pub async fn snapshot(client: &aws_sdk_dynamodb::Client, table: &str) -> Vec<Att
         .await
         .into_iter()
         .filter(|item| !text(item, "PK").is_some_and(|pk| pk.starts_with("_ddbp#violation#")))
+        // The lifecycle registry: leases are renewed as time passes.
+        .filter(|item| {
+            !text(item, "PK")
+                .is_some_and(|pk| ddb_projector::lifecycle::Registry::is_registry_key(&pk))
+        })
         .collect();
     items.sort_by_key(History::key);
     items

@@ -253,8 +253,15 @@ async fn a_writer_of_the_old_definition_turns_a_live_projection_back_and_blocks_
     backfilled(&backfill_cli(&v2, &table, &[]));
     assert_eq!(status(&v2, &table).0, 0);
 
-    // A process still on v1 (a stale Lambda environment, a redrive with an
-    // old spec file) writes a follow.
+    // A process still on v1 (a stale Lambda environment, or a redrive with
+    // an old spec file once v2's worker is idle: while it runs, such a
+    // writer refuses) writes a follow.
+    let running = definition(&client, &table, &spec2, "followers")
+        .await
+        .and_then(|d| d.consumed_until)
+        .expect("v2 ran");
+    let wait = running.saturating_sub(ddb_projector::lifecycle::now_ms()) + 100;
+    tokio::time::sleep(std::time::Duration::from_millis(wait)).await;
     let item = follow("c", "b", "2026-11-24");
     put_item(&client, &table, &item).await;
     let stale = Applier::new(
@@ -350,5 +357,344 @@ async fn only_the_last_claim_of_a_projection_can_record_its_backfill() {
         registry.claimed_run(&spec, &all).await.unwrap(),
         None,
         "a complete run holds no claim"
+    );
+}
+
+/// The registry's view of one projection's definition.
+async fn definition(
+    client: &aws_sdk_dynamodb::Client,
+    table: &str,
+    spec: &Spec,
+    name: &str,
+) -> Option<ddb_projector::lifecycle::Definition> {
+    let registry = Registry::new(client.clone(), table, &spec.table);
+    let snapshot = registry.snapshot(spec).await.unwrap();
+    let id = spec.projection_id(name).unwrap();
+    snapshot
+        .record(name)
+        .definition(&ddb_projector::lifecycle::hex(
+            spec.projections[id].fingerprint,
+        ))
+        .cloned()
+}
+
+#[tokio::test]
+async fn a_shorter_lease_never_cuts_a_longer_one_of_the_same_definition() {
+    let client = support::client().await;
+    let spec = support::shipped_spec("social-service.toml");
+    let table = support::fresh_table(&client, &spec, "lifecycle-lease").await;
+    let ids: Vec<usize> = (0..spec.projections.len()).collect();
+    let now = ddb_projector::lifecycle::now_ms();
+    // A Lambda environment with a long invocation, then a short-lived
+    // writer of the same definition (a redrive, another environment).
+    let long = ddb_projector::lifecycle::Leases::shared(
+        &client,
+        &table,
+        &spec,
+        true,
+        std::time::Duration::from_secs(600),
+    );
+    let short = ddb_projector::lifecycle::Leases::shared(
+        &client,
+        &table,
+        &spec,
+        false,
+        std::time::Duration::from_secs(1),
+    );
+    let long_until = long.ensure(&ids, now + 1_000).await.unwrap();
+    let short_until = short.ensure(&ids, now + 1_000).await.unwrap();
+    assert!(short_until < long_until);
+    let followers = definition(&client, &table, &spec, "followers")
+        .await
+        .expect("leased");
+    assert_eq!(
+        followers.writes_until, long_until,
+        "the registry keeps the longer lease"
+    );
+}
+
+#[tokio::test]
+async fn a_backfill_of_a_counter_leases_the_edge_it_rides_on() {
+    let client = support::client().await;
+    let spec = support::shipped_spec("social-service.toml");
+    let table = support::fresh_table(&client, &spec, "lifecycle-rides").await;
+    put_item(&client, &table, &follow("a", "b", "2026-11-23")).await;
+    let applier = Applier::new(client.clone(), spec.clone(), &table, ApplyConfig::default());
+    let followers = spec.projection_id("followers").unwrap();
+    let summary = backfill(
+        &applier,
+        &BackfillOptions {
+            projections: Some(vec![followers]),
+            progress: false,
+            ..BackfillOptions::default()
+        },
+    )
+    .await
+    .unwrap();
+    assert!(summary.writes > 0, "{summary:?}");
+    // `followers` keeps its records on `followed-by`'s reverse items, so
+    // the backfill wrote those items too: it holds a lease for both.
+    for name in ["followers", "followed-by"] {
+        assert!(
+            definition(&client, &table, &spec, name).await.is_some(),
+            "no lease of {name}"
+        );
+    }
+}
+
+#[tokio::test]
+async fn a_consumer_without_a_new_projection_holds_off_its_backfill() {
+    let dir = tempfile::tempdir().unwrap();
+    // v1 lacks `following`; v2 adds it.
+    let v1 = social_spec(dir.path(), "v1.toml", |t| {
+        let start = t.find("# Users a follows.").unwrap();
+        let end = start + t[start..].find("shards = 4").unwrap() + "shards = 4".len();
+        format!("{}{}", &t[..start], &t[end..])
+    });
+    let v2 = social_spec(dir.path(), "v2.toml", |t| t);
+    let client = support::client().await;
+    let spec1 = Arc::new(Spec::from_file(&v1).unwrap());
+    let spec2 = Arc::new(Spec::from_file(&v2).unwrap());
+    let table = support::fresh_table(&client, &spec2, "lifecycle-new").await;
+    // A v1 worker runs (its lease never named `following`).
+    let worker1 = Applier::new(
+        client.clone(),
+        spec1.clone(),
+        &table,
+        ApplyConfig::default(),
+    )
+    .as_stream_consumer();
+    worker1.take_leases().await.unwrap();
+    let registry = Registry::new(client.clone(), &table, &spec2.table);
+    let following = spec2.projection_id("following").unwrap();
+    match registry.claim(&spec2, &[following], "r1").await.unwrap() {
+        ClaimOutcome::Wait {
+            projection, other, ..
+        } => {
+            assert_eq!(projection, "following");
+            assert_eq!(other, ddb_projector::lifecycle::WITHOUT);
+        }
+        other => panic!("claimed while a worker without it ran: {other:?}"),
+    }
+    // A run's name claims a projection once.
+    let followers = spec2.projection_id("followers").unwrap();
+    let same = |run: &'static str| {
+        let registry = registry.clone();
+        let spec2 = spec2.clone();
+        async move { registry.claim(&spec2, &[followers], run).await.unwrap() }
+    };
+    assert_eq!(same("a").await, ClaimOutcome::Claimed);
+    assert_eq!(same("a").await, ClaimOutcome::Claimed, "a retried claim");
+    assert_eq!(same("b").await, ClaimOutcome::Claimed);
+    assert!(
+        matches!(same("a").await, ClaimOutcome::RunUsed { .. }),
+        "a superseded run cannot claim again"
+    );
+}
+
+#[tokio::test]
+async fn a_writer_with_another_spec_than_the_running_worker_writes_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let v1 = social_spec(dir.path(), "v1.toml", |t| t);
+    let v2 = social_spec(dir.path(), "v2.toml", v2);
+    let client = support::client().await;
+    let spec1 = Arc::new(Spec::from_file(&v1).unwrap());
+    let spec2 = Arc::new(Spec::from_file(&v2).unwrap());
+    let table = support::fresh_table(&client, &spec2, "lifecycle-deployed").await;
+    let worker2 = Applier::new(
+        client.clone(),
+        spec2.clone(),
+        &table,
+        ApplyConfig::default(),
+    )
+    .as_stream_consumer();
+    worker2.take_leases().await.unwrap();
+    // `dlq redrive` or `backfill` with the old spec file while v2 runs.
+    let item = follow("c", "b", "2026-11-24");
+    put_item(&client, &table, &item).await;
+    let stale = Applier::new(
+        client.clone(),
+        spec1.clone(),
+        &table,
+        ApplyConfig::default(),
+    );
+    let record = decode_scanned_item(&spec1.table, 0, 1, item.into_iter().collect());
+    let outcome = stale
+        .apply_batch(&[record], &BatchOptions::default())
+        .await
+        .unwrap();
+    let Some(ddb_projector::apply::RecordStatus::Failed(message)) = outcome.statuses.first() else {
+        panic!("the stale writer wrote: {:?}", outcome.statuses);
+    };
+    assert!(
+        message.contains("the deployed worker runs another definition of `followers`"),
+        "{message}"
+    );
+    assert!(
+        definition(&client, &table, &spec1, "followers")
+            .await
+            .is_none(),
+        "nothing of v1 leased"
+    );
+    let reverse = client
+        .get_item()
+        .table_name(&table)
+        .key("PK", support::s("USER#b"))
+        .key("SK", support::s("FOLLOWED_BY#c"))
+        .consistent_read(true)
+        .send()
+        .await
+        .unwrap();
+    assert!(reverse.item().is_none(), "nothing of v1 written");
+}
+
+fn prune_cli(spec: &Path, table: &str, extra: &[&str]) -> Output {
+    cli(&[
+        &["prune", "--spec", spec.to_str().unwrap(), "--table", table][..],
+        extra,
+    ]
+    .concat())
+}
+
+#[tokio::test]
+async fn prune_removes_what_retired_projections_derived_and_nothing_else() {
+    let dir = tempfile::tempdir().unwrap();
+    let v1 = social_spec(dir.path(), "v1.toml", |t| t);
+    // v3 retires the `following` counter (it rides on `followed-by`, like
+    // `followers`) and the leaderboard's index keys.
+    let v3 = social_spec(dir.path(), "v3.toml", |t| {
+        let t = v3(t).replace("shards = 16", "shards = 8");
+        let start = t.find("# Leaderboard by tier").unwrap();
+        t[..start].to_string()
+    });
+    let client = support::client().await;
+    let spec1 = Arc::new(Spec::from_file(&v1).unwrap());
+    let spec3 = Arc::new(Spec::from_file(&v3).unwrap());
+    let table = support::fresh_table(&client, &spec1, "lifecycle-prune").await;
+    for (a, b) in [("a", "b"), ("c", "b"), ("b", "a")] {
+        put_item(&client, &table, &follow(a, b, "2026-11-23")).await;
+    }
+    put_item(
+        &client,
+        &table,
+        &super::model::achievement("a", "b1", "gold", support::n(7)),
+    )
+    .await;
+    run_drain(&v1, &table);
+    let followers_before = ddb_projector::counter::read_counter(
+        &client,
+        &table,
+        &spec1,
+        "followers",
+        &[("userId".into(), "b".into())],
+    )
+    .await
+    .unwrap();
+    assert_eq!(followers_before, 2);
+
+    // Still in the spec: refused.
+    let refused = prune_cli(&v1, &table, &["--projection", "following"]);
+    assert!(!refused.status.success());
+    assert!(stderr(&refused).contains("is in"), "{}", stderr(&refused));
+    // Retired, but the v1 worker's lease still runs: refused.
+    run_drain(&v3, &table);
+    let (_, rows) = status(&v3, &table);
+    assert_eq!(state(&rows, "following"), "retired");
+    assert_eq!(state(&rows, "achievement-leaderboard-keys"), "retired");
+    let early = prune_cli(&v3, &table, &["--projection", "following"]);
+    assert!(!early.status.success());
+    assert!(
+        stderr(&early).contains("holds a lease until"),
+        "{}",
+        stderr(&early)
+    );
+    std::thread::sleep(std::time::Duration::from_millis(3_000));
+
+    let counted = |items: &[super::model::Attrs]| {
+        let following_items = items
+            .iter()
+            .filter(|i| {
+                support::text(i, "PK").is_some_and(|pk| pk.starts_with("COUNTER#following#"))
+            })
+            .count();
+        let records = items
+            .iter()
+            .filter(|i| match i.get("_ddbp#c") {
+                Some(aws_sdk_dynamodb::types::AttributeValue::M(m)) => m.contains_key("following"),
+                _ => false,
+            })
+            .count();
+        let keys = items.iter().filter(|i| i.contains_key("GSI1PK")).count();
+        (following_items, records, keys)
+    };
+    let before = support::scan_all(&client, &table).await;
+    let (shards, records, keys) = counted(&before);
+    assert!(
+        shards > 0 && records == 3 && keys == 1,
+        "{shards} {records} {keys}"
+    );
+
+    // A dry run counts and writes nothing.
+    let args = [
+        "--projection",
+        "following",
+        "--projection",
+        "achievement-leaderboard-keys",
+    ];
+    let dry = prune_cli(&v3, &table, &[&args[..], &["--dry-run"]].concat());
+    assert!(dry.status.success(), "{}", stderr(&dry));
+    let summary: Value = serde_json::from_slice(&dry.stdout).unwrap();
+    assert_eq!(summary["deletedItems"], shards as u64, "{summary}");
+    assert_eq!(summary["removedRecords"], 3, "{summary}");
+    assert_eq!(summary["strippedItems"], 1, "{summary}");
+    assert_eq!(
+        counted(&support::scan_all(&client, &table).await),
+        (shards, records, keys)
+    );
+
+    let pruned = prune_cli(&v3, &table, &args);
+    assert!(pruned.status.success(), "{}", stderr(&pruned));
+    let summary: Value = serde_json::from_slice(&pruned.stdout).unwrap();
+    assert_eq!(
+        summary["forgotten"],
+        serde_json::json!(["following", "achievement-leaderboard-keys"]),
+        "{summary}"
+    );
+    let after = support::scan_all(&client, &table).await;
+    assert_eq!(counted(&after), (0, 0, 0));
+    // What the current spec derives stays: the reverse edges and the
+    // followers counter.
+    let reverse = after
+        .iter()
+        .filter(|i| support::text(i, "SK").is_some_and(|sk| sk.starts_with("FOLLOWED_BY#")))
+        .count();
+    assert_eq!(reverse, 3);
+    let followers_after = ddb_projector::counter::read_counter(
+        &client,
+        &table,
+        &spec3,
+        "followers",
+        &[("userId".into(), "b".into())],
+    )
+    .await
+    .unwrap();
+    assert_eq!(followers_after, followers_before);
+    // Forgotten: status lists no retired projection, and a second prune
+    // names what the registry knows.
+    let (_, rows) = status(&v3, &table);
+    assert!(rows.iter().all(|r| r.1 != "retired"), "{rows:?}");
+    let again = prune_cli(&v3, &table, &["--projection", "following"]);
+    assert!(!again.status.success());
+    assert!(
+        stderr(&again).contains("knows no definition of `following`"),
+        "{}",
+        stderr(&again)
+    );
+    // The audit of v3 finds nothing left over.
+    let audit = cli(&["audit", "--spec", v3.to_str().unwrap(), "--table", &table]);
+    assert!(
+        audit.status.success(),
+        "{}",
+        String::from_utf8_lossy(&audit.stdout)
     );
 }

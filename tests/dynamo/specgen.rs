@@ -38,6 +38,7 @@ use ddb_projector::apply::{Applier, ApplyConfig, BatchOptions};
 use ddb_projector::audit::{audit, AuditOptions};
 use ddb_projector::backfill::{backfill, BackfillOptions};
 use ddb_projector::lifecycle::{self, ClaimOutcome, Registry, State};
+use ddb_projector::prune::{prune, PruneOptions, Retired};
 use ddb_projector::spec::Spec;
 use proptest::prelude::*;
 use proptest::test_runner::{Config, FileFailurePersistence, TestCaseError, TestRunner};
@@ -60,6 +61,7 @@ struct Coverage {
     replays: AtomicUsize,
     records: AtomicUsize,
     letters_redriven: AtomicUsize,
+    pruned: AtomicUsize,
 }
 
 static COVERAGE: Coverage = Coverage {
@@ -71,6 +73,7 @@ static COVERAGE: Coverage = Coverage {
     replays: AtomicUsize::new(0),
     records: AtomicUsize::new(0),
     letters_redriven: AtomicUsize::new(0),
+    pruned: AtomicUsize::new(0),
 };
 
 fn count(what: &AtomicUsize, n: usize) {
@@ -608,7 +611,8 @@ async fn claim(applier: &Applier, selection: &[usize], run: &str) -> Result<(), 
         applier.client().clone(),
         applier.table(),
         &applier.spec().table,
-    );
+    )
+    .with_skew(applier.config().clock_skew.as_millis() as u64);
     for _ in 0..100 {
         match registry
             .claim(applier.spec(), selection, run)
@@ -675,6 +679,8 @@ async fn states(
         spec,
         &snapshot,
         lifecycle::now_ms(),
+        0,
+        &std::collections::HashMap::new(),
         &lifecycle::Commands::default(),
     )
     .into_iter()
@@ -750,14 +756,63 @@ async fn check_oracle(
     Ok(())
 }
 
+/// What is left in `items` of the `dropped` projections, judged from the
+/// generator's own names (independent of `src/prune`): a counter's shards,
+/// markers and records, an index or copy attribute (their names carry the
+/// projection's id), an edge's reverse items unless `kept` has an edge onto
+/// the same entity.
+fn leftovers(items: &[Attrs], dropped: &[&Projection], kept: &[Projection]) -> Vec<String> {
+    let mut out = Vec::new();
+    let targets_kept = |rev: bool| {
+        kept.iter()
+            .any(|p| matches!(p.kind, Kind::Edge { rev: r, .. } if r == rev))
+    };
+    for item in items {
+        let pk = support::text(item, "PK").unwrap_or_default();
+        let sk = support::text(item, "SK").unwrap_or_default();
+        for p in dropped {
+            let (name, id) = (p.name(), p.id);
+            let left = match p.kind {
+                Kind::Counter { .. } => {
+                    pk.starts_with(&format!("COUNTER#{name}#"))
+                        || pk.starts_with(&format!("_ddbp#count#{name}#"))
+                        || matches!(item.get("_ddbp#c"), Some(Av::M(m)) if m.contains_key(&name))
+                }
+                Kind::IndexKeys { .. } => {
+                    item.contains_key(&format!("ik{id}p")) || item.contains_key(&format!("ik{id}s"))
+                }
+                Kind::Denormalize { .. } => {
+                    item.contains_key(&format!("dn{id}")) || item.contains_key(&format!("dn{id}k"))
+                }
+                Kind::Edge { rev, .. } => {
+                    let reverse = if rev {
+                        pk.starts_with("R#")
+                    } else {
+                        sk.starts_with("B#")
+                    };
+                    (reverse && !targets_kept(rev))
+                        || item.contains_key(&format!("e{id}x"))
+                        || item.contains_key(&format!("e{id}n"))
+                }
+            };
+            if left {
+                out.push(format!("{name}: {pk} {sk}: {item:?}"));
+            }
+        }
+    }
+    out
+}
+
 async fn case(specs: &Specs, plan: &Plan) -> Result<(), TestCaseError> {
     let (v1, toml1) = compile(&specs.v1, "v1.toml");
     let (v2, toml2) = compile(&specs.v2, "v2.toml");
     let client = support::client().await;
     let table = support::fresh_table(&client, &v2, "specgen").await;
     // Short leases, so that v2's backfill waits little for v1's worker.
+    // One clock: no skew to allow for.
     let config = ApplyConfig {
         lease: std::time::Duration::from_millis(300),
+        clock_skew: std::time::Duration::ZERO,
         ..ApplyConfig::default()
     };
     let worker1 =
@@ -833,7 +888,21 @@ async fn case(specs: &Specs, plan: &Plan) -> Result<(), TestCaseError> {
             before
         );
         claim(&filler1, &all1, "p1").await?;
-        let done = backfill_in_slices(&filler1, all1, plan.backfill_pages, "p1").await?;
+        // Not what this case tests: one call, large pages.
+        let done = backfill(
+            &filler1,
+            &BackfillOptions {
+                projections: Some(all1),
+                page_size: 500,
+                resume: true,
+                progress: false,
+                run: Some("p1".to_string()),
+                ..BackfillOptions::default()
+            },
+        )
+        .await
+        .map_err(|error| TestCaseError::fail(format!("backfill: {error}")))?
+        .backfilled;
         prop_assert_eq!(done.len(), v1.projections.len());
         check_live(&client, &table, &v1, "after phase 1's backfill").await?;
         writer.written = phase1;
@@ -865,10 +934,8 @@ async fn case(specs: &Specs, plan: &Plan) -> Result<(), TestCaseError> {
             selection.insert(usize::from(*extra) % v2.projections.len());
         }
         let selection: Vec<usize> = selection.into_iter().collect();
-        if !selection.is_empty() {
-            // After v1's worker stopped, before v2's starts.
-            claim(&filler2, &selection, "p2").await?;
-        }
+        // v2 deployed: its worker runs while the backfill waits out v1's
+        // last leases, then claims and scans.
         worker2.take_leases().await.map_err(TestCaseError::fail)?;
         let live = deliver(&worker2, &mut writer, phase1, &plan.delivery2);
         let filling = async {
@@ -876,6 +943,7 @@ async fn case(specs: &Specs, plan: &Plan) -> Result<(), TestCaseError> {
                 return Ok(Vec::new());
             }
             count(&COVERAGE.backfilled, 1);
+            claim(&filler2, &selection, "p2").await?;
             backfill_in_slices(&filler2, selection.clone(), plan.backfill_pages, "p2").await
         };
         let (live, filling) = tokio::join!(live, filling);
@@ -967,6 +1035,48 @@ async fn case(specs: &Specs, plan: &Plan) -> Result<(), TestCaseError> {
                 .collect();
             prop_assert!(false, "a full replay changed:\n  {}", changed.join("\n  "));
         }
+
+        // What v2 retired is pruned: nothing of it is left, and what v2
+        // derives is untouched.
+        let dropped: Vec<&Projection> = specs
+            .v1
+            .iter()
+            .filter(|p| v2.projection_id(&p.name()).is_none())
+            .collect();
+        if !dropped.is_empty() {
+            count(&COVERAGE.pruned, 1);
+            let before = states(&client, &table, &v2).await;
+            for p in &dropped {
+                prop_assert_eq!(before.get(&p.name()), Some(&State::Retired), "{:?}", before);
+            }
+            let retired: Vec<Retired> = dropped
+                .iter()
+                .map(|p| Retired::new(&p.name(), v1.clone()).expect("in v1"))
+                .collect();
+            let summary = prune(
+                &client,
+                &table,
+                &v2,
+                &retired,
+                &PruneOptions {
+                    segments: 2,
+                    page_size: 7,
+                    progress: false,
+                    ..PruneOptions::default()
+                },
+            )
+            .await
+            .map_err(|error| TestCaseError::fail(format!("prune: {error}")))?;
+            prop_assert!(summary.kept.is_empty(), "prune kept: {:?}", summary.kept);
+            let leftovers = leftovers(&snapshot(&client, &table).await, &dropped, &specs.v2);
+            prop_assert!(
+                leftovers.is_empty(),
+                "left after the prune:\n  {}",
+                leftovers.join("\n  ")
+            );
+            check_oracle(&client, &table, &toml2, "after the prune").await?;
+            check_live(&client, &table, &v2, "after the prune").await?;
+        }
         Ok(())
     }
     .await;
@@ -1008,7 +1118,7 @@ fn generated_specs_stay_exact_through_changes_backfills_replays_and_redrives() {
     let c = &COVERAGE;
     let n = |what: &AtomicUsize| what.load(Ordering::Relaxed);
     eprintln!(
-        "timing: generated specs: {cases} cases took {:.1} s; of {} runs (with shrinking): {} with counters riding on edges, {} moving a counter between an edge and markers of its own, {} changing what needs a backfill, {} backfilled beside the live worker, {} replaying some projections; {} records, {} dead letters redriven",
+        "timing: generated specs: {cases} cases took {:.1} s; of {} runs (with shrinking): {} with counters riding on edges, {} moving a counter between an edge and markers of its own, {} changing what needs a backfill, {} backfilled beside the live worker, {} replaying some projections, {} pruning what v2 retired; {} records, {} dead letters redriven",
         started.elapsed().as_secs_f64(),
         n(&c.cases),
         n(&c.counters_on_edges),
@@ -1016,6 +1126,7 @@ fn generated_specs_stay_exact_through_changes_backfills_replays_and_redrives() {
         n(&c.changed_specs),
         n(&c.backfilled),
         n(&c.replays),
+        n(&c.pruned),
         n(&c.records),
         n(&c.letters_redriven),
     );
