@@ -1166,7 +1166,10 @@ async fn lambda_claims_a_run_and_its_last_slice_records_the_backfill() {
     let outcome = invoke(json!({"totalSegments": 2, "run": "exec-1", "claim": true})).await;
     let (error_type, message) = invocation_error(&outcome);
     assert_eq!(error_type, "Projector.InvalidBackfillRequest", "{message}");
-    assert!(message.contains("already completed"), "{message}");
+    assert!(
+        message.contains("already claimed `email-gsi1-keys` once"),
+        "{message}"
+    );
 }
 
 #[tokio::test]
