@@ -58,7 +58,7 @@ pub async fn read_counter(
     let keys: Vec<HashMap<String, Av>> = (0..counter.shards)
         .map(|shard| {
             spec.table
-                .key_item(&spec.counter_shard_key(name, &values, shard))
+                .key_item(&spec.counter_shard_key(&counter.storage, &values, shard))
                 .into()
         })
         .collect();

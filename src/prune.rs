@@ -203,25 +203,33 @@ pub fn actions(current: &Spec, retired: &[Retired], item: &HashMap<String, Av>) 
         Some(Av::M(map)) => Some(map.clone()),
         _ => None,
     };
-    let retired_names: BTreeSet<&str> = retired.iter().map(|r| r.name.as_str()).collect();
+    // Records carry a counter's storage name.
+    let retired_names: BTreeSet<&str> = retired
+        .iter()
+        .filter_map(|r| match r.kind() {
+            ProjectionKind::Counter(counter) => Some(counter.storage.as_str()),
+            _ => None,
+        })
+        .collect();
     let (kept_names, derived_reverse) = derived_here(current, pk, sk);
     let mut out = Vec::new();
     let mut strip: BTreeSet<String> = BTreeSet::new();
     for r in retired {
         match r.kind() {
-            ProjectionKind::Counter(_) => {
-                if pk.starts_with(&format!("COUNTER#{}#", r.name))
-                    || pk.starts_with(&format!("{COUNTER_MARKER_PREFIX}{}#", r.name))
+            ProjectionKind::Counter(counter) => {
+                let storage = &counter.storage;
+                if pk.starts_with(&format!("COUNTER#{storage}#"))
+                    || pk.starts_with(&format!("{COUNTER_MARKER_PREFIX}{storage}#"))
                 {
                     return vec![Action::Delete {
                         key: key.clone(),
                         records: records.clone(),
                     }];
                 }
-                if records.as_ref().is_some_and(|m| m.contains_key(&r.name)) {
+                if records.as_ref().is_some_and(|m| m.contains_key(storage)) {
                     out.push(Action::RemoveRecord {
                         key: key.clone(),
-                        counter: r.name.clone(),
+                        counter: storage.clone(),
                     });
                 }
             }

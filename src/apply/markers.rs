@@ -154,8 +154,10 @@ fn records_pin(old: Option<&AttributeValue>) -> (Path, Option<AttributeValue>) {
 pub(crate) fn known_counters(spec: &Spec) -> Vec<String> {
     spec.projections
         .iter()
-        .filter(|p| matches!(p.kind, ProjectionKind::Counter(_)))
-        .map(|p| p.name.clone())
+        .filter_map(|p| match &p.kind {
+            ProjectionKind::Counter(c) => Some(c.storage.clone()),
+            _ => None,
+        })
         .collect()
 }
 
@@ -208,7 +210,7 @@ pub(crate) fn marker_change<'e>(spec: &Spec, effect: &'e Effect) -> Option<Marke
                     counters,
                     names: counters
                         .iter()
-                        .map(|c| spec.projections[c.counter].name.clone())
+                        .map(|c| spec.storage(c.counter).to_string())
                         .collect(),
                     managed,
                     keep: foreign_attributes(spec, effect.projection),
@@ -225,7 +227,7 @@ pub(crate) fn marker_change<'e>(spec: &Spec, effect: &'e Effect) -> Option<Marke
         } => MarkerChange {
             key: item,
             want: Want::Drop {
-                name: spec.projections[*counter].name.clone(),
+                name: spec.storage(*counter).to_string(),
                 shard,
                 // A counter's own marker (of this counter, or one the
                 // spec can no longer attribute) is nothing but records.

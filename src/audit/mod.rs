@@ -331,11 +331,11 @@ fn parse_shard(spec: &Spec, pk: &str) -> Option<(ProjectionId, String)> {
         .iter()
         .enumerate()
         .find_map(|(id, projection)| {
-            if !matches!(projection.kind, ProjectionKind::Counter(_)) {
+            let ProjectionKind::Counter(counter) = &projection.kind else {
                 return None;
-            }
+            };
             let rest = rest
-                .strip_prefix(projection.name.as_str())?
+                .strip_prefix(counter.storage.as_str())?
                 .strip_prefix('#')?;
             let (values, shard) = rest.rsplit_once('#')?;
             shard.parse::<u32>().ok()?;
@@ -712,7 +712,7 @@ fn check_marker(
             }
             let records = crate::apply::records_of(old);
             for counter in counters {
-                let name = &spec.projections[counter.counter].name;
+                let name = spec.storage(counter.counter);
                 let have = records.get(name);
                 if have == Some(&crate::record::AttributeValue::S(counter.key.pk.clone())) {
                     continue;
@@ -797,7 +797,7 @@ fn counters(spec: &Spec, snapshot: &Snapshot, out: &mut Vec<Finding>) {
                 continue;
             }
             let shards = (0..counter.shards)
-                .map(|shard| spec.counter_shard_key(&projection.name, &values, shard).pk)
+                .map(|shard| spec.counter_shard_key(&counter.storage, &values, shard).pk)
                 .collect();
             out.push(Finding {
                 rule: projection.name.clone(),
@@ -806,7 +806,7 @@ fn counters(spec: &Spec, snapshot: &Snapshot, out: &mut Vec<Finding>) {
                     expected: want,
                     actual: have,
                 },
-                key: format!("COUNTER#{}#{joined}", projection.name),
+                key: format!("COUNTER#{}#{joined}", counter.storage),
                 items: Vec::new(),
                 detail: counter
                     .of

@@ -98,10 +98,9 @@ fn render_copies(
     Ok(())
 }
 
-/// The shard of counter `id` that `source` counts in.
+/// The shard of `counter` that `source` counts in.
 fn shard_key(
     spec: &Spec,
-    id: ProjectionId,
     counter: &Counter,
     source: &ItemKey,
     vars: &[(&str, &str)],
@@ -112,7 +111,7 @@ fn shard_key(
         .map(|(_, template)| template.render(vars, None::<&Item>))
         .collect::<Result<Vec<String>, RenderError>>()?;
     let shard = shard_for(source, counter.shards);
-    Ok(spec.counter_shard_key(&spec.projections[id].name, &values, shard))
+    Ok(spec.counter_shard_key(&counter.storage, &values, shard))
 }
 
 /// The counters recording their membership on edge `edge`'s reverse
@@ -129,7 +128,7 @@ fn edge_counters(
             if counter.marker == Marker::Edge(edge) {
                 counters.push(CounterShard {
                     counter: id,
-                    key: shard_key(spec, id, counter, source, vars)?,
+                    key: shard_key(spec, counter, source, vars)?,
                 });
             }
         }
@@ -258,7 +257,7 @@ pub(super) fn plan_counter(
         // The marker has no attributes to refresh.
         return Ok(());
     }
-    let marker = spec.counter_marker_key(&spec.projections[id].name, &subject.key);
+    let marker = spec.counter_marker_key(spec.storage(id), &subject.key);
     let state = if wanted.member {
         MarkerState::Present(spec.table.key_item(&marker))
     } else {
@@ -271,7 +270,7 @@ pub(super) fn plan_counter(
             state,
             counters: vec![CounterShard {
                 counter: id,
-                key: shard_key(spec, id, counter, &subject.key, &subject.vars)?,
+                key: shard_key(spec, counter, &subject.key, &subject.vars)?,
             }],
             was_present: wanted.was_member,
             guard: guard(subject, reads()),
@@ -304,7 +303,7 @@ pub(super) fn plan_scanned_marker(
         image.get(RECORDS_ATTRIBUTE)
     {
         for (name, value) in records.iter() {
-            let Some(counter) = spec.counter_id(name) else {
+            let Some(counter) = spec.counter_by_storage(name) else {
                 continue;
             };
             let crate::record::AttributeValue::S(shard) = value else {
@@ -350,7 +349,7 @@ pub(super) fn plan_scanned_marker(
         {
             return;
         }
-        let Ok(shard) = shard_key(spec, counter, c, &source, &source_vars) else {
+        let Ok(shard) = shard_key(spec, c, &source, &source_vars) else {
             return;
         };
         effects.push(orphan_check(

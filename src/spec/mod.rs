@@ -35,6 +35,35 @@ pub const RECORDS_ATTRIBUTE: &str = "_ddbp#c";
 /// The partition key prefix of counters' own marker items.
 pub const COUNTER_MARKER_PREFIX: &str = "_ddbp#count#";
 
+/// The name suffix of a counter's old version, which the worker keeps
+/// current while the changed counter is rebuilt beside it
+/// (`followers~old`); user names cannot contain `~`.
+pub const OLD_VERSION_SUFFIX: &str = "~old";
+
+/// Where version `slot` (0 or 1) of counter `name` keeps its shards and
+/// records: `name`, then `name~1`. A changed counter is built in the slot
+/// readers do not read.
+pub fn counter_storage(name: &str, slot: u8) -> String {
+    if slot == 0 {
+        name.to_string()
+    } else {
+        format!("{name}~{slot}")
+    }
+}
+
+/// The slot a counter's storage name is (`followers~1`: 1), given its
+/// projection name (an old version's name without its suffix).
+pub fn storage_slot(name: &str, storage: &str) -> Option<u8> {
+    let base = name.strip_suffix(OLD_VERSION_SUFFIX).unwrap_or(name);
+    if storage == base {
+        Some(0)
+    } else if storage.strip_prefix(base) == Some("~1") {
+        Some(1)
+    } else {
+        None
+    }
+}
+
 /// Index of an entity in [`Spec::entities`].
 pub type EntityId = usize;
 /// Index of a projection in [`Spec::projections`].
@@ -266,6 +295,10 @@ pub struct Counter {
     pub shards: u32,
     /// How membership is recorded.
     pub marker: Marker,
+    /// The name its shard keys, own markers and records carry: the
+    /// projection's name, or `<name>~1` while a changed definition is
+    /// rebuilt beside the one readers read ([`counter_storage`]).
+    pub storage: String,
 }
 
 /// What a projection does.
@@ -551,7 +584,7 @@ impl Spec {
                     return None;
                 };
                 let source_pk = rest
-                    .strip_prefix(projection.name.as_str())?
+                    .strip_prefix(counter.storage.as_str())?
                     .strip_prefix('#')?;
                 let mut vars = Vec::new();
                 let entity = self.match_entity(source_pk, key.sk.as_deref(), &mut vars)?;
@@ -565,6 +598,22 @@ impl Spec {
                     )
                 })
             })
+    }
+
+    /// The name counter `id`'s shards, own markers and records carry (its
+    /// projection name for any other kind).
+    pub fn storage(&self, id: ProjectionId) -> &str {
+        match &self.projections[id].kind {
+            ProjectionKind::Counter(c) => &c.storage,
+            _ => &self.projections[id].name,
+        }
+    }
+
+    /// The counter whose records and shards carry `storage`.
+    pub fn counter_by_storage(&self, storage: &str) -> Option<ProjectionId> {
+        self.projections
+            .iter()
+            .position(|p| matches!(&p.kind, ProjectionKind::Counter(c) if c.storage == storage))
     }
 
     /// The counter projection named `name`, if the spec has one.
@@ -594,7 +643,7 @@ impl Spec {
                     .render_key(vars)
                     .expect("inverse-edge variables are checked when the spec is compiled")
             }
-            Marker::Own => self.counter_marker_key(&self.projections[counter].name, source),
+            Marker::Own => self.counter_marker_key(&c.storage, source),
         }
     }
 
@@ -839,7 +888,12 @@ impl Spec {
         let all: Vec<String> = self
             .projections
             .iter()
-            .map(|p| format!("{}={:016x}", p.name, p.fingerprint))
+            .map(|p| match &p.kind {
+                ProjectionKind::Counter(c) if c.storage != p.name => {
+                    format!("{}={:016x}@{}", p.name, p.fingerprint, c.storage)
+                }
+                _ => format!("{}={:016x}", p.name, p.fingerprint),
+            })
             .collect();
         fingerprint(&all.join(","))
     }
@@ -929,13 +983,36 @@ impl Compiler {
                 );
                 continue;
             }
+            let old_version = matches!(
+                raw_projection,
+                RawProjection::Counter {
+                    storage: Some(_),
+                    ..
+                }
+            ) && name.ends_with(OLD_VERSION_SUFFIX);
+            if name[..name.len()
+                - if old_version {
+                    OLD_VERSION_SUFFIX.len()
+                } else {
+                    0
+                }]
+                .contains('~')
+            {
+                self.error(
+                    &context,
+                    "a projection's name must not contain `~`: the tool names a counter's versions with it",
+                );
+                continue;
+            }
             if let Some(kind) = self.projection(raw_projection, &context, &table, &entities) {
                 projections.push(Projection {
                     name,
                     kind,
-                    // Set below, once every projection is known.
+                    // Set below, once every projection is known. Where a
+                    // counter is stored is not part of its definition.
                     fingerprint: fingerprint(
-                        &serde_json::to_string(raw_projection).unwrap_or_default(),
+                        &serde_json::to_string(&raw_projection.without_storage())
+                            .unwrap_or_default(),
                     ),
                 });
             }
@@ -1504,17 +1581,26 @@ impl Compiler {
                 }))
             }
             RawProjection::Counter {
+                name,
                 source,
                 of,
                 when,
                 shards,
-                ..
+                storage,
             } => {
                 let source = self.entity(context, "source", source, entities)?;
                 if raw.name().contains('#') {
                     self.error(
                         context,
                         "a counter's name must not contain `#`: it separates the parts of its shard and marker keys",
+                    );
+                    return None;
+                }
+                let storage = storage.clone().unwrap_or_else(|| name.clone());
+                if storage_slot(name, &storage).is_none() {
+                    self.error(
+                        context,
+                        format!("`storage = \"{storage}\"` is not one of this counter's: the tool sets it (to `{name}` or `{name}~1`); remove it from the file"),
                     );
                     return None;
                 }
@@ -1550,6 +1636,7 @@ impl Compiler {
                     when,
                     shards: *shards,
                     marker: Marker::Own,
+                    storage,
                 }))
             }
         }

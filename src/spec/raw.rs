@@ -139,6 +139,12 @@ pub enum RawProjection {
         /// Number of shards (1 to 100); hot targets want more.
         #[serde(default = "default_shards")]
         shards: u32,
+        /// Where the counter's shards and records live: set by the tool,
+        /// never by hand. A changed counter is rebuilt beside the version
+        /// readers read, under `<name>~1` or `<name>` (see
+        /// `lifecycle::layout`); absent means `<name>`.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        storage: Option<String>,
     },
 }
 
@@ -155,6 +161,16 @@ impl RawProjection {
             | RawProjection::InverseEdge { name, .. }
             | RawProjection::Counter { name, .. } => name,
         }
+    }
+
+    /// The same projection with a counter's `storage` left out: what its
+    /// fingerprint covers.
+    pub fn without_storage(&self) -> RawProjection {
+        let mut copy = self.clone();
+        if let RawProjection::Counter { storage, .. } = &mut copy {
+            *storage = None;
+        }
+        copy
     }
 
     /// The kind as written in the file.

@@ -1056,3 +1056,36 @@ of = { userId = "{followeeId}" }
         "#]],
     );
 }
+
+#[test]
+fn a_projection_name_may_not_contain_a_tilde() {
+    check_with(
+        r#"
+[[projections]]
+name = "followers~1"
+kind = "counter"
+source = "follow"
+of = { userId = "{followeeId}" }
+"#,
+        expect![[r#"
+            spec.toml: projection `followers~1`: a projection's name must not contain `~`: the tool names a counter's versions with it
+        "#]],
+    );
+}
+
+#[test]
+fn a_counter_storage_is_one_of_its_own_slots() {
+    check_with(
+        r#"
+[[projections]]
+name = "fans"
+kind = "counter"
+source = "follow"
+of = { userId = "{followeeId}" }
+storage = "followers"
+"#,
+        expect![[r#"
+            spec.toml: projection `fans`: `storage = "followers"` is not one of this counter's: the tool sets it (to `fans` or `fans~1`); remove it from the file
+        "#]],
+    );
+}

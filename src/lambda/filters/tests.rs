@@ -118,10 +118,10 @@ fn derived_keys(spec: &Spec) -> Vec<ItemKey> {
         for projection in &spec.projections {
             if let ProjectionKind::Counter(counter) = &projection.kind {
                 if counter.source == id {
-                    out.push(spec.counter_marker_key(&projection.name, &source));
+                    out.push(spec.counter_marker_key(&counter.storage, &source));
                     for shard in 0..counter.shards {
                         out.push(spec.counter_shard_key(
-                            &projection.name,
+                            &counter.storage,
                             &["x1".to_string()],
                             shard,
                         ));
