@@ -11,7 +11,14 @@ use crate::spec::{ProjectionKind, Spec};
 pub use crate::apply::COUNT_ATTRIBUTE;
 
 /// The value of counter `name` for `vars` (`[("userId", "u42")]`): the sum
-/// of its shards, read consistently.
+/// of its shards, read consistently, in the version readers read.
+///
+/// A changed counter is rebuilt beside the version readers read, which the
+/// worker keeps current meanwhile; readers switch when the rebuild's
+/// backfill completes. So the shards read are those the lifecycle registry
+/// names (`_ddbp#lifecycle` / `p#<name>`: `readStorage`, `readShards`),
+/// one consistent `GetItem` before the shards' `BatchGetItem`; a counter
+/// no backfill completed yet is read where its definition writes it.
 pub async fn read_counter(
     client: &aws_sdk_dynamodb::Client,
     table: &str,
@@ -38,27 +45,62 @@ pub async fn read_counter(
             spec.projections[id].kind_name()
         );
     };
+    let registry = crate::lifecycle::Registry::new(client.clone(), table, &spec.table);
+    let read = registry
+        .read_version(name)
+        .await
+        .map_err(|error| anyhow::anyhow!("reading which version of `{name}` to read: {error}"))?;
+    let (storage, shards, names) = match read {
+        Some(read) if !read.vars.is_empty() || counter.of.is_empty() => {
+            (read.storage, read.shards, read.vars)
+        }
+        Some(read) => (
+            read.storage,
+            read.shards,
+            counter.of.iter().map(|(v, _)| v.clone()).collect(),
+        ),
+        // No version recorded yet: a counter never backfilled (where its
+        // definition writes it), or a registry from before versions were
+        // recorded, whose old version the layout finds.
+        None => {
+            let (laid, _) = registry.layout(spec).await.map_err(|error| {
+                anyhow::anyhow!("reading which version of `{name}` to read: {error}")
+            })?;
+            let old = format!("{name}{}", crate::spec::OLD_VERSION_SUFFIX);
+            let read = laid
+                .projection_id(&old)
+                .or_else(|| laid.projection_id(name));
+            match read.map(|id| &laid.projections[id].kind) {
+                Some(ProjectionKind::Counter(c)) => (
+                    c.storage.clone(),
+                    c.shards,
+                    c.of.iter().map(|(v, _)| v.clone()).collect(),
+                ),
+                _ => (
+                    name.to_string(),
+                    counter.shards,
+                    counter.of.iter().map(|(v, _)| v.clone()).collect(),
+                ),
+            }
+        }
+    };
     let mut values = Vec::new();
-    for (var, _) in &counter.of {
+    for var in &names {
         let Some((_, value)) = vars.iter().find(|(k, _)| k == var) else {
             bail!("counter `{name}` needs {var}=VALUE");
         };
         values.push(value.clone());
     }
-    if let Some((extra, _)) = vars
-        .iter()
-        .find(|(k, _)| !counter.of.iter().any(|(v, _)| v == k))
-    {
-        let known: Vec<&str> = counter.of.iter().map(|(v, _)| v.as_str()).collect();
+    if let Some((extra, _)) = vars.iter().find(|(k, _)| !names.contains(k)) {
         bail!(
             "counter `{name}` has no variable `{extra}` (it has: {})",
-            known.join(", ")
+            names.join(", ")
         );
     }
-    let keys: Vec<HashMap<String, Av>> = (0..counter.shards)
+    let keys: Vec<HashMap<String, Av>> = (0..shards)
         .map(|shard| {
             spec.table
-                .key_item(&spec.counter_shard_key(&counter.storage, &values, shard))
+                .key_item(&spec.counter_shard_key(&storage, &values, shard))
                 .into()
         })
         .collect();

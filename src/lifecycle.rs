@@ -43,7 +43,11 @@ use aws_sdk_dynamodb::types::{AttributeValue as Av, KeysAndAttributes};
 use serde::Serialize;
 
 use crate::apply::{retry_describe, ApplyError};
-use crate::spec::{ProjectionId, Spec, TableSpec};
+use crate::spec::raw::{RawProjection, RawSpec};
+use crate::spec::{
+    counter_storage, storage_slot, ProjectionId, ProjectionKind, Spec, TableSpec,
+    OLD_VERSION_SUFFIX,
+};
 
 /// The partition key of the registry items.
 pub const LIFECYCLE_PK: &str = "_ddbp#lifecycle";
@@ -142,6 +146,41 @@ pub struct Record {
     pub claim: Option<BackfillRun>,
     /// The last complete backfill.
     pub backfilled: Option<BackfillRun>,
+    /// A counter's version readers read (recorded when a backfill of it
+    /// completes).
+    pub read: Option<ReadVersion>,
+}
+
+/// The version of a counter that readers read: the last one a backfill
+/// completed. A changed counter is built in the other slot while the
+/// worker keeps this one current, and readers switch when its backfill
+/// completes ([`Registry::layout`]).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ReadVersion {
+    /// 0 (storage `<name>`) or 1 (`<name>~1`).
+    pub slot: u8,
+    /// The definition it holds.
+    pub fingerprint: String,
+    /// Its storage name: shards are `COUNTER#<storage>#<of values>#<n>`.
+    pub storage: String,
+    /// Its number of shards.
+    pub shards: u32,
+    /// Its variables (the names of its `of`, in shard key order).
+    pub vars: Vec<String>,
+}
+
+impl Record {
+    /// The counter version readers read: the recorded one, or (registries
+    /// from before versions were recorded) the last backfilled definition,
+    /// which wrote slot 0.
+    pub fn read_version(&self) -> Option<(u8, String)> {
+        match (&self.read, &self.backfilled) {
+            (Some(read), _) => Some((read.slot, read.fingerprint.clone())),
+            (None, Some(done)) => Some((0, done.fingerprint.clone())),
+            (None, None) => None,
+        }
+    }
 }
 
 impl Record {
@@ -210,6 +249,9 @@ pub enum State {
     Changed,
     /// In the table, not in the spec.
     Retired,
+    /// A counter's old version (`<name>~old`): what readers read while
+    /// the changed counter is rebuilt, kept current by the worker.
+    Serving,
 }
 
 impl State {
@@ -222,6 +264,7 @@ impl State {
             State::Held => "held",
             State::Changed => "changed",
             State::Retired => "retired",
+            State::Serving => "serving",
         }
     }
 }
@@ -284,8 +327,25 @@ pub fn states(
         .copied()
         .unwrap_or(0);
     let mut out = Vec::new();
-    for projection in &spec.projections {
+    for (id, projection) in spec.projections.iter().enumerate() {
         let f = hex(projection.fingerprint);
+        if spec.is_old_version(id) {
+            let base = projection.name.trim_end_matches(OLD_VERSION_SUFFIX);
+            out.push(ProjectionStatus {
+                name: projection.name.clone(),
+                kind: projection.kind_name().to_string(),
+                state: State::Serving,
+                since: None,
+                fingerprint: f,
+                deployed: true,
+                next: None,
+                note: Some(format!(
+                    "the version of `{base}` readers read, kept current while `{base}` is rebuilt beside it; they switch when its backfill completes, and this one is then pruned"
+                )),
+                dead_letters: 0,
+            });
+            continue;
+        }
         let record = snapshot.record(&projection.name);
         let mine = record.definition(&f);
         let deployed = mine.is_some_and(|d| d.consumed_until.is_some());
@@ -338,6 +398,12 @@ pub fn states(
         if state == State::Live && !deployed {
             unreachable!("live needs a consumer");
         }
+        let old = format!("{}{OLD_VERSION_SUFFIX}", projection.name);
+        if note.is_none() && spec.projection_id(&old).is_some() {
+            note = Some(format!(
+                "rebuilt beside the version readers read (`{old}`), which they read until its backfill completes"
+            ));
+        }
         let next = if state == State::Live {
             None
         } else if state == State::Held {
@@ -386,6 +452,16 @@ pub fn states(
             .iter()
             .filter(|d| d.fingerprint != WITHOUT)
             .max_by_key(|d| d.writes_until);
+        // A counter rolled back to the version its old one kept: that
+        // version is the counter's own again, nothing is retired.
+        if let (Some(base), Some(last)) = (name.strip_suffix(OLD_VERSION_SUFFIX), last) {
+            if spec
+                .projection_id(base)
+                .is_some_and(|id| hex(spec.projections[id].fingerprint) == last.fingerprint)
+            {
+                continue;
+            }
+        }
         let running = last
             .and_then(|d| d.consumed_until)
             .filter(|until| *until >= now);
@@ -462,6 +538,21 @@ fn text(item: &HashMap<String, Av>, name: &str) -> Option<String> {
         Some(Av::S(text)) => Some(text.clone()),
         _ => None,
     }
+}
+
+/// A projection record's counter version readers read.
+fn parse_read(item: &HashMap<String, Av>) -> Option<ReadVersion> {
+    let vars = match item.get("readVars") {
+        Some(Av::L(list)) => list.iter().filter_map(|v| v.as_s().ok().cloned()).collect(),
+        _ => Vec::new(),
+    };
+    Some(ReadVersion {
+        slot: u8::from(number(item, "readSlot")? == 1),
+        fingerprint: text(item, "readFp")?,
+        storage: text(item, "readStorage")?,
+        shards: number(item, "readShards")? as u32,
+        vars,
+    })
 }
 
 fn number(item: &HashMap<String, Av>, name: &str) -> Option<u64> {
@@ -768,6 +859,7 @@ impl Registry {
                             done_ms: number(item, "doneAtMs"),
                         });
                     }
+                    record.read = parse_read(item);
                     if record.kind.is_none() {
                         record.kind = text(item, "kind");
                     }
@@ -957,14 +1049,38 @@ impl Registry {
                 }
                 continue;
             }
-            let sent = self
+            // A counter's readers switch to the version just built.
+            let read = match &projection.kind {
+                ProjectionKind::Counter(counter) => {
+                    storage_slot(&projection.name, &counter.storage).map(|slot| {
+                        let vars = counter
+                            .of
+                            .iter()
+                            .map(|(name, _)| Av::S(name.clone()))
+                            .collect::<Vec<_>>();
+                        (slot, counter.storage.clone(), counter.shards, vars)
+                    })
+                }
+                _ => None,
+            };
+            let mut update = self
                 .client
                 .update_item()
                 .table_name(&self.table)
-                .set_key(Some(self.projection_key(&projection.name)))
-                .update_expression(
-                    "SET doneRun = :r, doneFp = :f, doneFromMs = :from, doneAtMs = :now REMOVE claimRun, claimFp, claimFromMs",
-                )
+                .set_key(Some(self.projection_key(&projection.name)));
+            let mut expression =
+                "SET doneRun = :r, doneFp = :f, doneFromMs = :from, doneAtMs = :now".to_string();
+            if let Some((slot, storage, shards, vars)) = read {
+                expression.push_str(", readSlot = :slot, readFp = :f, readStorage = :storage, readShards = :shards, readVars = :vars");
+                update = update
+                    .expression_attribute_values(":slot", Av::N(slot.to_string()))
+                    .expression_attribute_values(":storage", Av::S(storage))
+                    .expression_attribute_values(":shards", Av::N(shards.to_string()))
+                    .expression_attribute_values(":vars", Av::L(vars));
+            }
+            expression.push_str(" REMOVE claimRun, claimFp, claimFromMs");
+            let sent = update
+                .update_expression(expression)
                 .condition_expression("claimRun = :r AND claimFp = :f")
                 .expression_attribute_values(":r", Av::S(run.to_string()))
                 .expression_attribute_values(":f", Av::S(f))
@@ -985,6 +1101,21 @@ impl Registry {
             tracing::warn!(projection = %name, run, "backfill complete but not vouched for: {why}");
         }
         Ok(completion)
+    }
+
+    /// The version of counter `name` readers read, when a backfill of it
+    /// completed (one consistent read).
+    pub async fn read_version(&self, name: &str) -> Result<Option<ReadVersion>, ApplyError> {
+        let output = self
+            .client
+            .get_item()
+            .table_name(&self.table)
+            .set_key(Some(self.projection_key(name)))
+            .consistent_read(true)
+            .send()
+            .await
+            .map_err(|e| self.fatal("reading", e))?;
+        Ok(output.item().and_then(parse_read))
     }
 
     /// The spec text stored under `key`.
@@ -1034,6 +1165,266 @@ impl Registry {
             .map_err(|e| self.fatal("writing", e))?;
         Ok(())
     }
+}
+
+/// Where a changed counter is built, and whether its old version is kept
+/// current beside it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CounterLayout {
+    /// The counter.
+    pub name: String,
+    /// The slot its definition writes.
+    pub slot: u8,
+    /// The version readers read, when it is another definition: kept
+    /// current under `<name>~old` while this one is built, or (when it
+    /// cannot be) rebuilt in place.
+    pub old: Option<OldVersion>,
+}
+
+/// A counter's old version, as [`Registry::layout`] found it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct OldVersion {
+    /// Its slot.
+    pub slot: u8,
+    /// Its definition.
+    pub fingerprint: String,
+    /// `None`: kept current beside the new one; else why it cannot be
+    /// (the counter is then rebuilt in place, and readers see values in
+    /// between while the backfill runs).
+    pub in_place: Option<String>,
+}
+
+impl Registry {
+    /// The spec a process runs: `spec` with each changed counter built in
+    /// the slot readers do not read, and the version they read kept
+    /// current beside it as `<name>~old` (its definition comes from the
+    /// spec text the registry stored for it). A counter readers read
+    /// already, or never read, is written where it is. A table without a
+    /// registry gives `spec` as it is.
+    pub async fn layout(&self, spec: &Spec) -> Result<(Spec, Vec<CounterLayout>), ApplyError> {
+        let counters: Vec<&str> = spec
+            .projections
+            .iter()
+            .enumerate()
+            .filter(|(id, p)| {
+                matches!(p.kind, ProjectionKind::Counter(_)) && !spec.is_old_version(*id)
+            })
+            .map(|(_, p)| p.name.as_str())
+            .collect();
+        if counters.is_empty() {
+            return Ok((spec.clone(), Vec::new()));
+        }
+        let snapshot = match self.snapshot(spec).await {
+            Ok(snapshot) => snapshot,
+            Err(error) if error.to_string().contains("ResourceNotFound") => {
+                return Ok((spec.clone(), Vec::new()))
+            }
+            Err(error) => return Err(error),
+        };
+        let mut old_texts: HashMap<String, Option<RawSpec>> = HashMap::new();
+        let mut layouts = Vec::new();
+        // The spec as written (a spec laid out already is laid out anew).
+        let mut raw = spec.raw.clone();
+        raw.projections.retain(|p| {
+            p.definition().name() == p.name() || !p.name().ends_with(OLD_VERSION_SUFFIX)
+        });
+        for p in &mut raw.projections {
+            *p = p.definition();
+        }
+        let mut shadows = Vec::new();
+        for name in counters {
+            let projection = &spec.projections[spec.projection_id(name).expect("listed")];
+            let f = hex(projection.fingerprint);
+            let record = snapshot.record(name);
+            let Some((read_slot, read_fp)) = record.read_version() else {
+                layouts.push(CounterLayout {
+                    name: name.to_string(),
+                    slot: 0,
+                    old: None,
+                });
+                continue;
+            };
+            if read_fp == f {
+                set_storage(&mut raw, name, name, read_slot);
+                layouts.push(CounterLayout {
+                    name: name.to_string(),
+                    slot: read_slot,
+                    old: None,
+                });
+                continue;
+            }
+            // The old definition, as the spec that ran it had it.
+            let old_raw = match record.definition(&read_fp).and_then(|d| d.spec_key.clone()) {
+                Some(key) => {
+                    if !old_texts.contains_key(&key) {
+                        let parsed = self
+                            .spec_text(&key)
+                            .await?
+                            .and_then(|text| toml::from_str::<RawSpec>(&text).ok());
+                        old_texts.insert(key.clone(), parsed);
+                    }
+                    old_texts[&key].as_ref().and_then(|old| {
+                        old.projections
+                            .iter()
+                            .find(|p| {
+                                matches!(p, RawProjection::Counter { .. })
+                                    && p.definition().name() == name
+                                    && !p.name().ends_with(OLD_VERSION_SUFFIX)
+                            })
+                            .cloned()
+                    })
+                }
+                None => None,
+            };
+            let build = 1 - read_slot;
+            let shadow = old_raw.map(|old| {
+                let mut shadow = old.definition();
+                if let RawProjection::Counter {
+                    name: shadow_name,
+                    storage,
+                    ..
+                } = &mut shadow
+                {
+                    *shadow_name = format!("{name}{OLD_VERSION_SUFFIX}");
+                    *storage = Some(counter_storage(name, read_slot));
+                }
+                shadow
+            });
+            let in_place = match shadow {
+                None => Some(format!(
+                    "the registry has no stored spec with definition {read_fp} of `{name}`"
+                )),
+                Some(shadow) => {
+                    // The old definition must mean in this spec what it meant
+                    // in its own: same fingerprint (entities, placement).
+                    let mut trial = raw.clone();
+                    set_storage(&mut trial, name, name, build);
+                    trial.projections.push(shadow.clone());
+                    match Spec::compile(trial, &spec.file, custom_projections(spec)) {
+                        Ok(compiled) => {
+                            let id = compiled
+                                .projection_id(&format!("{name}{OLD_VERSION_SUFFIX}"))
+                                .expect("added");
+                            if hex(compiled.projections[id].fingerprint) == read_fp {
+                                shadows.push(shadow);
+                                None
+                            } else {
+                                Some(format!(
+                                    "definition {read_fp} of `{name}` would mean something else beside this spec (its entities or the edge it rides on changed)"
+                                ))
+                            }
+                        }
+                        Err(errors) => Some(format!(
+                            "definition {read_fp} of `{name}` does not compile beside this spec: {errors}"
+                        )),
+                    }
+                }
+            };
+            let slot = if in_place.is_none() { build } else { read_slot };
+            set_storage(&mut raw, name, name, slot);
+            if let Some(why) = &in_place {
+                tracing::warn!(counter = %name, "the changed counter is rebuilt in place, so readers see values in between until its backfill completes: {why}");
+            }
+            layouts.push(CounterLayout {
+                name: name.to_string(),
+                slot,
+                old: Some(OldVersion {
+                    slot: read_slot,
+                    fingerprint: read_fp,
+                    in_place,
+                }),
+            });
+        }
+        raw.projections.extend(shadows);
+        let compiled =
+            Spec::compile(raw, &spec.file, custom_projections(spec)).map_err(|errors| {
+                ApplyError::Fatal {
+                    table: self.table.clone(),
+                    message: format!(
+                        "the counters' versions do not compile beside the spec: {errors}"
+                    ),
+                }
+            })?;
+        Ok((compiled, layouts))
+    }
+}
+
+/// The spec a long-running process (the Lambda) runs on `table`: `spec`
+/// laid out by [`Registry::layout`], read again once per lease period, so
+/// that a worker takes up a counter's new version, and drops its old one,
+/// within a lease period of the backfill that completes it. A failed
+/// read keeps the last layout; with none, it is the error.
+pub async fn current_layout(
+    client: &aws_sdk_dynamodb::Client,
+    table: &str,
+    spec: &Arc<Spec>,
+) -> Result<Arc<Spec>, ApplyError> {
+    type Cache = HashMap<(String, u64), (Arc<Spec>, std::time::Instant)>;
+    static CACHE: OnceLock<tokio::sync::Mutex<Cache>> = OnceLock::new();
+    if !spec
+        .projections
+        .iter()
+        .any(|p| matches!(p.kind, ProjectionKind::Counter(_)))
+    {
+        return Ok(spec.clone());
+    }
+    let key = (table.to_string(), spec.projections_fingerprint());
+    let mut cache = CACHE.get_or_init(Default::default).lock().await;
+    if let Some((laid, at)) = cache.get(&key) {
+        if at.elapsed() < lease_length() {
+            return Ok(laid.clone());
+        }
+    }
+    let registry = Registry::new(client.clone(), table, &spec.table);
+    // Throttling and lost answers are tried again a few times, briefly
+    // (the registry's reads are not classified).
+    let mut read = registry.layout(spec).await;
+    for attempt in 0..4u32 {
+        if read.is_ok() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(25 << attempt)).await;
+        read = registry.layout(spec).await;
+    }
+    match read {
+        Ok((laid, _)) => {
+            let laid = Arc::new(laid);
+            cache.insert(key, (laid.clone(), std::time::Instant::now()));
+            Ok(laid)
+        }
+        Err(error) => match cache.get(&key) {
+            Some((laid, _)) => {
+                tracing::warn!(%error, "reading the counters' layout failed: keeping the last one");
+                Ok(laid.clone())
+            }
+            None => Err(error),
+        },
+    }
+}
+
+/// Sets counter `name`'s storage (raw projection `projection`) to `slot`.
+fn set_storage(raw: &mut RawSpec, projection: &str, name: &str, slot: u8) {
+    for p in &mut raw.projections {
+        if let RawProjection::Counter {
+            name: n, storage, ..
+        } = p
+        {
+            if n == projection {
+                *storage = (slot != 0).then(|| counter_storage(name, slot));
+            }
+        }
+    }
+}
+
+/// The projections of `spec` written in Rust.
+fn custom_projections(spec: &Spec) -> Vec<Arc<dyn crate::plan::CustomProjection>> {
+    spec.projections
+        .iter()
+        .filter_map(|p| match &p.kind {
+            ProjectionKind::Custom(custom) => Some(custom.clone()),
+            _ => None,
+        })
+        .collect()
 }
 
 /// A process's leases on one table: taken before the first write of a
@@ -1123,6 +1514,7 @@ impl Leases {
             return Ok(valid(&state));
         }
         if !state.started {
+            self.check_layout().await?;
             self.store_spec().await?;
             if !self.consumer {
                 self.check_deployed().await?;
@@ -1181,6 +1573,38 @@ impl Leases {
                     other.fingerprint,
                     iso(other.consumed_until.unwrap_or(0)),
                     self.spec.file
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// A writer whose counters are not where the registry's layout puts
+    /// them (a spec from its file, not from [`Registry::layout`]) would
+    /// write a changed definition over the version readers read: refused.
+    async fn check_layout(&self) -> Result<(), String> {
+        let (laid, _) = self
+            .registry
+            .layout(&self.spec)
+            .await
+            .map_err(|error| format!("reading the counters' layout: {error}"))?;
+        for (id, projection) in self.spec.projections.iter().enumerate() {
+            let ProjectionKind::Counter(mine) = &projection.kind else {
+                continue;
+            };
+            if self.spec.is_old_version(id) {
+                continue;
+            }
+            let Some(ProjectionKind::Counter(wanted)) = laid
+                .projection_id(&projection.name)
+                .map(|id| &laid.projections[id].kind)
+            else {
+                continue;
+            };
+            if wanted.storage != mine.storage {
+                return Err(format!(
+                    "counter `{}` of {} would write under `{}`, but its versions are laid out for `{}` (a changed counter is built beside the version readers read): lay the spec out with `lifecycle::Registry::layout` (the CLI, the Lambda and the runner do)",
+                    projection.name, self.spec.file, mine.storage, wanted.storage
                 ));
             }
         }

@@ -609,6 +609,21 @@ impl Spec {
         }
     }
 
+    /// Whether projection `id` is a counter's old version, which the worker
+    /// keeps current while the changed counter is rebuilt: never claimed,
+    /// backfilled or replayed on its own.
+    pub fn is_old_version(&self, id: ProjectionId) -> bool {
+        matches!(&self.projections[id].kind, ProjectionKind::Counter(c) if c.storage != self.projections[id].name && self.projections[id].name.ends_with(OLD_VERSION_SUFFIX))
+    }
+
+    /// Every projection a backfill of the whole spec brings to its
+    /// definition: all but counters' old versions.
+    pub fn backfilled_projections(&self) -> Vec<ProjectionId> {
+        (0..self.projections.len())
+            .filter(|&id| !self.is_old_version(id))
+            .collect()
+    }
+
     /// The counter whose records and shards carry `storage`.
     pub fn counter_by_storage(&self, storage: &str) -> Option<ProjectionId> {
         self.projections
@@ -1011,8 +1026,7 @@ impl Compiler {
                     // Set below, once every projection is known. Where a
                     // counter is stored is not part of its definition.
                     fingerprint: fingerprint(
-                        &serde_json::to_string(&raw_projection.without_storage())
-                            .unwrap_or_default(),
+                        &serde_json::to_string(&raw_projection.definition()).unwrap_or_default(),
                     ),
                 });
             }

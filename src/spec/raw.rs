@@ -163,11 +163,17 @@ impl RawProjection {
         }
     }
 
-    /// The same projection with a counter's `storage` left out: what its
-    /// fingerprint covers.
-    pub fn without_storage(&self) -> RawProjection {
+    /// What its fingerprint covers: a counter's definition without where
+    /// it is stored, and an old version (`followers~old`, kept current
+    /// while the changed counter is rebuilt) as the counter it was.
+    pub fn definition(&self) -> RawProjection {
         let mut copy = self.clone();
-        if let RawProjection::Counter { storage, .. } = &mut copy {
+        if let RawProjection::Counter { name, storage, .. } = &mut copy {
+            if storage.is_some() {
+                if let Some(base) = name.strip_suffix(super::OLD_VERSION_SUFFIX) {
+                    *name = base.to_string();
+                }
+            }
             *storage = None;
         }
         copy
