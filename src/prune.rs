@@ -316,6 +316,22 @@ pub async fn prune(
     retired: &[Retired],
     options: &PruneOptions,
 ) -> Result<PruneSummary, ApplyError> {
+    // A counter's old version whose storage a current counter writes (the
+    // counter was rolled back to it, or rebuilt there since) is that
+    // counter's data now: nothing of it is retired.
+    for r in retired {
+        if let ProjectionKind::Counter(old) = r.kind() {
+            if let Some(id) = current.counter_by_storage(&old.storage) {
+                return Err(ApplyError::Fatal {
+                    table: table.to_string(),
+                    message: format!(
+                        "`{}` kept its shards and records under `{}`, where `{}` of the current spec keeps its own now: pruning it would delete them; there is nothing of `{}` to prune",
+                        r.name, old.storage, current.projections[id].name, r.name
+                    ),
+                });
+            }
+        }
+    }
     let started = Instant::now();
     let started_ms = now_ms();
     let names: Vec<&str> = retired.iter().map(|r| r.name.as_str()).collect();

@@ -179,7 +179,8 @@ pub async fn backfill(target: Target, args: BackfillArgs) -> anyhow::Result<Exit
     };
     crate::aws::describe_table(&c.dynamodb, &c.table).await?;
     let registry = Registry::new(c.dynamodb.clone(), &c.table, &c.spec.table);
-    let all: Vec<ProjectionId> = (0..c.spec.projections.len()).collect();
+    // Counters' old versions are kept current by the worker, not backfilled.
+    let all: Vec<ProjectionId> = c.spec.backfilled_projections();
     let ids: Vec<ProjectionId> = match projection_ids(&c.spec, &args.projections)? {
         Some(ids) => ids,
         None if args.all => all.clone(),
@@ -203,7 +204,7 @@ pub async fn backfill(target: Target, args: BackfillArgs) -> anyhow::Result<Exit
                 &commands(&target),
             )
             .into_iter()
-            .filter(|row| !matches!(row.state, State::Live | State::Held))
+            .filter(|row| !matches!(row.state, State::Live | State::Held | State::Serving))
             .filter_map(|row| c.spec.projection_id(&row.name))
             .collect();
             if needed.is_empty() {
@@ -269,7 +270,7 @@ pub async fn backfill(target: Target, args: BackfillArgs) -> anyhow::Result<Exit
         ApplyConfig::default(),
     );
     let options = crate::backfill::BackfillOptions {
-        projections: (ids != all).then_some(ids),
+        projections: (ids.len() != c.spec.projections.len()).then_some(ids),
         segments: segment_list,
         total_segments: total,
         max_wcu: args.max_wcu,
@@ -384,7 +385,13 @@ pub async fn prune(
     let now = now_ms();
     let mut retired = Vec::new();
     for name in &names {
-        if c.spec.projection_id(name).is_some() {
+        if let Some(id) = c.spec.projection_id(name) {
+            if c.spec.is_old_version(id) {
+                bail!(
+                    "`{name}` is what readers read while `{}` is rebuilt: it is pruned once that backfill completes and the workers have dropped it (`status` says when)",
+                    name.trim_end_matches(crate::spec::OLD_VERSION_SUFFIX)
+                );
+            }
             bail!(
                 "`{name}` is in {}: prune removes what a retired projection derived; remove it from the spec and deploy first",
                 target.spec.display()

@@ -439,8 +439,11 @@ fn block_on<F: std::future::Future<Output = anyhow::Result<ExitCode>>>(
 
 /// A compiled spec, the table name and the AWS clients of a command.
 pub struct Connection {
-    /// The compiled spec.
+    /// The compiled spec, laid out: changed counters built beside the
+    /// version readers read ([`crate::lifecycle::Registry::layout`]).
     pub spec: std::sync::Arc<Spec>,
+    /// The spec as the file has it.
+    pub file_spec: std::sync::Arc<Spec>,
     /// The table name (`--table` or the spec's).
     pub table: String,
     /// The SDK configuration.
@@ -464,8 +467,16 @@ pub async fn connect(target: &Target) -> Result<Connection, anyhow::Result<ExitC
         Err(error) => return Err(Err(error)),
     };
     let dynamodb = crate::aws::dynamodb(&config);
+    // A changed counter is built beside the version readers read, which
+    // every writer keeps current meanwhile (see `lifecycle::layout`).
+    let registry = crate::lifecycle::Registry::new(dynamodb.clone(), &table, &spec.table);
+    let laid = match registry.layout(&spec).await {
+        Ok((laid, _)) => laid,
+        Err(error) => return Err(Err(anyhow::anyhow!("{error}"))),
+    };
     Ok(Connection {
-        spec: std::sync::Arc::new(spec),
+        spec: std::sync::Arc::new(laid),
+        file_spec: std::sync::Arc::new(spec),
         table,
         config,
         dynamodb,

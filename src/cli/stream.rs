@@ -10,6 +10,7 @@ use anyhow::bail;
 
 use super::{connect, Connection, OutputFormat, Target};
 use crate::apply::{Applier, ApplyConfig};
+use crate::lifecycle::Registry;
 use crate::source::recover::{RecoverOptions, Recovery};
 use crate::source::stream::MAX_BATCH;
 use crate::source::{RunOptions, StreamRunner, Summary};
@@ -138,30 +139,74 @@ async fn run_stream(
     let (stream_arn, _) = crate::aws::require_stream(&c.dynamodb, &c.table).await?;
     // `run` consumes the stream for the whole spec; `replay` does not.
     let consumer = options.checkpoints && options.selection.is_none();
-    let applier = Applier::new(
-        c.dynamodb.clone(),
-        c.spec.clone(),
-        &c.table,
-        ApplyConfig {
-            stream_consumer: consumer,
-            ..ApplyConfig::default()
-        },
-    );
-    let runner = StreamRunner::new(applier, crate::aws::streams(&c.config), &stream_arn);
     tracing::info!(table = %c.table, stream = %stream_arn, drain = options.drain, checkpoints = options.checkpoints, "starting");
     let done = if options.drain {
         "caught up"
     } else {
         "stopped"
     };
-    match runner.run(options, shutdown()).await {
-        Ok(summary) => {
-            print_summary(verb, &c.table, &summary, done);
-            Ok(ExitCode::SUCCESS)
-        }
-        Err(error) => {
-            print_summary(verb, &c.table, &error.summary, "failed");
-            Err(error.into())
+    let registry = Registry::new(c.dynamodb.clone(), &c.table, &c.spec.table);
+    let mut spec = c.spec.clone();
+    loop {
+        let applier = Applier::new(
+            c.dynamodb.clone(),
+            spec.clone(),
+            &c.table,
+            ApplyConfig {
+                stream_consumer: consumer,
+                ..ApplyConfig::default()
+            },
+        );
+        let runner = StreamRunner::new(applier, crate::aws::streams(&c.config), &stream_arn);
+        // Once per lease period, the counters' layout is read again: when
+        // a rebuilt counter's backfill completes, the runner stops after
+        // its batches in flight and goes on from its checkpoints with the
+        // new layout (dropping the old version it kept current).
+        let relaid = std::sync::Mutex::new(None);
+        let watch = async {
+            if consumer && options.selection.is_none() {
+                loop {
+                    tokio::time::sleep(crate::lifecycle::lease_length()).await;
+                    match registry.layout(&c.file_spec).await {
+                        Ok((laid, _))
+                            if laid.projections_fingerprint() != spec.projections_fingerprint() =>
+                        {
+                            *relaid.lock().expect("layout lock") = Some(laid);
+                            return;
+                        }
+                        Ok(_) => {}
+                        Err(error) => {
+                            tracing::warn!(%error, "reading the counters' layout failed: keeping this one");
+                        }
+                    }
+                }
+            } else {
+                std::future::pending::<()>().await;
+            }
+        };
+        let stop = async {
+            tokio::select! {
+                _ = shutdown() => {}
+                _ = watch => {}
+            }
+        };
+        match runner.run(options.clone(), stop).await {
+            Ok(summary) => {
+                if let Some(laid) = relaid.lock().expect("layout lock").take() {
+                    tracing::info!(
+                        records = summary.records,
+                        "a counter's versions changed (a rebuild completed or began): going on with the new layout"
+                    );
+                    spec = std::sync::Arc::new(laid);
+                    continue;
+                }
+                print_summary(verb, &c.table, &summary, done);
+                return Ok(ExitCode::SUCCESS);
+            }
+            Err(error) => {
+                print_summary(verb, &c.table, &error.summary, "failed");
+                return Err(error.into());
+            }
         }
     }
 }

@@ -310,18 +310,18 @@ impl Handler {
     /// Claims the projections of `plan` for `run` in the lifecycle registry.
     async fn claim(
         &self,
+        spec: &Spec,
         plan: &BackfillPlan,
         table: &str,
         run: &str,
         started: Instant,
     ) -> Result<BackfillResponse, InvocationError> {
-        let registry =
-            crate::lifecycle::Registry::new(self.client.clone(), table, &self.spec.table);
+        let registry = crate::lifecycle::Registry::new(self.client.clone(), table, &spec.table);
         let ids: Vec<_> = match &plan.options.projections {
             Some(ids) => ids.clone(),
-            None => (0..self.spec.projections.len()).collect(),
+            None => spec.backfilled_projections(),
         };
-        match registry.claim(&self.spec, &ids, run).await? {
+        match registry.claim(spec, &ids, run).await? {
             crate::lifecycle::ClaimOutcome::Claimed => {
                 let summary = BackfillSummary {
                     seconds: started.elapsed().as_secs_f64(),
@@ -357,13 +357,15 @@ impl Handler {
         context: &Context,
     ) -> Result<BackfillResponse, InvocationError> {
         let started = Instant::now();
-        let plan = request.plan(&self.spec)?;
         // A backfill payload names no stream: the table is PROJECTOR_TABLE,
         // else the spec's.
         let table = self
             .table
             .clone()
             .unwrap_or_else(|| self.spec.table.name.clone());
+        // A changed counter is built beside the version readers read.
+        let spec = crate::lifecycle::current_layout(&self.client, &table, &self.spec).await?;
+        let plan = request.plan(&spec)?;
         let segment = request.segment;
         let total = request.total_segments;
         let (deadlines, config) = self.budget(context, started);
@@ -375,9 +377,9 @@ impl Handler {
             });
         }
         if let (Some(true), Some(run)) = (request.claim, &request.run) {
-            return self.claim(&plan, &table, run, started).await;
+            return self.claim(&spec, &plan, &table, run, started).await;
         }
-        let applier = Applier::new(self.client.clone(), self.spec.clone(), &table, config);
+        let applier = Applier::new(self.client.clone(), spec.clone(), &table, config);
         let options = BackfillOptions {
             deadline: Some(deadlines.stop_writes),
             ..plan.options.clone()

@@ -323,7 +323,21 @@ impl Handler {
             stream_consumer: true,
             ..config
         };
-        let applier = Applier::new(self.client.clone(), self.spec.clone(), &table, config);
+        // Counters being rebuilt: the new version beside the old one. Until
+        // the layout can be read, nothing can be written where it belongs:
+        // the whole batch is delivered again.
+        let spec = match crate::lifecycle::current_layout(&self.client, &table, &self.spec).await {
+            Ok(spec) => spec,
+            Err(error) => {
+                tracing::warn!(request_id = %context.request_id, %error, "reading the counters' layout failed: the batch is delivered again");
+                super::metrics::record_invocation(n_records, true);
+                return batch_response(
+                    &event.decode(0..1),
+                    &[RecordStatus::Failed(error.to_string())],
+                );
+            }
+        };
+        let applier = Applier::new(self.client.clone(), spec, &table, config);
         let options = BatchOptions {
             deadline: Some(deadlines.stop_writes),
             ..BatchOptions::default()
