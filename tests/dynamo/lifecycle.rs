@@ -194,12 +194,40 @@ async fn status_follows_each_projection_from_deploy_to_live_change_and_retiremen
         .unwrap()
         .starts_with("deploy"));
     assert_eq!(state(&rows, "following"), "live");
-    // Deployed, then backfilled: only `followers` is backfilled.
+    // Deployed: v2's `followers` is built beside v1's, which the worker
+    // keeps current as `followers~old` and readers read meanwhile.
     std::thread::sleep(std::time::Duration::from_millis(1_600));
     run_drain(&v2, &table);
-    assert_eq!(state(&status(&v2, &table).1, "followers"), "changed");
+    let (_, rows) = status(&v2, &table);
+    assert_eq!(state(&rows, "followers"), "changed");
+    assert_eq!(state(&rows, "followers~old"), "serving", "{rows:?}");
+    assert_eq!(row(&rows, "followers~old").2, None);
+    // Backfilled: only `followers` is; readers switch to it, and the old
+    // version is retired once no worker keeps it current.
     let done = backfilled(&backfill_cli(&v2, &table, &[]));
     assert_eq!(done, vec!["followers".to_string()]);
+    std::thread::sleep(std::time::Duration::from_millis(1_600));
+    run_drain(&v2, &table);
+    let (code, rows) = status(&v2, &table);
+    assert_eq!(code, 1, "{rows:?}");
+    assert_eq!(state(&rows, "followers"), "live");
+    assert_eq!(state(&rows, "followers~old"), "retired");
+    assert!(row(&rows, "followers~old").2.as_deref().unwrap().ends_with(
+        "prune --spec {} --table {table} --projection followers~old"
+            .replace("{}", &v2.display().to_string())
+            .replace("{table}", &table)
+            .as_str()
+    ));
+    let pruned = cli(&[
+        "prune",
+        "--spec",
+        v2.to_str().unwrap(),
+        "--table",
+        &table,
+        "--projection",
+        "followers~old",
+    ]);
+    assert!(pruned.status.success(), "prune: {}", stderr(&pruned));
     let (code, rows) = status(&v2, &table);
     assert_eq!(code, 0, "{rows:?}");
     // v1's view now: its followers is not what the table holds.
@@ -264,13 +292,35 @@ async fn a_writer_of_the_old_definition_turns_a_live_projection_back_and_blocks_
     tokio::time::sleep(std::time::Duration::from_millis(wait)).await;
     let item = follow("c", "b", "2026-11-24");
     put_item(&client, &table, &item).await;
-    let stale = Applier::new(
+    let record = decode_scanned_item(&spec1.table, 0, 1, item.into_iter().collect());
+    // Straight from its file, v1's `followers` would write over the
+    // version readers read: refused.
+    let unlaid = Applier::new(
         client.clone(),
         spec1.clone(),
         &table,
         ApplyConfig::default(),
     );
-    let record = decode_scanned_item(&spec1.table, 0, 1, item.into_iter().collect());
+    let outcome = unlaid
+        .apply_batch(std::slice::from_ref(&record), &BatchOptions::default())
+        .await
+        .unwrap();
+    assert_eq!(outcome.first_failure(), Some(0));
+    // Laid out as every process lays it out, it builds v1 beside v2.
+    let registry = Registry::new(client.clone(), &table, &spec1.table);
+    let (laid, layouts) = registry.layout(&spec1).await.unwrap();
+    let followers = layouts.iter().find(|l| l.name == "followers").unwrap();
+    assert_eq!(followers.slot, 1);
+    assert_eq!(
+        followers.old.as_ref().map(|o| o.in_place.clone()),
+        Some(None)
+    );
+    let stale = Applier::new(
+        client.clone(),
+        Arc::new(laid),
+        &table,
+        ApplyConfig::default(),
+    );
     let outcome = stale
         .apply_batch(&[record], &BatchOptions::default())
         .await
@@ -697,4 +747,261 @@ async fn prune_removes_what_retired_projections_derived_and_nothing_else() {
         "{}",
         String::from_utf8_lossy(&audit.stdout)
     );
+}
+
+/// v2 of the social spec for the rebuild test: `followers` counts close
+/// follows only, on 16 shards (a definition whose values differ from v1's).
+fn close_followers(t: String) -> String {
+    t.replace(
+        "of = { userId = \"{followeeId}\" }\nshards = 8",
+        "of = { userId = \"{followeeId}\" }\nwhen = { close = true }\nshards = 16",
+    )
+}
+
+/// Each user's followers as a definition computes them from the follows in
+/// the table (independent of `src/`): every follow, or the close ones.
+async fn followers_of(
+    client: &aws_sdk_dynamodb::Client,
+    table: &str,
+    close_only: bool,
+) -> std::collections::BTreeMap<String, i64> {
+    let mut out = std::collections::BTreeMap::new();
+    for item in support::scan_all(client, table).await {
+        let pk = support::text(&item, "PK").unwrap_or_default();
+        let sk = support::text(&item, "SK").unwrap_or_default();
+        let Some(followee) = sk
+            .strip_prefix("FOLLOWS#")
+            .filter(|_| pk.starts_with("USER#"))
+        else {
+            continue;
+        };
+        if close_only
+            && item.get("close") != Some(&aws_sdk_dynamodb::types::AttributeValue::Bool(true))
+        {
+            continue;
+        }
+        *out.entry(followee.to_string()).or_insert(0) += 1;
+    }
+    out
+}
+
+#[tokio::test]
+async fn a_changed_counter_is_rebuilt_beside_the_old_one_and_readers_never_see_a_wrong_value() {
+    use super::model::{delete_item, Rng};
+    use aws_sdk_dynamodb::types::AttributeValue as Av;
+
+    let dir = tempfile::tempdir().unwrap();
+    let v1 = social_spec(dir.path(), "v1.toml", |t| t);
+    let v2 = social_spec(dir.path(), "v2.toml", close_followers);
+    let spec1 = Arc::new(Spec::from_file(&v1).unwrap());
+    let spec2 = Arc::new(Spec::from_file(&v2).unwrap());
+    assert_ne!(
+        spec1.projections[spec1.projection_id("followers").unwrap()].fingerprint,
+        spec2.projections[spec2.projection_id("followers").unwrap()].fingerprint
+    );
+    let client = support::client().await;
+    let table = support::fresh_table(&client, &spec1, "lifecycle-rebuild").await;
+    let users: Vec<String> = (0..6).map(|i| format!("u{i}")).collect();
+    let mut rng = Rng::new(0x5eed_c0de);
+    let write = |rng: &mut Rng| {
+        let a = users[rng.below(users.len() as u64) as usize].clone();
+        let b = users[rng.below(users.len() as u64) as usize].clone();
+        let delete = rng.below(4) == 0;
+        let close = rng.below(2) == 0;
+        (a, b, delete, close)
+    };
+    let apply = |(a, b, delete, close): (String, String, bool, bool)| {
+        let client = client.clone();
+        let table = table.clone();
+        async move {
+            if a == b {
+                return;
+            }
+            let mut item = follow(&a, &b, "2026-11-24");
+            if delete {
+                let key = [("PK", item["PK"].clone()), ("SK", item["SK"].clone())]
+                    .into_iter()
+                    .map(|(k, v)| (k.to_string(), v))
+                    .collect();
+                delete_item(&client, &table, key).await;
+            } else {
+                item.insert("close".to_string(), Av::Bool(close));
+                put_item(&client, &table, &item).await;
+            }
+        }
+    };
+    // What `counter get` and the documented read path give for each user.
+    let read = |spec: Arc<Spec>| {
+        let client = client.clone();
+        let table = table.clone();
+        let users = users.clone();
+        async move {
+            let mut out = std::collections::BTreeMap::new();
+            for user in &users {
+                let value = ddb_projector::counter::read_counter(
+                    &client,
+                    &table,
+                    &spec,
+                    "followers",
+                    &[("userId".to_string(), user.clone())],
+                )
+                .await
+                .unwrap();
+                if value != 0 {
+                    out.insert(user.clone(), value);
+                }
+            }
+            out
+        }
+    };
+
+    // v1 deployed, written to and backfilled: live.
+    for _ in 0..30 {
+        apply(write(&mut rng)).await;
+    }
+    run_drain(&v1, &table);
+    backfilled(&backfill_cli(&v1, &table, &[]));
+    assert_eq!(status(&v1, &table).0, 0);
+    assert_eq!(
+        read(spec1.clone()).await,
+        followers_of(&client, &table, false).await
+    );
+
+    // v2 deployed: its worker builds `followers` beside v1's, which it keeps
+    // current; writers go on while a backfill builds v2 a page at a time.
+    std::thread::sleep(std::time::Duration::from_millis(1_600));
+    run_drain(&v2, &table);
+    let registry = Registry::new(client.clone(), &table, &spec2.table);
+    let (laid, layouts) = registry.layout(&spec2).await.unwrap();
+    let followers = layouts.iter().find(|l| l.name == "followers").unwrap();
+    assert_eq!(
+        (
+            followers.slot,
+            followers.old.as_ref().map(|o| (o.slot, o.in_place.clone()))
+        ),
+        (1, Some((0, None)))
+    );
+    let laid = Arc::new(laid);
+    let id = laid.projection_id("followers").unwrap();
+    // The claim waits out v1's last leases, as `backfill --wait` does.
+    loop {
+        match registry.claim(&laid, &[id], "rebuild").await.unwrap() {
+            ClaimOutcome::Claimed => break,
+            ClaimOutcome::Wait { until, .. } => {
+                let left = until.saturating_sub(ddb_projector::lifecycle::now_ms()) + 100;
+                tokio::time::sleep(std::time::Duration::from_millis(left)).await;
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+    let filler = Applier::new(client.clone(), laid.clone(), &table, ApplyConfig::default());
+    let mut slices = 0;
+    loop {
+        for _ in 0..4 {
+            apply(write(&mut rng)).await;
+        }
+        run_drain(&v2, &table);
+        // Between every slice, readers read exactly what one definition
+        // computes from the current follows: v1's until the switch.
+        assert_eq!(
+            read(spec2.clone()).await,
+            followers_of(&client, &table, false).await,
+            "readers saw a value v1 does not give, {slices} slices into v2's backfill"
+        );
+        let summary = backfill(
+            &filler,
+            &BackfillOptions {
+                projections: Some(vec![id]),
+                page_size: 3,
+                max_pages: Some(1),
+                resume: true,
+                progress: false,
+                run: Some("rebuild".to_string()),
+                ..BackfillOptions::default()
+            },
+        )
+        .await
+        .unwrap();
+        slices += 1;
+        if summary.is_done() {
+            assert_eq!(summary.backfilled, vec!["followers".to_string()]);
+            break;
+        }
+        assert!(slices < 200, "the backfill never finished");
+    }
+    assert!(
+        slices > 3,
+        "the rebuild took {slices} slices: too few to show anything"
+    );
+    // Switched: readers read v2's version, which the worker keeps current.
+    assert_eq!(
+        read(spec2.clone()).await,
+        followers_of(&client, &table, true).await
+    );
+    for _ in 0..10 {
+        apply(write(&mut rng)).await;
+    }
+    run_drain(&v2, &table);
+    assert_eq!(
+        read(spec2.clone()).await,
+        followers_of(&client, &table, true).await
+    );
+    assert_eq!(
+        read(laid.clone()).await,
+        followers_of(&client, &table, true).await
+    );
+    let cli_value = cli(&[
+        "counter",
+        "get",
+        "followers",
+        "userId=u1",
+        "--spec",
+        v2.to_str().unwrap(),
+        "--table",
+        &table,
+    ]);
+    assert!(cli_value.status.success(), "{}", stderr(&cli_value));
+    let want = followers_of(&client, &table, true)
+        .await
+        .get("u1")
+        .copied()
+        .unwrap_or(0);
+    assert_eq!(
+        String::from_utf8_lossy(&cli_value.stdout).trim(),
+        want.to_string()
+    );
+
+    // The old version is pruned once no worker keeps it: nothing of its
+    // storage is left, what v2 derives is untouched, the audit is clean.
+    std::thread::sleep(std::time::Duration::from_millis(1_600));
+    let pruned = cli(&[
+        "prune",
+        "--spec",
+        v2.to_str().unwrap(),
+        "--table",
+        &table,
+        "--projection",
+        "followers~old",
+    ]);
+    assert!(pruned.status.success(), "prune: {}", stderr(&pruned));
+    for item in support::scan_all(&client, &table).await {
+        let pk = support::text(&item, "PK").unwrap_or_default();
+        assert!(!pk.starts_with("COUNTER#followers#"), "left: {item:?}");
+        assert!(
+            !matches!(item.get("_ddbp#c"), Some(Av::M(m)) if m.contains_key("followers")),
+            "a record of the old version is left: {item:?}"
+        );
+    }
+    assert_eq!(
+        read(spec2.clone()).await,
+        followers_of(&client, &table, true).await
+    );
+    let audit = cli(&["audit", "--spec", v2.to_str().unwrap(), "--table", &table]);
+    assert!(
+        audit.status.success(),
+        "audit: {}{}",
+        String::from_utf8_lossy(&audit.stdout),
+        stderr(&audit)
+    );
+    assert_eq!(status(&v2, &table).0, 0, "{:?}", status(&v2, &table).1);
 }

@@ -17,7 +17,8 @@
 //!   reverse items of the sources that satisfy `when`, each with its
 //!   copies (attributes it does not copy are not its concern);
 //! - `counter`: the shards `0..shards` of each target sum to the number of
-//!   sources that satisfy `when`.
+//!   sources that satisfy `when`, in the version readers read (the
+//!   registry's `readStorage` of the counter, else its name).
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 
@@ -217,6 +218,9 @@ struct Classified<'a> {
     by_entity: HashMap<String, Vec<(Vars, &'a Attrs)>>,
     by_key: HashMap<(String, String), &'a Attrs>,
     shards: HashMap<String, i64>,
+    /// Where readers read each counter, as the lifecycle registry says
+    /// (`_ddbp#lifecycle` / `p#<name>`: `readStorage`; absent: its name).
+    read_storage: HashMap<String, String>,
 }
 
 fn key_of(item: &Attrs) -> (String, String) {
@@ -231,8 +235,16 @@ fn classify<'a>(entities: &BTreeMap<String, Entity>, items: &'a [Attrs]) -> Clas
     let mut by_entity: HashMap<String, Vec<(Vars, &Attrs)>> = HashMap::new();
     let mut by_key = HashMap::new();
     let mut shards = HashMap::new();
+    let mut read_storage = HashMap::new();
     for item in items {
         let (pk, sk) = key_of(item);
+        if pk == "_ddbp#lifecycle" {
+            if let (Some(name), Some(Av::S(storage))) =
+                (sk.strip_prefix("p#"), item.get("readStorage"))
+            {
+                read_storage.insert(name.to_string(), storage.clone());
+            }
+        }
         if pk.starts_with("_ddbp#") {
             continue;
         }
@@ -265,6 +277,7 @@ fn classify<'a>(entities: &BTreeMap<String, Entity>, items: &'a [Attrs]) -> Clas
         by_entity,
         by_key,
         shards,
+        read_storage,
     }
 }
 
@@ -435,7 +448,11 @@ pub fn differences(spec_toml: &str, items: &[Attrs]) -> Vec<String> {
                         .collect();
                     *counts.entry(values.join("#")).or_insert(0) += 1;
                 }
-                let prefix = format!("COUNTER#{name}#");
+                let storage = classified
+                    .read_storage
+                    .get(name)
+                    .map_or(name, String::as_str);
+                let prefix = format!("COUNTER#{storage}#");
                 let mut actual: BTreeMap<String, i64> = BTreeMap::new();
                 for (pk, count) in &classified.shards {
                     let Some((values, shard)) = pk

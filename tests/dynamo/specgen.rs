@@ -62,6 +62,8 @@ struct Coverage {
     records: AtomicUsize,
     letters_redriven: AtomicUsize,
     pruned: AtomicUsize,
+    rebuilt_beside: AtomicUsize,
+    readers_checked: AtomicUsize,
 }
 
 static COVERAGE: Coverage = Coverage {
@@ -74,6 +76,8 @@ static COVERAGE: Coverage = Coverage {
     records: AtomicUsize::new(0),
     letters_redriven: AtomicUsize::new(0),
     pruned: AtomicUsize::new(0),
+    rebuilt_beside: AtomicUsize::new(0),
+    readers_checked: AtomicUsize::new(0),
 };
 
 fn count(what: &AtomicUsize, n: usize) {
@@ -817,10 +821,8 @@ async fn case(specs: &Specs, plan: &Plan) -> Result<(), TestCaseError> {
     };
     let worker1 =
         Applier::new(client.clone(), v1.clone(), &table, config.clone()).as_stream_consumer();
-    let worker2 =
-        Applier::new(client.clone(), v2.clone(), &table, config.clone()).as_stream_consumer();
     let filler1 = Applier::new(client.clone(), v1.clone(), &table, config.clone());
-    let filler2 = Applier::new(client.clone(), v2.clone(), &table, config);
+    let registry = Registry::new(client.clone(), &table, &v2.table);
     let mut history = History::default();
     play(&mut history, &plan.phase1);
     let phase1 = history.records.len();
@@ -907,8 +909,25 @@ async fn case(specs: &Specs, plan: &Plan) -> Result<(), TestCaseError> {
         check_live(&client, &table, &v1, "after phase 1's backfill").await?;
         writer.written = phase1;
 
-        // Phase 2: v2 deployed; its worker takes the rest of the stream
+        // Phase 2: v2 deployed, laid out as every process lays it out: a
+        // changed counter is built beside the version readers read, which
+        // the worker keeps current. Its worker takes the rest of the stream
         // while a backfill of what changed runs beside it.
+        let (laid2, layouts2) = registry
+            .layout(&v2)
+            .await
+            .map_err(|error| TestCaseError::fail(format!("layout: {error}")))?;
+        let laid2 = Arc::new(laid2);
+        let beside: Vec<String> = layouts2
+            .iter()
+            .filter(|l| l.old.as_ref().is_some_and(|o| o.in_place.is_none()))
+            .map(|l| l.name.clone())
+            .collect();
+        count(&COVERAGE.rebuilt_beside, beside.len());
+        let id2 = |name: &str| laid2.projection_id(name).expect("laid out from v2");
+        let worker2 = Applier::new(client.clone(), laid2.clone(), &table, config.clone())
+            .as_stream_consumer();
+        let filler2 = Applier::new(client.clone(), laid2.clone(), &table, config.clone());
         let not_live: BTreeSet<String> = states(&client, &table, &v2)
             .await
             .into_iter()
@@ -928,16 +947,47 @@ async fn case(specs: &Specs, plan: &Plan) -> Result<(), TestCaseError> {
         );
         let mut selection: BTreeSet<usize> = not_live
             .iter()
-            .filter_map(|name| v2.projection_id(name))
+            .filter(|name| v2.projection_id(name).is_some())
+            .map(|name| id2(name))
             .collect();
         for extra in &plan.extra_backfill {
-            selection.insert(usize::from(*extra) % v2.projections.len());
+            selection.insert(id2(&v2.projections
+                [usize::from(*extra) % v2.projections.len()]
+            .name));
         }
         let selection: Vec<usize> = selection.into_iter().collect();
         // v2 deployed: its worker runs while the backfill waits out v1's
-        // last leases, then claims and scans.
+        // last leases, then claims and scans. In a third of the cases the
+        // worker drains phase 2 first: readers of a counter rebuilt beside
+        // its old version then read exactly what v1 computes from the
+        // current items, however far phase 2 went.
         worker2.take_leases().await.map_err(TestCaseError::fail)?;
-        let live = deliver(&worker2, &mut writer, phase1, &plan.delivery2);
+        if plan.backfill_pages == 3 {
+            deliver(&worker2, &mut writer, phase1, &plan.delivery2).await?;
+            redrive_all(&worker2, None).await?;
+            let old: Vec<Projection> = specs
+                .v1
+                .iter()
+                .filter(|p| beside.contains(&p.name()))
+                .cloned()
+                .collect();
+            if !old.is_empty() {
+                count(&COVERAGE.readers_checked, 1);
+                check_oracle(
+                    &client,
+                    &table,
+                    &spec_toml(&old),
+                    "readers of counters rebuilt beside, before the backfill",
+                )
+                .await?;
+            }
+        }
+        let live = async {
+            if plan.backfill_pages == 3 {
+                return Ok(());
+            }
+            deliver(&worker2, &mut writer, phase1, &plan.delivery2).await
+        };
         let filling = async {
             if selection.is_empty() {
                 return Ok(Vec::new());
@@ -949,13 +999,30 @@ async fn case(specs: &Specs, plan: &Plan) -> Result<(), TestCaseError> {
         let (live, filling) = tokio::join!(live, filling);
         live?;
         filling?;
+        // Within a lease period of the switch, the worker lays the spec out
+        // again: it no longer keeps the old versions.
+        let (laid3, layouts3) = registry
+            .layout(&v2)
+            .await
+            .map_err(|error| TestCaseError::fail(format!("layout: {error}")))?;
+        prop_assert!(
+            layouts3.iter().all(|l| l.old.is_none()),
+            "a complete backfill left old versions: {:?}",
+            layouts3
+        );
+        let laid3 = Arc::new(laid3);
+        let worker2 = Applier::new(client.clone(), laid3.clone(), &table, config.clone())
+            .as_stream_consumer();
 
         // A replay of some projections over the stream's tail.
         if let Some((chosen, percent)) = &plan.replay {
             count(&COVERAGE.replays, 1);
             let mut ids: Vec<usize> = chosen
                 .iter()
-                .map(|i| usize::from(*i) % v2.projections.len())
+                .map(|i| {
+                    let name = &v2.projections[usize::from(*i) % v2.projections.len()].name;
+                    laid3.projection_id(name).expect("laid out from v2")
+                })
                 .collect();
             ids.sort_unstable();
             ids.dedup();
@@ -996,7 +1063,7 @@ async fn case(specs: &Specs, plan: &Plan) -> Result<(), TestCaseError> {
         // records (shard and all) when their items are written again, and
         // a shard's `changes` stamp counts transactions, not state.
         let owned = |items: Vec<Attrs>| -> Vec<Attrs> {
-            let current = |name: &str| v2.counter_id(name).is_some();
+            let current = |storage: &str| laid3.counter_by_storage(storage).is_some();
             items
                 .into_iter()
                 .filter(|item| {
@@ -1006,8 +1073,11 @@ async fn case(specs: &Specs, plan: &Plan) -> Result<(), TestCaseError> {
                     support::text(item, "PK")
                         .and_then(|pk| pk.strip_prefix("COUNTER#").map(str::to_string))
                         .is_none_or(|rest| {
-                            v2.projections.iter().any(|p| {
-                                current(&p.name) && rest.starts_with(&format!("{}#", p.name))
+                            laid3.projections.iter().any(|p| match &p.kind {
+                                ddb_projector::spec::ProjectionKind::Counter(c) => {
+                                    rest.starts_with(&format!("{}#", c.storage))
+                                }
+                                _ => false,
                             })
                         })
                 })
@@ -1036,27 +1106,47 @@ async fn case(specs: &Specs, plan: &Plan) -> Result<(), TestCaseError> {
             prop_assert!(false, "a full replay changed:\n  {}", changed.join("\n  "));
         }
 
-        // What v2 retired is pruned: nothing of it is left, and what v2
-        // derives is untouched.
+        // What v2 retired is pruned, and the old versions of the counters it
+        // rebuilt beside them once the worker's lease of them ended: nothing
+        // of them is left, and what v2 derives is untouched.
         let dropped: Vec<&Projection> = specs
             .v1
             .iter()
-            .filter(|p| v2.projection_id(&p.name()).is_none())
+            .filter(|p| v2.projection_id(&p.name()).is_none() || beside.contains(&p.name()))
             .collect();
         if !dropped.is_empty() {
             count(&COVERAGE.pruned, 1);
+            tokio::time::sleep(config.lease + std::time::Duration::from_millis(100)).await;
             let before = states(&client, &table, &v2).await;
+            let retired_name = |p: &Projection| {
+                if beside.contains(&p.name()) {
+                    format!("{}~old", p.name())
+                } else {
+                    p.name()
+                }
+            };
             for p in &dropped {
-                prop_assert_eq!(before.get(&p.name()), Some(&State::Retired), "{:?}", before);
+                prop_assert_eq!(
+                    before.get(&retired_name(p)),
+                    Some(&State::Retired),
+                    "{:?}",
+                    before
+                );
             }
             let retired: Vec<Retired> = dropped
                 .iter()
-                .map(|p| Retired::new(&p.name(), v1.clone()).expect("in v1"))
+                .map(|p| {
+                    if beside.contains(&p.name()) {
+                        Retired::new(&retired_name(p), laid2.clone()).expect("laid out beside")
+                    } else {
+                        Retired::new(&p.name(), v1.clone()).expect("in v1")
+                    }
+                })
                 .collect();
             let summary = prune(
                 &client,
                 &table,
-                &v2,
+                &laid3,
                 &retired,
                 &PruneOptions {
                     segments: 2,
