@@ -864,9 +864,13 @@ impl Applier {
             let selection = if group.iter().any(|l| l.projection == WHOLE_RECORD) {
                 None
             } else {
+                // A letter of a counter written before it was rebuilt
+                // beside its old version missed that version too: the one
+                // readers read until the rebuild completes.
                 let mut ids: Vec<ProjectionId> = group
                     .iter()
                     .filter_map(|l| self.spec.projection_id(&l.projection))
+                    .flat_map(|id| std::iter::once(id).chain(self.spec.old_version(id)))
                     .collect();
                 ids.sort_unstable();
                 ids.dedup();
