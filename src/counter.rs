@@ -66,10 +66,9 @@ pub async fn read_counter(
             let (laid, _) = registry.layout(spec).await.map_err(|error| {
                 anyhow::anyhow!("reading which version of `{name}` to read: {error}")
             })?;
-            let old = format!("{name}{}", crate::spec::OLD_VERSION_SUFFIX);
             let read = laid
-                .projection_id(&old)
-                .or_else(|| laid.projection_id(name));
+                .projection_id(name)
+                .map(|id| laid.old_version(id).unwrap_or(id));
             match read.map(|id| &laid.projections[id].kind) {
                 Some(ProjectionKind::Counter(c)) => (
                     c.storage.clone(),

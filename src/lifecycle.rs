@@ -45,8 +45,8 @@ use serde::Serialize;
 use crate::apply::{retry_describe, ApplyError};
 use crate::spec::raw::{RawProjection, RawSpec};
 use crate::spec::{
-    counter_storage, storage_slot, ProjectionId, ProjectionKind, Spec, TableSpec,
-    OLD_VERSION_SUFFIX,
+    counter_storage, old_version_name, old_version_of, storage_generation, ProjectionId,
+    ProjectionKind, Spec, TableSpec,
 };
 
 /// The partition key of the registry items.
@@ -152,14 +152,14 @@ pub struct Record {
 }
 
 /// The version of a counter that readers read: the last one a backfill
-/// completed. A changed counter is built in the other slot while the
-/// worker keeps this one current, and readers switch when its backfill
-/// completes ([`Registry::layout`]).
+/// completed. A changed counter is built in the next generation while
+/// the worker keeps this one current, and readers switch when its
+/// backfill completes ([`Registry::layout`]).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "camelCase")]
 pub struct ReadVersion {
-    /// 0 (storage `<name>`) or 1 (`<name>~1`).
-    pub slot: u8,
+    /// Its generation: 0 (storage `<name>`), then 1 (`<name>~1`)...
+    pub generation: u32,
     /// The definition it holds.
     pub fingerprint: String,
     /// Its storage name: shards are `COUNTER#<storage>#<of values>#<n>`.
@@ -173,10 +173,10 @@ pub struct ReadVersion {
 impl Record {
     /// The counter version readers read: the recorded one, or (registries
     /// from before versions were recorded) the last backfilled definition,
-    /// which wrote slot 0.
-    pub fn read_version(&self) -> Option<(u8, String)> {
+    /// which wrote generation 0.
+    pub fn read_version(&self) -> Option<(u32, String)> {
         match (&self.read, &self.backfilled) {
-            (Some(read), _) => Some((read.slot, read.fingerprint.clone())),
+            (Some(read), _) => Some((read.generation, read.fingerprint.clone())),
             (None, Some(done)) => Some((0, done.fingerprint.clone())),
             (None, None) => None,
         }
@@ -249,7 +249,7 @@ pub enum State {
     Changed,
     /// In the table, not in the spec.
     Retired,
-    /// A counter's old version (`<name>~old`): what readers read while
+    /// A counter's old version (`<name>~<generation>`): what readers read while
     /// the changed counter is rebuilt, kept current by the worker.
     Serving,
 }
@@ -330,7 +330,7 @@ pub fn states(
     for (id, projection) in spec.projections.iter().enumerate() {
         let f = hex(projection.fingerprint);
         if spec.is_old_version(id) {
-            let base = projection.name.trim_end_matches(OLD_VERSION_SUFFIX);
+            let base = old_version_of(&projection.name).map_or("", |(base, _)| base);
             out.push(ProjectionStatus {
                 name: projection.name.clone(),
                 kind: projection.kind_name().to_string(),
@@ -398,8 +398,8 @@ pub fn states(
         if state == State::Live && !deployed {
             unreachable!("live needs a consumer");
         }
-        let old = format!("{}{OLD_VERSION_SUFFIX}", projection.name);
-        if note.is_none() && spec.projection_id(&old).is_some() {
+        if let (None, Some(old)) = (&note, spec.old_version(id)) {
+            let old = &spec.projections[old].name;
             note = Some(format!(
                 "rebuilt beside the version readers read (`{old}`), which they read until its backfill completes"
             ));
@@ -452,16 +452,6 @@ pub fn states(
             .iter()
             .filter(|d| d.fingerprint != WITHOUT)
             .max_by_key(|d| d.writes_until);
-        // A counter rolled back to the version its old one kept: that
-        // version is the counter's own again, nothing is retired.
-        if let (Some(base), Some(last)) = (name.strip_suffix(OLD_VERSION_SUFFIX), last) {
-            if spec
-                .projection_id(base)
-                .is_some_and(|id| hex(spec.projections[id].fingerprint) == last.fingerprint)
-            {
-                continue;
-            }
-        }
         let running = last
             .and_then(|d| d.consumed_until)
             .filter(|until| *until >= now);
@@ -542,12 +532,14 @@ fn text(item: &HashMap<String, Av>, name: &str) -> Option<String> {
 
 /// A projection record's counter version readers read.
 fn parse_read(item: &HashMap<String, Av>) -> Option<ReadVersion> {
-    let vars = match item.get("readVars") {
-        Some(Av::L(list)) => list.iter().filter_map(|v| v.as_s().ok().cloned()).collect(),
-        _ => Vec::new(),
+    // Written with the rest in one update: a record without its variables
+    // is not one this version wrote.
+    let vars = match item.get("readVars")? {
+        Av::L(list) => list.iter().filter_map(|v| v.as_s().ok().cloned()).collect(),
+        _ => return None,
     };
     Some(ReadVersion {
-        slot: u8::from(number(item, "readSlot")? == 1),
+        generation: number(item, "readGen")? as u32,
         fingerprint: text(item, "readFp")?,
         storage: text(item, "readStorage")?,
         shards: number(item, "readShards")? as u32,
@@ -1052,13 +1044,13 @@ impl Registry {
             // A counter's readers switch to the version just built.
             let read = match &projection.kind {
                 ProjectionKind::Counter(counter) => {
-                    storage_slot(&projection.name, &counter.storage).map(|slot| {
+                    storage_generation(&projection.name, &counter.storage).map(|generation| {
                         let vars = counter
                             .of
                             .iter()
                             .map(|(name, _)| Av::S(name.clone()))
                             .collect::<Vec<_>>();
-                        (slot, counter.storage.clone(), counter.shards, vars)
+                        (generation, counter.storage.clone(), counter.shards, vars)
                     })
                 }
                 _ => None,
@@ -1070,10 +1062,10 @@ impl Registry {
                 .set_key(Some(self.projection_key(&projection.name)));
             let mut expression =
                 "SET doneRun = :r, doneFp = :f, doneFromMs = :from, doneAtMs = :now".to_string();
-            if let Some((slot, storage, shards, vars)) = read {
-                expression.push_str(", readSlot = :slot, readFp = :f, readStorage = :storage, readShards = :shards, readVars = :vars");
+            if let Some((generation, storage, shards, vars)) = read {
+                expression.push_str(", readGen = :gen, readFp = :f, readStorage = :storage, readShards = :shards, readVars = :vars");
                 update = update
-                    .expression_attribute_values(":slot", Av::N(slot.to_string()))
+                    .expression_attribute_values(":gen", Av::N(generation.to_string()))
                     .expression_attribute_values(":storage", Av::S(storage))
                     .expression_attribute_values(":shards", Av::N(shards.to_string()))
                     .expression_attribute_values(":vars", Av::L(vars));
@@ -1173,10 +1165,10 @@ impl Registry {
 pub struct CounterLayout {
     /// The counter.
     pub name: String,
-    /// The slot its definition writes.
-    pub slot: u8,
+    /// The generation its definition writes.
+    pub generation: u32,
     /// The version readers read, when it is another definition: kept
-    /// current under `<name>~old` while this one is built, or (when it
+    /// current under `<name>~<its generation>` while this one is built, or (when it
     /// cannot be) rebuilt in place.
     pub old: Option<OldVersion>,
 }
@@ -1184,8 +1176,8 @@ pub struct CounterLayout {
 /// A counter's old version, as [`Registry::layout`] found it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct OldVersion {
-    /// Its slot.
-    pub slot: u8,
+    /// Its generation.
+    pub generation: u32,
     /// Its definition.
     pub fingerprint: String,
     /// `None`: kept current beside the new one; else why it cannot be
@@ -1196,8 +1188,9 @@ pub struct OldVersion {
 
 impl Registry {
     /// The spec a process runs: `spec` with each changed counter built in
-    /// the slot readers do not read, and the version they read kept
-    /// current beside it as `<name>~old` (its definition comes from the
+    /// the generation after the one readers read, and the version they
+    /// read kept current beside it as `<name>~<generation>` (unless it
+    /// cannot be: see [`OldVersion::in_place`]; its definition comes from the
     /// spec text the registry stored for it). A counter readers read
     /// already, or never read, is written where it is. A table without a
     /// registry gives `spec` as it is.
@@ -1225,9 +1218,8 @@ impl Registry {
         let mut layouts = Vec::new();
         // The spec as written (a spec laid out already is laid out anew).
         let mut raw = spec.raw.clone();
-        raw.projections.retain(|p| {
-            p.definition().name() == p.name() || !p.name().ends_with(OLD_VERSION_SUFFIX)
-        });
+        raw.projections
+            .retain(|p| p.definition().name() == p.name());
         for p in &mut raw.projections {
             *p = p.definition();
         }
@@ -1236,22 +1228,36 @@ impl Registry {
             let projection = &spec.projections[spec.projection_id(name).expect("listed")];
             let f = hex(projection.fingerprint);
             let record = snapshot.record(name);
-            let Some((read_slot, read_fp)) = record.read_version() else {
+            let Some((read_gen, read_fp)) = record.read_version() else {
                 layouts.push(CounterLayout {
                     name: name.to_string(),
-                    slot: 0,
+                    generation: 0,
                     old: None,
                 });
                 continue;
             };
             if read_fp == f {
-                set_storage(&mut raw, name, name, read_slot);
+                set_storage(&mut raw, name, read_gen);
                 layouts.push(CounterLayout {
                     name: name.to_string(),
-                    slot: read_slot,
+                    generation: read_gen,
                     old: None,
                 });
                 continue;
+            }
+            let build = read_gen + 1;
+            let old_name = old_version_name(name, read_gen);
+            let mut in_place = None;
+            // While the counter was out of the spec, nobody kept the
+            // version readers read: there is nothing current to keep.
+            let read_from = record.backfilled.as_ref().map_or(0, |done| done.from_ms);
+            if record
+                .definition(WITHOUT)
+                .is_some_and(|without| without.writes_until + self.skew_ms >= read_from)
+            {
+                in_place = Some(format!(
+                    "a worker without `{name}` ran after the version readers read was built: that version missed its changes"
+                ));
             }
             // The old definition, as the spec that ran it had it.
             let old_raw = match record.definition(&read_fp).and_then(|d| d.spec_key.clone()) {
@@ -1267,69 +1273,79 @@ impl Registry {
                         old.projections
                             .iter()
                             .find(|p| {
-                                matches!(p, RawProjection::Counter { .. })
-                                    && p.definition().name() == name
-                                    && !p.name().ends_with(OLD_VERSION_SUFFIX)
+                                matches!(p, RawProjection::Counter { .. }) && p.name() == name
                             })
                             .cloned()
                     })
                 }
                 None => None,
             };
-            let build = 1 - read_slot;
-            let shadow = old_raw.map(|old| {
-                let mut shadow = old.definition();
-                if let RawProjection::Counter {
-                    name: shadow_name,
-                    storage,
-                    ..
-                } = &mut shadow
-                {
-                    *shadow_name = format!("{name}{OLD_VERSION_SUFFIX}");
-                    *storage = Some(counter_storage(name, read_slot));
+            let new_raw = raw.projections.iter().find(|p| p.name() == name).cloned();
+            let source = |p: &RawProjection| match p {
+                RawProjection::Counter { source, .. } => Some(source.clone()),
+                _ => None,
+            };
+            match (&old_raw, &new_raw) {
+                _ if in_place.is_some() => {}
+                (None, _) => {
+                    in_place = Some(format!(
+                        "the registry has no stored spec with definition {read_fp} of `{name}`"
+                    ))
                 }
-                shadow
-            });
-            let in_place = match shadow {
-                None => Some(format!(
-                    "the registry has no stored spec with definition {read_fp} of `{name}`"
-                )),
-                Some(shadow) => {
-                    // The old definition must mean in this spec what it meant
-                    // in its own: same fingerprint (entities, placement).
+                // Lambda's event filters pass the entities the new spec
+                // uses: the old version would not see its source's changes.
+                (Some(old), Some(new)) if source(old) != source(new) => {
+                    in_place = Some(
+                        "the version readers read counts another entity than this definition"
+                            .to_string(),
+                    )
+                }
+                (Some(old), _) => {
+                    let mut shadow = old.definition();
+                    if let RawProjection::Counter {
+                        name: shadow_name,
+                        storage,
+                        ..
+                    } = &mut shadow
+                    {
+                        *shadow_name = old_name.clone();
+                        *storage = Some(counter_storage(name, read_gen));
+                    }
+                    // The old definition must mean in this spec what it
+                    // meant in its own: same fingerprint (entities,
+                    // placement).
                     let mut trial = raw.clone();
-                    set_storage(&mut trial, name, name, build);
+                    set_storage(&mut trial, name, build);
                     trial.projections.push(shadow.clone());
                     match Spec::compile(trial, &spec.file, custom_projections(spec)) {
                         Ok(compiled) => {
-                            let id = compiled
-                                .projection_id(&format!("{name}{OLD_VERSION_SUFFIX}"))
-                                .expect("added");
+                            let id = compiled.projection_id(&old_name).expect("added");
                             if hex(compiled.projections[id].fingerprint) == read_fp {
                                 shadows.push(shadow);
-                                None
                             } else {
-                                Some(format!(
+                                in_place = Some(format!(
                                     "definition {read_fp} of `{name}` would mean something else beside this spec (its entities or the edge it rides on changed)"
-                                ))
+                                ));
                             }
                         }
-                        Err(errors) => Some(format!(
-                            "definition {read_fp} of `{name}` does not compile beside this spec: {errors}"
-                        )),
+                        Err(errors) => {
+                            in_place = Some(format!(
+                                "definition {read_fp} of `{name}` does not compile beside this spec: {errors}"
+                            ))
+                        }
                     }
                 }
-            };
-            let slot = if in_place.is_none() { build } else { read_slot };
-            set_storage(&mut raw, name, name, slot);
+            }
+            let generation = if in_place.is_none() { build } else { read_gen };
+            set_storage(&mut raw, name, generation);
             if let Some(why) = &in_place {
                 tracing::warn!(counter = %name, "the changed counter is rebuilt in place, so readers see values in between until its backfill completes: {why}");
             }
             layouts.push(CounterLayout {
                 name: name.to_string(),
-                slot,
+                generation,
                 old: Some(OldVersion {
-                    slot: read_slot,
+                    generation: read_gen,
                     fingerprint: read_fp,
                     in_place,
                 }),
@@ -1402,15 +1418,15 @@ pub async fn current_layout(
     }
 }
 
-/// Sets counter `name`'s storage (raw projection `projection`) to `slot`.
-fn set_storage(raw: &mut RawSpec, projection: &str, name: &str, slot: u8) {
+/// Sets counter `name`'s storage to generation `generation`'s.
+fn set_storage(raw: &mut RawSpec, name: &str, generation: u32) {
     for p in &mut raw.projections {
         if let RawProjection::Counter {
             name: n, storage, ..
         } = p
         {
-            if n == projection {
-                *storage = (slot != 0).then(|| counter_storage(name, slot));
+            if n == name {
+                *storage = (generation != 0).then(|| counter_storage(name, generation));
             }
         }
     }
@@ -1514,16 +1530,20 @@ impl Leases {
             return Ok(valid(&state));
         }
         if !state.started {
-            self.check_layout().await?;
             self.store_spec().await?;
             if !self.consumer {
                 self.check_deployed().await?;
             }
-            state.started = true;
         }
         let now = now_ms();
         let until = needed.max(now) + self.length.as_millis() as u64;
         self.renew(&ids, until, now).await?;
+        if !state.started {
+            // Checked once the lease is held: a backfill that completes
+            // later waits for it, one that completed before is read here.
+            self.check_layout().await?;
+            state.started = true;
+        }
         for &id in &ids {
             let entry = state.until.entry(id).or_insert(0);
             *entry = (*entry).max(until);

@@ -202,6 +202,19 @@ pub async fn backfill(
     options: &BackfillOptions,
 ) -> Result<BackfillSummary, ApplyError> {
     let spec = applier.spec();
+    // Counters' old versions are kept by the worker while their counter is
+    // rebuilt: a backfill of the whole spec leaves them alone.
+    let whole = BackfillOptions {
+        projections: Some(spec.backfilled_projections()),
+        ..options.clone()
+    };
+    let options = if options.projections.is_none()
+        && (0..spec.projections.len()).any(|id| spec.is_old_version(id))
+    {
+        &whole
+    } else {
+        options
+    };
     let names: Vec<&str> = match &options.projections {
         Some(ids) => ids
             .iter()

@@ -389,7 +389,7 @@ pub async fn prune(
             if c.spec.is_old_version(id) {
                 bail!(
                     "`{name}` is what readers read while `{}` is rebuilt: it is pruned once that backfill completes and the workers have dropped it (`status` says when)",
-                    name.trim_end_matches(crate::spec::OLD_VERSION_SUFFIX)
+                    crate::spec::old_version_of(name).map_or("", |(base, _)| base)
                 );
             }
             bail!(

@@ -35,33 +35,50 @@ pub const RECORDS_ATTRIBUTE: &str = "_ddbp#c";
 /// The partition key prefix of counters' own marker items.
 pub const COUNTER_MARKER_PREFIX: &str = "_ddbp#count#";
 
-/// The name suffix of a counter's old version, which the worker keeps
-/// current while the changed counter is rebuilt beside it
-/// (`followers~old`); user names cannot contain `~`.
-pub const OLD_VERSION_SUFFIX: &str = "~old";
-
-/// Where version `slot` (0 or 1) of counter `name` keeps its shards and
-/// records: `name`, then `name~1`. A changed counter is built in the slot
-/// readers do not read.
-pub fn counter_storage(name: &str, slot: u8) -> String {
-    if slot == 0 {
+/// Where generation `generation` of counter `name` keeps its shards,
+/// own markers and records: `name` (generation 0), then `name~1`,
+/// `name~2`... A changed counter is built in the generation after the
+/// one readers read, so a generation is never written again once readers
+/// left it: what prunes it never races what builds the next one.
+pub fn counter_storage(name: &str, generation: u32) -> String {
+    if generation == 0 {
         name.to_string()
     } else {
-        format!("{name}~{slot}")
+        format!("{name}~{generation}")
     }
 }
 
-/// The slot a counter's storage name is (`followers~1`: 1), given its
-/// projection name (an old version's name without its suffix).
-pub fn storage_slot(name: &str, storage: &str) -> Option<u8> {
-    let base = name.strip_suffix(OLD_VERSION_SUFFIX).unwrap_or(name);
-    if storage == base {
-        Some(0)
-    } else if storage.strip_prefix(base) == Some("~1") {
-        Some(1)
-    } else {
-        None
+/// The name of counter `name`'s old version of generation `generation`,
+/// which the worker keeps current while the changed counter is rebuilt
+/// beside it (`followers~0`); user names cannot contain `~`.
+pub fn old_version_name(name: &str, generation: u32) -> String {
+    format!("{name}~{generation}")
+}
+
+/// The counter and generation an old version's name stands for
+/// (`followers~0`: `followers`, 0).
+pub fn old_version_of(name: &str) -> Option<(&str, u32)> {
+    let (base, generation) = name.rsplit_once('~')?;
+    (!base.is_empty() && !base.contains('~') && generation.bytes().all(|b| b.is_ascii_digit()))
+        .then(|| generation.parse().ok().map(|g| (base, g)))
+        .flatten()
+}
+
+/// The generation a counter's storage name is (`followers~2`: 2), given
+/// its projection name: a counter's any generation, an old version's only
+/// its own.
+pub fn storage_generation(name: &str, storage: &str) -> Option<u32> {
+    if let Some((base, generation)) = old_version_of(name) {
+        return (storage == counter_storage(base, generation)).then_some(generation);
     }
+    if storage == name {
+        return Some(0);
+    }
+    let generation = storage.strip_prefix(name)?.strip_prefix('~')?;
+    if generation.starts_with('0') || !generation.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    generation.parse().ok()
 }
 
 /// Index of an entity in [`Spec::entities`].
@@ -296,7 +313,7 @@ pub struct Counter {
     /// How membership is recorded.
     pub marker: Marker,
     /// The name its shard keys, own markers and records carry: the
-    /// projection's name, or `<name>~1` while a changed definition is
+    /// projection's name, or `<name>~N` once a changed definition was
     /// rebuilt beside the one readers read ([`counter_storage`]).
     pub storage: String,
 }
@@ -613,7 +630,17 @@ impl Spec {
     /// keeps current while the changed counter is rebuilt: never claimed,
     /// backfilled or replayed on its own.
     pub fn is_old_version(&self, id: ProjectionId) -> bool {
-        matches!(&self.projections[id].kind, ProjectionKind::Counter(c) if c.storage != self.projections[id].name && self.projections[id].name.ends_with(OLD_VERSION_SUFFIX))
+        matches!(self.projections[id].kind, ProjectionKind::Counter(_))
+            && old_version_of(&self.projections[id].name).is_some()
+    }
+
+    /// The old version of counter `id` kept beside it, if any.
+    pub fn old_version(&self, id: ProjectionId) -> Option<ProjectionId> {
+        let name = &self.projections[id].name;
+        self.projections.iter().position(|p| {
+            matches!(p.kind, ProjectionKind::Counter(_))
+                && old_version_of(&p.name).is_some_and(|(base, _)| base == name)
+        })
     }
 
     /// Every projection a backfill of the whole spec brings to its
@@ -1004,15 +1031,8 @@ impl Compiler {
                     storage: Some(_),
                     ..
                 }
-            ) && name.ends_with(OLD_VERSION_SUFFIX);
-            if name[..name.len()
-                - if old_version {
-                    OLD_VERSION_SUFFIX.len()
-                } else {
-                    0
-                }]
-                .contains('~')
-            {
+            ) && old_version_of(&name).is_some();
+            if name.contains('~') && !old_version {
                 self.error(
                     &context,
                     "a projection's name must not contain `~`: the tool names a counter's versions with it",
@@ -1611,10 +1631,10 @@ impl Compiler {
                     return None;
                 }
                 let storage = storage.clone().unwrap_or_else(|| name.clone());
-                if storage_slot(name, &storage).is_none() {
+                if storage_generation(name, &storage).is_none() {
                     self.error(
                         context,
-                        format!("`storage = \"{storage}\"` is not one of this counter's: the tool sets it (to `{name}` or `{name}~1`); remove it from the file"),
+                        format!("`storage = \"{storage}\"` is not one of this counter's: the tool sets it (to `{name}` or `{name}~N`); remove it from the file"),
                     );
                     return None;
                 }

@@ -141,8 +141,8 @@ pub enum RawProjection {
         shards: u32,
         /// Where the counter's shards and records live: set by the tool,
         /// never by hand. A changed counter is rebuilt beside the version
-        /// readers read, under `<name>~1` or `<name>` (see
-        /// `lifecycle::layout`); absent means `<name>`.
+        /// readers read, in the next generation `<name>~N` (see
+        /// `lifecycle::Registry::layout`); absent means `<name>`.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         storage: Option<String>,
     },
@@ -164,13 +164,13 @@ impl RawProjection {
     }
 
     /// What its fingerprint covers: a counter's definition without where
-    /// it is stored, and an old version (`followers~old`, kept current
-    /// while the changed counter is rebuilt) as the counter it was.
+    /// it is stored, and an old version (`followers~0`, kept current while
+    /// the changed counter is rebuilt) as the counter it was.
     pub fn definition(&self) -> RawProjection {
         let mut copy = self.clone();
         if let RawProjection::Counter { name, storage, .. } = &mut copy {
             if storage.is_some() {
-                if let Some(base) = name.strip_suffix(super::OLD_VERSION_SUFFIX) {
+                if let Some((base, _)) = super::old_version_of(name) {
                     *name = base.to_string();
                 }
             }

@@ -1085,7 +1085,7 @@ of = { userId = "{followeeId}" }
 storage = "followers"
 "#,
         expect![[r#"
-            spec.toml: projection `fans`: `storage = "followers"` is not one of this counter's: the tool sets it (to `fans` or `fans~1`); remove it from the file
+            spec.toml: projection `fans`: `storage = "followers"` is not one of this counter's: the tool sets it (to `fans` or `fans~N`); remove it from the file
         "#]],
     );
 }
