@@ -1010,3 +1010,74 @@ async fn a_changed_counter_is_rebuilt_beside_the_old_one_and_readers_never_see_a
     );
     assert_eq!(status(&v2, &table).0, 0, "{:?}", status(&v2, &table).1);
 }
+
+/// A rebuild abandoned by a rollback leaves counts behind that nothing
+/// keeps current (the rolled-back worker deletes edges without knowing the
+/// new version's records on them): the next rebuild must not start from
+/// them.
+#[tokio::test]
+async fn a_rebuild_after_a_rollback_starts_from_nothing_the_abandoned_one_wrote() {
+    use super::model::delete_item;
+    use aws_sdk_dynamodb::types::AttributeValue as Av;
+
+    let dir = tempfile::tempdir().unwrap();
+    let v1 = social_spec(dir.path(), "v1.toml", |t| t);
+    let v2 = social_spec(dir.path(), "v2.toml", close_followers);
+    let spec1 = Arc::new(Spec::from_file(&v1).unwrap());
+    let spec2 = Arc::new(Spec::from_file(&v2).unwrap());
+    let client = support::client().await;
+    let table = support::fresh_table(&client, &spec1, "lifecycle-rollback").await;
+    let close_follow = |a: &str, b: &str| {
+        let mut item = follow(a, b, "2026-11-25");
+        item.insert("close".to_string(), Av::Bool(true));
+        item
+    };
+    let lease = std::time::Duration::from_millis(2_600);
+
+    // v1 live.
+    put_item(&client, &table, &close_follow("a", "b")).await;
+    run_drain(&v1, &table);
+    backfilled(&backfill_cli(&v1, &table, &[]));
+    // v2 deployed: its rebuild counts d's follow.
+    std::thread::sleep(lease);
+    run_drain(&v2, &table);
+    put_item(&client, &table, &close_follow("d", "b")).await;
+    run_drain(&v2, &table);
+    // Rolled back before its backfill: v1's worker deletes d's follow.
+    std::thread::sleep(lease);
+    let gone = close_follow("d", "b");
+    let key = [("PK", gone["PK"].clone()), ("SK", gone["SK"].clone())]
+        .into_iter()
+        .map(|(k, v)| (k.to_string(), v))
+        .collect();
+    delete_item(&client, &table, key).await;
+    run_drain(&v1, &table);
+    // v2 again, deployed and backfilled.
+    std::thread::sleep(lease);
+    run_drain(&v2, &table);
+    std::thread::sleep(lease);
+    let done = backfilled(&backfill_cli(&v2, &table, &[]));
+    assert_eq!(done, vec!["followers".to_string()]);
+
+    let registry = Registry::new(client.clone(), &table, &spec2.table);
+    let (laid, _) = registry.layout(&spec2).await.unwrap();
+    let want = followers_of(&client, &table, true).await;
+    assert_eq!(want.get("b"), Some(&1));
+    let value = ddb_projector::counter::read_counter(
+        &client,
+        &table,
+        &laid,
+        "followers",
+        &[("userId".to_string(), "b".to_string())],
+    )
+    .await
+    .unwrap();
+    assert_eq!(value, 1, "b has one close follower (a)");
+    let audit = cli(&["audit", "--spec", v2.to_str().unwrap(), "--table", &table]);
+    assert!(
+        audit.status.success(),
+        "audit: {}{}",
+        String::from_utf8_lossy(&audit.stdout),
+        stderr(&audit)
+    );
+}
