@@ -35,6 +35,7 @@ pub mod decode;
 pub mod invariant;
 pub mod lambda;
 pub mod lifecycle;
+pub mod logging;
 pub mod plan;
 pub mod prune;
 pub mod record;

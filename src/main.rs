@@ -9,8 +9,9 @@ use clap::Parser;
 fn main() -> ExitCode {
     fix_mmap_threshold();
     // Lambda starts the bootstrap without arguments.
-    let cli = ddb_projector::lambda::bootstrap_cli().unwrap_or_else(ddb_projector::cli::Cli::parse);
-    ddb_projector::cli::init_logging(cli.log_format());
+    let cli =
+        ddb_projector::cli::Cli::lambda_bootstrap().unwrap_or_else(ddb_projector::cli::Cli::parse);
+    ddb_projector::logging::init(cli.log_format());
     match ddb_projector::cli::run(cli) {
         Ok(code) => code,
         Err(error) => {

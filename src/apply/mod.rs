@@ -22,7 +22,7 @@ mod check;
 mod coalesce;
 mod dlq;
 mod markers;
-mod retry;
+pub(crate) mod retry;
 mod writes;
 
 use std::collections::HashSet;

@@ -150,6 +150,23 @@ pub fn policy(max_elapsed: Duration) -> ExponentialBackoff {
     }
 }
 
+/// The longest pause between retries of a stream shard or a recovery.
+pub const SLOW_MAX_WAIT: Duration = Duration::from_secs(10);
+
+/// The backoff of slow loops (a stream shard's reads and applies, a
+/// recovery): exponential from 100 ms, doubling, ±50% jitter, at most 10 s
+/// between tries; `max_elapsed` `None` retries forever.
+pub fn slow_policy(max_elapsed: Option<Duration>) -> ExponentialBackoff {
+    ExponentialBackoff {
+        initial_interval: Duration::from_millis(100),
+        randomization_factor: 0.5,
+        multiplier: 2.0,
+        max_interval: SLOW_MAX_WAIT,
+        max_elapsed_time: max_elapsed,
+        ..ExponentialBackoff::default()
+    }
+}
+
 /// Runs `op` with retries. `op` returns `Err(class)` for a failure; retryable
 /// classes are retried until `max_elapsed`, then become [`WriteError::Transient`].
 pub async fn with_retries<T, F, Fut>(

@@ -11,6 +11,7 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand, ValueEnum};
 
+pub use crate::logging::LogFormat;
 use crate::spec::Spec;
 
 /// Stream-driven projections and invariants for DynamoDB single-table designs.
@@ -30,15 +31,25 @@ impl Cli {
     pub fn log_format(&self) -> LogFormat {
         self.log
     }
-}
 
-/// How logs are written.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
-pub enum LogFormat {
-    /// Human-readable lines.
-    Text,
-    /// One JSON object per line.
-    Json,
+    /// The command line of a bootstrap started by Lambda without
+    /// arguments: `lambda`, logging JSON unless `PROJECTOR_LOG_FORMAT`
+    /// says otherwise.
+    pub fn lambda_bootstrap() -> Option<Cli> {
+        if std::env::var_os(crate::lambda::RUNTIME_API_VAR).is_none()
+            || std::env::args_os().len() > 1
+        {
+            return None;
+        }
+        let log = match std::env::var("PROJECTOR_LOG_FORMAT").as_deref() {
+            Ok("text") => LogFormat::Text,
+            _ => LogFormat::Json,
+        };
+        Some(Cli {
+            log,
+            command: Command::Lambda,
+        })
+    }
 }
 
 /// The commands.
@@ -312,19 +323,6 @@ pub enum DlqCommand {
         #[arg(long)]
         projection: Option<String>,
     },
-}
-
-/// Sets up `tracing` output on stderr.
-pub fn init_logging(format: LogFormat) {
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr);
-    let _ = match format {
-        LogFormat::Text => builder.try_init(),
-        LogFormat::Json => builder.json().flatten_event(true).try_init(),
-    };
 }
 
 /// Runs a parsed command.

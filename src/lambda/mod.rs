@@ -43,7 +43,6 @@ pub use handler::{
 };
 
 use crate::apply::ApplyConfig;
-use crate::cli::{Cli, Command, LogFormat};
 use crate::spec::{Spec, SpecErrors};
 
 /// The spec file's path.
@@ -94,22 +93,6 @@ impl InitError {
             InitError::Metrics(_) => "Projector.Metrics",
         }
     }
-}
-
-/// The command line of a bootstrap started by Lambda without arguments:
-/// `lambda`, logging JSON unless `PROJECTOR_LOG_FORMAT` says otherwise.
-pub fn bootstrap_cli() -> Option<Cli> {
-    if std::env::var_os(RUNTIME_API_VAR).is_none() || std::env::args_os().len() > 1 {
-        return None;
-    }
-    let log = match std::env::var("PROJECTOR_LOG_FORMAT").as_deref() {
-        Ok("text") => LogFormat::Text,
-        _ => LogFormat::Json,
-    };
-    Some(Cli {
-        log,
-        command: Command::Lambda,
-    })
 }
 
 /// `ddb-projector lambda`: init, then serve invocations until Lambda stops

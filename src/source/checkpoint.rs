@@ -393,7 +393,7 @@ where
         Output = Result<T, aws_smithy_runtime_api::client::result::SdkError<E, R>>,
     >,
 {
-    let policy = crate::source::stream::backoff_policy(Some(MAX_RETRY));
+    let policy = crate::apply::retry::slow_policy(Some(MAX_RETRY));
     backoff::future::retry_notify(
         policy,
         || {

@@ -41,7 +41,7 @@ use aws_sdk_dynamodbstreams::types::{Record, ShardIteratorType};
 use backoff::backoff::Backoff;
 use serde::Serialize;
 
-use super::stream::backoff_policy;
+use crate::apply::retry::slow_policy;
 use crate::apply::{
     classify, retry_describe, Applier, ApplyError, BatchOptions, ErrorClass, RecordStatus,
 };
@@ -773,7 +773,7 @@ impl Recovery {
             read_markers_first: true,
             ..BatchOptions::default()
         };
-        let mut backoff = backoff_policy(Some(options.max_apply_time));
+        let mut backoff = slow_policy(Some(options.max_apply_time));
         while !batch.is_empty() {
             let outcome = self.applier.apply_batch(&batch, &batch_options).await?;
             let handled = outcome.first_failure().unwrap_or(batch.len());
@@ -809,7 +809,7 @@ impl Recovery {
 
     /// Reads `batch`'s records from the stream, or says why it cannot.
     async fn read_range(&self, batch: &FailedBatch) -> Result<Range, RecoverError> {
-        let mut backoff = backoff_policy(Some(Duration::from_secs(60)));
+        let mut backoff = slow_policy(Some(Duration::from_secs(60)));
         let iterator = loop {
             let result = self
                 .streams

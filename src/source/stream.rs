@@ -32,7 +32,6 @@ use std::time::{Duration, Instant, SystemTime};
 
 use aws_sdk_dynamodbstreams::types::{Record, ShardIteratorType};
 use backoff::backoff::Backoff;
-use backoff::ExponentialBackoff;
 use futures::future::LocalBoxFuture;
 use futures::stream::{FuturesUnordered, StreamExt};
 use serde::Serialize;
@@ -390,7 +389,7 @@ impl Shared {
     async fn list_shards(&self) -> Result<Vec<ShardInfo>, RunErrorKind> {
         let mut shards = Vec::new();
         let mut start: Option<String> = None;
-        let mut backoff = backoff_policy(Some(Duration::from_secs(60)));
+        let mut backoff = crate::apply::retry::slow_policy(Some(Duration::from_secs(60)));
         loop {
             let result = self
                 .streams
@@ -461,7 +460,7 @@ impl Shared {
         run: &ShardRun,
         stop: &mut watch::Receiver<bool>,
     ) -> Result<Option<String>, RunErrorKind> {
-        let mut backoff = backoff_policy(None);
+        let mut backoff = crate::apply::retry::slow_policy(None);
         loop {
             let mut request = self
                 .streams
@@ -516,7 +515,9 @@ impl Shared {
                     return Err(self.stream_error("GetShardIterator", message));
                 }
                 _ => {
-                    let wait = backoff.next_backoff().unwrap_or(MAX_WAIT);
+                    let wait = backoff
+                        .next_backoff()
+                        .unwrap_or(crate::apply::retry::SLOW_MAX_WAIT);
                     tracing::warn!(shard = %run.shard_id, error = %retry_describe(&error), wait_ms = wait.as_millis() as u64, "GetShardIterator failed; retrying");
                     if sleep_or_stop(stop, wait).await {
                         return Ok(None);
@@ -834,8 +835,8 @@ async fn walk(
     let options = &shared.options;
     let mut iterator: Option<String> = None;
     let mut empty_pages = 0u32;
-    let mut failures = backoff_policy(None);
-    let mut read_errors = backoff_policy(None);
+    let mut failures = crate::apply::retry::slow_policy(None);
+    let mut read_errors = crate::apply::retry::slow_policy(None);
     loop {
         if *stop.borrow() {
             return Ok(ShardExit::Stopped);
@@ -879,7 +880,9 @@ async fn walk(
                     }
                     // The trim horizon moved while we started from it: start
                     // from where it is now.
-                    let wait = read_errors.next_backoff().unwrap_or(MAX_WAIT);
+                    let wait = read_errors
+                        .next_backoff()
+                        .unwrap_or(crate::apply::retry::SLOW_MAX_WAIT);
                     if sleep_or_stop(stop, wait).await {
                         return Ok(ShardExit::Stopped);
                     }
@@ -894,7 +897,9 @@ async fn walk(
                         return Err(shared.stream_error("GetRecords", message))
                     }
                     _ => {
-                        let wait = read_errors.next_backoff().unwrap_or(MAX_WAIT);
+                        let wait = read_errors
+                            .next_backoff()
+                            .unwrap_or(crate::apply::retry::SLOW_MAX_WAIT);
                         tracing::warn!(shard = %run.shard_id, error = %retry_describe(&error), wait_ms = wait.as_millis() as u64, "GetRecords failed; retrying");
                         if sleep_or_stop(stop, wait).await {
                             return Ok(ShardExit::Stopped);
@@ -928,7 +933,9 @@ async fn walk(
         empty_pages = 0;
         let handled_all = apply_page(shared, run, records, next.is_none()).await?;
         if !handled_all {
-            let wait = failures.next_backoff().unwrap_or(MAX_WAIT);
+            let wait = failures
+                .next_backoff()
+                .unwrap_or(crate::apply::retry::SLOW_MAX_WAIT);
             shared.summary.lock().expect("summary lock").rereads += 1;
             metrics::counter!("projector_stream_rereads_total").increment(1);
             if sleep_or_stop(stop, wait).await {
@@ -1103,22 +1110,6 @@ fn sequence_number(record: &Record) -> Option<SequenceNumber> {
         .and_then(|s| s.sequence_number())
         .filter(|s| !s.is_empty())
         .map(|s| SequenceNumber(s.to_string()))
-}
-
-/// The longest pause between retries of a shard.
-const MAX_WAIT: Duration = Duration::from_secs(10);
-
-/// Exponential, jittered backoff from 100 ms to [`MAX_WAIT`]; `max_elapsed`
-/// `None` retries forever.
-pub(crate) fn backoff_policy(max_elapsed: Option<Duration>) -> ExponentialBackoff {
-    ExponentialBackoff {
-        initial_interval: Duration::from_millis(100),
-        randomization_factor: 0.5,
-        multiplier: 2.0,
-        max_interval: MAX_WAIT,
-        max_elapsed_time: max_elapsed,
-        ..ExponentialBackoff::default()
-    }
 }
 
 /// Sleeps unless asked to stop; returns whether it was.
