@@ -51,14 +51,9 @@ pub async fn read_counter(
         .await
         .map_err(|error| anyhow::anyhow!("reading which version of `{name}` to read: {error}"))?;
     let (storage, shards, names) = match read {
-        Some(read) if !read.vars.is_empty() || counter.of.is_empty() => {
-            (read.storage, read.shards, read.vars)
-        }
-        Some(read) => (
-            read.storage,
-            read.shards,
-            counter.of.iter().map(|(v, _)| v.clone()).collect(),
-        ),
+        // The read version's own variables: a rebuilt counter's may be
+        // others than the spec's (a global count made per user).
+        Some(read) => (read.storage, read.shards, read.vars),
         // No version recorded yet: a counter never backfilled (where its
         // definition writes it), or a registry from before versions were
         // recorded, whose old version the layout finds.

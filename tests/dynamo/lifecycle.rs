@@ -1081,3 +1081,74 @@ async fn a_rebuild_after_a_rollback_starts_from_nothing_the_abandoned_one_wrote(
         stderr(&audit)
     );
 }
+
+/// A global counter made per user: while it is rebuilt, readers read the
+/// global count, in its own terms (no variables), never a per-user shard
+/// the old version never wrote.
+#[tokio::test]
+async fn readers_of_a_global_counter_made_per_user_read_the_global_count_until_the_switch() {
+    let dir = tempfile::tempdir().unwrap();
+    let global = |t: String| {
+        t.replace(
+            "of = { userId = \"{followeeId}\" }\nshards = 8",
+            "of = {}\nshards = 8",
+        )
+    };
+    let v1 = social_spec(dir.path(), "v1.toml", global);
+    let v2 = social_spec(dir.path(), "v2.toml", |t| t);
+    let spec1 = Arc::new(Spec::from_file(&v1).unwrap());
+    let spec2 = Arc::new(Spec::from_file(&v2).unwrap());
+    assert_ne!(
+        spec1.projections[spec1.projection_id("followers").unwrap()].fingerprint,
+        spec2.projections[spec2.projection_id("followers").unwrap()].fingerprint
+    );
+    let client = support::client().await;
+    let table = support::fresh_table(&client, &spec1, "lifecycle-global").await;
+    for (a, b) in [("a", "b"), ("c", "b"), ("a", "d")] {
+        put_item(&client, &table, &follow(a, b, "2026-11-25")).await;
+    }
+    run_drain(&v1, &table);
+    backfilled(&backfill_cli(&v1, &table, &[]));
+    std::thread::sleep(std::time::Duration::from_millis(2_600));
+    run_drain(&v2, &table);
+    let registry = Registry::new(client.clone(), &table, &spec2.table);
+    let (laid, layouts) = registry.layout(&spec2).await.unwrap();
+    let followers = layouts.iter().find(|l| l.name == "followers").unwrap();
+    assert_eq!(
+        followers.old.as_ref().map(|o| o.in_place.clone()),
+        Some(None)
+    );
+    let read = |vars: Vec<(String, String)>| {
+        let client = client.clone();
+        let table = table.clone();
+        let laid = laid.clone();
+        async move {
+            ddb_projector::counter::read_counter(&client, &table, &laid, "followers", &vars).await
+        }
+    };
+    assert_eq!(read(Vec::new()).await.unwrap(), 3, "v1's global count");
+    let keyed = read(vec![("userId".to_string(), "b".to_string())]).await;
+    assert!(
+        keyed
+            .as_ref()
+            .is_err_and(|e| e.to_string().contains("no variable `userId`")),
+        "{keyed:?}"
+    );
+    // Rebuilt: readers switch to v2's per-user counts.
+    std::thread::sleep(std::time::Duration::from_millis(2_600));
+    assert_eq!(
+        backfilled(&backfill_cli(&v2, &table, &[])),
+        vec!["followers".to_string()]
+    );
+    let (laid, _) = registry.layout(&spec2).await.unwrap();
+    let value = ddb_projector::counter::read_counter(
+        &client,
+        &table,
+        &laid,
+        "followers",
+        &[("userId".to_string(), "b".to_string())],
+    )
+    .await
+    .unwrap();
+    assert_eq!(value, 2);
+}
