@@ -49,6 +49,11 @@ use crate::spec::{
     ProjectionKind, Spec, TableSpec,
 };
 
+/// The leases item's attribute every renewal adds one to: a completion
+/// is written on condition that it did not move since the snapshot that
+/// vouched for it, so that no writer takes a lease unseen in between.
+pub const LEASES_VERSION: &str = "ver";
+
 /// The partition key of the registry items.
 pub const LIFECYCLE_PK: &str = "_ddbp#lifecycle";
 
@@ -149,6 +154,10 @@ pub struct Record {
     /// A counter's version readers read (recorded when a backfill of it
     /// completes).
     pub read: Option<ReadVersion>,
+    /// A counter's first generation not used before: one pruned and
+    /// forgotten starts there when it is added again, so that it never
+    /// meets what an earlier life left in an older generation.
+    pub floor: u32,
 }
 
 /// The version of a counter that readers read: the last one a backfill
@@ -220,6 +229,8 @@ pub struct Snapshot {
     pub records: BTreeMap<String, Record>,
     /// The specs stream consumers ran.
     pub consumers: Vec<ConsumerSpec>,
+    /// How many renewals the leases item has taken ([`LEASES_VERSION`]).
+    pub leases_version: u64,
 }
 
 impl Snapshot {
@@ -775,6 +786,10 @@ impl Registry {
             .await
             .map_err(|e| self.fatal("reading", e))?;
         let (mut records, consumers) = leases.item().map(parse_leases).unwrap_or_default();
+        let leases_version = leases
+            .item()
+            .and_then(|item| number(item, LEASES_VERSION))
+            .unwrap_or(0);
         for projection in &spec.projections {
             records
                 .entry(projection.name.clone())
@@ -852,6 +867,7 @@ impl Registry {
                         });
                     }
                     record.read = parse_read(item);
+                    record.floor = number(item, "floorGen").unwrap_or(0) as u32;
                     if record.kind.is_none() {
                         record.kind = text(item, "kind");
                     }
@@ -868,7 +884,11 @@ impl Registry {
                 }
             }
         }
-        Ok(Snapshot { records, consumers })
+        Ok(Snapshot {
+            records,
+            consumers,
+            leases_version,
+        })
     }
 
     /// Claims `ids` for the backfill `run`: from now, its scan brings every
@@ -990,10 +1010,14 @@ impl Registry {
         ids: &[ProjectionId],
         run: &str,
     ) -> Result<Completion, ApplyError> {
-        let snapshot = self.snapshot(spec).await?;
+        let mut snapshot = self.snapshot(spec).await?;
         let now = now_ms();
         let mut completion = Completion::default();
-        for &id in ids {
+        let mut fenced = 0;
+        let mut index = 0;
+        while index < ids.len() {
+            let id = ids[index];
+            index += 1;
             let projection = &spec.projections[id];
             let f = hex(projection.fingerprint);
             let record = snapshot.record(&projection.name);
@@ -1055,9 +1079,7 @@ impl Registry {
                 }
                 _ => None,
             };
-            let mut update = self
-                .client
-                .update_item()
+            let mut update = aws_sdk_dynamodb::types::Update::builder()
                 .table_name(&self.table)
                 .set_key(Some(self.projection_key(&projection.name)));
             let mut expression =
@@ -1071,22 +1093,83 @@ impl Registry {
                     .expression_attribute_values(":vars", Av::L(vars));
             }
             expression.push_str(" REMOVE claimRun, claimFp, claimFromMs");
-            let sent = update
+            let update = update
                 .update_expression(expression)
                 .condition_expression("claimRun = :r AND claimFp = :f")
                 .expression_attribute_values(":r", Av::S(run.to_string()))
                 .expression_attribute_values(":f", Av::S(f))
                 .expression_attribute_values(":from", Av::N(claim.from_ms.to_string()))
                 .expression_attribute_values(":now", Av::N(now.to_string()))
+                .build()
+                .expect("table, key and expression are set");
+            // Fenced by the leases' version: a writer that took a lease
+            // after the snapshot (say, of a definition laid out against
+            // the version readers read until now) makes this try again on
+            // a new snapshot, which sees it.
+            let version = snapshot.leases_version;
+            let fence = aws_sdk_dynamodb::types::ConditionCheck::builder()
+                .table_name(&self.table)
+                .set_key(Some(self.key(LEASES)))
+                .condition_expression(if version == 0 {
+                    "attribute_not_exists(#ver)"
+                } else {
+                    "#ver = :ver"
+                })
+                .expression_attribute_names("#ver", LEASES_VERSION)
+                .set_expression_attribute_values(
+                    (version != 0)
+                        .then(|| HashMap::from([(":ver".to_string(), Av::N(version.to_string()))])),
+                )
+                .build()
+                .expect("table, key and condition are set");
+            let sent = self
+                .client
+                .transact_write_items()
+                .transact_items(
+                    aws_sdk_dynamodb::types::TransactWriteItem::builder()
+                        .condition_check(fence)
+                        .build(),
+                )
+                .transact_items(
+                    aws_sdk_dynamodb::types::TransactWriteItem::builder()
+                        .update(update)
+                        .build(),
+                )
                 .send()
                 .await;
+            let failed = |error: &aws_sdk_dynamodb::error::SdkError<
+                aws_sdk_dynamodb::operation::transact_write_items::TransactWriteItemsError,
+                _,
+            >| {
+                let reasons = match error.as_service_error() {
+                    Some(aws_sdk_dynamodb::operation::transact_write_items::TransactWriteItemsError::TransactionCanceledException(cancelled)) => cancelled.cancellation_reasons().to_vec(),
+                    _ => return None,
+                };
+                let failed = |i: usize| {
+                    reasons
+                        .get(i)
+                        .and_then(|r| r.code())
+                        .is_some_and(|code| code == "ConditionalCheckFailed")
+                };
+                Some((failed(0), failed(1)))
+            };
             match sent {
                 Ok(_) => completion.backfilled.push(projection.name.clone()),
-                Err(error) if is_condition_failure(&error) => completion.not.push((
-                    projection.name.clone(),
-                    "another backfill claimed it meanwhile".to_string(),
-                )),
-                Err(error) => return Err(self.fatal("writing", error)),
+                Err(error) => match failed(&error) {
+                    Some((_, true)) => completion.not.push((
+                        projection.name.clone(),
+                        "another backfill claimed it meanwhile".to_string(),
+                    )),
+                    // The fence failed (a lease was taken meanwhile), or a
+                    // renewal conflicted with the transaction: look again.
+                    Some(_) if fenced < 50 => {
+                        fenced += 1;
+                        tokio::time::sleep(Duration::from_millis(5 << fenced.min(6))).await;
+                        snapshot = self.snapshot(spec).await?;
+                        index -= 1;
+                    }
+                    _ => return Err(self.fatal("writing", error)),
+                },
             }
         }
         for (name, why) in &completion.not {
@@ -1148,6 +1231,29 @@ impl Registry {
                 .await
                 .map_err(|e| self.fatal("writing", e))?;
         }
+        // A counter keeps where its next life starts: past every
+        // generation this one may have written (the one readers read, and
+        // a rebuild beyond it that never completed).
+        let is_counter =
+            record.kind.as_deref() == Some("counter") && old_version_of(name).is_none();
+        if is_counter {
+            let floor = record
+                .read
+                .as_ref()
+                .map_or(0, |read| read.generation + 2)
+                .max(record.floor + 1);
+            let mut item = self.projection_key(name);
+            item.insert("floorGen".to_string(), Av::N(floor.to_string()));
+            item.insert("kind".to_string(), Av::S("counter".to_string()));
+            self.client
+                .put_item()
+                .table_name(&self.table)
+                .set_item(Some(item))
+                .send()
+                .await
+                .map_err(|e| self.fatal("writing", e))?;
+            return Ok(());
+        }
         self.client
             .delete_item()
             .table_name(&self.table)
@@ -1180,17 +1286,19 @@ pub struct OldVersion {
     pub generation: u32,
     /// Its definition.
     pub fingerprint: String,
-    /// `None`: kept current beside the new one; else why it cannot be
-    /// (the counter is then rebuilt in place, and readers see values in
-    /// between while the backfill runs).
-    pub in_place: Option<String>,
+    /// `None`: kept current beside the new one; else why it cannot be.
+    /// The new one is built in the next generation all the same (never
+    /// in the one readers read, so no two definitions write one storage):
+    /// readers then read the old version's last values, not kept current,
+    /// until the backfill completes.
+    pub not_kept: Option<String>,
 }
 
 impl Registry {
     /// The spec a process runs: `spec` with each changed counter built in
     /// the generation after the one readers read, and the version they
     /// read kept current beside it as `<name>~<generation>` (unless it
-    /// cannot be: see [`OldVersion::in_place`]; its definition comes from the
+    /// cannot be: see [`OldVersion::not_kept`]; its definition comes from the
     /// spec text the registry stored for it). A counter readers read
     /// already, or never read, is written where it is. A table without a
     /// registry gives `spec` as it is.
@@ -1229,9 +1337,10 @@ impl Registry {
             let f = hex(projection.fingerprint);
             let record = snapshot.record(name);
             let Some((read_gen, read_fp)) = record.read_version() else {
+                set_storage(&mut raw, name, record.floor);
                 layouts.push(CounterLayout {
                     name: name.to_string(),
-                    generation: 0,
+                    generation: record.floor,
                     old: None,
                 });
                 continue;
@@ -1247,7 +1356,7 @@ impl Registry {
             }
             let build = read_gen + 1;
             let old_name = old_version_name(name, read_gen);
-            let mut in_place = None;
+            let mut not_kept = None;
             // While the counter was out of the spec, nobody kept the
             // version readers read: there is nothing current to keep.
             let read_from = record.backfilled.as_ref().map_or(0, |done| done.from_ms);
@@ -1255,7 +1364,7 @@ impl Registry {
                 .definition(WITHOUT)
                 .is_some_and(|without| without.writes_until + self.skew_ms >= read_from)
             {
-                in_place = Some(format!(
+                not_kept = Some(format!(
                     "a worker without `{name}` ran after the version readers read was built: that version missed its changes"
                 ));
             }
@@ -1286,16 +1395,16 @@ impl Registry {
                 _ => None,
             };
             match (&old_raw, &new_raw) {
-                _ if in_place.is_some() => {}
+                _ if not_kept.is_some() => {}
                 (None, _) => {
-                    in_place = Some(format!(
+                    not_kept = Some(format!(
                         "the registry has no stored spec with definition {read_fp} of `{name}`"
                     ))
                 }
                 // Lambda's event filters pass the entities the new spec
                 // uses: the old version would not see its source's changes.
                 (Some(old), Some(new)) if source(old) != source(new) => {
-                    in_place = Some(
+                    not_kept = Some(
                         "the version readers read counts another entity than this definition"
                             .to_string(),
                     )
@@ -1323,23 +1432,23 @@ impl Registry {
                             if hex(compiled.projections[id].fingerprint) == read_fp {
                                 shadows.push(shadow);
                             } else {
-                                in_place = Some(format!(
+                                not_kept = Some(format!(
                                     "definition {read_fp} of `{name}` would mean something else beside this spec (its entities or the edge it rides on changed)"
                                 ));
                             }
                         }
                         Err(errors) => {
-                            in_place = Some(format!(
+                            not_kept = Some(format!(
                                 "definition {read_fp} of `{name}` does not compile beside this spec: {errors}"
                             ))
                         }
                     }
                 }
             }
-            let generation = if in_place.is_none() { build } else { read_gen };
+            let generation = build;
             set_storage(&mut raw, name, generation);
-            if let Some(why) = &in_place {
-                tracing::warn!(counter = %name, "the changed counter is rebuilt in place, so readers see values in between until its backfill completes: {why}");
+            if let Some(why) = &not_kept {
+                tracing::warn!(counter = %name, "the version readers read cannot be kept current while the changed counter is rebuilt: they read its last values until the rebuild's backfill completes: {why}");
             }
             layouts.push(CounterLayout {
                 name: name.to_string(),
@@ -1347,7 +1456,7 @@ impl Registry {
                 old: Some(OldVersion {
                     generation: read_gen,
                     fingerprint: read_fp,
-                    in_place,
+                    not_kept,
                 }),
             });
         }
@@ -1365,6 +1474,28 @@ impl Registry {
     }
 }
 
+type LayoutCache = HashMap<(String, u64), (Arc<Spec>, std::time::Instant)>;
+static LAYOUTS: OnceLock<tokio::sync::Mutex<LayoutCache>> = OnceLock::new();
+
+/// How many times a writer of this process was refused for a stale
+/// layout: a long-running process lays its spec out again when it moves.
+static LAYOUT_REFUSALS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+/// How many times a writer of this process was refused for a stale layout
+/// (see [`current_layout`]; the runner lays out again when it moves).
+pub fn layout_refusals() -> u64 {
+    LAYOUT_REFUSALS.load(std::sync::atomic::Ordering::Relaxed)
+}
+
+/// A writer on `table` was refused for a stale layout: the next
+/// [`current_layout`] reads it again.
+async fn layout_is_stale(table: &str) {
+    LAYOUT_REFUSALS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    if let Some(cache) = LAYOUTS.get() {
+        cache.lock().await.retain(|(t, _), _| t != table);
+    }
+}
+
 /// The spec a long-running process (the Lambda) runs on `table`: `spec`
 /// laid out by [`Registry::layout`], read again once per lease period, so
 /// that a worker takes up a counter's new version, and drops its old one,
@@ -1375,8 +1506,6 @@ pub async fn current_layout(
     table: &str,
     spec: &Arc<Spec>,
 ) -> Result<Arc<Spec>, ApplyError> {
-    type Cache = HashMap<(String, u64), (Arc<Spec>, std::time::Instant)>;
-    static CACHE: OnceLock<tokio::sync::Mutex<Cache>> = OnceLock::new();
     if !spec
         .projections
         .iter()
@@ -1385,7 +1514,7 @@ pub async fn current_layout(
         return Ok(spec.clone());
     }
     let key = (table.to_string(), spec.projections_fingerprint());
-    let mut cache = CACHE.get_or_init(Default::default).lock().await;
+    let mut cache = LAYOUTS.get_or_init(Default::default).lock().await;
     if let Some((laid, at)) = cache.get(&key) {
         if at.elapsed() < lease_length() {
             return Ok(laid.clone());
@@ -1529,18 +1658,26 @@ impl Leases {
         if valid(&state) >= needed {
             return Ok(valid(&state));
         }
+        let now = now_ms();
+        // A lease taken anew (first, or after it ran out: a long replay
+        // that wrote nothing of a counter for a while) is checked again:
+        // a backfill may have completed, or another definition deployed,
+        // while this process held none.
+        let lapsed = ids
+            .iter()
+            .any(|id| state.until.get(id).copied().unwrap_or(0) < now);
         if !state.started {
             self.store_spec().await?;
-            if !self.consumer {
-                self.check_deployed().await?;
-            }
         }
-        let now = now_ms();
+        if (!state.started || lapsed) && !self.consumer {
+            self.check_deployed().await?;
+        }
         let until = needed.max(now) + self.length.as_millis() as u64;
         self.renew(&ids, until, now).await?;
-        if !state.started {
+        if !state.started || lapsed {
             // Checked once the lease is held: a backfill that completes
-            // later waits for it, one that completed before is read here.
+            // later sees it (`complete` is fenced by the leases' version),
+            // one that completed before is read here.
             self.check_layout().await?;
             state.started = true;
         }
@@ -1622,6 +1759,7 @@ impl Leases {
                 continue;
             };
             if wanted.storage != mine.storage {
+                layout_is_stale(&self.registry.table).await;
                 return Err(format!(
                     "counter `{}` of {} would write under `{}`, but its versions are laid out for `{}` (a changed counter is built beside the version readers read): lay the spec out with `lifecycle::Registry::layout` (the CLI, the Lambda and the runner do)",
                     projection.name, self.spec.file, mine.storage, wanted.storage
@@ -1751,7 +1889,9 @@ impl Leases {
                     update = update.condition_expression(conditions.join(" AND "));
                 }
                 match update
-                    .update_expression(format!("SET {}", parts.join(", ")))
+                    .update_expression(format!("SET {} ADD #ver :one", parts.join(", ")))
+                    .expression_attribute_names("#ver", LEASES_VERSION)
+                    .expression_attribute_values(":one", Av::N("1".to_string()))
                     .send()
                     .await
                 {

@@ -165,8 +165,17 @@ async fn run_stream(
         let relaid = std::sync::Mutex::new(None);
         let watch = async {
             if consumer && options.selection.is_none() {
+                let mut refusals = crate::lifecycle::layout_refusals();
                 loop {
-                    tokio::time::sleep(crate::lifecycle::lease_length()).await;
+                    // Once per lease period, or at once when a writer was
+                    // refused for a stale layout.
+                    let started = tokio::time::Instant::now();
+                    while started.elapsed() < crate::lifecycle::lease_length()
+                        && crate::lifecycle::layout_refusals() == refusals
+                    {
+                        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+                    }
+                    refusals = crate::lifecycle::layout_refusals();
                     match registry.layout(&c.file_spec).await {
                         Ok((laid, _))
                             if laid.projections_fingerprint() != spec.projections_fingerprint() =>
