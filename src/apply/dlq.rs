@@ -864,13 +864,9 @@ impl Applier {
             let selection = if group.iter().any(|l| l.projection == WHOLE_RECORD) {
                 None
             } else {
-                // A letter of a counter written before it was rebuilt
-                // beside its old version missed that version too: the one
-                // readers read until the rebuild completes.
                 let mut ids: Vec<ProjectionId> = group
                     .iter()
                     .filter_map(|l| self.spec.projection_id(&l.projection))
-                    .flat_map(|id| std::iter::once(id).chain(self.spec.old_version(id)))
                     .collect();
                 ids.sort_unstable();
                 ids.dedup();
@@ -950,6 +946,42 @@ impl Applier {
                 let outcome = probe.apply_batch(&[now], &options).await?;
                 if outcome.statuses.first().is_some_and(handled) {
                     cut = records.len();
+                }
+            }
+            // A letter of a counter written before the counter was rebuilt
+            // beside its old version missed that version too (the one
+            // readers read until the rebuild completes), which holds
+            // nothing behind the counter's letters and may have applied
+            // later records of the item since: it gets the item as it is
+            // now, guarded by what was read, never a letter's older image.
+            let olds: Vec<ProjectionId> = options
+                .selection
+                .iter()
+                .flatten()
+                .filter_map(|&id| self.spec.old_version(id))
+                .filter(|id| !options.selection.iter().flatten().any(|s| s == id))
+                .collect();
+            if let (false, Some(key)) = (olds.is_empty(), &group[0].source_key) {
+                let last = &group[group.len() - 1];
+                let now = self.current_state(0, last, key).await.map_err(fatal)?;
+                let old_versions = Applier {
+                    config: super::ApplyConfig {
+                        dead_letters: false,
+                        ..self.config.clone()
+                    },
+                    ..self.clone()
+                };
+                let outcome = old_versions
+                    .apply_batch(
+                        &[now],
+                        &BatchOptions {
+                            selection: Some(olds),
+                            ..options.clone()
+                        },
+                    )
+                    .await?;
+                if let Some(RecordStatus::Failed(why)) = outcome.statuses.first() {
+                    tracing::warn!(%why, "bringing a rebuilt counter's old version to the item's current state failed: it is corrected when the item changes again, and replaced when the rebuild completes");
                 }
             }
             // Letters the redrive itself stored for records now superseded
