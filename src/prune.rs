@@ -245,10 +245,15 @@ pub fn actions(current: &Spec, retired: &[Retired], item: &HashMap<String, Av>) 
                     strip.extend(edge.copy.iter().map(|(n, _)| n.clone()));
                     continue;
                 }
+                // Records of a storage no current counter writes (a
+                // generation readers left, or one its old version could not
+                // be kept current in) go with the item, their shards as
+                // they are: nothing writes or will write them again.
                 let others: Vec<&String> = records
                     .iter()
                     .flat_map(|m| m.keys())
                     .filter(|name| !retired_names.contains(name.as_str()))
+                    .filter(|name| current.counter_by_storage(name).is_some())
                     .collect();
                 if let Some(counter) = others.first() {
                     strip.extend(edge.copy.iter().map(|(n, _)| n.clone()));
@@ -597,6 +602,25 @@ impl Run<'_> {
         map
     }
 
+    /// The shards of the records in `map` whose storage neither a current
+    /// counter nor a retired one has.
+    fn dead_records<'m>(
+        &'m self,
+        map: &'m HashMap<String, Av>,
+    ) -> impl Iterator<Item = &'m str> + 'm {
+        map.iter()
+            .filter(|(name, _)| {
+                self.current.counter_by_storage(name).is_none()
+                    && !self.retired.iter().any(
+                        |r| matches!(r.kind(), ProjectionKind::Counter(c) if &c.storage == *name),
+                    )
+            })
+            .filter_map(|(_, shard)| match shard {
+                Av::S(shard) => Some(shard.as_str()),
+                _ => None,
+            })
+    }
+
     async fn apply(&self, action: Action) -> Result<(), ApplyError> {
         let counter = match &action {
             Action::Delete { .. } => &self.deleted,
@@ -613,6 +637,78 @@ impl Run<'_> {
         }
         let pk = &self.current.table.partition_key;
         let sent = match action {
+            Action::Delete {
+                key,
+                records: Some(map),
+            } if self.dead_records(&map).next().is_some() => {
+                // Records of a generation no counter of either spec writes
+                // (one readers left, or a rebuild rolled back) go with
+                // their counts, as a worker drops them: an abandoned
+                // rebuild's generation is written again by the next one.
+                use aws_sdk_dynamodb::types::{Delete, TransactWriteItem, Update};
+                let mut items = vec![TransactWriteItem::builder()
+                    .delete(
+                        Delete::builder()
+                            .table_name(self.table)
+                            .set_key(Some(self.key_map(&key)))
+                            .condition_expression("#c = :c")
+                            .expression_attribute_names("#c", RECORDS_ATTRIBUTE)
+                            .expression_attribute_values(":c", Av::M(map.clone()))
+                            .build()
+                            .expect("table, key and condition are set"),
+                    )
+                    .build()];
+                let mut shards: Vec<&str> = self.dead_records(&map).collect();
+                shards.sort_unstable();
+                let mut counted: Vec<(&str, i64)> = Vec::new();
+                for shard in shards {
+                    match counted.last_mut() {
+                        Some((last, n)) if *last == shard => *n -= 1,
+                        _ => counted.push((shard, -1)),
+                    }
+                }
+                for (shard, delta) in counted {
+                    items.push(
+                        TransactWriteItem::builder()
+                            .update(
+                                Update::builder()
+                                    .table_name(self.table)
+                                    .set_key(Some(self.key_map(&self.current.shard_item(shard))))
+                                    .update_expression("ADD #n :d, #m :one")
+                                    .expression_attribute_names("#n", crate::apply::COUNT_ATTRIBUTE)
+                                    .expression_attribute_names(
+                                        "#m",
+                                        crate::apply::CHANGES_ATTRIBUTE,
+                                    )
+                                    .expression_attribute_values(":d", Av::N(delta.to_string()))
+                                    .expression_attribute_values(":one", Av::N("1".to_string()))
+                                    .build()
+                                    .expect("table, key and expression are set"),
+                            )
+                            .build(),
+                    );
+                }
+                self.client
+                    .transact_write_items()
+                    .set_transact_items(Some(items))
+                    .return_consumed_capacity(ReturnConsumedCapacity::Total)
+                    .send()
+                    .await
+                    .map(|o| {
+                        Some(
+                            o.consumed_capacity()
+                                .iter()
+                                .filter_map(|c| c.capacity_units())
+                                .sum::<f64>(),
+                        )
+                    })
+                    .map_err(|e| {
+                        let condition = e
+                            .as_service_error()
+                            .is_some_and(|e| e.is_transaction_canceled_exception());
+                        (condition, self.fatal("deleting", e))
+                    })
+            }
             Action::Delete { key, records } => {
                 let request = self
                     .client
