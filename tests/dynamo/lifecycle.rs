@@ -314,7 +314,7 @@ async fn a_writer_of_the_old_definition_turns_a_live_projection_back_and_blocks_
     let followers = layouts.iter().find(|l| l.name == "followers").unwrap();
     assert_eq!(followers.generation, 1);
     assert_eq!(
-        followers.old.as_ref().map(|o| o.in_place.clone()),
+        followers.old.as_ref().map(|o| o.not_kept.clone()),
         Some(None)
     );
     let stale = Applier::new(
@@ -749,6 +749,30 @@ async fn prune_removes_what_retired_projections_derived_and_nothing_else() {
         "{}",
         String::from_utf8_lossy(&audit.stdout)
     );
+
+    // Added back, the counter starts in a generation its first life never
+    // wrote, and counts exactly once backfilled.
+    let registry = Registry::new(client.clone(), &table, &spec1.table);
+    let (_, layouts) = registry.layout(&spec1).await.unwrap();
+    let following = layouts.iter().find(|l| l.name == "following").unwrap();
+    assert_eq!((following.generation, following.old.clone()), (1, None));
+    run_drain(&v1, &table);
+    std::thread::sleep(std::time::Duration::from_millis(2_600));
+    let done = backfilled(&backfill_cli(&v1, &table, &[]));
+    assert!(done.contains(&"following".to_string()), "{done:?}");
+    let (laid, _) = registry.layout(&spec1).await.unwrap();
+    for (user, want) in [("a", 1), ("b", 1), ("c", 1)] {
+        let value = ddb_projector::counter::read_counter(
+            &client,
+            &table,
+            &laid,
+            "following",
+            &[("userId".into(), user.into())],
+        )
+        .await
+        .unwrap();
+        assert_eq!(value, want, "{user} follows");
+    }
 }
 
 /// v2 of the social spec for the rebuild test: `followers` counts close
@@ -882,7 +906,7 @@ async fn a_changed_counter_is_rebuilt_beside_the_old_one_and_readers_never_see_a
             followers
                 .old
                 .as_ref()
-                .map(|o| (o.generation, o.in_place.clone()))
+                .map(|o| (o.generation, o.not_kept.clone()))
         ),
         (1, Some((0, None)))
     );
@@ -1115,7 +1139,7 @@ async fn readers_of_a_global_counter_made_per_user_read_the_global_count_until_t
     let (laid, layouts) = registry.layout(&spec2).await.unwrap();
     let followers = layouts.iter().find(|l| l.name == "followers").unwrap();
     assert_eq!(
-        followers.old.as_ref().map(|o| o.in_place.clone()),
+        followers.old.as_ref().map(|o| o.not_kept.clone()),
         Some(None)
     );
     let read = |vars: Vec<(String, String)>| {
@@ -1151,4 +1175,62 @@ async fn readers_of_a_global_counter_made_per_user_read_the_global_count_until_t
     .await
     .unwrap();
     assert_eq!(value, 2);
+}
+
+/// A writer that held no lease for a while (a long replay, a redrive) may
+/// have missed a rebuild's completion: it is checked again before it
+/// writes, and refused rather than write its definition into the
+/// generation readers now read as another's.
+#[tokio::test]
+async fn a_writer_whose_lease_ran_out_is_checked_again_before_it_writes() {
+    let dir = tempfile::tempdir().unwrap();
+    let v1 = social_spec(dir.path(), "v1.toml", |t| t);
+    let v2 = social_spec(dir.path(), "v2.toml", v2);
+    let v3 = social_spec(dir.path(), "v3.toml", close_followers);
+    let spec1 = Arc::new(Spec::from_file(&v1).unwrap());
+    let spec2 = Arc::new(Spec::from_file(&v2).unwrap());
+    let client = support::client().await;
+    let table = support::fresh_table(&client, &spec1, "lifecycle-lapse").await;
+    let pause = std::time::Duration::from_millis(2_600);
+    put_item(&client, &table, &follow("a", "b", "2026-11-25")).await;
+    run_drain(&v1, &table);
+    backfilled(&backfill_cli(&v1, &table, &[]));
+    std::thread::sleep(pause);
+    run_drain(&v2, &table);
+
+    // A writer of v2, laid out: followers in generation 1.
+    let registry = Registry::new(client.clone(), &table, &spec2.table);
+    let (laid, _) = registry.layout(&spec2).await.unwrap();
+    let writer = Applier::new(
+        client.clone(),
+        Arc::new(laid),
+        &table,
+        ApplyConfig {
+            lease: std::time::Duration::from_millis(300),
+            ..ApplyConfig::default()
+        },
+    );
+    let item = follow("c", "b", "2026-11-25");
+    put_item(&client, &table, &item).await;
+    let record = decode_scanned_item(&spec1.table, 0, 1, item.into_iter().collect());
+    let outcome = writer
+        .apply_batch(std::slice::from_ref(&record), &BatchOptions::default())
+        .await
+        .unwrap();
+    assert_eq!(outcome.first_failure(), None);
+
+    // While it holds no lease, v3 is deployed and rebuilt: generation 1
+    // is now what readers read, as v3's.
+    std::thread::sleep(pause);
+    run_drain(&v3, &table);
+    std::thread::sleep(pause);
+    assert_eq!(
+        backfilled(&backfill_cli(&v3, &table, &[])),
+        vec!["followers".to_string()]
+    );
+    let outcome = writer
+        .apply_batch(&[record], &BatchOptions::default())
+        .await
+        .unwrap();
+    assert_eq!(outcome.first_failure(), Some(0), "{outcome:?}");
 }
