@@ -927,7 +927,7 @@ async fn case(specs: &Specs, plan: &Plan) -> Result<(), TestCaseError> {
         let laid2 = Arc::new(laid2);
         let beside: Vec<String> = layouts2
             .iter()
-            .filter(|l| l.old.as_ref().is_some_and(|o| o.in_place.is_none()))
+            .filter(|l| l.old.as_ref().is_some_and(|o| o.not_kept.is_none()))
             .map(|l| l.name.clone())
             .collect();
         count(&COVERAGE.rebuilt_beside, beside.len());
