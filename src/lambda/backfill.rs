@@ -201,25 +201,32 @@ impl BackfillRequest {
         } else {
             let mut ids = Vec::with_capacity(names.len());
             for name in names {
-                let id = spec.projection_id(name).ok_or_else(|| {
-                    BackfillRequestError::UnknownProjection {
+                // A counter's old version is kept current by the worker,
+                // never backfilled on its own.
+                let id = spec
+                    .projection_id(name)
+                    .filter(|&id| !spec.is_old_version(id))
+                    .ok_or_else(|| BackfillRequestError::UnknownProjection {
                         name: name.clone(),
                         file: spec.file.clone(),
                         known: spec
-                            .projections
-                            .iter()
-                            .map(|p| p.name.as_str())
+                            .backfilled_projections()
+                            .into_iter()
+                            .map(|id| spec.projections[id].name.as_str())
                             .collect::<Vec<_>>()
                             .join(", "),
-                    }
-                })?;
+                    })?;
                 ids.push(id);
             }
             Some(ids)
         };
         let projections = match &ids {
             Some(_) => names.to_vec(),
-            None => spec.projections.iter().map(|p| p.name.clone()).collect(),
+            None => spec
+                .backfilled_projections()
+                .into_iter()
+                .map(|id| spec.projections[id].name.clone())
+                .collect(),
         };
         let defaults = BackfillOptions::default();
         Ok(BackfillPlan {
@@ -522,6 +529,44 @@ mod tests {
         assert!(message.contains("claim needs run"), "{message}");
         let message = error(serde_json::json!({ "run": "" }));
         assert!(message.contains("run is empty"), "{message}");
+    }
+
+    #[test]
+    fn a_counters_old_version_is_never_backfilled_on_its_own() {
+        // The social spec laid out with `followers` rebuilt beside its
+        // old version (storage `followers`, generation 0).
+        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("projections/social-service.toml");
+        let text = std::fs::read_to_string(&path).unwrap();
+        let mut raw: crate::spec::raw::RawSpec = toml::from_str(&text).unwrap();
+        let mut old = raw
+            .projections
+            .iter()
+            .find(|p| p.name() == "followers")
+            .unwrap()
+            .clone();
+        if let crate::spec::raw::RawProjection::Counter { name, storage, .. } = &mut old {
+            *name = "followers~0".to_string();
+            *storage = Some("followers".to_string());
+        }
+        for p in &mut raw.projections {
+            if let crate::spec::raw::RawProjection::Counter { name, storage, .. } = p {
+                if name == "followers" {
+                    *storage = Some("followers~1".to_string());
+                }
+            }
+        }
+        raw.projections.push(old);
+        let spec = Spec::compile(raw, "social-service.toml", Vec::new()).unwrap();
+        let message = request(serde_json::json!({ "projections": ["followers~0"] }))
+            .plan(&spec)
+            .unwrap_err()
+            .to_string();
+        assert!(message.contains("no projection `followers~0`"), "{message}");
+        assert!(!message.contains("followers~0,"), "{message}");
+        let plan = request(serde_json::json!({})).plan(&spec).unwrap();
+        assert!(plan.projections.contains(&"followers".to_string()));
+        assert!(!plan.projections.contains(&"followers~0".to_string()));
     }
 
     #[test]
