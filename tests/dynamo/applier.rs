@@ -7,42 +7,16 @@ use std::sync::Arc;
 use aws_sdk_dynamodb::types::AttributeValue as Av;
 use ddb_projector::apply::{Applier, ApplyConfig, BatchOptions, RecordStatus};
 use ddb_projector::decode::DecodeProblem;
-use ddb_projector::record::{
-    ChangeKind, ChangeRecord, Image, Item, Origin, SequenceNumber, ValueRef, ViewType,
-};
+use ddb_projector::record::{ChangeKind, Image, ValueRef};
 use ddb_projector::spec::Spec;
 
+use super::model::{change, email, follow, profile};
 use super::support::{self, get, n, put, s, text};
 
-type Attrs = HashMap<String, Av>;
+/// When the hand-written follows were made.
+const FOLLOWED_AT: &str = "2026-11-01T10:00:00Z";
 
-/// Builds the stream record a write would produce.
-fn change(
-    seq: u64,
-    kind: ChangeKind,
-    old: Option<&Attrs>,
-    new: Option<&Attrs>,
-) -> Result<ChangeRecord, DecodeProblem> {
-    let image = |attrs: Option<&Attrs>| attrs.map(|a| Item::from(a.clone()));
-    let any = new.or(old).expect("an image");
-    let mut keys = Item::default();
-    for name in ["PK", "SK"] {
-        keys.insert(name.to_string(), any[name].clone().into());
-    }
-    Ok(ChangeRecord {
-        event_id: format!("e{seq}"),
-        kind,
-        keys: keys.into(),
-        old_image: image(old).map(Image::from),
-        new_image: image(new).map(Image::from),
-        sequence_number: SequenceNumber(format!("{seq:021}")),
-        approximate_creation_ms: None,
-        ttl_expiry: false,
-        view_type: Some(ViewType::NewAndOldImages),
-        size_bytes: None,
-        origin: Origin::Synthetic,
-    })
-}
+type Attrs = HashMap<String, Av>;
 
 fn attrs(pairs: &[(&str, Av)]) -> Attrs {
     support::item(pairs)
@@ -57,35 +31,6 @@ async fn setup(
     let table = support::fresh_table(&client, &spec, prefix).await;
     let applier = Applier::new(client.clone(), spec.clone(), &table, ApplyConfig::default());
     (applier, client, table, spec)
-}
-
-fn email(user: &str, id: &str, address: &str, primary: bool) -> Attrs {
-    attrs(&[
-        ("PK", s(&format!("USER#{user}"))),
-        ("SK", s(&format!("EMAIL#{id}"))),
-        ("emailId", s(id)),
-        ("userId", s(user)),
-        ("email", s(address)),
-        ("isPrimary", Av::Bool(primary)),
-        ("isVerified", Av::Bool(true)),
-    ])
-}
-
-fn profile(user: &str) -> Attrs {
-    attrs(&[
-        ("PK", s(&format!("USER#{user}"))),
-        ("SK", s("PROFILE")),
-        ("userId", s(user)),
-        ("firstName", s("Sam")),
-    ])
-}
-
-fn follow(a: &str, b: &str) -> Attrs {
-    attrs(&[
-        ("PK", s(&format!("USER#{a}"))),
-        ("SK", s(&format!("FOLLOWS#{b}"))),
-        ("followedAt", s("2026-11-01T10:00:00Z")),
-    ])
 }
 
 async fn write(client: &aws_sdk_dynamodb::Client, table: &str, item: &Attrs) {
@@ -259,7 +204,9 @@ async fn counter(
 #[tokio::test]
 async fn counters_stay_exact_under_duplicates_bisection_and_replay() {
     let (applier, client, table, spec) = setup("social-service.toml", "cnt").await;
-    let follows: Vec<Attrs> = (0..40).map(|i| follow(&format!("f{i}"), "hot")).collect();
+    let follows: Vec<Attrs> = (0..40)
+        .map(|i| follow(&format!("f{i}"), "hot", FOLLOWED_AT))
+        .collect();
     let mut records: Vec<_> = follows
         .iter()
         .enumerate()
@@ -319,12 +266,6 @@ async fn counters_stay_exact_under_duplicates_bisection_and_replay() {
     );
 }
 
-fn follow_at(a: &str, b: &str, at: &str) -> Attrs {
-    let mut edge = follow(a, b);
-    edge.insert("followedAt".to_string(), s(at));
-    edge
-}
-
 /// The bench's cancelled transactions: a follow removed in the batch that
 /// created it (the edge never existed), or removed and made again (the
 /// edge never went away). Their markers are read first, not sent in a
@@ -334,13 +275,13 @@ fn follow_at(a: &str, b: &str, at: &str) -> Attrs {
 async fn a_follow_undone_or_redone_within_a_batch_cancels_no_transaction() {
     let (applier, client, table, spec) = setup("social-service.toml", "undo").await;
     let all = BatchOptions::default();
-    let old = follow_at("old", "hot", "t1");
+    let old = follow("old", "hot", "t1");
     let first = vec![change(1, ChangeKind::Insert, None, Some(&old))];
     applier.apply_batch(&first, &all).await.unwrap();
 
-    let again = follow_at("old", "hot", "t2");
-    let brief = follow_at("brief", "hot", "t3");
-    let other = follow_at("other", "hot", "t4");
+    let again = follow("old", "hot", "t2");
+    let brief = follow("brief", "hot", "t3");
+    let other = follow("other", "hot", "t4");
     let records = vec![
         change(2, ChangeKind::Remove, Some(&old), None),
         change(3, ChangeKind::Insert, None, Some(&brief)),
@@ -415,7 +356,7 @@ async fn concurrent_deliveries_of_one_batch_count_once() {
                 i + 1,
                 ChangeKind::Insert,
                 None,
-                Some(&follow(&format!("c{i}"), "star")),
+                Some(&follow(&format!("c{i}"), "star", FOLLOWED_AT)),
             )
         })
         .collect();

@@ -10,12 +10,10 @@ use ddb_projector::apply::{Applier, ApplyConfig, BatchOptions};
 use ddb_projector::audit::{audit, AuditOptions, AuditReport, Problem};
 use ddb_projector::backfill::{backfill, BackfillOptions};
 use ddb_projector::counter::read_counter;
-use ddb_projector::decode::DecodeProblem;
-use ddb_projector::record::{
-    ChangeKind, ChangeRecord, Image, Item, Origin, SequenceNumber, ViewType,
-};
+use ddb_projector::record::ChangeKind;
 use ddb_projector::spec::Spec;
 
+use super::model::{change, email_verified as email};
 use super::support::{self, delete, get, put, s, text};
 
 type Attrs = HashMap<String, Av>;
@@ -196,16 +194,6 @@ async fn audit_finds_exactly_the_planted_social_drift_and_repair_makes_it_clean(
     assert_eq!(following, 1);
 }
 
-fn email(user: &str, id: &str, address: &str, primary: bool, verified: bool) -> Attrs {
-    support::item(&[
-        ("PK", s(&format!("USER#{user}"))),
-        ("SK", s(&format!("EMAIL#{id}"))),
-        ("email", s(address)),
-        ("isPrimary", Av::Bool(primary)),
-        ("isVerified", Av::Bool(verified)),
-    ])
-}
-
 async fn put_item(client: &aws_sdk_dynamodb::Client, table: &str, item: &Attrs) {
     client
         .put_item()
@@ -308,34 +296,6 @@ async fn audit_finds_user_drift_and_violations_and_repair_leaves_only_the_violat
     // The violations are in the store for `violations list`.
     let recorded = applier.recorded_violations().await.unwrap();
     assert_eq!(recorded.len(), 3);
-}
-
-/// The stream record a write would produce.
-fn change(
-    seq: u64,
-    kind: ChangeKind,
-    old: Option<&Attrs>,
-    new: Option<&Attrs>,
-) -> Result<ChangeRecord, DecodeProblem> {
-    let image = |attrs: Option<&Attrs>| attrs.map(|a| Item::from(a.clone()));
-    let any = new.or(old).expect("an image");
-    let mut keys = Item::default();
-    for name in ["PK", "SK"] {
-        keys.insert(name.to_string(), any[name].clone().into());
-    }
-    Ok(ChangeRecord {
-        event_id: format!("e{seq}"),
-        kind,
-        keys: keys.into(),
-        old_image: image(old).map(Image::from),
-        new_image: image(new).map(Image::from),
-        sequence_number: SequenceNumber(format!("{seq:021}")),
-        approximate_creation_ms: None,
-        ttl_expiry: false,
-        view_type: Some(ViewType::NewAndOldImages),
-        size_bytes: None,
-        origin: Origin::Synthetic,
-    })
 }
 
 /// Writes the item as a writer would, then applies its stream record.

@@ -26,6 +26,7 @@ use tokio::io::{AsyncBufRead, AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufR
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{mpsc, oneshot, Notify};
 
+use super::model::{email, profile};
 use super::support::{self, s};
 
 type Attrs = HashMap<String, Av>;
@@ -576,26 +577,6 @@ fn failures(outcome: &Outcome) -> Vec<String> {
 }
 
 // ------------------------------------------------------ user-service data ---
-
-fn profile(user: &str) -> Attrs {
-    support::item(&[
-        ("PK", s(&format!("USER#{user}"))),
-        ("SK", s("PROFILE")),
-        ("userId", s(user)),
-        ("firstName", s("Sam")),
-    ])
-}
-
-fn email(user: &str, id: &str, address: &str, primary: bool) -> Attrs {
-    support::item(&[
-        ("PK", s(&format!("USER#{user}"))),
-        ("SK", s(&format!("EMAIL#{id}"))),
-        ("emailId", s(id)),
-        ("userId", s(user)),
-        ("email", s(address)),
-        ("isPrimary", Av::Bool(primary)),
-    ])
-}
 
 async fn put(client: &aws_sdk_dynamodb::Client, table: &str, item: Attrs) {
     client

@@ -206,6 +206,10 @@ pub fn profile(user: &str) -> Attrs {
 }
 
 pub fn email(user: &str, id: &str, address: &str, primary: bool) -> Attrs {
+    email_verified(user, id, address, primary, true)
+}
+
+pub fn email_verified(user: &str, id: &str, address: &str, primary: bool, verified: bool) -> Attrs {
     attrs(&[
         ("PK", s(&format!("USER#{user}"))),
         ("SK", s(&format!("EMAIL#{id}"))),
@@ -213,8 +217,31 @@ pub fn email(user: &str, id: &str, address: &str, primary: bool) -> Attrs {
         ("emailId", s(id)),
         ("email", s(address)),
         ("isPrimary", Av::Bool(primary)),
-        ("isVerified", Av::Bool(true)),
+        ("isVerified", Av::Bool(verified)),
     ])
+}
+
+/// The stream record a write would produce (sequence number `seq`).
+pub fn change(seq: u64, kind: ChangeKind, old: Option<&Attrs>, new: Option<&Attrs>) -> Record {
+    let image = |attrs: Option<&Attrs>| attrs.map(|a| Item::from(a.clone()));
+    let any = new.or(old).expect("an image");
+    let mut keys = Item::default();
+    for name in ["PK", "SK"] {
+        keys.insert(name.to_string(), any[name].clone().into());
+    }
+    Ok(ChangeRecord {
+        event_id: format!("e{seq}"),
+        kind,
+        keys: keys.into(),
+        old_image: image(old).map(Image::from),
+        new_image: image(new).map(Image::from),
+        sequence_number: SequenceNumber(format!("{seq:021}")),
+        approximate_creation_ms: None,
+        ttl_expiry: false,
+        view_type: Some(ViewType::NewAndOldImages),
+        size_bytes: None,
+        origin: Origin::Synthetic,
+    })
 }
 
 pub fn campaign(id: &str, profile: &str, status: &str) -> Attrs {
