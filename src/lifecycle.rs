@@ -1015,8 +1015,13 @@ impl Registry {
         let mut completion = Completion::default();
         let mut fenced = 0;
         let mut index = 0;
+        let mut last = usize::MAX;
         while index < ids.len() {
             let id = ids[index];
+            if index != last {
+                fenced = 0;
+                last = index;
+            }
             index += 1;
             let projection = &spec.projections[id];
             let f = hex(projection.fingerprint);
@@ -1168,7 +1173,14 @@ impl Registry {
                         snapshot = self.snapshot(spec).await?;
                         index -= 1;
                     }
-                    _ => return Err(self.fatal("writing", error)),
+                    // Leases kept being taken: this one is not recorded
+                    // (its claim stays), the others are; completing the
+                    // run again finishes it.
+                    Some(_) => completion.not.push((
+                        projection.name.clone(),
+                        "writers kept taking leases while the completion was written: run the completion again".to_string(),
+                    )),
+                    None => return Err(self.fatal("writing", error)),
                 },
             }
         }
@@ -1332,6 +1344,7 @@ impl Registry {
             *p = p.definition();
         }
         let mut shadows = Vec::new();
+        let mut frozen = Vec::new();
         for name in counters {
             let projection = &spec.projections[spec.projection_id(name).expect("listed")];
             let f = hex(projection.fingerprint);
@@ -1447,6 +1460,9 @@ impl Registry {
             }
             let generation = build;
             set_storage(&mut raw, name, generation);
+            if not_kept.is_some() {
+                frozen.push(counter_storage(name, read_gen));
+            }
             if let Some(why) = &not_kept {
                 tracing::warn!(counter = %name, "the version readers read cannot be kept current while the changed counter is rebuilt: they read its last values until the rebuild's backfill completes: {why}");
             }
@@ -1461,7 +1477,7 @@ impl Registry {
             });
         }
         raw.projections.extend(shadows);
-        let compiled =
+        let mut compiled =
             Spec::compile(raw, &spec.file, custom_projections(spec)).map_err(|errors| {
                 ApplyError::Fatal {
                     table: self.table.clone(),
@@ -1470,6 +1486,7 @@ impl Registry {
                     ),
                 }
             })?;
+        compiled.frozen = frozen;
         Ok((compiled, layouts))
     }
 }
@@ -1673,7 +1690,8 @@ impl Leases {
             self.check_deployed().await?;
         }
         let until = needed.max(now) + self.length.as_millis() as u64;
-        self.renew(&ids, until, now).await?;
+        self.renew(&ids, until, now, !state.started || lapsed)
+            .await?;
         if !state.started || lapsed {
             // Checked once the lease is held: a backfill that completes
             // later sees it (`complete` is fenced by the leases' version),
@@ -1797,7 +1815,16 @@ impl Leases {
 
     /// Updates of the leases item; a lease end only ever moves later,
     /// whichever process of the same definition writes last.
-    async fn renew(&self, ids: &[ProjectionId], until: u64, now: u64) -> Result<(), String> {
+    /// Moves the leases of `ids` to `until`; `anew` (a lease taken first
+    /// or after it ran out, which a layout check follows) also moves the
+    /// leases' version, which completions are fenced by.
+    async fn renew(
+        &self,
+        ids: &[ProjectionId],
+        until: u64,
+        now: u64,
+        anew: bool,
+    ) -> Result<(), String> {
         let mut sets: Vec<Set> = Vec::new();
         let spec_key = self.spec_key();
         for &id in ids {
@@ -1888,13 +1915,15 @@ impl Leases {
                 if !conditions.is_empty() {
                     update = update.condition_expression(conditions.join(" AND "));
                 }
-                match update
-                    .update_expression(format!("SET {} ADD #ver :one", parts.join(", ")))
-                    .expression_attribute_names("#ver", LEASES_VERSION)
-                    .expression_attribute_values(":one", Av::N("1".to_string()))
-                    .send()
-                    .await
-                {
+                let update = if anew {
+                    update
+                        .update_expression(format!("SET {} ADD #ver :one", parts.join(", ")))
+                        .expression_attribute_names("#ver", LEASES_VERSION)
+                        .expression_attribute_values(":one", Av::N("1".to_string()))
+                } else {
+                    update.update_expression(format!("SET {}", parts.join(", ")))
+                };
+                match update.send().await {
                     Ok(_) => break,
                     Err(error) if is_condition_failure(&error) => {
                         // Another process of the same definition holds a

@@ -158,6 +158,7 @@ pub(crate) fn known_counters(spec: &Spec) -> Vec<String> {
             ProjectionKind::Counter(c) => Some(c.storage.clone()),
             _ => None,
         })
+        .chain(spec.frozen.iter().cloned())
         .collect()
 }
 

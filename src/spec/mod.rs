@@ -474,6 +474,11 @@ pub struct Spec {
     /// lifecycle registry keeps it, so that a retired projection can still
     /// be pruned once no spec file has it.
     pub raw: RawSpec,
+    /// Counter storages readers read that no projection of this spec keeps
+    /// current (a changed counter's old version that could not be kept,
+    /// see `lifecycle::Registry::layout`): their records stay on the items
+    /// as they are, and nothing moves their shards, until the switch.
+    pub frozen: Vec<String>,
 }
 
 impl Spec {
@@ -1107,6 +1112,7 @@ impl Compiler {
             invariants,
             interested,
             raw: RawSpec::default(),
+            frozen: Vec::new(),
         })
     }
 

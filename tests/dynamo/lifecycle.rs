@@ -1234,3 +1234,75 @@ async fn a_writer_whose_lease_ran_out_is_checked_again_before_it_writes() {
         .unwrap();
     assert_eq!(outcome.first_failure(), Some(0), "{outcome:?}");
 }
+
+/// A changed counter whose old version cannot be kept current (a worker
+/// without it ran after readers' version was built): readers read that
+/// version's last values until the switch, and the worker, which no
+/// longer counts it, leaves its records where they are instead of
+/// draining its shards as it rewrites the edges they sit on.
+#[tokio::test]
+async fn an_old_version_that_cannot_be_kept_is_read_as_it_was_until_the_switch() {
+    let dir = tempfile::tempdir().unwrap();
+    let v1 = social_spec(dir.path(), "v1.toml", |t| t);
+    let without = social_spec(dir.path(), "without.toml", |t| {
+        let start = t.find("# Followers of b.").unwrap();
+        let end = start + t[start..].find("shards = 8").unwrap() + "shards = 8".len();
+        format!("{}{}", &t[..start], &t[end..])
+    });
+    let v2 = social_spec(dir.path(), "v2.toml", v2);
+    let spec2 = Arc::new(Spec::from_file(&v2).unwrap());
+    let client = support::client().await;
+    let spec1 = Arc::new(Spec::from_file(&v1).unwrap());
+    let table = support::fresh_table(&client, &spec1, "lifecycle-frozen").await;
+    let pause = std::time::Duration::from_millis(2_600);
+    for a in ["a", "c", "d"] {
+        put_item(&client, &table, &follow(a, "b", "2026-11-25")).await;
+    }
+    run_drain(&v1, &table);
+    backfilled(&backfill_cli(&v1, &table, &[]));
+    std::thread::sleep(pause);
+    run_drain(&without, &table);
+    std::thread::sleep(pause);
+    run_drain(&v2, &table);
+    let registry = Registry::new(client.clone(), &table, &spec2.table);
+    let (laid, layouts) = registry.layout(&spec2).await.unwrap();
+    let followers = layouts.iter().find(|l| l.name == "followers").unwrap();
+    assert_eq!(followers.generation, 1);
+    assert!(
+        followers
+            .old
+            .as_ref()
+            .is_some_and(|o| o.not_kept.as_deref().is_some_and(|w| w.contains("without"))),
+        "{followers:?}"
+    );
+    // The follows change (their edges are rewritten with the new time).
+    for a in ["a", "c", "d"] {
+        put_item(&client, &table, &follow(a, "b", "2026-11-26")).await;
+    }
+    run_drain(&v2, &table);
+    let value = ddb_projector::counter::read_counter(
+        &client,
+        &table,
+        &laid,
+        "followers",
+        &[("userId".to_string(), "b".to_string())],
+    )
+    .await
+    .unwrap();
+    assert_eq!(value, 3, "v1's count, as it was");
+    std::thread::sleep(pause);
+    assert_eq!(
+        backfilled(&backfill_cli(&v2, &table, &[])),
+        vec!["followers".to_string()]
+    );
+    let value = ddb_projector::counter::read_counter(
+        &client,
+        &table,
+        &laid,
+        "followers",
+        &[("userId".to_string(), "b".to_string())],
+    )
+    .await
+    .unwrap();
+    assert_eq!(value, 3, "v2's count");
+}
