@@ -253,7 +253,9 @@ pub fn actions(current: &Spec, retired: &[Retired], item: &HashMap<String, Av>) 
                     .iter()
                     .flat_map(|m| m.keys())
                     .filter(|name| !retired_names.contains(name.as_str()))
-                    .filter(|name| current.counter_by_storage(name).is_some())
+                    .filter(|name| {
+                        current.counter_by_storage(name).is_some() || current.frozen.contains(name)
+                    })
                     .collect();
                 if let Some(counter) = others.first() {
                     strip.extend(edge.copy.iter().map(|(n, _)| n.clone()));
@@ -611,6 +613,7 @@ impl Run<'_> {
         map.iter()
             .filter(|(name, _)| {
                 self.current.counter_by_storage(name).is_none()
+                    && !self.current.frozen.contains(name)
                     && !self.retired.iter().any(
                         |r| matches!(r.kind(), ProjectionKind::Counter(c) if &c.storage == *name),
                     )
@@ -688,26 +691,46 @@ impl Run<'_> {
                             .build(),
                     );
                 }
-                self.client
-                    .transact_write_items()
-                    .set_transact_items(Some(items))
-                    .return_consumed_capacity(ReturnConsumedCapacity::Total)
-                    .send()
-                    .await
-                    .map(|o| {
-                        Some(
-                            o.consumed_capacity()
-                                .iter()
-                                .filter_map(|c| c.capacity_units())
-                                .sum::<f64>(),
-                        )
-                    })
-                    .map_err(|e| {
-                        let condition = e
-                            .as_service_error()
-                            .is_some_and(|e| e.is_transaction_canceled_exception());
-                        (condition, self.fatal("deleting", e))
-                    })
+                // Only the item's own condition failing means it changed;
+                // a conflict with a worker moving the same shards, or
+                // throttling, is tried again.
+                let mut attempt = 0u32;
+                loop {
+                    attempt += 1;
+                    let sent = self
+                        .client
+                        .transact_write_items()
+                        .set_transact_items(Some(items.clone()))
+                        .return_consumed_capacity(ReturnConsumedCapacity::Total)
+                        .send()
+                        .await;
+                    let error = match sent {
+                        Ok(o) => {
+                            break Ok(Some(
+                                o.consumed_capacity()
+                                    .iter()
+                                    .filter_map(|c| c.capacity_units())
+                                    .sum::<f64>(),
+                            ))
+                        }
+                        Err(error) => error,
+                    };
+                    let reasons = match error.as_service_error() {
+                        Some(aws_sdk_dynamodb::operation::transact_write_items::TransactWriteItemsError::TransactionCanceledException(c)) => c.cancellation_reasons().to_vec(),
+                        _ => Vec::new(),
+                    };
+                    if reasons
+                        .first()
+                        .and_then(|r| r.code())
+                        .is_some_and(|code| code == "ConditionalCheckFailed")
+                    {
+                        break Err((true, self.fatal("deleting", error)));
+                    }
+                    if reasons.is_empty() || attempt >= 10 {
+                        break Err((false, self.fatal("deleting", error)));
+                    }
+                    tokio::time::sleep(Duration::from_millis(50 << attempt.min(6))).await;
+                }
             }
             Action::Delete { key, records } => {
                 let request = self
