@@ -202,6 +202,7 @@ pub async fn backfill(
     options: &BackfillOptions,
 ) -> Result<BackfillSummary, ApplyError> {
     let spec = applier.spec();
+    let everything = options.projections.is_none();
     // Counters' old versions are kept by the worker while their counter is
     // rebuilt: a backfill of the whole spec leaves them alone.
     let whole = BackfillOptions {
@@ -216,12 +217,37 @@ pub async fn backfill(
         options
     };
     let names: Vec<&str> = match &options.projections {
-        Some(ids) => ids
+        Some(ids) if !everything => ids
             .iter()
             .map(|&id| spec.projections[id].name.as_str())
             .collect(),
-        None => vec!["*"],
+        _ => vec!["*"],
     };
+    // What the scan brings the selected projections to: their definitions
+    // (not where a counter's versions are laid out, which may move while
+    // a run's segments go on in other processes).
+    let mut definitions: Vec<(&str, u64)> = options
+        .projections
+        .clone()
+        .unwrap_or_else(|| spec.backfilled_projections())
+        .into_iter()
+        .map(|id| {
+            (
+                spec.projections[id].name.as_str(),
+                spec.projections[id].fingerprint,
+            )
+        })
+        .collect();
+    definitions.sort_unstable();
+    let definitions =
+        definitions
+            .iter()
+            .fold(0xcbf2_9ce4_8422_2325u64, |hash, (name, fingerprint)| {
+                name.bytes()
+                    .map(u64::from)
+                    .chain([0xff, *fingerprint])
+                    .fold(hash, |h, x| (h ^ x).wrapping_mul(0x0000_0100_0000_01b3))
+            });
     let run = Run {
         applier,
         options,
@@ -233,7 +259,7 @@ pub async fn backfill(
             "{}#{}#{:016x}{}",
             applier.table(),
             names.join(","),
-            spec.projections_fingerprint(),
+            definitions,
             options
                 .run
                 .as_deref()

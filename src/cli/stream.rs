@@ -163,34 +163,33 @@ async fn run_stream(
         // its batches in flight and goes on from its checkpoints with the
         // new layout (dropping the old version it kept current).
         let relaid = std::sync::Mutex::new(None);
+        // A replay (no checkpoints) lays out again too: refused for a
+        // stale layout, it starts over with the new one (replays change
+        // nothing they already applied).
         let watch = async {
-            if consumer && options.selection.is_none() {
-                let mut refusals = crate::lifecycle::layout_refusals();
-                loop {
-                    // Once per lease period, or at once when a writer was
-                    // refused for a stale layout.
-                    let started = tokio::time::Instant::now();
-                    while started.elapsed() < crate::lifecycle::lease_length()
-                        && crate::lifecycle::layout_refusals() == refusals
+            let mut refusals = crate::lifecycle::layout_refusals();
+            loop {
+                // Once per lease period, or at once when a writer was
+                // refused for a stale layout.
+                let started = tokio::time::Instant::now();
+                while started.elapsed() < crate::lifecycle::lease_length()
+                    && crate::lifecycle::layout_refusals() == refusals
+                {
+                    tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+                }
+                refusals = crate::lifecycle::layout_refusals();
+                match registry.layout(&c.file_spec).await {
+                    Ok((laid, _))
+                        if laid.projections_fingerprint() != spec.projections_fingerprint() =>
                     {
-                        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+                        *relaid.lock().expect("layout lock") = Some(laid);
+                        return;
                     }
-                    refusals = crate::lifecycle::layout_refusals();
-                    match registry.layout(&c.file_spec).await {
-                        Ok((laid, _))
-                            if laid.projections_fingerprint() != spec.projections_fingerprint() =>
-                        {
-                            *relaid.lock().expect("layout lock") = Some(laid);
-                            return;
-                        }
-                        Ok(_) => {}
-                        Err(error) => {
-                            tracing::warn!(%error, "reading the counters' layout failed: keeping this one");
-                        }
+                    Ok(_) => {}
+                    Err(error) => {
+                        tracing::warn!(%error, "reading the counters' layout failed: keeping this one");
                     }
                 }
-            } else {
-                std::future::pending::<()>().await;
             }
         };
         let stop = async {
