@@ -24,9 +24,11 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 use aws_sdk_dynamodb::types::{AttributeValue as Av, ReturnConsumedCapacity};
 use futures::stream::StreamExt;
 
+use super::ctx::Ctx;
 use super::dlq::now;
+use super::reads::{query_all, read_markers, read_sources, KeyQuery};
 use super::retry::{sdk, with_retries, ErrorClass, WriteError};
-use super::writes::{av, query_all, read_markers, read_sources, Ctx, Expr, KeyQuery};
+use super::writes::{av, Expr};
 use crate::decode::DecodeProblem;
 use crate::invariant::{
     check_partition, check_unique, keep_latest, scope_prefix, unique_value, violation_pk,

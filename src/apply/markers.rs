@@ -35,8 +35,9 @@ use aws_sdk_dynamodb::types::{
 };
 use futures::stream::StreamExt;
 
+use super::ctx::Ctx;
 use super::retry::{classify_code, sdk, ErrorClass, WriteError};
-use super::writes::{av, Ctx, Expr, COUNT_ATTRIBUTE};
+use super::writes::{av, Expr, COUNT_ATTRIBUTE};
 use crate::decode::item_from_sdk;
 use crate::plan::{CounterShard, Effect, MarkerState, Op, SourceGuard};
 use crate::record::{AttributeValue, Item, ItemKey};
@@ -765,7 +766,7 @@ async fn read(
         }
     }
     ctx.count(|r| &mut r.marker_reads);
-    super::writes::read_markers(ctx, keys).await
+    super::reads::read_markers(ctx, keys).await
 }
 
 /// The expressions of one write.

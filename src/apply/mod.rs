@@ -20,8 +20,10 @@
 
 mod check;
 mod coalesce;
+mod ctx;
 mod dlq;
 mod markers;
+mod reads;
 pub(crate) mod retry;
 mod writes;
 
@@ -30,12 +32,13 @@ use std::sync::Arc;
 use std::time::Duration;
 
 pub use check::{CheckStats, RecordedViolation};
+pub use ctx::Requests;
 pub use dlq::{problem_key, DeadLetter, DeadLetterStore, Hold, RedriveSummary, WHOLE_RECORD};
 pub use markers::CHANGES_ATTRIBUTE;
 pub(crate) use markers::{marker_change, records_of};
 pub use retry::{classify, describe as retry_describe, ErrorClass};
 pub(crate) use retry::{sdk, with_retries};
-pub use writes::{Requests, COUNT_ATTRIBUTE};
+pub use writes::COUNT_ATTRIBUTE;
 
 use crate::decode::DecodeProblem;
 use crate::plan::plan_record;
@@ -340,7 +343,7 @@ impl Applier {
             })
             .collect();
 
-        let ctx = writes::Ctx::new(&self.client, &self.table, spec, &self.config);
+        let ctx = ctx::Ctx::new(&self.client, &self.table, spec, &self.config);
 
         // Nothing is written without a lease of the definitions written
         // with, lasting past the batch ([`crate::lifecycle`]): a request
@@ -686,7 +689,7 @@ impl Applier {
             }
         }
         let groups = coalesce::coalesce(effects.into_iter().enumerate(), &spec.table);
-        let ctx = writes::Ctx::new(&self.client, &self.table, spec, &self.config);
+        let ctx = ctx::Ctx::new(&self.client, &self.table, spec, &self.config);
         let (recomputes, first): (Vec<_>, Vec<_>) = groups
             .into_iter()
             .partition(|g| matches!(g.effect.op, crate::plan::Op::Recompute { .. }));
@@ -721,7 +724,7 @@ impl Applier {
     /// The violations the online check recorded, for every invariant of
     /// the spec.
     pub async fn recorded_violations(&self) -> Result<Vec<RecordedViolation>, ApplyError> {
-        let ctx = writes::Ctx::new(&self.client, &self.table, &self.spec, &self.config);
+        let ctx = ctx::Ctx::new(&self.client, &self.table, &self.spec, &self.config);
         check::recorded(&ctx).await.map_err(|e| ApplyError::Fatal {
             table: self.table.clone(),
             message: e.to_string(),
@@ -735,7 +738,7 @@ impl Applier {
         &self,
         found: &[crate::invariant::Violation],
     ) -> Result<(usize, usize), ApplyError> {
-        let ctx = writes::Ctx::new(&self.client, &self.table, &self.spec, &self.config);
+        let ctx = ctx::Ctx::new(&self.client, &self.table, &self.spec, &self.config);
         check::replace_all(&ctx, found)
             .await
             .map_err(|e| ApplyError::Fatal {
@@ -746,7 +749,7 @@ impl Applier {
 
     async fn write_phase(
         &self,
-        ctx: &writes::Ctx<'_>,
+        ctx: &ctx::Ctx<'_>,
         groups: Vec<coalesce::Group>,
         read_markers_first: bool,
     ) -> Vec<Written> {

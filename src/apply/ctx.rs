@@ -1,0 +1,249 @@
+//! The shared state of one batch's requests: the client and spec, the
+//! capacity and requests counted, the partitions recomputes read.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use aws_sdk_dynamodb::types::{AttributeValue as Av, ConsumedCapacity};
+
+use super::ApplyConfig;
+use crate::plan::SourceQuery;
+use crate::record::{Item, ItemKey};
+use crate::spec::Spec;
+
+/// Shared state of one batch's writes.
+pub(crate) struct Ctx<'a> {
+    pub client: &'a aws_sdk_dynamodb::Client,
+    pub table: &'a str,
+    pub spec: &'a Spec,
+    pub config: &'a ApplyConfig,
+    /// Write units in millionths (atomics have no f64).
+    pub write_micro_units: AtomicU64,
+    pub read_micro_units: AtomicU64,
+    pub writes: AtomicU64,
+    pub retries: AtomicU64,
+    /// Requests by purpose.
+    pub requests: std::sync::Mutex<Requests>,
+    /// Source partitions recomputes read (after every write of the
+    /// batch's first phase), and the targets they wrote: the invariant
+    /// check reuses a read no later write of the batch fell into.
+    pub partitions: std::sync::Mutex<PartitionReads>,
+}
+
+/// What recomputes read and wrote, for the invariant check.
+#[derive(Debug, Default)]
+pub(crate) struct PartitionReads {
+    read: HashMap<SourceQuery, Vec<Item>>,
+    written: Vec<ItemKey>,
+}
+
+/// Whether `key` is one of the items `query` reads.
+pub(crate) fn within(query: &SourceQuery, key: &ItemKey) -> bool {
+    key.pk == query.pk
+        && query
+            .sk_prefix
+            .as_deref()
+            .is_none_or(|prefix| key.sk.as_deref().is_some_and(|sk| sk.starts_with(prefix)))
+}
+
+/// Requests a batch sent, by purpose. A retried request counts once (the
+/// retries are counted apart); a transaction sent again after a
+/// cancellation counts again.
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct Requests {
+    /// Consistent `GetItem`s of the hold set (one per batch with effects).
+    pub holds_reads: u64,
+    /// Recomputes: consistent `GetItem`s of targets and `Query`s of sources.
+    pub recompute_reads: u64,
+    /// Consistent `BatchGetItem`s of markers before their transactions.
+    pub marker_reads: u64,
+    /// Invariant checks: partition and GSI `Query`s, `BatchGetItem`s
+    /// confirming holders and reading recorded violations.
+    pub check_reads: u64,
+    /// `UpdateItem`s: index keys, recompute writes, invariant repairs and
+    /// recorded violations.
+    pub updates: u64,
+    /// `PutItem`s refreshing markers that exist, and `DeleteItem`s of
+    /// resolved violations.
+    pub single_writes: u64,
+    /// `BatchWriteItem`s of plain puts and deletes.
+    pub batch_writes: u64,
+    /// `TransactWriteItems` of markers and counter shards.
+    pub transactions: u64,
+    /// Of these, transactions DynamoDB cancelled.
+    pub cancelled_transactions: u64,
+    /// Items sent in `BatchWriteItem`s (not requests).
+    pub batch_write_items: u64,
+    /// Items sent in `TransactWriteItems`, condition checks included (not
+    /// requests).
+    pub transaction_items: u64,
+}
+
+impl Requests {
+    /// Adds another batch's counts.
+    pub fn add(&mut self, other: &Requests) {
+        self.holds_reads += other.holds_reads;
+        self.recompute_reads += other.recompute_reads;
+        self.marker_reads += other.marker_reads;
+        self.check_reads += other.check_reads;
+        self.updates += other.updates;
+        self.single_writes += other.single_writes;
+        self.batch_writes += other.batch_writes;
+        self.transactions += other.transactions;
+        self.cancelled_transactions += other.cancelled_transactions;
+        self.batch_write_items += other.batch_write_items;
+        self.transaction_items += other.transaction_items;
+    }
+
+    /// The least DynamoDB bills for the writes sent, whatever the endpoint
+    /// reports: 1 write unit per KB of each single or batched write (a
+    /// failed condition included) and 2 per KB of each transaction item,
+    /// counting every item as under 1 KB; the writes to GSIs come on top.
+    /// DynamoDB Local reports 2.0 for a whole transaction, so its figure can
+    /// be far lower.
+    pub fn min_billed_write_units(&self) -> u64 {
+        self.updates + self.single_writes + self.batch_write_items + 2 * self.transaction_items
+    }
+
+    /// Every request counted.
+    pub fn total(&self) -> u64 {
+        self.holds_reads
+            + self.recompute_reads
+            + self.marker_reads
+            + self.check_reads
+            + self.updates
+            + self.single_writes
+            + self.batch_writes
+            + self.transactions
+    }
+}
+
+impl<'a> Ctx<'a> {
+    pub fn new(
+        client: &'a aws_sdk_dynamodb::Client,
+        table: &'a str,
+        spec: &'a Spec,
+        config: &'a ApplyConfig,
+    ) -> Self {
+        Ctx {
+            client,
+            table,
+            spec,
+            config,
+            write_micro_units: AtomicU64::new(0),
+            read_micro_units: AtomicU64::new(0),
+            writes: AtomicU64::new(0),
+            retries: AtomicU64::new(0),
+            requests: std::sync::Mutex::new(Requests::default()),
+            partitions: std::sync::Mutex::new(PartitionReads::default()),
+        }
+    }
+
+    pub(crate) fn remember_read(&self, query: &SourceQuery, items: &[Item]) {
+        let mut partitions = self.partitions.lock().expect("not poisoned");
+        partitions.read.insert(query.clone(), items.to_vec());
+    }
+
+    pub(crate) fn remember_written(&self, target: &ItemKey) {
+        let mut partitions = self.partitions.lock().expect("not poisoned");
+        partitions.written.push(target.clone());
+    }
+
+    /// The items of `query` a recompute of this batch read, if no write of
+    /// the batch's recomputes fell among them (in whatever order the two
+    /// happened). Earlier writes of the batch all came before that read.
+    pub(crate) fn partition_read(&self, query: &SourceQuery) -> Option<Vec<Item>> {
+        let partitions = self.partitions.lock().expect("not poisoned");
+        if partitions.written.iter().any(|key| within(query, key)) {
+            return None;
+        }
+        partitions.read.get(query).cloned()
+    }
+
+    /// Counts a request by purpose.
+    pub(crate) fn count(&self, purpose: impl FnOnce(&mut Requests) -> &mut u64) {
+        self.count_n(purpose, 1);
+    }
+
+    /// Adds `n` to a count.
+    pub(crate) fn count_n(&self, purpose: impl FnOnce(&mut Requests) -> &mut u64, n: usize) {
+        *purpose(&mut self.requests.lock().expect("not poisoned")) += n as u64;
+    }
+
+    /// The requests counted so far.
+    pub(crate) fn requests(&self) -> Requests {
+        self.requests.lock().expect("not poisoned").clone()
+    }
+
+    pub(crate) fn key(&self, key: &ItemKey) -> HashMap<String, Av> {
+        self.spec.table.key_item(key).into()
+    }
+
+    pub(crate) fn count_units<'c>(
+        &self,
+        consumed: impl IntoIterator<Item = &'c ConsumedCapacity>,
+        write: bool,
+    ) {
+        for capacity in consumed {
+            let units = if write {
+                capacity
+                    .write_capacity_units()
+                    .or(capacity.capacity_units())
+            } else {
+                capacity.read_capacity_units().or(capacity.capacity_units())
+            };
+            let micro = (units.unwrap_or(0.0) * 1e6) as u64;
+            if write {
+                self.write_micro_units.fetch_add(micro, Ordering::Relaxed);
+            } else {
+                self.read_micro_units.fetch_add(micro, Ordering::Relaxed);
+            }
+        }
+    }
+
+    pub(crate) fn sent(&self) {
+        self.writes.fetch_add(1, Ordering::Relaxed);
+    }
+
+    pub(crate) fn pk_name(&self) -> &str {
+        &self.spec.table.partition_key
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::record::ItemKey;
+
+    #[test]
+    fn a_partition_read_is_reused_only_if_no_recompute_wrote_among_its_items() {
+        let spec = crate::spec::Spec::from_file(
+            &std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("projections/user-service.toml"),
+        )
+        .expect("the shipped spec");
+        let config = ApplyConfig::default();
+        let client = aws_sdk_dynamodb::Client::from_conf(
+            aws_sdk_dynamodb::Config::builder()
+                .behavior_version(aws_sdk_dynamodb::config::BehaviorVersion::latest())
+                .build(),
+        );
+        let ctx = Ctx::new(&client, "t", &spec, &config);
+        let emails = SourceQuery {
+            pk: "USER#u".into(),
+            sk_prefix: Some("EMAIL#".into()),
+        };
+        assert_eq!(ctx.partition_read(&emails), None);
+        ctx.remember_read(&emails, &[Item::default()]);
+        // The profile is not among the emails.
+        ctx.remember_written(&ItemKey::new("USER#u", "PROFILE"));
+        assert_eq!(ctx.partition_read(&emails).map(|i| i.len()), Some(1));
+        ctx.remember_written(&ItemKey::new("USER#u", "EMAIL#e1"));
+        assert_eq!(ctx.partition_read(&emails), None);
+        let whole = SourceQuery {
+            pk: "USER#v".into(),
+            sk_prefix: None,
+        };
+        assert!(within(&whole, &ItemKey::new("USER#v", "PROFILE")));
+        assert!(!within(&whole, &ItemKey::new("USER#u", "PROFILE")));
+    }
+}
