@@ -1,0 +1,567 @@
+//! The self-hosted DynamoDB Streams runner: `ddb-projector run` and `replay`.
+//!
+//! A coordinator lists the stream's shards (`DescribeStream`, paginated) and
+//! starts one task per shard that may run: a child only once its parent is
+//! finished (or trimmed away), so an item's records, which move from a
+//! parent shard to a child when DynamoDB splits or rotates shards, are
+//! applied in order. It lists again periodically, and at once when a shard
+//! finishes, to find new shards.
+//!
+//! A shard task reads its shard strictly in order: an iterator after the
+//! checkpoint (else `TRIM_HORIZON`), `GetRecords` pages of up to 1000
+//! records, each decoded and applied as one batch. The checkpoint then
+//! moves to the last record of the *handled prefix* of the batch. On the
+//! first record that failed (transient), the task backs off and reads again
+//! from the checkpoint with a fresh iterator; expired iterators are renewed
+//! the same way. A checkpoint trimmed away (records older than 24 hours
+//! were never applied) stops the runner with [`RunErrorKind::RecordsLost`]:
+//! records are never skipped silently.
+//!
+//! Shard tasks run concurrently; within a shard, batches run one after the
+//! other. The tasks are futures polled by the coordinator itself rather than
+//! spawned tasks, because the applier's batch future is not `Send` (rustc
+//! cannot prove it for the closures in `Applier::write_phase`); the work is
+//! I/O-bound, so one thread drives them well. See
+//! [`crate::source::checkpoint`] for the checkpoint items.
+
+use std::fmt;
+use std::future::Future;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use aws_sdk_dynamodbstreams::types::ShardIteratorType;
+use backoff::backoff::Backoff;
+use serde::Serialize;
+use tokio::sync::watch;
+
+use super::checkpoint::{CheckpointError, CheckpointStore};
+use crate::apply::{classify, retry_describe, Applier, ApplyError, BatchOptions, ErrorClass};
+use crate::plan::Skip;
+use crate::record::SequenceNumber;
+use crate::spec::ProjectionId;
+
+/// Why records after a checkpoint are gone, in the usual case.
+const TRIMMED: &str =
+    "DynamoDB Streams keeps records for 24 hours, and they were trimmed before the runner \
+     applied them (it was stopped, or behind, for longer)";
+
+/// The most records `GetRecords` returns at once.
+pub const MAX_BATCH: i32 = 1000;
+
+/// How the runner runs.
+#[derive(Debug, Clone)]
+pub struct RunOptions {
+    /// Exit once the stream is caught up (otherwise run until stopped).
+    pub drain: bool,
+    /// Start from and write checkpoints (off: read every shard from
+    /// `TRIM_HORIZON` and write none, as `replay` does).
+    pub checkpoints: bool,
+    /// Only these projections (`None`: all).
+    pub selection: Option<Vec<ProjectionId>>,
+    /// Consecutive empty pages of an open shard that mean "caught up" when
+    /// draining. DynamoDB Streams may return empty pages before it reaches
+    /// a shard's records, so one is not enough.
+    pub empty_polls: u32,
+    /// The pause after an empty page.
+    pub poll_interval: Duration,
+    /// How often shards are listed again to find new ones.
+    pub relist_interval: Duration,
+    /// Records per `GetRecords` call (at most 1000).
+    pub batch_limit: i32,
+}
+
+impl RunOptions {
+    /// Tail the stream until stopped, with checkpoints.
+    pub fn follow() -> RunOptions {
+        RunOptions {
+            drain: false,
+            checkpoints: true,
+            selection: None,
+            empty_polls: 3,
+            poll_interval: Duration::from_millis(1000),
+            relist_interval: Duration::from_secs(10),
+            batch_limit: MAX_BATCH,
+        }
+    }
+
+    /// Process what the stream holds, with checkpoints, and exit once caught up.
+    pub fn drain() -> RunOptions {
+        RunOptions {
+            drain: true,
+            poll_interval: Duration::from_millis(200),
+            ..RunOptions::follow()
+        }
+    }
+
+    /// Process the whole retained stream again without checkpoints, and exit
+    /// once caught up.
+    pub fn replay(selection: Option<Vec<ProjectionId>>) -> RunOptions {
+        RunOptions {
+            checkpoints: false,
+            selection,
+            ..RunOptions::drain()
+        }
+    }
+}
+
+/// What a run did, for the summary printed on stop.
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+pub struct Summary {
+    /// Records handled (applied, skipped or dead-lettered).
+    pub records: u64,
+    /// Effects planned.
+    pub effects: u64,
+    /// Write requests sent.
+    pub writes: u64,
+    /// Write capacity units DynamoDB reported.
+    pub write_units: f64,
+    /// The least DynamoDB bills for the writes sent
+    /// ([`crate::apply::Requests::min_billed_write_units`]).
+    pub min_billed_write_units: u64,
+    /// Read capacity units DynamoDB reported.
+    pub read_units: f64,
+    /// Requests the applier retried.
+    pub retries: u64,
+    /// Times a batch had a failed record and was read again from its checkpoint.
+    pub rereads: u64,
+    /// Records dead-lettered.
+    pub dead_letters: u64,
+    /// Records skipped (nothing applies to them).
+    pub skipped: u64,
+    /// Batches applied.
+    pub batches: u64,
+    /// Checkpoints written.
+    pub checkpoints: u64,
+    /// Shards read to their end.
+    pub shards_finished: u64,
+    /// How long the run took.
+    pub elapsed: Duration,
+    /// Records per second over the run.
+    pub records_per_second: f64,
+    /// The age of the last record applied when it was applied, from its
+    /// `ApproximateCreationDateTime` (which DynamoDB Local rounds down to
+    /// the minute).
+    pub last_lag_ms: Option<i64>,
+    /// The largest such age seen.
+    pub max_lag_ms: Option<i64>,
+}
+
+impl fmt::Display for Summary {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let per_record = if self.records > 0 {
+            self.write_units / self.records as f64
+        } else {
+            0.0
+        };
+        let lag = |ms: Option<i64>| ms.map_or("-".to_string(), |ms| format!("{ms} ms"));
+        writeln!(f, "  records          {}", self.records)?;
+        writeln!(f, "  effects          {}", self.effects)?;
+        writeln!(f, "  writes           {}", self.writes)?;
+        writeln!(
+            f,
+            "  write units      {:.1} reported ({per_record:.2} per record)",
+            self.write_units
+        )?;
+        let billed = self.min_billed_write_units as f64;
+        writeln!(
+            f,
+            "  billed at least  {billed:.1} ({:.2} per record; DynamoDB bills 2 per transaction item and 1 per other write, per KB, GSI writes extra; DynamoDB Local reports 2.0 for a whole transaction)",
+            if self.records > 0 { billed / self.records as f64 } else { 0.0 }
+        )?;
+        writeln!(f, "  retries          {}", self.retries)?;
+        writeln!(f, "  re-reads         {}", self.rereads)?;
+        writeln!(f, "  dead letters     {}", self.dead_letters)?;
+        writeln!(f, "  skipped          {}", self.skipped)?;
+        writeln!(f, "  batches          {}", self.batches)?;
+        writeln!(f, "  checkpoints      {}", self.checkpoints)?;
+        writeln!(f, "  shards finished  {}", self.shards_finished)?;
+        writeln!(f, "  elapsed          {:.2} s", self.elapsed.as_secs_f64())?;
+        writeln!(f, "  records/s        {:.1}", self.records_per_second)?;
+        write!(
+            f,
+            "  lag              {} (max {}; record times are approximate, to the minute on DynamoDB Local)",
+            lag(self.last_lag_ms),
+            lag(self.max_lag_ms)
+        )
+    }
+}
+
+/// Why the runner stopped with an error.
+#[derive(Debug, thiserror::Error)]
+pub enum RunErrorKind {
+    /// The checkpoint's records were trimmed from the stream before they
+    /// were applied.
+    #[error(
+        "records were lost: shard {shard_id} of stream {stream_arn} cannot be read after its checkpoint \
+         (sequence number {sequence_number}): {detail}. Changes after the checkpoint were never applied and derived \
+         items may be stale. To recover: \
+         (1) rebuild derived state with `ddb-projector backfill --all --spec FILE --table {table}`; \
+         (2) reset the checkpoint by deleting its item ({key}), e.g. \
+         `aws dynamodb delete-item --table-name {table} --key '{key_json}'`; \
+         (3) start `ddb-projector run` again"
+    )]
+    RecordsLost {
+        /// The table.
+        table: String,
+        /// The stream.
+        stream_arn: String,
+        /// The shard.
+        shard_id: String,
+        /// The checkpoint's sequence number.
+        sequence_number: String,
+        /// Why the records cannot be read.
+        detail: String,
+        /// The checkpoint item's key, for people.
+        key: String,
+        /// The checkpoint item's key as DynamoDB JSON, for the AWS CLI.
+        key_json: String,
+    },
+    /// The applier cannot write (no table, no access...).
+    #[error(transparent)]
+    Apply(#[from] ApplyError),
+    /// The Streams API refuses the stream (gone, access denied...).
+    #[error("{operation} on stream {stream_arn} failed: {message}")]
+    Stream {
+        /// The operation.
+        operation: &'static str,
+        /// The stream.
+        stream_arn: String,
+        /// What DynamoDB Streams or the SDK said.
+        message: String,
+    },
+    /// Checkpoints cannot be read or written.
+    #[error(transparent)]
+    Checkpoint(#[from] CheckpointError),
+}
+
+/// The runner's error, with what it did before it stopped.
+#[derive(Debug, thiserror::Error)]
+#[error("{kind}")]
+pub struct RunError {
+    /// What went wrong.
+    pub kind: RunErrorKind,
+    /// What the run did until then.
+    pub summary: Summary,
+}
+
+/// Reads one table's stream and applies projections.
+#[derive(Debug, Clone)]
+pub struct StreamRunner {
+    applier: Applier,
+    streams: aws_sdk_dynamodbstreams::Client,
+    stream_arn: String,
+}
+
+impl StreamRunner {
+    /// A runner for `stream_arn` (the stream of the applier's table).
+    pub fn new(
+        applier: Applier,
+        streams: aws_sdk_dynamodbstreams::Client,
+        stream_arn: &str,
+    ) -> StreamRunner {
+        StreamRunner {
+            applier,
+            streams,
+            stream_arn: stream_arn.to_string(),
+        }
+    }
+
+    /// The checkpoint store of this runner's stream.
+    pub fn checkpoints(&self) -> CheckpointStore {
+        CheckpointStore::new(
+            self.applier.client().clone(),
+            self.applier.table(),
+            self.applier.spec(),
+            &self.stream_arn,
+        )
+    }
+
+    /// Runs until the stream is caught up (`options.drain`) or `stop`
+    /// completes; then lets the current batches finish and returns what
+    /// was done.
+    pub async fn run(
+        &self,
+        options: RunOptions,
+        stop: impl Future<Output = ()>,
+    ) -> Result<Summary, RunError> {
+        let started = Instant::now();
+        let shared = Arc::new(Shared {
+            applier: self.applier.clone(),
+            streams: self.streams.clone(),
+            stream_arn: self.stream_arn.clone(),
+            checkpoints: options.checkpoints.then(|| self.checkpoints()),
+            bookkeeping: Skip::Reserved.to_string(),
+            batch_options: BatchOptions {
+                selection: options.selection.clone(),
+                ..BatchOptions::default()
+            },
+            options,
+            summary: Mutex::new(Summary::default()),
+        });
+        // A consumer of the stream says so at once, not at its first batch,
+        // so that `status` sees the deploy of a table without traffic.
+        if let Err(message) = self.applier.take_leases().await {
+            tracing::warn!(%message, "could not take the lifecycle leases; trying again at the first batch");
+        }
+        let result = Coordinator::new(shared.clone()).run(stop).await;
+        let mut summary = shared.summary.lock().expect("summary lock").clone();
+        summary.elapsed = started.elapsed();
+        summary.records_per_second = if summary.elapsed.as_secs_f64() > 0.0 {
+            summary.records as f64 / summary.elapsed.as_secs_f64()
+        } else {
+            0.0
+        };
+        match result {
+            Ok(()) => Ok(summary),
+            Err(kind) => Err(RunError { kind, summary }),
+        }
+    }
+}
+
+mod coordinator;
+mod shard;
+
+use coordinator::Coordinator;
+use shard::sleep_or_stop;
+
+/// What every shard task shares.
+struct Shared {
+    applier: Applier,
+    streams: aws_sdk_dynamodbstreams::Client,
+    stream_arn: String,
+    checkpoints: Option<CheckpointStore>,
+    /// The skip reason of the projector's own items.
+    bookkeeping: String,
+    batch_options: BatchOptions,
+    options: RunOptions,
+    summary: Mutex<Summary>,
+}
+
+impl Shared {
+    fn records_lost(
+        &self,
+        shard_id: &str,
+        sequence_number: Option<&SequenceNumber>,
+        detail: &str,
+    ) -> RunErrorKind {
+        let store = self.checkpoints.clone().unwrap_or_else(|| {
+            CheckpointStore::new(
+                self.applier.client().clone(),
+                self.applier.table(),
+                self.applier.spec(),
+                &self.stream_arn,
+            )
+        });
+        let key_json = serde_json::Value::Object(
+            store
+                .key(shard_id)
+                .into_iter()
+                .map(|(name, value)| {
+                    let text = match value {
+                        aws_sdk_dynamodb::types::AttributeValue::S(text) => text,
+                        other => format!("{other:?}"),
+                    };
+                    (name, serde_json::json!({ "S": text }))
+                })
+                .collect(),
+        )
+        .to_string();
+        RunErrorKind::RecordsLost {
+            table: self.applier.table().to_string(),
+            stream_arn: self.stream_arn.clone(),
+            shard_id: shard_id.to_string(),
+            sequence_number: sequence_number.map_or("none".to_string(), |s| s.0.clone()),
+            detail: detail.to_string(),
+            key: store.describe_key(shard_id),
+            key_json,
+        }
+    }
+
+    fn stream_error(&self, operation: &'static str, message: String) -> RunErrorKind {
+        RunErrorKind::Stream {
+            operation,
+            stream_arn: self.stream_arn.clone(),
+            message,
+        }
+    }
+
+    /// Every shard of the stream, in the order `DescribeStream` lists them.
+    async fn list_shards(&self) -> Result<Vec<ShardInfo>, RunErrorKind> {
+        let mut shards = Vec::new();
+        let mut start: Option<String> = None;
+        let mut backoff = crate::apply::retry::slow_policy(Some(Duration::from_secs(60)));
+        loop {
+            let result = self
+                .streams
+                .describe_stream()
+                .stream_arn(&self.stream_arn)
+                .set_exclusive_start_shard_id(start.clone())
+                .send()
+                .await;
+            let output = match result {
+                Ok(output) => output,
+                Err(error) => {
+                    if error
+                        .as_service_error()
+                        .is_some_and(|e| e.is_resource_not_found_exception())
+                    {
+                        return Err(self.stream_error(
+                            "DescribeStream",
+                            "the stream does not exist (was it disabled, or the table deleted?)"
+                                .to_string(),
+                        ));
+                    }
+                    match classify(&error) {
+                        ErrorClass::Retry(reason) => match backoff.next_backoff() {
+                            Some(wait) => {
+                                tracing::warn!(reason, error = %retry_describe(&error), wait_ms = wait.as_millis() as u64, "listing shards failed; retrying");
+                                tokio::time::sleep(wait).await;
+                                continue;
+                            }
+                            None => {
+                                return Err(
+                                    self.stream_error("DescribeStream", retry_describe(&error))
+                                )
+                            }
+                        },
+                        _ => {
+                            return Err(self.stream_error("DescribeStream", retry_describe(&error)))
+                        }
+                    }
+                }
+            };
+            let Some(description) = output.stream_description() else {
+                return Ok(shards);
+            };
+            for shard in description.shards() {
+                let Some(shard_id) = shard.shard_id() else {
+                    continue;
+                };
+                shards.push(ShardInfo {
+                    shard_id: shard_id.to_string(),
+                    parent: shard.parent_shard_id().map(str::to_string),
+                    closed: shard
+                        .sequence_number_range()
+                        .and_then(|r| r.ending_sequence_number())
+                        .is_some(),
+                });
+            }
+            match description.last_evaluated_shard_id() {
+                Some(last) if !last.is_empty() => start = Some(last.to_string()),
+                _ => return Ok(shards),
+            }
+        }
+    }
+
+    /// A fresh iterator after the shard's position (or at its start);
+    /// `None` when the shard has nothing more to read.
+    async fn shard_iterator(
+        &self,
+        run: &ShardRun,
+        stop: &mut watch::Receiver<bool>,
+    ) -> Result<Option<String>, RunErrorKind> {
+        let mut backoff = crate::apply::retry::slow_policy(None);
+        loop {
+            let mut request = self
+                .streams
+                .get_shard_iterator()
+                .stream_arn(&self.stream_arn)
+                .shard_id(&run.shard_id);
+            request = match &run.position {
+                Some(seq) => request
+                    .shard_iterator_type(ShardIteratorType::AfterSequenceNumber)
+                    .sequence_number(seq.as_str()),
+                None => request.shard_iterator_type(ShardIteratorType::TrimHorizon),
+            };
+            let error = match request.send().await {
+                Ok(output) => return Ok(output.shard_iterator().map(str::to_string)),
+                Err(error) => error,
+            };
+            let service = error.as_service_error();
+            if service.is_some_and(|e| e.is_trimmed_data_access_exception())
+                && run.position.is_some()
+            {
+                return Err(self.records_lost(&run.shard_id, run.position.as_ref(), TRIMMED));
+            }
+            // DynamoDB refuses a sequence number the shard does not hold
+            // (DynamoDB Local says so for any it never had, too): reading on
+            // from anywhere else would skip records.
+            if let (Some(seq), Some(service)) = (&run.position, service) {
+                let message = service.meta().message().unwrap_or_default();
+                if service.meta().code() == Some("ValidationException")
+                    && message.contains("SequenceNumber")
+                {
+                    let detail = format!(
+                        "DynamoDB Streams does not accept it for this shard (`{message}`), so the records \
+                         after it cannot be found"
+                    );
+                    return Err(self.records_lost(&run.shard_id, Some(seq), &detail));
+                }
+            }
+            if service.is_some_and(|e| e.is_resource_not_found_exception()) {
+                return Err(self.stream_error(
+                    "GetShardIterator",
+                    format!(
+                        "shard {} no longer exists before it was read to its end (the stream was disabled, \
+                         or the shard was trimmed: then records after sequence number {} were lost; see \
+                         `ddb-projector backfill --all`)",
+                        run.shard_id,
+                        run.position.as_ref().map_or("none", |s| s.as_str())
+                    ),
+                ));
+            }
+            match classify(&error) {
+                ErrorClass::Fatal(message) | ErrorClass::Poison(message) => {
+                    return Err(self.stream_error("GetShardIterator", message));
+                }
+                _ => {
+                    let wait = backoff
+                        .next_backoff()
+                        .unwrap_or(crate::apply::retry::SLOW_MAX_WAIT);
+                    tracing::warn!(shard = %run.shard_id, error = %retry_describe(&error), wait_ms = wait.as_millis() as u64, "GetShardIterator failed; retrying");
+                    if sleep_or_stop(stop, wait).await {
+                        return Ok(None);
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// A shard as `DescribeStream` lists it.
+#[derive(Debug, Clone)]
+struct ShardInfo {
+    shard_id: String,
+    parent: Option<String>,
+    closed: bool,
+}
+
+/// Where a shard is, carried into and out of its task.
+#[derive(Debug, Clone)]
+struct ShardRun {
+    shard_id: String,
+    parent: Option<String>,
+    /// The last handled record (in memory; may be ahead of the checkpoint
+    /// when only bookkeeping records followed it).
+    position: Option<SequenceNumber>,
+    /// The sequence number the checkpoint item holds.
+    durable: Option<SequenceNumber>,
+    /// Positions whose checkpoint write failed after retries: each may
+    /// have landed all the same (an answer lost after the write).
+    unconfirmed: Vec<SequenceNumber>,
+    /// Records handled in the shard up to `position`.
+    records: u64,
+}
+
+/// How a shard task ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum ShardExit {
+    /// Closed and read to its end.
+    Finished,
+    /// Open, and several reads in a row returned nothing (drain only).
+    CaughtUp,
+    /// Asked to stop.
+    Stopped,
+}
+
+type TaskResult = (ShardRun, Result<ShardExit, RunErrorKind>);

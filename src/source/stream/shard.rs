@@ -1,0 +1,323 @@
+//! One shard task: reads its shard strictly in order, applies each page
+//! as a batch and moves the checkpoint past its handled prefix.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime};
+
+use aws_sdk_dynamodbstreams::types::Record;
+use backoff::backoff::Backoff;
+use tokio::sync::watch;
+
+use crate::apply::{classify, retry_describe, ErrorClass, RecordStatus};
+use crate::decode::decode_stream_record;
+use crate::record::SequenceNumber;
+use crate::source::checkpoint::{Checkpoint, CheckpointError};
+
+use super::{RunErrorKind, ShardExit, ShardRun, Shared, TaskResult, MAX_BATCH, TRIMMED};
+
+pub(super) async fn walk_shard(
+    shared: Arc<Shared>,
+    mut run: ShardRun,
+    mut stop: watch::Receiver<bool>,
+) -> TaskResult {
+    let result = walk(&shared, &mut run, &mut stop).await;
+    metrics::gauge!("projector_iterator_age_ms", "shard" => run.shard_id.clone()).set(0.0);
+    (run, result)
+}
+
+/// Reads one shard in order until it ends, catches up (drain) or is stopped.
+async fn walk(
+    shared: &Shared,
+    run: &mut ShardRun,
+    stop: &mut watch::Receiver<bool>,
+) -> Result<ShardExit, RunErrorKind> {
+    let options = &shared.options;
+    let mut iterator: Option<String> = None;
+    let mut empty_pages = 0u32;
+    let mut failures = crate::apply::retry::slow_policy(None);
+    let mut read_errors = crate::apply::retry::slow_policy(None);
+    loop {
+        if *stop.borrow() {
+            return Ok(ShardExit::Stopped);
+        }
+        let current = match iterator.take() {
+            Some(current) => current,
+            None => match shared.shard_iterator(run, stop).await? {
+                Some(fresh) => fresh,
+                None if *stop.borrow() => return Ok(ShardExit::Stopped),
+                None => {
+                    finish(shared, run).await?;
+                    return Ok(ShardExit::Finished);
+                }
+            },
+        };
+        let page = match shared
+            .streams
+            .get_records()
+            .shard_iterator(&current)
+            .limit(options.batch_limit.clamp(1, MAX_BATCH))
+            .send()
+            .await
+        {
+            Ok(page) => {
+                read_errors.reset();
+                page
+            }
+            Err(error) => {
+                let service = error.as_service_error();
+                if service.is_some_and(|e| e.is_expired_iterator_exception()) {
+                    tracing::debug!(shard = %run.shard_id, "iterator expired; renewing from the checkpoint");
+                    continue;
+                }
+                if service.is_some_and(|e| e.is_trimmed_data_access_exception()) {
+                    if run.position.is_some() {
+                        return Err(shared.records_lost(
+                            &run.shard_id,
+                            run.position.as_ref(),
+                            TRIMMED,
+                        ));
+                    }
+                    // The trim horizon moved while we started from it: start
+                    // from where it is now.
+                    let wait = read_errors
+                        .next_backoff()
+                        .unwrap_or(crate::apply::retry::SLOW_MAX_WAIT);
+                    if sleep_or_stop(stop, wait).await {
+                        return Ok(ShardExit::Stopped);
+                    }
+                    continue;
+                }
+                if service.is_some_and(|e| e.is_resource_not_found_exception()) {
+                    // Let GetShardIterator tell whether the shard is gone.
+                    continue;
+                }
+                match classify(&error) {
+                    ErrorClass::Fatal(message) => {
+                        return Err(shared.stream_error("GetRecords", message))
+                    }
+                    _ => {
+                        let wait = read_errors
+                            .next_backoff()
+                            .unwrap_or(crate::apply::retry::SLOW_MAX_WAIT);
+                        tracing::warn!(shard = %run.shard_id, error = %retry_describe(&error), wait_ms = wait.as_millis() as u64, "GetRecords failed; retrying");
+                        if sleep_or_stop(stop, wait).await {
+                            return Ok(ShardExit::Stopped);
+                        }
+                        // The iterator is still good unless it expired meanwhile.
+                        iterator = Some(current);
+                        continue;
+                    }
+                }
+            }
+        };
+        let next = page.next_shard_iterator().map(str::to_string);
+        let records = page.records();
+        if records.is_empty() {
+            let Some(next) = next else {
+                finish(shared, run).await?;
+                return Ok(ShardExit::Finished);
+            };
+            empty_pages += 1;
+            metrics::gauge!("projector_iterator_age_ms", "shard" => run.shard_id.clone()).set(0.0);
+            if options.drain && empty_pages >= options.empty_polls.max(1) {
+                tracing::debug!(shard = %run.shard_id, empty_pages, "shard caught up");
+                return Ok(ShardExit::CaughtUp);
+            }
+            if sleep_or_stop(stop, options.poll_interval).await {
+                return Ok(ShardExit::Stopped);
+            }
+            iterator = Some(next);
+            continue;
+        }
+        empty_pages = 0;
+        let handled_all = apply_page(shared, run, records, next.is_none()).await?;
+        if !handled_all {
+            let wait = failures
+                .next_backoff()
+                .unwrap_or(crate::apply::retry::SLOW_MAX_WAIT);
+            shared.summary.lock().expect("summary lock").rereads += 1;
+            metrics::counter!("projector_stream_rereads_total").increment(1);
+            if sleep_or_stop(stop, wait).await {
+                return Ok(ShardExit::Stopped);
+            }
+            // Read again from the checkpoint with a fresh iterator.
+            continue;
+        }
+        failures.reset();
+        match next {
+            Some(next) => iterator = Some(next),
+            None => {
+                tracing::info!(shard = %run.shard_id, records = run.records, "shard read to its end");
+                return Ok(ShardExit::Finished);
+            }
+        }
+    }
+}
+
+/// Applies one page; moves the position past its handled prefix and
+/// checkpoints. Returns whether every record was handled.
+async fn apply_page(
+    shared: &Shared,
+    run: &mut ShardRun,
+    records: &[Record],
+    last_page: bool,
+) -> Result<bool, RunErrorKind> {
+    let batch: Vec<_> = records
+        .iter()
+        .enumerate()
+        .map(|(index, record)| decode_stream_record(index, &run.shard_id, record))
+        .collect();
+    let applying = Instant::now();
+    let outcome = shared
+        .applier
+        .apply_batch(&batch, &shared.batch_options)
+        .await?;
+    let apply_ms = applying.elapsed().as_millis() as u64;
+    let n = records.len();
+    let handled = outcome.first_failure().unwrap_or(n);
+    let first_seq = sequence_number(&records[0]);
+    let statuses = &outcome.statuses[..handled];
+    if handled > 0 {
+        if let Some(seq) = records[..handled].iter().rev().find_map(sequence_number) {
+            run.position = Some(seq);
+        }
+        run.records += handled as u64;
+    }
+    let now_ms = SystemTime::now()
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as i64);
+    let lag_ms = batch[..handled]
+        .iter()
+        .rev()
+        .find_map(|r| r.as_ref().ok().and_then(|r| r.approximate_creation_ms))
+        .map(|created| (now_ms - created).max(0));
+    let bookkeeping_only = statuses
+        .iter()
+        .all(|s| matches!(s, RecordStatus::Skipped(reason) if *reason == shared.bookkeeping));
+    let finished = handled == n && last_page;
+    {
+        let mut summary = shared.summary.lock().expect("summary lock");
+        let stats = &outcome.stats;
+        summary.records += handled as u64;
+        summary.effects += stats.effects as u64;
+        summary.writes += stats.writes as u64;
+        summary.write_units += stats.write_units;
+        summary.min_billed_write_units += stats.requests.min_billed_write_units();
+        summary.read_units += stats.read_units;
+        summary.retries += stats.retries;
+        summary.batches += 1;
+        summary.dead_letters += statuses
+            .iter()
+            .filter(|s| matches!(s, RecordStatus::DeadLettered(_)))
+            .count() as u64;
+        summary.skipped += statuses
+            .iter()
+            .filter(|s| matches!(s, RecordStatus::Skipped(_)))
+            .count() as u64;
+        if let Some(lag) = lag_ms {
+            summary.last_lag_ms = Some(lag);
+            summary.max_lag_ms = Some(summary.max_lag_ms.map_or(lag, |max| max.max(lag)));
+        }
+    }
+    metrics::counter!("projector_stream_records_total").increment(handled as u64);
+    metrics::counter!("projector_stream_batches_total").increment(1);
+    if let Some(lag) = lag_ms {
+        metrics::gauge!("projector_iterator_age_ms", "shard" => run.shard_id.clone())
+            .set(lag as f64);
+    }
+    tracing::debug!(
+        shard = %run.shard_id,
+        first_sequence_number = first_seq.as_ref().map_or("", |s| s.as_str()),
+        last_sequence_number = run.position.as_ref().map_or("", |s| s.as_str()),
+        records = n,
+        handled,
+        effects = outcome.stats.effects,
+        writes = outcome.stats.writes,
+        write_units = outcome.stats.write_units,
+        dead_letters = outcome.stats.dead_letters,
+        apply_ms,
+        "batch applied"
+    );
+    if handled < n {
+        let reason = match &outcome.statuses[handled] {
+            RecordStatus::Failed(reason) => reason.as_str(),
+            _ => "",
+        };
+        tracing::warn!(
+            shard = %run.shard_id,
+            sequence_number = sequence_number(&records[handled]).as_ref().map_or("", |s| s.as_str()),
+            failed = n - handled,
+            %reason,
+            "records failed; reading again from the checkpoint after a pause"
+        );
+    }
+    // The runner's own checkpoint writes come back through the stream; a
+    // batch of nothing else must not write another one, or it never ends.
+    if (handled > 0 && !bookkeeping_only) || finished {
+        save(shared, run, finished).await?;
+    }
+    Ok(handled == n)
+}
+
+/// Marks a shard finished in its checkpoint.
+async fn finish(shared: &Shared, run: &mut ShardRun) -> Result<(), RunErrorKind> {
+    tracing::info!(shard = %run.shard_id, records = run.records, "shard read to its end");
+    save(shared, run, true).await
+}
+
+/// Writes the shard's checkpoint at its position. A write that keeps
+/// failing transiently is left for the next batch: the position is only
+/// ever behind, never ahead.
+async fn save(shared: &Shared, run: &mut ShardRun, finished: bool) -> Result<(), RunErrorKind> {
+    let Some(store) = &shared.checkpoints else {
+        return Ok(());
+    };
+    let checkpoint = Checkpoint {
+        shard_id: run.shard_id.clone(),
+        parent_shard_id: run.parent.clone(),
+        sequence_number: run.position.clone(),
+        finished,
+        records: run.records,
+        updated_at: String::new(),
+    };
+    match store
+        .save(run.durable.as_ref(), &run.unconfirmed, &checkpoint)
+        .await
+    {
+        Ok(()) => {
+            run.durable = run.position.clone();
+            run.unconfirmed.clear();
+            shared.summary.lock().expect("summary lock").checkpoints += 1;
+            metrics::counter!("projector_checkpoints_total").increment(1);
+            tracing::debug!(shard = %run.shard_id, sequence_number = run.position.as_ref().map_or("", |s| s.as_str()), finished, "checkpoint written");
+            Ok(())
+        }
+        Err(CheckpointError::Transient { operation, message }) => {
+            tracing::warn!(shard = %run.shard_id, operation, %message, "checkpoint not written; trying again after the next batch");
+            if let Some(position) = &run.position {
+                run.unconfirmed.push(position.clone());
+            }
+            Ok(())
+        }
+        Err(error) => Err(error.into()),
+    }
+}
+
+fn sequence_number(record: &Record) -> Option<SequenceNumber> {
+    record
+        .dynamodb()
+        .and_then(|s| s.sequence_number())
+        .filter(|s| !s.is_empty())
+        .map(|s| SequenceNumber(s.to_string()))
+}
+
+/// Sleeps unless asked to stop; returns whether it was.
+pub(super) async fn sleep_or_stop(stop: &mut watch::Receiver<bool>, wait: Duration) -> bool {
+    if *stop.borrow() {
+        return true;
+    }
+    tokio::select! {
+        () = tokio::time::sleep(wait) => false,
+        changed = stop.changed() => changed.is_err() || *stop.borrow(),
+    }
+}
