@@ -1,0 +1,260 @@
+//! `audit --repair`: findings fixed through the guarded write path, and
+//! counters recounted from their records.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::atomic::AtomicU64;
+
+use aws_sdk_dynamodb::types::{AttributeValue as Av, ReturnConsumedCapacity};
+
+use super::{AuditReport, Fix};
+use crate::apply::{Applier, ApplyError, BatchStats, CHANGES_ATTRIBUTE, COUNT_ATTRIBUTE};
+use crate::plan::Effect;
+
+/// Writes the fixes of an audit's findings: derived items, markers and
+/// records through the applier (reading first, guarded by the source state
+/// the scan saw, so nothing newer is undone), then counter shards that do
+/// not hold the number of records naming them (see [`recount`]).
+pub async fn repair(applier: &Applier, report: &mut AuditReport) -> Result<(), ApplyError> {
+    let mut effects: Vec<Effect> = Vec::new();
+    let mut owners: Vec<Vec<usize>> = Vec::new();
+    for (index, finding) in report.findings.iter().enumerate() {
+        if let Some(Fix::Effect(effect)) = &finding.fix {
+            match effects.iter().position(|e| e == effect.as_ref()) {
+                Some(at) => owners[at].push(index),
+                None => {
+                    effects.push(effect.as_ref().clone());
+                    owners.push(vec![index]);
+                }
+            }
+        }
+    }
+    let (results, stats) = applier.apply_effects(effects, true).await;
+    let mut total = BatchStats::default();
+    total.add(&stats);
+    for (indexes, result) in owners.into_iter().zip(results) {
+        for index in indexes {
+            match &result {
+                Ok(()) => report.findings[index].repaired = true,
+                Err(error) => report.repair_failures.push(format!(
+                    "{} {}: {error}",
+                    report.findings[index].rule, report.findings[index].key
+                )),
+            }
+        }
+    }
+    // Findings that share a repaired effect's marker are repaired with it.
+    let fixed: HashSet<String> = report
+        .findings
+        .iter()
+        .filter(|f| f.repaired)
+        .map(|f| f.key.clone())
+        .collect();
+    for finding in &mut report.findings {
+        if finding.fix.is_none() && fixed.contains(&finding.key) {
+            finding.repaired = true;
+        }
+    }
+    // Counters last, after the records are in place.
+    let mut shards: Vec<String> = Vec::new();
+    for finding in &report.findings {
+        if let Some(Fix::Recount(list)) = &finding.fix {
+            for shard in list {
+                if !shards.contains(shard) {
+                    shards.push(shard.clone());
+                }
+            }
+        }
+    }
+    if !shards.is_empty() {
+        let outcome = recount(applier, &shards, &mut total).await?;
+        for index in 0..report.findings.len() {
+            let Some(Fix::Recount(list)) = &report.findings[index].fix else {
+                continue;
+            };
+            let errors: Vec<String> = list
+                .iter()
+                .filter_map(|shard| match outcome.get(shard) {
+                    Some(Err(error)) => Some(error.clone()),
+                    _ => None,
+                })
+                .collect();
+            if errors.is_empty() {
+                report.findings[index].repaired = true;
+            }
+            for error in errors {
+                report.repair_failures.push(format!(
+                    "{} {}: {error}",
+                    report.findings[index].rule, report.findings[index].key
+                ));
+            }
+        }
+    }
+    report.repaired = report.findings.iter().filter(|f| f.repaired).count();
+    report.write_units = total.write_units;
+    report.read_units += total.read_units;
+    metrics::counter!("projector_audit_repairs_total").increment(report.repaired as u64);
+    Ok(())
+}
+
+/// A shard's count and how many transactions moved it.
+pub(super) async fn read_shards(
+    applier: &Applier,
+    shards: &[String],
+    stats: &mut BatchStats,
+) -> Result<HashMap<String, (i64, Option<i64>)>, String> {
+    let spec = applier.spec();
+    let mut out = HashMap::new();
+    for shard in shards {
+        let output = applier
+            .client()
+            .get_item()
+            .table_name(applier.table())
+            .set_key(Some(spec.table.key_item(&spec.shard_item(shard)).into()))
+            .consistent_read(true)
+            .return_consumed_capacity(ReturnConsumedCapacity::Total)
+            .send()
+            .await
+            .map_err(|e| crate::apply::retry_describe(&e))?;
+        if let Some(c) = output.consumed_capacity() {
+            stats.read_units += c.capacity_units().unwrap_or(0.0);
+        }
+        let number = |name: &str| match output.item().and_then(|i| i.get(name)) {
+            Some(Av::N(n)) => n.parse::<i64>().ok(),
+            _ => None,
+        };
+        out.insert(
+            shard.clone(),
+            (
+                number(COUNT_ATTRIBUTE).unwrap_or(0),
+                number(CHANGES_ATTRIBUTE),
+            ),
+        );
+    }
+    Ok(out)
+}
+
+/// Sets each shard to the number of records naming it, without racing
+/// the live worker: every transaction that adds, moves or removes a record
+/// also bumps the shard's `changes`. The shards are read, the table is
+/// scanned for their records, the shards are read again; a shard no
+/// transaction moved meanwhile had exactly the records counted, and is
+/// corrected on condition that it still has not moved. One that did is
+/// reported ("run the audit again").
+pub(super) async fn recount(
+    applier: &Applier,
+    shards: &[String],
+    stats: &mut BatchStats,
+) -> Result<HashMap<String, Result<i64, String>>, ApplyError> {
+    let fatal = |message: String| ApplyError::Fatal {
+        table: applier.table().to_string(),
+        message,
+    };
+    let before = read_shards(applier, shards, stats).await.map_err(fatal)?;
+    let wanted: HashSet<&str> = shards.iter().map(String::as_str).collect();
+    let records = count_records(applier, &wanted, stats).await?;
+    let after = read_shards(applier, shards, stats).await.map_err(fatal)?;
+    let spec = applier.spec();
+    let mut outcome = HashMap::new();
+    for shard in shards {
+        let (count, changes) = after[shard];
+        if before[shard] != after[shard] {
+            outcome.insert(
+                shard.clone(),
+                Err(format!(
+                    "shard {shard} changed while its records were counted; run the audit again"
+                )),
+            );
+            continue;
+        }
+        let named = records.get(shard.as_str()).copied().unwrap_or(0);
+        let delta = named - count;
+        if delta == 0 {
+            outcome.insert(shard.clone(), Ok(named));
+            continue;
+        }
+        let mut request = applier
+            .client()
+            .update_item()
+            .table_name(applier.table())
+            .set_key(Some(spec.table.key_item(&spec.shard_item(shard)).into()))
+            .update_expression("ADD #c :d, #n :one")
+            .expression_attribute_names("#c", COUNT_ATTRIBUTE)
+            .expression_attribute_names("#n", CHANGES_ATTRIBUTE)
+            .expression_attribute_values(":d", Av::N(delta.to_string()))
+            .expression_attribute_values(":one", Av::N("1".to_string()))
+            .return_consumed_capacity(ReturnConsumedCapacity::Total);
+        request = match changes {
+            Some(changes) => request
+                .condition_expression("#n = :seen")
+                .expression_attribute_values(":seen", Av::N(changes.to_string())),
+            None => request.condition_expression("attribute_not_exists(#n)"),
+        };
+        let result = match request.send().await {
+            Ok(output) => {
+                if let Some(c) = output.consumed_capacity() {
+                    stats.write_units += c.capacity_units().unwrap_or(0.0);
+                }
+                Ok(named)
+            }
+            Err(error) => Err(format!(
+                "shard {shard} changed while repairing; run the audit again ({})",
+                crate::apply::retry_describe(&error)
+            )),
+        };
+        outcome.insert(shard.clone(), result);
+    }
+    Ok(outcome)
+}
+
+/// The records naming each of `shards`, from a full scan that keeps
+/// nothing else.
+pub(super) async fn count_records(
+    applier: &Applier,
+    shards: &HashSet<&str>,
+    stats: &mut BatchStats,
+) -> Result<HashMap<String, i64>, ApplyError> {
+    let mut counts: HashMap<String, i64> = HashMap::new();
+    let mut start: Option<HashMap<String, Av>> = None;
+    loop {
+        let request = applier
+            .client()
+            .scan()
+            .table_name(applier.table())
+            .consistent_read(true)
+            .set_exclusive_start_key(start.clone())
+            .return_consumed_capacity(ReturnConsumedCapacity::Total);
+        let retries = AtomicU64::new(0);
+        let page = crate::apply::with_retries(
+            "audit_recount",
+            std::time::Duration::from_secs(60),
+            &retries,
+            || {
+                let request = request.clone();
+                async move { request.send().await.map_err(crate::apply::sdk) }
+            },
+        )
+        .await
+        .map_err(|e| ApplyError::Fatal {
+            table: applier.table().to_string(),
+            message: format!("the recount's scan failed: {e}"),
+        })?;
+        if let Some(c) = page.consumed_capacity() {
+            stats.read_units += c.capacity_units().unwrap_or(0.0);
+        }
+        for item in page.items() {
+            if let Some(Av::M(records)) = item.get(crate::spec::RECORDS_ATTRIBUTE) {
+                for value in records.values() {
+                    if let Av::S(shard) = value {
+                        if shards.contains(shard.as_str()) {
+                            *counts.entry(shard.clone()).or_insert(0) += 1;
+                        }
+                    }
+                }
+            }
+        }
+        match page.last_evaluated_key() {
+            Some(key) if !key.is_empty() => start = Some(key.clone()),
+            _ => return Ok(counts),
+        }
+    }
+}

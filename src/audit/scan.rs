@@ -1,0 +1,187 @@
+//! Reading the table: segments scanned in parallel with progress, each
+//! item classified into the snapshot the checks read.
+
+use std::collections::HashMap;
+use std::io::IsTerminal;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Instant;
+
+use aws_sdk_dynamodb::types::{AttributeValue as Av, ReturnConsumedCapacity};
+
+use super::Snapshot;
+use crate::apply::{Applier, ApplyError, COUNT_ATTRIBUTE};
+use crate::record::Item;
+use crate::spec::{ProjectionId, ProjectionKind, Spec, RESERVED_PREFIX};
+
+/// The counter a shard partition key belongs to, and its values joined by
+/// `#` (`COUNTER#followers#b#3` -> followers, `b`).
+pub(super) fn parse_shard(spec: &Spec, pk: &str) -> Option<(ProjectionId, String)> {
+    let rest = pk.strip_prefix("COUNTER#")?;
+    spec.projections
+        .iter()
+        .enumerate()
+        .find_map(|(id, projection)| {
+            let ProjectionKind::Counter(counter) = &projection.kind else {
+                return None;
+            };
+            let rest = rest
+                .strip_prefix(counter.storage.as_str())?
+                .strip_prefix('#')?;
+            let (values, shard) = rest.rsplit_once('#')?;
+            shard.parse::<u32>().ok()?;
+            Some((id, values.to_string()))
+        })
+}
+
+pub(super) fn classify(spec: &Spec, item: Item, snapshot: &mut Snapshot) {
+    let Some(key) = spec.table.item_key(&item) else {
+        return;
+    };
+    for value in crate::apply::records_of(&item).values() {
+        if let crate::record::AttributeValue::S(shard) = value {
+            *snapshot.records.entry(shard.clone()).or_insert(0) += 1;
+        }
+    }
+    if key.pk.starts_with(RESERVED_PREFIX) {
+        // Counters' own markers, also of a counter this spec no longer
+        // reads so (its source changed) while they still count.
+        if spec.parse_counter_marker(&key).is_some()
+            || key.pk.starts_with(crate::spec::COUNTER_MARKER_PREFIX)
+                && item.contains_key(crate::spec::RECORDS_ATTRIBUTE)
+        {
+            snapshot.markers.insert(key, item);
+        }
+        return;
+    }
+    if spec.table.sort_key.is_none() || key.sk.as_deref() == Some("COUNTER") {
+        if let Some((id, values)) = parse_shard(spec, &key.pk) {
+            let count = match item.get(COUNT_ATTRIBUTE) {
+                Some(crate::record::AttributeValue::N(n)) => n.parse::<i64>().unwrap_or(0),
+                _ => 0,
+            };
+            snapshot.shards.insert(key.pk, (id, values, count));
+            return;
+        }
+    }
+    let mut vars = Vec::new();
+    if let Some(entity) = spec.match_entity(&key.pk, key.sk.as_deref(), &mut vars) {
+        snapshot.items.push((entity, key, item));
+    } else if item.contains_key(crate::spec::RECORDS_ATTRIBUTE) {
+        // An item of an entity the spec no longer has, still counted in.
+        snapshot.markers.insert(key, item);
+    }
+}
+
+pub(super) async fn scan_segment(
+    applier: &Applier,
+    segment: u32,
+    total: u32,
+    page_size: Option<i32>,
+    read_micro: &AtomicU64,
+    progress: &Progress,
+) -> Result<Vec<Item>, ApplyError> {
+    let mut items = Vec::new();
+    let mut start: Option<HashMap<String, Av>> = None;
+    loop {
+        let request = applier
+            .client()
+            .scan()
+            .table_name(applier.table())
+            .segment(segment as i32)
+            .total_segments(total as i32)
+            .consistent_read(true)
+            .set_limit(page_size)
+            .set_exclusive_start_key(start.clone())
+            .return_consumed_capacity(ReturnConsumedCapacity::Total);
+        let retries = AtomicU64::new(0);
+        let page = crate::apply::with_retries(
+            "audit_scan",
+            std::time::Duration::from_secs(60),
+            &retries,
+            || {
+                let request = request.clone();
+                async move { request.send().await.map_err(crate::apply::sdk) }
+            },
+        )
+        .await
+        .map_err(|e| ApplyError::Fatal {
+            table: applier.table().to_string(),
+            message: format!("scan of segment {segment} failed: {e}"),
+        })?;
+        if let Some(c) = page.consumed_capacity() {
+            read_micro.fetch_add(
+                (c.capacity_units().unwrap_or(0.0) * 1e6) as u64,
+                Ordering::Relaxed,
+            );
+        }
+        progress.advance(page.items().len() as u64);
+        for raw in page.items() {
+            let item = crate::decode::item_from_sdk(raw.clone()).map_err(|error| {
+                let key = applier.spec().table.key_attributes(raw);
+                ApplyError::Fatal {
+                    table: applier.table().to_string(),
+                    message: format!(
+                        "cannot audit the item {}: {error}",
+                        crate::decode::item_json(&key)
+                    ),
+                }
+            })?;
+            items.push(item);
+        }
+        match page.last_evaluated_key() {
+            Some(key) if !key.is_empty() => start = Some(key.clone()),
+            _ => return Ok(items),
+        }
+    }
+}
+
+/// A bar on a terminal, log lines every few seconds otherwise.
+pub(super) struct Progress {
+    bar: indicatif::ProgressBar,
+    enabled: bool,
+    terminal: bool,
+    scanned: AtomicU64,
+    last_log: std::sync::Mutex<Instant>,
+}
+
+impl Progress {
+    pub(super) fn new(enabled: bool, estimate: Option<u64>) -> Progress {
+        let terminal = enabled && std::io::stderr().is_terminal();
+        let bar = if terminal {
+            let bar = indicatif::ProgressBar::new(estimate.unwrap_or(0));
+            bar.set_style(
+                indicatif::ProgressStyle::with_template(
+                    "{prefix} [{elapsed_precise}] {wide_bar} {pos}/~{len} items ({per_sec}, eta {eta})",
+                )
+                .expect("valid template"),
+            );
+            bar.set_prefix("audit");
+            bar
+        } else {
+            indicatif::ProgressBar::hidden()
+        };
+        Progress {
+            bar,
+            enabled,
+            terminal,
+            scanned: AtomicU64::new(0),
+            last_log: std::sync::Mutex::new(Instant::now()),
+        }
+    }
+
+    pub(super) fn advance(&self, n: u64) {
+        self.bar.inc(n);
+        let scanned = self.scanned.fetch_add(n, Ordering::Relaxed) + n;
+        if self.enabled && !self.terminal {
+            let mut last = self.last_log.lock().expect("not poisoned");
+            if last.elapsed().as_secs() >= 5 {
+                *last = Instant::now();
+                tracing::info!(scanned, "audit progress");
+            }
+        }
+    }
+
+    pub(super) fn finish(&self) {
+        self.bar.finish_and_clear();
+    }
+}
