@@ -806,6 +806,19 @@ impl Applier {
         DeadLetterStore::new(self.client.clone(), &self.table, &self.spec)
     }
 
+    /// This applier writing no dead letter: what applies an item's
+    /// current state during a redrive fails without one (the item's
+    /// letters keep their records).
+    fn without_letters(&self) -> Applier {
+        Applier {
+            config: super::ApplyConfig {
+                dead_letters: false,
+                ..self.config.clone()
+            },
+            ..self.clone()
+        }
+    }
+
     /// Applies dead letters again (after a fix), item by item in stream
     /// order, and removes those that succeed. An item's letters go in one
     /// batch, whatever their projections (each record once, for the
@@ -936,14 +949,7 @@ impl Applier {
             if let (true, Some(key)) = (cut < records.len(), &group[0].source_key) {
                 let last = &group[group.len() - 1];
                 let now = self.current_state(0, last, key).await.map_err(fatal)?;
-                let probe = Applier {
-                    config: super::ApplyConfig {
-                        dead_letters: false,
-                        ..self.config.clone()
-                    },
-                    ..self.clone()
-                };
-                let outcome = probe.apply_batch(&[now], &options).await?;
+                let outcome = self.without_letters().apply_batch(&[now], &options).await?;
                 if outcome.statuses.first().is_some_and(handled) {
                     cut = records.len();
                 }
@@ -964,14 +970,8 @@ impl Applier {
             if let (false, Some(key)) = (olds.is_empty(), &group[0].source_key) {
                 let last = &group[group.len() - 1];
                 let now = self.current_state(0, last, key).await.map_err(fatal)?;
-                let old_versions = Applier {
-                    config: super::ApplyConfig {
-                        dead_letters: false,
-                        ..self.config.clone()
-                    },
-                    ..self.clone()
-                };
-                let outcome = old_versions
+                let outcome = self
+                    .without_letters()
                     .apply_batch(
                         &[now],
                         &BatchOptions {
