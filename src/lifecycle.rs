@@ -1082,7 +1082,10 @@ impl Registry {
                         (generation, counter.storage.clone(), counter.shards, vars)
                     })
                 }
-                _ => None,
+                ProjectionKind::IndexKeys(_)
+                | ProjectionKind::Denormalize(_)
+                | ProjectionKind::InverseEdge(_)
+                | ProjectionKind::Custom(_) => None,
             };
             let mut update = aws_sdk_dynamodb::types::Update::builder()
                 .table_name(&self.table)
@@ -1584,7 +1587,10 @@ fn custom_projections(spec: &Spec) -> Vec<Arc<dyn crate::plan::CustomProjection>
         .iter()
         .filter_map(|p| match &p.kind {
             ProjectionKind::Custom(custom) => Some(custom.clone()),
-            _ => None,
+            ProjectionKind::IndexKeys(_)
+            | ProjectionKind::Denormalize(_)
+            | ProjectionKind::InverseEdge(_)
+            | ProjectionKind::Counter(_) => None,
         })
         .collect()
 }

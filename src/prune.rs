@@ -181,7 +181,11 @@ fn derived_here(spec: &Spec, pk: &str, sk: Option<&str>) -> (BTreeSet<String>, b
                 reverse_item = true;
                 names.extend(p.copy.iter().map(|(n, _)| n.clone()));
             }
-            _ => {}
+            ProjectionKind::IndexKeys(_)
+            | ProjectionKind::Denormalize(_)
+            | ProjectionKind::InverseEdge(_)
+            | ProjectionKind::Counter(_)
+            | ProjectionKind::Custom(_) => {}
         }
     }
     (names, reverse_item)
@@ -208,7 +212,10 @@ pub fn actions(current: &Spec, retired: &[Retired], item: &HashMap<String, Av>) 
         .iter()
         .filter_map(|r| match r.kind() {
             ProjectionKind::Counter(counter) => Some(counter.storage.as_str()),
-            _ => None,
+            ProjectionKind::IndexKeys(_)
+            | ProjectionKind::Denormalize(_)
+            | ProjectionKind::InverseEdge(_)
+            | ProjectionKind::Custom(_) => None,
         })
         .collect();
     let (kept_names, derived_reverse) = derived_here(current, pk, sk);

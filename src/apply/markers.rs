@@ -157,7 +157,10 @@ pub(crate) fn known_counters(spec: &Spec) -> Vec<String> {
         .iter()
         .filter_map(|p| match &p.kind {
             ProjectionKind::Counter(c) => Some(c.storage.clone()),
-            _ => None,
+            ProjectionKind::IndexKeys(_)
+            | ProjectionKind::Denormalize(_)
+            | ProjectionKind::InverseEdge(_)
+            | ProjectionKind::Custom(_) => None,
         })
         .chain(spec.frozen.iter().cloned())
         .collect()
@@ -180,7 +183,11 @@ pub(crate) fn foreign_attributes(
         let written = match &other.kind {
             ProjectionKind::IndexKeys(keys) if keys.entity == edge.target => &keys.set,
             ProjectionKind::Denormalize(copy) if copy.target == edge.target => &copy.copy,
-            _ => continue,
+            ProjectionKind::IndexKeys(_)
+            | ProjectionKind::Denormalize(_)
+            | ProjectionKind::InverseEdge(_)
+            | ProjectionKind::Counter(_)
+            | ProjectionKind::Custom(_) => continue,
         };
         out.extend(written.iter().map(|(name, _)| name.clone()));
     }
@@ -203,7 +210,10 @@ pub(crate) fn marker_change<'e>(spec: &Spec, effect: &'e Effect) -> Option<Marke
                 ProjectionKind::InverseEdge(edge) => {
                     edge.copy.iter().map(|(name, _)| name.clone()).collect()
                 }
-                _ => Vec::new(),
+                ProjectionKind::IndexKeys(_)
+                | ProjectionKind::Denormalize(_)
+                | ProjectionKind::Counter(_)
+                | ProjectionKind::Custom(_) => Vec::new(),
             };
             MarkerChange {
                 key: marker,

@@ -346,7 +346,7 @@ fn echo_notes(spec: &Spec) -> Vec<String> {
                 "index-keys `{}`: the projector's own writes of the derived attributes come back as MODIFY records of `{}`, which pass and write nothing",
                 projection.name, spec.entities[p.entity].name
             )),
-            _ => {}
+            ProjectionKind::InverseEdge(_) | ProjectionKind::Counter(_) | ProjectionKind::Custom(_) => {}
         }
     }
     notes

@@ -239,7 +239,11 @@ pub(super) fn plan_counter(
                     {
                         Some(other)
                     }
-                    _ => None,
+                    ProjectionKind::IndexKeys(_)
+                    | ProjectionKind::Denormalize(_)
+                    | ProjectionKind::InverseEdge(_)
+                    | ProjectionKind::Counter(_)
+                    | ProjectionKind::Custom(_) => None,
                 });
         if first_selected != Some(id) {
             return Ok(());

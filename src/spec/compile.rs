@@ -376,7 +376,11 @@ impl Compiler {
                             .iter()
                             .find(|(attr, _)| *attr == gsi.partition_key)
                             .map(|(_, template)| (id, template.clone())),
-                        _ => None,
+                        ProjectionKind::IndexKeys(_)
+                        | ProjectionKind::Denormalize(_)
+                        | ProjectionKind::InverseEdge(_)
+                        | ProjectionKind::Counter(_)
+                        | ProjectionKind::Custom(_) => None,
                     });
                 let Some((projection, template)) = derived else {
                     // A projection that would derive it but did not compile
@@ -826,7 +830,10 @@ impl Compiler {
                 ProjectionKind::InverseEdge(edge) => {
                     Some((id, p.name.clone(), edge.source, edge.when.clone()))
                 }
-                _ => None,
+                ProjectionKind::IndexKeys(_)
+                | ProjectionKind::Denormalize(_)
+                | ProjectionKind::Counter(_)
+                | ProjectionKind::Custom(_) => None,
             })
             .collect();
         for projection in projections.iter_mut() {
@@ -867,7 +874,11 @@ impl Compiler {
                         ProjectionKind::InverseEdge(e) if e.target == edge.target => &e.copy,
                         ProjectionKind::Denormalize(d) if d.target == edge.target => &d.copy,
                         ProjectionKind::IndexKeys(k) if k.entity == edge.target => &k.set,
-                        _ => continue,
+                        ProjectionKind::IndexKeys(_)
+                        | ProjectionKind::Denormalize(_)
+                        | ProjectionKind::InverseEdge(_)
+                        | ProjectionKind::Counter(_)
+                        | ProjectionKind::Custom(_) => continue,
                     };
                     if written.iter().any(|(attr, _)| attr == ttl) {
                         self.error(
@@ -892,7 +903,9 @@ impl Compiler {
             let edge = match &projection.kind {
                 ProjectionKind::Denormalize(p) => Some((p.source, p.target)),
                 ProjectionKind::InverseEdge(p) => Some((p.source, p.target)),
-                _ => None,
+                ProjectionKind::IndexKeys(_)
+                | ProjectionKind::Counter(_)
+                | ProjectionKind::Custom(_) => None,
             };
             if let Some((from, to)) = edge {
                 graph
@@ -966,7 +979,7 @@ impl Compiler {
                 ProjectionKind::IndexKeys(p) => (p.entity, &p.set),
                 ProjectionKind::Denormalize(p) => (p.target, &p.copy),
                 ProjectionKind::InverseEdge(p) => (p.target, &p.copy),
-                _ => continue,
+                ProjectionKind::Counter(_) | ProjectionKind::Custom(_) => continue,
             };
             for (attr, _) in written {
                 writers
@@ -998,7 +1011,10 @@ impl Compiler {
             .iter()
             .filter_map(|p| match &p.kind {
                 ProjectionKind::IndexKeys(keys) => Some((p.name.as_str(), keys)),
-                _ => None,
+                ProjectionKind::Denormalize(_)
+                | ProjectionKind::InverseEdge(_)
+                | ProjectionKind::Counter(_)
+                | ProjectionKind::Custom(_) => None,
             })
             .collect();
         let feeds = |a: &IndexKeys, b: &IndexKeys| {

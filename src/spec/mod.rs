@@ -629,7 +629,10 @@ impl Spec {
     pub fn storage(&self, id: ProjectionId) -> &str {
         match &self.projections[id].kind {
             ProjectionKind::Counter(c) => &c.storage,
-            _ => &self.projections[id].name,
+            ProjectionKind::IndexKeys(_)
+            | ProjectionKind::Denormalize(_)
+            | ProjectionKind::InverseEdge(_)
+            | ProjectionKind::Custom(_) => &self.projections[id].name,
         }
     }
 
@@ -716,7 +719,11 @@ impl Spec {
                 ProjectionKind::Counter(c) if c.storage != p.name => {
                     format!("{}={:016x}@{}", p.name, p.fingerprint, c.storage)
                 }
-                _ => format!("{}={:016x}", p.name, p.fingerprint),
+                ProjectionKind::IndexKeys(_)
+                | ProjectionKind::Denormalize(_)
+                | ProjectionKind::InverseEdge(_)
+                | ProjectionKind::Counter(_)
+                | ProjectionKind::Custom(_) => format!("{}={:016x}", p.name, p.fingerprint),
             })
             .collect();
         compile::fingerprint(&all.join(","))
