@@ -318,9 +318,9 @@ fn recompute(spec: &Spec, records: &[ChangeRecord]) {
         .filter_map(|record| record.new_image.as_ref().map(Image::to_item))
         .filter(|item| spec.table.item_key(item).is_some())
         .collect();
-    for (id, projection) in spec.projections.iter().enumerate() {
-        if matches!(projection.kind, ProjectionKind::Denormalize(_)) {
-            let _ = compute_denormalized(spec, id, &items).map_err(|error| error.to_string());
+    for projection in &spec.projections {
+        if let ProjectionKind::Denormalize(p) = &projection.kind {
+            let _ = compute_denormalized(spec, p, &items).map_err(|error| error.to_string());
         }
     }
 }

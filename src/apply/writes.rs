@@ -10,7 +10,7 @@ use super::retry::{sdk, with_retries, ErrorClass, WriteError};
 use crate::decode::item_from_sdk;
 use crate::plan::{compute_denormalized, SourceQuery};
 use crate::record::{AttributeValue, Item, ItemKey};
-use crate::spec::{values_equal, ProjectionId};
+use crate::spec::{values_equal, ProjectionId, ProjectionKind};
 
 use super::ctx::Ctx;
 use super::reads::read_sources;
@@ -134,6 +134,19 @@ pub(crate) async fn recompute(
     sources: &SourceQuery,
 ) -> Result<(), WriteError> {
     const ATTEMPTS: usize = 6;
+    // Only a denormalize plans a recompute.
+    let p = match &ctx.spec.projections[projection].kind {
+        ProjectionKind::Denormalize(p) => p,
+        ProjectionKind::IndexKeys(_)
+        | ProjectionKind::InverseEdge(_)
+        | ProjectionKind::Counter(_)
+        | ProjectionKind::Custom(_) => {
+            return Err(WriteError::Fatal(format!(
+                "a recompute was planned for `{}`, which is not a denormalize",
+                ctx.spec.projections[projection].name
+            )))
+        }
+    };
     let key = ctx.key(target);
     for _ in 0..ATTEMPTS {
         ctx.count(|r| &mut r.recompute_reads);
@@ -163,7 +176,7 @@ pub(crate) async fn recompute(
             .map_err(|error| WriteError::Poison(format!("the target {target}: {error}")))?;
         let items = read_sources(ctx, sources).await?;
         ctx.remember_read(sources, &items);
-        let wanted = compute_denormalized(ctx.spec, projection, &items).map_err(|error| {
+        let wanted = compute_denormalized(ctx.spec, p, &items).map_err(|error| {
             WriteError::Poison(format!(
                 "cannot compute the target {target} from its sources: {error}"
             ))

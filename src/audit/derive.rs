@@ -103,7 +103,7 @@ pub(super) fn derived(spec: &Spec, snapshot: &Snapshot, out: &mut Vec<Finding>) 
                         continue;
                     }
                     let own = sources.get(key).map(Vec::as_slice).unwrap_or(&[]);
-                    let expected = match crate::plan::compute_denormalized(spec, id, own) {
+                    let expected = match crate::plan::compute_denormalized(spec, p, own) {
                         Ok(expected) => expected,
                         Err(error) => {
                             let mut f = finding(spec, id, Problem::Underivable, key);

@@ -10,7 +10,7 @@
 
 use super::{changed, Effect, Op, PlanProblem, SourceQuery, Subject};
 use crate::record::{AttributeValue, ChangeKind, Image, Item};
-use crate::spec::{Denormalize, EntityId, ProjectionId, ProjectionKind, RenderError, Spec};
+use crate::spec::{Denormalize, EntityId, ProjectionId, RenderError, Spec};
 
 pub(super) fn plan(
     spec: &Spec,
@@ -80,12 +80,9 @@ pub(super) fn plan(
 /// smallest sort key wins, so every worker picks the same one.
 pub fn compute_denormalized(
     spec: &Spec,
-    projection: ProjectionId,
+    p: &Denormalize,
     sources: &[Item],
 ) -> Result<Vec<(String, Option<AttributeValue>)>, RenderError> {
-    let ProjectionKind::Denormalize(p) = &spec.projections[projection].kind else {
-        panic!("compute_denormalized called for a projection that is not a denormalize");
-    };
     let entity = &spec.entities[p.source];
     let mut chosen: Option<(&str, &Item)> = None;
     for item in sources {

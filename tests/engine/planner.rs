@@ -508,7 +508,10 @@ fn denormalized(sources: Value) -> String {
         panic!("a list of items")
     };
     let items: Vec<_> = sources.iter().map(item).collect();
-    match compute_denormalized(spec, id, &items) {
+    let ddb_projector::spec::ProjectionKind::Denormalize(p) = &spec.projections[id].kind else {
+        panic!("profile-primary-email is a denormalize")
+    };
+    match compute_denormalized(spec, p, &items) {
         Ok(attributes) => attributes
             .iter()
             .map(|(name, value)| match value {
