@@ -22,17 +22,6 @@ fn attrs(pairs: &[(&str, Av)]) -> Attrs {
     support::item(pairs)
 }
 
-async fn setup(
-    spec_file: &str,
-    prefix: &str,
-) -> (Applier, aws_sdk_dynamodb::Client, String, Arc<Spec>) {
-    let client = support::client().await;
-    let spec = support::shipped_spec(spec_file);
-    let table = support::fresh_table(&client, &spec, prefix).await;
-    let applier = Applier::new(client.clone(), spec.clone(), &table, ApplyConfig::default());
-    (applier, client, table, spec)
-}
-
 async fn write(client: &aws_sdk_dynamodb::Client, table: &str, item: &Attrs) {
     client
         .put_item()
@@ -45,7 +34,13 @@ async fn write(client: &aws_sdk_dynamodb::Client, table: &str, item: &Attrs) {
 
 #[tokio::test]
 async fn index_keys_are_derived_once_and_stale_records_do_not_overwrite() {
-    let (applier, client, table, _) = setup("user-service.toml", "ik").await;
+    let support::Fixture {
+        applier,
+        client,
+        table,
+        spec: _,
+        ..
+    } = support::fixture(support::shipped_spec("user-service.toml"), "ik").await;
     let v1 = email("u1", "e1", "  Sam@X.org ", true);
     write(&client, &table, &v1).await;
     let insert = change(1, ChangeKind::Insert, None, Some(&v1));
@@ -96,7 +91,13 @@ async fn index_keys_are_derived_once_and_stale_records_do_not_overwrite() {
 /// the profile ends with e2's address.
 #[tokio::test]
 async fn denormalized_profile_email_converges_in_every_order() {
-    let (applier, client, table, _) = setup("user-service.toml", "dn").await;
+    let support::Fixture {
+        applier,
+        client,
+        table,
+        spec: _,
+        ..
+    } = support::fixture(support::shipped_spec("user-service.toml"), "dn").await;
     let e1_plain = email("u1", "e1", "one@x.org", false);
     let e1_primary = email("u1", "e1", "one@x.org", true);
     let e2_plain = email("u1", "e2", "two@x.org", false);
@@ -159,7 +160,13 @@ async fn denormalized_profile_email_converges_in_every_order() {
 
 #[tokio::test]
 async fn profile_email_is_removed_when_no_email_is_primary() {
-    let (applier, client, table, _) = setup("user-service.toml", "dn0").await;
+    let support::Fixture {
+        applier,
+        client,
+        table,
+        spec: _,
+        ..
+    } = support::fixture(support::shipped_spec("user-service.toml"), "dn0").await;
     let mut p = profile("u1");
     p.insert("email".into(), s("old@x.org"));
     write(&client, &table, &p).await;
@@ -203,7 +210,13 @@ async fn counter(
 
 #[tokio::test]
 async fn counters_stay_exact_under_duplicates_bisection_and_replay() {
-    let (applier, client, table, spec) = setup("social-service.toml", "cnt").await;
+    let support::Fixture {
+        applier,
+        client,
+        table,
+        spec,
+        ..
+    } = support::fixture(support::shipped_spec("social-service.toml"), "cnt").await;
     let follows: Vec<Attrs> = (0..40)
         .map(|i| follow(&format!("f{i}"), "hot", FOLLOWED_AT))
         .collect();
@@ -273,7 +286,13 @@ async fn counters_stay_exact_under_duplicates_bisection_and_replay() {
 /// not where the batch suggests, still count exactly.
 #[tokio::test]
 async fn a_follow_undone_or_redone_within_a_batch_cancels_no_transaction() {
-    let (applier, client, table, spec) = setup("social-service.toml", "undo").await;
+    let support::Fixture {
+        applier,
+        client,
+        table,
+        spec,
+        ..
+    } = support::fixture(support::shipped_spec("social-service.toml"), "undo").await;
     let all = BatchOptions::default();
     let old = follow("old", "hot", "t1");
     let first = vec![change(1, ChangeKind::Insert, None, Some(&old))];
@@ -349,7 +368,13 @@ async fn a_follow_undone_or_redone_within_a_batch_cancels_no_transaction() {
 
 #[tokio::test]
 async fn concurrent_deliveries_of_one_batch_count_once() {
-    let (applier, client, table, spec) = setup("social-service.toml", "conc").await;
+    let support::Fixture {
+        applier,
+        client,
+        table,
+        spec,
+        ..
+    } = support::fixture(support::shipped_spec("social-service.toml"), "conc").await;
     let records: Vec<_> = (0..60)
         .map(|i| {
             change(
@@ -380,7 +405,13 @@ async fn concurrent_deliveries_of_one_batch_count_once() {
 
 #[tokio::test]
 async fn a_poison_record_is_dead_lettered_and_later_records_of_its_item_are_held() {
-    let (applier, client, table, _) = setup("social-service.toml", "dlq").await;
+    let support::Fixture {
+        applier,
+        client,
+        table,
+        spec: _,
+        ..
+    } = support::fixture(support::shipped_spec("social-service.toml"), "dlq").await;
     let bad = attrs(&[
         ("PK", s("USER#u1")),
         ("SK", s("ACHIEVEMENT#b1")),
@@ -561,7 +592,13 @@ async fn redrive_after_a_spec_fix_applies_letters_in_order_and_releases_the_hold
 
 #[tokio::test]
 async fn a_derived_write_dynamodb_rejects_is_dead_lettered() {
-    let (applier, client, table, _) = setup("user-service.toml", "reject").await;
+    let support::Fixture {
+        applier,
+        client,
+        table,
+        spec: _,
+        ..
+    } = support::fixture(support::shipped_spec("user-service.toml"), "reject").await;
     // A GSI partition key may be at most 2048 bytes: DynamoDB rejects the write.
     let long = format!("{}@x.org", "a".repeat(3000));
     let e = email("u1", "e1", &long, false);
@@ -594,7 +631,13 @@ async fn a_derived_write_dynamodb_rejects_is_dead_lettered() {
 
 #[tokio::test]
 async fn undecodable_records_are_dead_lettered_whole() {
-    let (applier, _client, _table, _) = setup("user-service.toml", "undec").await;
+    let support::Fixture {
+        applier,
+        client: _client,
+        table: _table,
+        spec: _,
+        ..
+    } = support::fixture(support::shipped_spec("user-service.toml"), "undec").await;
     let problem = DecodeProblem {
         index: 0,
         event_id: Some("bad-1".into()),
@@ -616,7 +659,13 @@ async fn undecodable_records_are_dead_lettered_whole() {
 
 #[tokio::test]
 async fn unrelated_and_bookkeeping_records_write_nothing() {
-    let (applier, client, table, _) = setup("user-service.toml", "skip").await;
+    let support::Fixture {
+        applier,
+        client,
+        table,
+        spec: _,
+        ..
+    } = support::fixture(support::shipped_spec("user-service.toml"), "skip").await;
     let other = attrs(&[("PK", s("ORDER#1")), ("SK", s("ITEM#1"))]);
     let mine = attrs(&[("PK", s("_ddbp#checkpoint")), ("SK", s("x"))]);
     put(
@@ -664,7 +713,13 @@ fn email_of_size(user: &str, size: usize) -> Attrs {
 async fn an_item_near_the_400_kb_limit_whose_derived_keys_do_not_fit_is_dead_lettered_without_its_images(
 ) {
     const LIMIT: usize = 400 * 1024;
-    let (applier, client, table, _) = setup("user-service.toml", "big").await;
+    let support::Fixture {
+        applier,
+        client,
+        table,
+        spec: _,
+        ..
+    } = support::fixture(support::shipped_spec("user-service.toml"), "big").await;
     // GSI1PK = EMAIL#sam@x.org and GSI1SK = USER#uN add 34 bytes.
     let too_big = email_of_size("u1", LIMIT - 10);
     let fits = email_of_size("u2", LIMIT - 100);
@@ -740,7 +795,13 @@ async fn an_item_near_the_400_kb_limit_whose_derived_keys_do_not_fit_is_dead_let
 
 #[tokio::test]
 async fn a_source_read_holding_a_type_newer_than_this_build_dead_letters_its_record_only() {
-    let (_, client, table, spec) = setup("user-service.toml", "dnunk").await;
+    let support::Fixture {
+        applier: _,
+        client,
+        table,
+        spec,
+        ..
+    } = support::fixture(support::shipped_spec("user-service.toml"), "dnunk").await;
     let (one, two) = (
         email("u1", "e1", "one@x.org", true),
         email("u2", "e1", "two@x.org", true),

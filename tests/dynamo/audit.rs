@@ -6,7 +6,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use aws_sdk_dynamodb::types::AttributeValue as Av;
-use ddb_projector::apply::{Applier, ApplyConfig, BatchOptions};
+use ddb_projector::apply::{Applier, BatchOptions};
 use ddb_projector::audit::{audit, AuditOptions, AuditReport, Problem};
 use ddb_projector::backfill::{backfill, BackfillOptions};
 use ddb_projector::counter::read_counter;
@@ -17,13 +17,6 @@ use super::model::{change, email_verified as email};
 use super::support::{self, delete, get, put, s, text};
 
 type Attrs = HashMap<String, Av>;
-
-async fn setup(spec: Arc<Spec>, prefix: &str) -> (aws_sdk_dynamodb::Client, String, Applier) {
-    let client = support::client().await;
-    let table = support::fresh_table(&client, &spec, prefix).await;
-    let applier = Applier::new(client.clone(), spec, &table, ApplyConfig::default());
-    (client, table, applier)
-}
 
 async fn derive_everything(applier: &Applier) {
     let summary = backfill(
@@ -83,7 +76,12 @@ async fn follow(client: &aws_sdk_dynamodb::Client, table: &str, a: &str, b: &str
 #[tokio::test]
 async fn audit_finds_exactly_the_planted_social_drift_and_repair_makes_it_clean() {
     let spec = support::shipped_spec("social-service.toml");
-    let (client, table, applier) = setup(spec.clone(), "audit-social").await;
+    let support::Fixture {
+        client,
+        table,
+        applier,
+        ..
+    } = support::fixture(spec.clone(), "audit-social").await;
     for (a, b) in [("a", "b"), ("c", "b"), ("d", "b"), ("b", "a")] {
         follow(&client, &table, a, b).await;
     }
@@ -220,7 +218,12 @@ async fn put_profile(client: &aws_sdk_dynamodb::Client, table: &str, user: &str)
 #[tokio::test]
 async fn audit_finds_user_drift_and_violations_and_repair_leaves_only_the_violations() {
     let spec = support::shipped_spec("user-service.toml");
-    let (client, table, applier) = setup(spec.clone(), "audit-user").await;
+    let support::Fixture {
+        client,
+        table,
+        applier,
+        ..
+    } = support::fixture(spec.clone(), "audit-user").await;
     for user in ["u1", "u2", "u3", "u4"] {
         put_profile(&client, &table, user).await;
     }
@@ -353,7 +356,12 @@ fn pair(a: &str, b: &str) -> (String, String) {
 async fn the_online_check_records_a_violation_in_the_batch_that_causes_it_and_clears_it_when_resolved(
 ) {
     let spec = support::shipped_spec("user-service.toml");
-    let (client, table, applier) = setup(spec.clone(), "online-check").await;
+    let support::Fixture {
+        client,
+        table,
+        applier,
+        ..
+    } = support::fixture(spec.clone(), "online-check").await;
     put_profile(&client, &table, "u9").await;
     let e1 = email("u9", "e1", "a@x.org", true, true);
     let stats = write_and_apply(&applier, &client, &table, 1, None, Some(&e1)).await;
@@ -463,7 +471,12 @@ async fn a_declared_keep_latest_policy_repairs_two_primaries_and_nothing_is_reco
         "{}",
         spec.summary()
     );
-    let (client, table, applier) = setup(spec, "keep-latest").await;
+    let support::Fixture {
+        client,
+        table,
+        applier,
+        ..
+    } = support::fixture(spec, "keep-latest").await;
     put_profile(&client, &table, "u1").await;
     let e1 = email("u1", "e1", "a@x.org", true, true);
     write_and_apply(&applier, &client, &table, 1, None, Some(&e1)).await;
@@ -492,7 +505,12 @@ fn cli(args: &[&str]) -> std::process::Output {
 #[tokio::test]
 async fn the_audit_command_exits_0_clean_1_found_2_error_and_lists_violations() {
     let spec = support::shipped_spec("user-service.toml");
-    let (client, table, applier) = setup(spec.clone(), "audit-cli").await;
+    let support::Fixture {
+        client,
+        table,
+        applier,
+        ..
+    } = support::fixture(spec.clone(), "audit-cli").await;
     let spec_path = support::repo().join("projections/user-service.toml");
     let spec_arg = spec_path.to_str().unwrap();
     put_profile(&client, &table, "u1").await;
@@ -562,7 +580,12 @@ async fn the_audit_command_exits_0_clean_1_found_2_error_and_lists_violations() 
 #[tokio::test]
 async fn checking_stops_at_the_deadline_and_records_nothing() {
     let spec = support::shipped_spec("user-service.toml");
-    let (client, table, applier) = setup(spec, "check-deadline").await;
+    let support::Fixture {
+        client,
+        table,
+        applier,
+        ..
+    } = support::fixture(spec, "check-deadline").await;
     put_profile(&client, &table, "u1").await;
     let e1 = email("u1", "e1", "a@x.org", true, false);
     put_item(&client, &table, &e1).await;
@@ -593,7 +616,12 @@ async fn checking_stops_at_the_deadline_and_records_nothing() {
 #[tokio::test]
 async fn repairing_a_counter_loses_no_follow_counted_meanwhile() {
     let spec = support::shipped_spec("social-service.toml");
-    let (client, table, applier) = setup(spec.clone(), "audit-race").await;
+    let support::Fixture {
+        client,
+        table,
+        applier,
+        ..
+    } = support::fixture(spec.clone(), "audit-race").await;
     let mut history = super::model::History::default();
     for a in ["a", "c"] {
         history.put(super::model::follow(a, "b", "t1"));

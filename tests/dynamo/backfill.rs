@@ -2,12 +2,10 @@
 //! existed get their derived state from a scan.
 
 use std::collections::HashMap;
-use std::sync::Arc;
 
 use aws_sdk_dynamodb::types::{AttributeValue as Av, PutRequest, WriteRequest};
 use ddb_projector::apply::{Applier, ApplyConfig, BatchOptions, RecordStatus};
 use ddb_projector::backfill::{backfill, BackfillOptions};
-use ddb_projector::spec::Spec;
 
 use super::model;
 use super::support::{self, get, s, text};
@@ -59,14 +57,6 @@ fn quiet(options: BackfillOptions) -> BackfillOptions {
         progress: false,
         ..options
     }
-}
-
-async fn setup(spec: &str, prefix: &str) -> (aws_sdk_dynamodb::Client, String, Arc<Spec>, Applier) {
-    let client = support::client().await;
-    let spec = support::shipped_spec(spec);
-    let table = support::fresh_table(&client, &spec, prefix).await;
-    let applier = Applier::new(client.clone(), spec.clone(), &table, ApplyConfig::default());
-    (client, table, spec, applier)
 }
 
 #[tokio::test]
@@ -272,7 +262,13 @@ async fn count(client: &aws_sdk_dynamodb::Client, table: &str, pk: &str) -> usiz
 
 #[tokio::test]
 async fn max_wcu_bounds_the_write_rate() {
-    let (client, table, spec, applier) = setup("user-service.toml", "bfwcu").await;
+    let support::Fixture {
+        client,
+        table,
+        spec,
+        applier,
+        ..
+    } = support::fixture(support::shipped_spec("user-service.toml"), "bfwcu").await;
     load(&client, &table, (0..1_500).map(email_item).collect()).await;
     let limit = 400.0;
     let summary = backfill(
@@ -304,7 +300,13 @@ async fn max_wcu_bounds_the_write_rate() {
 
 #[tokio::test]
 async fn a_counter_rebuild_equals_the_true_counts_and_a_stale_scan_never_undoes_a_live_change() {
-    let (client, table, spec, applier) = setup("social-service.toml", "bfcnt").await;
+    let support::Fixture {
+        client,
+        table,
+        spec,
+        applier,
+        ..
+    } = support::fixture(support::shipped_spec("social-service.toml"), "bfcnt").await;
     // Follows written before the counters existed; one of them already
     // counted by the live worker (its edge exists and the shard has 1).
     let follows: Vec<(usize, usize)> = (0..400).map(|i| (i, (i * 31) % 13)).collect();
@@ -390,7 +392,13 @@ async fn a_counter_rebuild_equals_the_true_counts_and_a_stale_scan_never_undoes_
 
 #[tokio::test]
 async fn dry_run_counts_without_writing_and_unknown_projections_are_listed() {
-    let (client, table, _spec, _applier) = setup("user-service.toml", "bfdry").await;
+    let support::Fixture {
+        client,
+        table,
+        spec: _spec,
+        applier: _applier,
+        ..
+    } = support::fixture(support::shipped_spec("user-service.toml"), "bfdry").await;
     load(&client, &table, (0..50).map(email_item).collect()).await;
     let spec_path = support::repo().join("projections/user-service.toml");
     let output = std::process::Command::new(support::binary())
@@ -447,7 +455,13 @@ async fn dry_run_counts_without_writing_and_unknown_projections_are_listed() {
 /// each continuing from the segment's checkpoint, until the segment is done.
 #[tokio::test]
 async fn slices_resumed_call_after_call_finish_the_segment_exactly() {
-    let (client, table, spec, applier) = setup("user-service.toml", "bfslice").await;
+    let support::Fixture {
+        client,
+        table,
+        spec,
+        applier,
+        ..
+    } = support::fixture(support::shipped_spec("user-service.toml"), "bfslice").await;
     load(&client, &table, (0..1_000).map(email_item).collect()).await;
     let projection = spec.projection_id("email-gsi1-keys").unwrap();
     let mut calls = 0;
@@ -504,7 +518,13 @@ async fn slices_resumed_call_after_call_finish_the_segment_exactly() {
 
 #[tokio::test]
 async fn a_scanned_value_of_an_unknown_type_is_dead_lettered_and_the_rest_backfilled() {
-    let (client, table, spec, _) = setup("user-service.toml", "bfunk").await;
+    let support::Fixture {
+        client,
+        table,
+        spec,
+        applier: _,
+        ..
+    } = support::fixture(support::shipped_spec("user-service.toml"), "bfunk").await;
     load(&client, &table, (0..10).map(email_item).collect()).await;
     // Every scan answers with the ten items, u3's `email` of a type newer
     // than this build.

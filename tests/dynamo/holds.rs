@@ -30,16 +30,11 @@ fn poison() -> Av {
     Av::M([("not".to_string(), s("text"))].into())
 }
 
-async fn setup(prefix: &str) -> Applier {
-    let client = support::client().await;
-    let spec = support::shipped_spec("user-service.toml");
-    let table = support::fresh_table(&client, &spec, prefix).await;
-    Applier::new(client, spec, &table, ApplyConfig::default())
-}
-
 #[tokio::test]
 async fn thousands_of_held_items_do_not_stop_the_worker() {
-    let applier = setup("many-holds").await;
+    let applier = support::fixture(support::shipped_spec("user-service.toml"), "many-holds")
+        .await
+        .applier;
     // Sort keys near DynamoDB's 1 KB limit: 500 held items would need
     // more than the 400 KB one item can hold.
     let long = "x".repeat(900);
@@ -87,7 +82,12 @@ async fn thousands_of_held_items_do_not_stop_the_worker() {
 
 #[tokio::test]
 async fn records_of_an_item_wait_behind_a_record_that_could_not_be_decoded() {
-    let applier = setup("undecodable-hold").await;
+    let applier = support::fixture(
+        support::shipped_spec("user-service.toml"),
+        "undecodable-hold",
+    )
+    .await
+    .applier;
     // The first record's image holds a type no DynamoDB has; its keys read.
     let event = serde_json::json!({"Records": [
         {
@@ -133,7 +133,12 @@ async fn records_of_an_item_wait_behind_a_record_that_could_not_be_decoded() {
 
 #[tokio::test]
 async fn a_redrive_lets_later_records_supersede_one_no_build_can_decode() {
-    let applier = setup("undecodable-redrive").await;
+    let applier = support::fixture(
+        support::shipped_spec("user-service.toml"),
+        "undecodable-redrive",
+    )
+    .await
+    .applier;
     let client = applier.client().clone();
     let good = email("u1", "e1", s("Sam@X.org"));
     put_item(&client, applier.table(), &good).await;
@@ -185,7 +190,9 @@ async fn a_redrive_lets_later_records_supersede_one_no_build_can_decode() {
 
 #[tokio::test]
 async fn a_backfill_letter_is_redriven_from_the_items_current_state() {
-    let applier = setup("scan-letter").await;
+    let applier = support::fixture(support::shipped_spec("user-service.toml"), "scan-letter")
+        .await
+        .applier;
     let client = applier.client().clone();
     let bad = email("u1", "e1", poison());
     put_item(&client, applier.table(), &bad).await;
@@ -235,7 +242,12 @@ async fn a_backfill_letter_is_redriven_from_the_items_current_state() {
 /// stream record with the item's current state it had tried last.
 #[tokio::test]
 async fn a_redrive_that_fails_again_keeps_the_letters_full_record() {
-    let applier = setup("redrive-overwrite").await;
+    let applier = support::fixture(
+        support::shipped_spec("user-service.toml"),
+        "redrive-overwrite",
+    )
+    .await
+    .applier;
     let client = applier.client().clone();
     let mut history = History::default();
     for item in [email("u1", "e1", s("a@x.org")), email("u1", "e1", poison())] {

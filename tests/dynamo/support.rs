@@ -347,3 +347,30 @@ impl aws_smithy_runtime_api::client::interceptors::Intercept for Answer {
         Ok(())
     }
 }
+
+/// A fresh table for a spec and an applier writing it.
+pub struct Fixture {
+    pub client: aws_sdk_dynamodb::Client,
+    pub table: String,
+    pub spec: Arc<Spec>,
+    pub applier: ddb_projector::apply::Applier,
+}
+
+/// A fresh table (named after `prefix`) for `spec`, and an applier with
+/// the default configuration.
+pub async fn fixture(spec: Arc<Spec>, prefix: &str) -> Fixture {
+    let client = client().await;
+    let table = fresh_table(&client, &spec, prefix).await;
+    let applier = ddb_projector::apply::Applier::new(
+        client.clone(),
+        spec.clone(),
+        &table,
+        ddb_projector::apply::ApplyConfig::default(),
+    );
+    Fixture {
+        client,
+        table,
+        spec,
+        applier,
+    }
+}
