@@ -10,7 +10,7 @@ use ddb_projector::decode::DecodeProblem;
 use ddb_projector::record::{ChangeKind, Image, ValueRef};
 use ddb_projector::spec::Spec;
 
-use super::model::{change, email, follow, profile};
+use super::model::{change, email, follow, profile, user_counter};
 use super::support::{self, get, n, put, s, text};
 
 /// When the hand-written follows were made.
@@ -190,24 +190,6 @@ async fn profile_email_is_removed_when_no_email_is_primary() {
     );
 }
 
-async fn counter(
-    client: &aws_sdk_dynamodb::Client,
-    table: &str,
-    spec: &Spec,
-    name: &str,
-    user: &str,
-) -> i64 {
-    ddb_projector::counter::read_counter(
-        client,
-        table,
-        spec,
-        name,
-        &[("userId".to_string(), user.to_string())],
-    )
-    .await
-    .unwrap()
-}
-
 #[tokio::test]
 async fn counters_stay_exact_under_duplicates_bisection_and_replay() {
     let support::Fixture {
@@ -242,11 +224,17 @@ async fn counters_stay_exact_under_duplicates_bisection_and_replay() {
         records.len()
     );
     assert_eq!(
-        counter(&client, &table, &spec, "followers", "hot").await,
+        user_counter(&client, &table, &spec, "followers", "hot").await,
         30
     );
-    assert_eq!(counter(&client, &table, &spec, "following", "f20").await, 1);
-    assert_eq!(counter(&client, &table, &spec, "following", "f0").await, 0);
+    assert_eq!(
+        user_counter(&client, &table, &spec, "following", "f20").await,
+        1
+    );
+    assert_eq!(
+        user_counter(&client, &table, &spec, "following", "f0").await,
+        0
+    );
 
     // Lambda retries the whole batch, then bisects it, then replays suffixes.
     applier.apply_batch(&records, &all).await.unwrap();
@@ -257,13 +245,13 @@ async fn counters_stay_exact_under_duplicates_bisection_and_replay() {
         applier.apply_batch(&records[start..], &all).await.unwrap();
     }
     assert_eq!(
-        counter(&client, &table, &spec, "followers", "hot").await,
+        user_counter(&client, &table, &spec, "followers", "hot").await,
         30
     );
     for i in 0..40 {
         let expected = if i < 10 { 0 } else { 1 };
         assert_eq!(
-            counter(&client, &table, &spec, "following", &format!("f{i}")).await,
+            user_counter(&client, &table, &spec, "following", &format!("f{i}")).await,
             expected,
             "f{i}"
         );
@@ -325,7 +313,7 @@ async fn a_follow_undone_or_redone_within_a_batch_cancels_no_transaction() {
         async move {
             let followers = 1 + i64::from(old.is_some()) + i64::from(brief);
             assert_eq!(
-                counter(client, table, spec, "followers", "hot").await,
+                user_counter(client, table, spec, "followers", "hot").await,
                 followers
             );
             for (user, following) in [
@@ -334,7 +322,7 @@ async fn a_follow_undone_or_redone_within_a_batch_cancels_no_transaction() {
                 ("brief", i64::from(brief)),
             ] {
                 assert_eq!(
-                    counter(client, table, spec, "following", user).await,
+                    user_counter(client, table, spec, "following", user).await,
                     following,
                     "{user}"
                 );
@@ -398,7 +386,7 @@ async fn concurrent_deliveries_of_one_batch_count_once() {
         );
     }
     assert_eq!(
-        counter(&client, &table, &spec, "followers", "star").await,
+        user_counter(&client, &table, &spec, "followers", "star").await,
         60
     );
 }

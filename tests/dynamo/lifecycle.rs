@@ -14,7 +14,7 @@ use ddb_projector::lifecycle::{ClaimOutcome, Registry};
 use ddb_projector::spec::Spec;
 use serde_json::Value;
 
-use super::model::{follow, put_item};
+use super::model::{follow, put_item, user_counter};
 use super::support::{self, repo};
 
 /// Leases of CLI processes last a second, so that a deploy of another
@@ -600,25 +600,6 @@ async fn a_writer_with_another_spec_than_the_running_worker_writes_nothing() {
     assert!(reverse.item().is_none(), "nothing of v1 written");
 }
 
-/// What `read_counter` gives for counter `name` of user `user`.
-async fn count(
-    client: &aws_sdk_dynamodb::Client,
-    table: &str,
-    spec: &Spec,
-    name: &str,
-    user: &str,
-) -> i64 {
-    ddb_projector::counter::read_counter(
-        client,
-        table,
-        spec,
-        name,
-        &[("userId".to_string(), user.to_string())],
-    )
-    .await
-    .unwrap()
-}
-
 fn prune_cli(spec: &Path, table: &str, extra: &[&str]) -> Output {
     cli(&[
         &["prune", "--spec", spec.to_str().unwrap(), "--table", table][..],
@@ -652,7 +633,7 @@ async fn prune_removes_what_retired_projections_derived_and_nothing_else() {
     )
     .await;
     run_drain(&v1, &table);
-    let followers_before = count(&client, &table, &spec1, "followers", "b").await;
+    let followers_before = user_counter(&client, &table, &spec1, "followers", "b").await;
     assert_eq!(followers_before, 2);
 
     // Still in the spec: refused.
@@ -732,7 +713,7 @@ async fn prune_removes_what_retired_projections_derived_and_nothing_else() {
         .filter(|i| support::text(i, "SK").is_some_and(|sk| sk.starts_with("FOLLOWED_BY#")))
         .count();
     assert_eq!(reverse, 3);
-    let followers_after = count(&client, &table, &spec3, "followers", "b").await;
+    let followers_after = user_counter(&client, &table, &spec3, "followers", "b").await;
     assert_eq!(followers_after, followers_before);
     // Forgotten: status lists no retired projection, and a second prune
     // names what the registry knows.
@@ -765,7 +746,7 @@ async fn prune_removes_what_retired_projections_derived_and_nothing_else() {
     assert!(done.contains(&"following".to_string()), "{done:?}");
     let (laid, _) = registry.layout(&spec1).await.unwrap();
     for (user, want) in [("a", 1), ("b", 1), ("c", 1)] {
-        let value = count(&client, &table, &laid, "following", user).await;
+        let value = user_counter(&client, &table, &laid, "following", user).await;
         assert_eq!(value, want, "{user} follows");
     }
 }
@@ -1082,7 +1063,7 @@ async fn a_rebuild_after_a_rollback_starts_from_nothing_the_abandoned_one_wrote(
     let (laid, _) = registry.layout(&spec2).await.unwrap();
     let want = followers_of(&client, &table, true).await;
     assert_eq!(want.get("b"), Some(&1));
-    let value = count(&client, &table, &laid, "followers", "b").await;
+    let value = user_counter(&client, &table, &laid, "followers", "b").await;
     assert_eq!(value, 1, "b has one close follower (a)");
     let audit = cli(&["audit", "--spec", v2.to_str().unwrap(), "--table", &table]);
     assert!(
@@ -1152,7 +1133,7 @@ async fn readers_of_a_global_counter_made_per_user_read_the_global_count_until_t
         vec!["followers".to_string()]
     );
     let (laid, _) = registry.layout(&spec2).await.unwrap();
-    let value = count(&client, &table, &laid, "followers", "b").await;
+    let value = user_counter(&client, &table, &laid, "followers", "b").await;
     assert_eq!(value, 2);
 }
 
@@ -1259,13 +1240,13 @@ async fn an_old_version_that_cannot_be_kept_is_read_as_it_was_until_the_switch()
         put_item(&client, &table, &follow(a, "b", "2026-11-26")).await;
     }
     run_drain(&v2, &table);
-    let value = count(&client, &table, &laid, "followers", "b").await;
+    let value = user_counter(&client, &table, &laid, "followers", "b").await;
     assert_eq!(value, 3, "v1's count, as it was");
     std::thread::sleep(pause);
     assert_eq!(
         backfilled(&backfill_cli(&v2, &table, &[])),
         vec!["followers".to_string()]
     );
-    let value = count(&client, &table, &laid, "followers", "b").await;
+    let value = user_counter(&client, &table, &laid, "followers", "b").await;
     assert_eq!(value, 3, "v2's count");
 }

@@ -101,24 +101,8 @@ impl History {
 
     pub fn record(&mut self, kind: ChangeKind, old: Option<Attrs>, new: Option<Attrs>) {
         let seq = self.records.len() as u64 + 1;
-        let any = new.as_ref().or(old.as_ref()).expect("an image");
-        let mut keys = Item::default();
-        for name in ["PK", "SK"] {
-            keys.insert(name.to_string(), any[name].clone().into());
-        }
-        self.records.push(Ok(ChangeRecord {
-            event_id: format!("e{seq}"),
-            kind,
-            keys: keys.into(),
-            old_image: old.map(|item| Image::from(Item::from(item))),
-            new_image: new.map(|item| Image::from(Item::from(item))),
-            sequence_number: SequenceNumber(format!("{seq:021}")),
-            approximate_creation_ms: None,
-            ttl_expiry: false,
-            view_type: Some(ViewType::NewAndOldImages),
-            size_bytes: None,
-            origin: Origin::Synthetic,
-        }));
+        self.records
+            .push(change(seq, kind, old.as_ref(), new.as_ref()));
     }
 
     /// Writes the final items, as the writers left them.
@@ -657,3 +641,22 @@ kind = "index-keys"
 entity = "achievement"
 set = { GSI1PK = "TIER#{tier}", GSI1SK = "SCORE#{pad(score, 4)}" }
 "#;
+
+/// What `read_counter` gives for counter `name` of user `user`.
+pub async fn user_counter(
+    client: &aws_sdk_dynamodb::Client,
+    table: &str,
+    spec: &Spec,
+    name: &str,
+    user: &str,
+) -> i64 {
+    ddb_projector::counter::read_counter(
+        client,
+        table,
+        spec,
+        name,
+        &[("userId".to_string(), user.to_string())],
+    )
+    .await
+    .expect("read counter")
+}

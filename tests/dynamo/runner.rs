@@ -17,7 +17,7 @@ use futures::stream::{self, StreamExt};
 
 use super::model::{
     achievement, assert_no_problems, attrs, campaign, check_derived, email, follow, profile,
-    put_item, seed_from_env, user_items, Attrs, Rng, COMBINED_SPEC,
+    put_item, seed_from_env, user_counter, user_items, Attrs, Rng, COMBINED_SPEC,
 };
 use super::support::{self, delete, get, s, text};
 
@@ -91,24 +91,6 @@ async fn drain_library(runner: &StreamRunner) -> Summary {
         .run(RunOptions::drain(), std::future::pending())
         .await
         .unwrap_or_else(|error| panic!("drain failed: {error}"))
-}
-
-async fn counter(
-    client: &aws_sdk_dynamodb::Client,
-    table: &str,
-    spec: &Spec,
-    name: &str,
-    user: &str,
-) -> i64 {
-    ddb_projector::counter::read_counter(
-        client,
-        table,
-        spec,
-        name,
-        &[("userId".to_string(), user.to_string())],
-    )
-    .await
-    .expect("read counter")
 }
 
 fn timed(name: &str, started: Instant) {
@@ -306,14 +288,29 @@ async fn social_service_end_to_end_through_run_drain() {
         .await
         .is_some());
     assert_eq!(
-        counter(&client, &table, &spec, "followers", "hot").await,
+        user_counter(&client, &table, &spec, "followers", "hot").await,
         n_hot - 10
     );
-    assert_eq!(counter(&client, &table, &spec, "followers", "b").await, 1);
-    assert_eq!(counter(&client, &table, &spec, "followers", "c").await, 0);
-    assert_eq!(counter(&client, &table, &spec, "following", "a").await, 1);
-    assert_eq!(counter(&client, &table, &spec, "following", "f42").await, 1);
-    assert_eq!(counter(&client, &table, &spec, "following", "f3").await, 0);
+    assert_eq!(
+        user_counter(&client, &table, &spec, "followers", "b").await,
+        1
+    );
+    assert_eq!(
+        user_counter(&client, &table, &spec, "followers", "c").await,
+        0
+    );
+    assert_eq!(
+        user_counter(&client, &table, &spec, "following", "a").await,
+        1
+    );
+    assert_eq!(
+        user_counter(&client, &table, &spec, "following", "f42").await,
+        1
+    );
+    assert_eq!(
+        user_counter(&client, &table, &spec, "following", "f3").await,
+        0
+    );
 
     let a = get(&client, &table, "USER#a", "ACHIEVEMENT#b1")
         .await
@@ -480,7 +477,7 @@ async fn a_full_replay_after_draining_changes_nothing() {
         "the table",
     );
     let before = user_items(&client, &table).await;
-    let hot_before = counter(&client, &table, &spec, "followers", "hot").await;
+    let hot_before = user_counter(&client, &table, &spec, "followers", "hot").await;
 
     let replayed = Instant::now();
     let output = cli(&["replay", "--spec", path(&spec_file), "--table", &table])
@@ -500,7 +497,7 @@ async fn a_full_replay_after_draining_changes_nothing() {
         assert_eq!(old, new, "the replay changed an item");
     }
     assert_eq!(
-        counter(&client, &table, &spec, "followers", "hot").await,
+        user_counter(&client, &table, &spec, "followers", "hot").await,
         hot_before
     );
 
@@ -1056,7 +1053,7 @@ async fn many_keys_changed_many_times_end_in_their_final_state() {
         "the table",
     );
     assert_eq!(
-        counter(&client, &table, &spec, "followers", "hot").await,
+        user_counter(&client, &table, &spec, "followers", "hot").await,
         keys as i64 / 2
     );
     let e1 = get(&client, &table, "USER#u7", "EMAIL#e1").await.unwrap();
