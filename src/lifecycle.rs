@@ -49,7 +49,8 @@ use crate::spec::{
     ProjectionKind, Spec, TableSpec,
 };
 
-/// The leases item's attribute every renewal adds one to: a completion
+/// The leases item's attribute every lease taken anew (first, or after
+/// it ran out) adds one to: a completion
 /// is written on condition that it did not move since the snapshot that
 /// vouched for it, so that no writer takes a lease unseen in between.
 pub const LEASES_VERSION: &str = "ver";
@@ -229,7 +230,7 @@ pub struct Snapshot {
     pub records: BTreeMap<String, Record>,
     /// The specs stream consumers ran.
     pub consumers: Vec<ConsumerSpec>,
-    /// How many renewals the leases item has taken ([`LEASES_VERSION`]).
+    /// How many leases were taken anew ([`LEASES_VERSION`]).
     pub leases_version: u64,
 }
 
