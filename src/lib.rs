@@ -33,6 +33,7 @@ pub mod cli;
 pub mod counter;
 pub mod decode;
 pub mod invariant;
+pub mod kinds;
 pub mod lambda;
 pub mod lifecycle;
 pub mod logging;

@@ -1086,6 +1086,8 @@ impl Registry {
                 ProjectionKind::IndexKeys(_)
                 | ProjectionKind::Denormalize(_)
                 | ProjectionKind::InverseEdge(_)
+                | ProjectionKind::Rollup(_)
+                | ProjectionKind::Aggregate(_)
                 | ProjectionKind::Custom(_) => None,
             };
             let mut update = aws_sdk_dynamodb::types::Update::builder()
@@ -1490,6 +1492,7 @@ impl Registry {
                     ),
                 }
             })?;
+        crate::kinds::rollup::settle(&mut compiled.projections, &frozen);
         compiled.frozen = frozen;
         Ok((compiled, layouts))
     }
@@ -1591,7 +1594,9 @@ fn custom_projections(spec: &Spec) -> Vec<Arc<dyn crate::plan::CustomProjection>
             ProjectionKind::IndexKeys(_)
             | ProjectionKind::Denormalize(_)
             | ProjectionKind::InverseEdge(_)
-            | ProjectionKind::Counter(_) => None,
+            | ProjectionKind::Counter(_)
+            | ProjectionKind::Rollup(_)
+            | ProjectionKind::Aggregate(_) => None,
         })
         .collect()
 }

@@ -169,23 +169,17 @@ fn derived_here(spec: &Spec, pk: &str, sk: Option<&str>) -> (BTreeSet<String>, b
     };
     let mut names = BTreeSet::new();
     let mut reverse_item = false;
-    for projection in &spec.projections {
-        match &projection.kind {
-            ProjectionKind::IndexKeys(p) if p.entity == entity => {
-                names.extend(p.set.iter().map(|(n, _)| n.clone()))
-            }
-            ProjectionKind::Denormalize(p) if p.target == entity => {
-                names.extend(p.copy.iter().map(|(n, _)| n.clone()))
-            }
-            ProjectionKind::InverseEdge(p) if p.target == entity => {
+    for (id, projection) in spec.projections.iter().enumerate() {
+        if let ProjectionKind::InverseEdge(p) = &projection.kind {
+            if p.target == entity {
                 reverse_item = true;
                 names.extend(p.copy.iter().map(|(n, _)| n.clone()));
             }
-            ProjectionKind::IndexKeys(_)
-            | ProjectionKind::Denormalize(_)
-            | ProjectionKind::InverseEdge(_)
-            | ProjectionKind::Counter(_)
-            | ProjectionKind::Custom(_) => {}
+        }
+        if let Some((on, written)) = crate::kinds::written_attributes(spec, id) {
+            if on == entity {
+                names.extend(written);
+            }
         }
     }
     (names, reverse_item)
@@ -215,6 +209,8 @@ pub fn actions(current: &Spec, retired: &[Retired], item: &HashMap<String, Av>) 
             ProjectionKind::IndexKeys(_)
             | ProjectionKind::Denormalize(_)
             | ProjectionKind::InverseEdge(_)
+            | ProjectionKind::Rollup(_)
+            | ProjectionKind::Aggregate(_)
             | ProjectionKind::Custom(_) => None,
         })
         .collect();
@@ -280,16 +276,16 @@ pub fn actions(current: &Spec, retired: &[Retired], item: &HashMap<String, Av>) 
                     records: records.clone(),
                 }];
             }
-            ProjectionKind::IndexKeys(p) => {
+            ProjectionKind::IndexKeys(_)
+            | ProjectionKind::Denormalize(_)
+            | ProjectionKind::Rollup(_)
+            | ProjectionKind::Aggregate(_) => {
+                let id = r.spec.projection_id(&r.name).expect("checked");
                 let mut vars = Vec::new();
-                if r.spec.match_entity(pk, sk, &mut vars) == Some(p.entity) {
-                    strip.extend(p.set.iter().map(|(n, _)| n.clone()));
-                }
-            }
-            ProjectionKind::Denormalize(p) => {
-                let mut vars = Vec::new();
-                if r.spec.match_entity(pk, sk, &mut vars) == Some(p.target) {
-                    strip.extend(p.copy.iter().map(|(n, _)| n.clone()));
+                if let Some((entity, written)) = crate::kinds::written_attributes(&r.spec, id) {
+                    if r.spec.match_entity(pk, sk, &mut vars) == Some(entity) {
+                        strip.extend(written);
+                    }
                 }
             }
             ProjectionKind::Custom(_) => {}

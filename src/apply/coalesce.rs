@@ -257,10 +257,10 @@ mod tests {
                     projection: 1,
                     op: Op::Recompute {
                         target: ItemKey::new("USER#u", "PROFILE"),
-                        sources: crate::plan::SourceQuery {
+                        sources: crate::plan::Sources::Query(crate::plan::SourceQuery {
                             pk: "USER#u".into(),
                             sk_prefix: Some("EMAIL#".into()),
-                        },
+                        }),
                     },
                 },
             )

@@ -160,6 +160,8 @@ pub(crate) fn known_counters(spec: &Spec) -> Vec<String> {
             ProjectionKind::IndexKeys(_)
             | ProjectionKind::Denormalize(_)
             | ProjectionKind::InverseEdge(_)
+            | ProjectionKind::Rollup(_)
+            | ProjectionKind::Aggregate(_)
             | ProjectionKind::Custom(_) => None,
         })
         .chain(spec.frozen.iter().cloned())
@@ -176,20 +178,15 @@ pub(crate) fn foreign_attributes(
         return Vec::new();
     };
     let mut out = Vec::new();
-    for (id, other) in spec.projections.iter().enumerate() {
+    for id in 0..spec.projections.len() {
         if id == projection {
             continue;
         }
-        let written = match &other.kind {
-            ProjectionKind::IndexKeys(keys) if keys.entity == edge.target => &keys.set,
-            ProjectionKind::Denormalize(copy) if copy.target == edge.target => &copy.copy,
-            ProjectionKind::IndexKeys(_)
-            | ProjectionKind::Denormalize(_)
-            | ProjectionKind::InverseEdge(_)
-            | ProjectionKind::Counter(_)
-            | ProjectionKind::Custom(_) => continue,
-        };
-        out.extend(written.iter().map(|(name, _)| name.clone()));
+        if let Some((entity, written)) = crate::kinds::written_attributes(spec, id) {
+            if entity == edge.target {
+                out.extend(written);
+            }
+        }
     }
     out
 }
@@ -213,6 +210,8 @@ pub(crate) fn marker_change<'e>(spec: &Spec, effect: &'e Effect) -> Option<Marke
                 ProjectionKind::IndexKeys(_)
                 | ProjectionKind::Denormalize(_)
                 | ProjectionKind::Counter(_)
+                | ProjectionKind::Rollup(_)
+                | ProjectionKind::Aggregate(_)
                 | ProjectionKind::Custom(_) => Vec::new(),
             };
             MarkerChange {

@@ -8,12 +8,12 @@ use aws_sdk_dynamodb::types::{
 
 use super::retry::{sdk, with_retries, ErrorClass, WriteError};
 use crate::decode::item_from_sdk;
-use crate::plan::{compute_denormalized, SourceQuery};
+use crate::plan::Sources;
 use crate::record::{AttributeValue, Item, ItemKey};
-use crate::spec::{values_equal, ProjectionId, ProjectionKind};
+use crate::spec::{values_equal, ProjectionId};
 
 use super::ctx::Ctx;
-use super::reads::read_sources;
+use super::reads::{read_markers, read_sources};
 
 /// The attribute that holds a counter shard's value.
 pub const COUNT_ATTRIBUTE: &str = "count";
@@ -123,30 +123,20 @@ pub(crate) async fn set_attributes(
     .await
 }
 
-/// `denormalize`: reads the target and its sources, computes the copied
-/// attributes and writes them if they differ, on condition that the target
-/// still holds what was read. A failed condition means someone else wrote
-/// in between: read again.
+/// A recomputed target (`denormalize`, `rollup`, `aggregate`): reads the
+/// target and what it is computed from, computes its attributes and
+/// writes them if they differ, on condition that the target still holds
+/// what was read (for kinds with a token, the token it carried). A failed
+/// condition means someone else wrote in between: read again.
 pub(crate) async fn recompute(
     ctx: &Ctx<'_>,
     projection: ProjectionId,
     target: &ItemKey,
-    sources: &SourceQuery,
+    sources: &Sources,
 ) -> Result<(), WriteError> {
     const ATTEMPTS: usize = 6;
-    // Only a denormalize plans a recompute.
-    let p = match &ctx.spec.projections[projection].kind {
-        ProjectionKind::Denormalize(p) => p,
-        ProjectionKind::IndexKeys(_)
-        | ProjectionKind::InverseEdge(_)
-        | ProjectionKind::Counter(_)
-        | ProjectionKind::Custom(_) => {
-            return Err(WriteError::Fatal(format!(
-                "a recompute was planned for `{}`, which is not a denormalize",
-                ctx.spec.projections[projection].name
-            )))
-        }
-    };
+    let token = crate::kinds::uses_token(ctx.spec, projection)
+        .then(|| crate::kinds::token_attribute(&ctx.spec.projections[projection].name));
     let key = ctx.key(target);
     for _ in 0..ATTEMPTS {
         ctx.count(|r| &mut r.recompute_reads);
@@ -174,12 +164,19 @@ pub(crate) async fn recompute(
         ctx.count(|r| &mut r.recompute_reads);
         let current = item_from_sdk(current.clone())
             .map_err(|error| WriteError::Poison(format!("the target {target}: {error}")))?;
-        let items = read_sources(ctx, sources).await?;
-        ctx.remember_read(sources, &items);
-        let wanted = compute_denormalized(ctx.spec, p, &items).map_err(|error| {
-            WriteError::Poison(format!(
-                "cannot compute the target {target} from its sources: {error}"
-            ))
+        let items = match sources {
+            Sources::Query(query) => {
+                let items = read_sources(ctx, query).await?;
+                ctx.remember_read(query, &items);
+                items
+            }
+            Sources::Items(keys) => read_markers(ctx, keys.iter().collect())
+                .await?
+                .into_values()
+                .collect(),
+        };
+        let wanted = crate::kinds::compute(ctx.spec, projection, &items).map_err(|error| {
+            WriteError::Poison(format!("cannot compute the target {target}: {error}"))
         })?;
         let same = wanted
             .iter()
@@ -196,6 +193,33 @@ pub(crate) async fn recompute(
         let mut sets = Vec::new();
         let mut removes = Vec::new();
         let mut condition = vec![format!("attribute_exists({pk})")];
+        if let Some(token) = &token {
+            let t = expr.name(token);
+            let seen = match current.get(token) {
+                Some(AttributeValue::N(n)) => n.parse::<u64>().ok(),
+                _ => None,
+            };
+            match (current.get(token), seen) {
+                (Some(value), Some(n)) => {
+                    let v = expr.value(av(value));
+                    condition.push(format!("{t} = {v}"));
+                    let next = expr.value(Av::N((n + 1).to_string()));
+                    sets.push(format!("{t} = {next}"));
+                }
+                (Some(value), None) => {
+                    // Not a number: a writer put something else there.
+                    let v = expr.value(av(value));
+                    condition.push(format!("{t} = {v}"));
+                    let next = expr.value(Av::N("1".to_string()));
+                    sets.push(format!("{t} = {next}"));
+                }
+                (None, _) => {
+                    condition.push(format!("attribute_not_exists({t})"));
+                    let next = expr.value(Av::N("1".to_string()));
+                    sets.push(format!("{t} = {next}"));
+                }
+            }
+        }
         for (name, value) in &wanted {
             let n = expr.name(name);
             match value {

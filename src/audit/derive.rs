@@ -7,7 +7,8 @@ use super::scan::parse_shard;
 use super::{Finding, Fix, Problem, Snapshot};
 use crate::decode::scanned_record;
 use crate::invariant::{check_partition, check_unique, unique_value, Violation};
-use crate::plan::{plan_record, Effect, MarkerState, Op, SourceQuery};
+use crate::kinds::Expected;
+use crate::plan::{plan_record, Effect, MarkerState, Op};
 use crate::record::{item_to_json, Item, ItemKey};
 use crate::spec::{ProjectionId, ProjectionKind, Spec};
 
@@ -84,89 +85,119 @@ pub(super) fn derived(spec: &Spec, snapshot: &Snapshot, out: &mut Vec<Finding>) 
                     }
                 }
             }
-            ProjectionKind::Denormalize(p) => {
-                let source = &spec.entities[p.source];
-                let target = &spec.entities[p.target];
-                let mut sources: HashMap<ItemKey, Vec<Item>> = HashMap::new();
-                for (entity, key, item) in &snapshot.items {
-                    if *entity != p.source {
-                        continue;
-                    }
-                    let mut vars = Vec::new();
-                    spec.match_entity(&key.pk, key.sk.as_deref(), &mut vars);
-                    if let Some(target_key) = target.render_key(&vars) {
-                        sources.entry(target_key).or_default().push(item.clone());
-                    }
-                }
-                for (entity, key, item) in &snapshot.items {
-                    if *entity != p.target {
-                        continue;
-                    }
-                    let own = sources.get(key).map(Vec::as_slice).unwrap_or(&[]);
-                    let expected = match crate::plan::compute_denormalized(spec, p, own) {
-                        Ok(expected) => expected,
-                        Err(error) => {
-                            let mut f = finding(spec, id, Problem::Underivable, key);
-                            f.detail = error.to_string();
-                            out.push(f);
-                            continue;
-                        }
-                    };
-                    let wrong: Vec<String> = expected
-                        .iter()
-                        .filter(|(attr, want)| match (item.get(attr), want) {
-                            (None, None) => false,
-                            (Some(have), Some(want)) => !crate::spec::values_equal(have, want),
-                            _ => true,
-                        })
-                        .map(|(attr, want)| {
-                            format!(
-                                "{attr}: is {}, should be {}",
-                                item.get(attr)
-                                    .map(|v| crate::record::value_to_json(v).to_string())
-                                    .unwrap_or_else(|| "(none)".to_string()),
-                                want.as_ref()
-                                    .map(|v| crate::record::value_to_json(v).to_string())
-                                    .unwrap_or_else(|| "(none)".to_string())
-                            )
-                        })
-                        .collect();
-                    if wrong.is_empty() {
-                        continue;
-                    }
-                    let mut vars = Vec::new();
-                    spec.match_entity(&key.pk, key.sk.as_deref(), &mut vars);
-                    let Some(pk) = source.pk.render(&vars) else {
-                        continue;
-                    };
-                    let mut f = finding(spec, id, Problem::Stale, key);
-                    f.detail = wrong.join("; ");
-                    f.items = own
-                        .iter()
-                        .filter_map(|s| spec.table.item_key(s))
-                        .map(|k| k.to_string())
-                        .collect();
-                    f.fix = Some(Fix::Effect(Box::new(Effect {
-                        projection: id,
-                        op: Op::Recompute {
-                            target: key.clone(),
-                            sources: SourceQuery {
-                                pk,
-                                sk_prefix: source
-                                    .sk
-                                    .as_ref()
-                                    .map(|sk| sk.literal_prefix().to_string())
-                                    .filter(|p| !p.is_empty()),
-                            },
-                        },
-                    })));
-                    out.push(f);
-                }
-            }
+            ProjectionKind::Denormalize(_)
+            | ProjectionKind::Rollup(_)
+            | ProjectionKind::Aggregate(_) => recomputed(spec, id, snapshot, out),
             // Memberships and counters are checked across projections below.
             ProjectionKind::InverseEdge(_) | ProjectionKind::Counter(_) => {}
             ProjectionKind::Custom(_) => {}
         }
+    }
+}
+
+/// Recomputed targets (`denormalize`, `rollup`, `aggregate`): every
+/// existing target holds what the kind computes from the snapshot.
+fn recomputed(spec: &Spec, id: ProjectionId, snapshot: &Snapshot, out: &mut Vec<Finding>) {
+    let (target_entity, expected): (usize, Expected) = match &spec.projections[id].kind {
+        ProjectionKind::Denormalize(p) => {
+            let mut grouped: HashMap<ItemKey, Vec<Item>> = HashMap::new();
+            for (entity, key, item) in &snapshot.items {
+                if *entity != p.source {
+                    continue;
+                }
+                let mut vars = Vec::new();
+                spec.match_entity(&key.pk, key.sk.as_deref(), &mut vars);
+                if let Some(target) = spec.entities[p.target].render_key(&vars) {
+                    grouped.entry(target).or_default().push(item.clone());
+                }
+            }
+            let expected = grouped
+                .into_iter()
+                .map(|(target, own)| {
+                    let keys = own.iter().filter_map(|s| spec.table.item_key(s)).collect();
+                    (target, (crate::kinds::compute(spec, id, &own), keys))
+                })
+                .collect();
+            (p.target, expected)
+        }
+        ProjectionKind::Rollup(p) => {
+            match crate::kinds::rollup::expected(spec, p, &snapshot.items) {
+                Some(expected) => (p.target, expected),
+                // The version readers read is frozen: nothing to compare.
+                None => return,
+            }
+        }
+        ProjectionKind::Aggregate(p) => (
+            p.target,
+            crate::kinds::aggregate::expected(spec, p, &snapshot.items),
+        ),
+        ProjectionKind::IndexKeys(_)
+        | ProjectionKind::InverseEdge(_)
+        | ProjectionKind::Counter(_)
+        | ProjectionKind::Custom(_) => return,
+    };
+    // A target nothing computes into holds what nothing computes to.
+    let nothing = crate::kinds::compute(spec, id, &[]);
+    for (entity, key, item) in &snapshot.items {
+        if *entity != target_entity {
+            continue;
+        }
+        let (want, sources) = match expected.get(key) {
+            Some((want, sources)) => (want.clone(), sources.clone()),
+            None => (nothing.clone(), Vec::new()),
+        };
+        let want = match want {
+            Ok(want) => want,
+            Err(error) => {
+                let mut f = finding(spec, id, Problem::Underivable, key);
+                f.detail = error;
+                f.items = sources.iter().map(|k| k.to_string()).collect();
+                out.push(f);
+                continue;
+            }
+        };
+        let json = |v: Option<&crate::record::AttributeValue>| {
+            v.map(|v| crate::record::value_to_json(v).to_string())
+                .unwrap_or_else(|| "(none)".to_string())
+        };
+        let wrong: Vec<String> = want
+            .iter()
+            .filter(|(attr, want)| match (item.get(attr), want) {
+                (None, None) => false,
+                (Some(have), Some(want)) => !crate::spec::values_equal(have, want),
+                _ => true,
+            })
+            .map(|(attr, want)| {
+                format!(
+                    "{attr}: is {}, should be {}",
+                    json(item.get(attr)),
+                    json(want.as_ref())
+                )
+            })
+            .collect();
+        if wrong.is_empty() {
+            continue;
+        }
+        // A denormalized copy that is absent has always been called stale.
+        let missing = !matches!(spec.projections[id].kind, ProjectionKind::Denormalize(_))
+            && want
+                .iter()
+                .all(|(attr, want)| want.is_some() && !item.contains_key(attr));
+        let mut f = finding(
+            spec,
+            id,
+            if missing {
+                Problem::Missing
+            } else {
+                Problem::Stale
+            },
+            key,
+        );
+        f.detail = wrong.join("; ");
+        f.items = sources.iter().map(|k| k.to_string()).collect();
+        f.fix = crate::kinds::recompute_op(spec, id, key)
+            .map(|op| Fix::Effect(Box::new(Effect { projection: id, op })));
+        out.push(f);
     }
 }
 

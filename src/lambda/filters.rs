@@ -346,6 +346,12 @@ fn echo_notes(spec: &Spec) -> Vec<String> {
                 "index-keys `{}`: the projector's own writes of the derived attributes come back as MODIFY records of `{}`, which pass and write nothing",
                 projection.name, spec.entities[p.entity].name
             )),
+            ProjectionKind::Rollup(p) => {
+                notes.push(crate::kinds::rollup::filter_note(spec, &projection.name, p))
+            }
+            ProjectionKind::Aggregate(p) => {
+                notes.push(crate::kinds::aggregate::filter_note(spec, &projection.name, p))
+            }
             ProjectionKind::InverseEdge(_) | ProjectionKind::Counter(_) | ProjectionKind::Custom(_) => {}
         }
     }

@@ -8,7 +8,7 @@
 //! the target and all its sources consistently and writes what
 //! [`compute_denormalized`] says, whatever the order it gets triggers in.
 
-use super::{changed, Effect, Op, PlanProblem, SourceQuery, Subject};
+use super::{changed, Effect, Op, PlanProblem, SourceQuery, Sources, Subject};
 use crate::record::{AttributeValue, ChangeKind, Image, Item};
 use crate::spec::{Denormalize, EntityId, ProjectionId, RenderError, Spec};
 
@@ -66,7 +66,7 @@ pub(super) fn plan(
         projection: id,
         op: Op::Recompute {
             target: target_key,
-            sources: SourceQuery { pk, sk_prefix },
+            sources: Sources::Query(SourceQuery { pk, sk_prefix }),
         },
     });
     Ok(())

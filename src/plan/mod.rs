@@ -77,6 +77,15 @@ pub struct SourceQuery {
     pub sk_prefix: Option<String>,
 }
 
+/// What a recompute reads besides its target.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub enum Sources {
+    /// The source items one query finds (`denormalize`, `aggregate`).
+    Query(SourceQuery),
+    /// These items, read consistently (a counter's shards, for `rollup`).
+    Items(Vec<ItemKey>),
+}
+
 /// The state a membership marker (reverse edge or counter marker) must reach.
 #[derive(Debug, Clone, PartialEq)]
 pub enum MarkerState {
@@ -149,12 +158,13 @@ pub enum Op {
         /// Attribute values the derivation read.
         expect: Vec<(String, AttributeValue)>,
     },
-    /// Recompute a denormalized target from a consistent read of its sources.
+    /// Recompute a target (denormalized, a rollup, an aggregate) from a
+    /// consistent read of what it is computed from.
     Recompute {
         /// The target item.
         target: ItemKey,
-        /// Where its sources are.
-        sources: SourceQuery,
+        /// What it is computed from.
+        sources: Sources,
     },
     /// Bring a marker item (a reverse edge, or a counter's own marker) and
     /// the counter records it carries to a state; counter shards move by
@@ -366,6 +376,13 @@ impl Subject<'_> {
 
 /// Plans one record against a spec.
 pub fn plan_record(spec: &Spec, record: &ChangeRecord, selection: Selection<'_>) -> RecordPlan {
+    let mut plan = plan_projections(spec, record, selection);
+    // Whatever moved a counter's shard, its rollups follow.
+    crate::kinds::rollup::follow_counters(spec, selection, &mut plan.effects);
+    plan
+}
+
+fn plan_projections(spec: &Spec, record: &ChangeRecord, selection: Selection<'_>) -> RecordPlan {
     let mut plan = RecordPlan::default();
     let pk_name = &spec.table.partition_key;
     let pk = match record.keys.get(pk_name) {
@@ -440,6 +457,12 @@ pub fn plan_record(spec: &Spec, record: &ChangeRecord, selection: Selection<'_>)
             ProjectionKind::Counter(p) => {
                 membership::plan_counter(spec, id, p, &subject, selection, &mut plan.effects)
             }
+            ProjectionKind::Rollup(p) => {
+                crate::kinds::rollup::plan(spec, id, p, &subject, &mut plan.effects)
+            }
+            ProjectionKind::Aggregate(p) => {
+                crate::kinds::aggregate::plan(spec, id, p, entity, &subject, &mut plan.effects)
+            }
             ProjectionKind::Custom(p) => plan_custom(id, p.as_ref(), &subject, &mut plan.effects),
         };
         if let Err(problem) = result {
@@ -511,7 +534,10 @@ impl Effect {
                 "projection": projection, "op": "set", "key": key(k),
                 "set": pairs(set), "if": pairs(expect),
             }),
-            Op::Recompute { target, sources } => json!({
+            Op::Recompute {
+                target,
+                sources: Sources::Query(sources),
+            } => json!({
                 "projection": projection, "op": "recompute", "key": key(target),
                 "reads": {
                     "target": key(target),
@@ -520,6 +546,17 @@ impl Effect {
                         "sk_begins_with": sources.sk_prefix,
                         "consistent": true,
                     }
+                },
+            }),
+            Op::Recompute {
+                target,
+                sources: Sources::Items(items),
+            } => json!({
+                "projection": projection, "op": "recompute", "key": key(target),
+                "reads": {
+                    "target": key(target),
+                    "items": items.iter().map(key).collect::<Vec<_>>(),
+                    "consistent": true,
                 },
             }),
             Op::Membership {

@@ -60,6 +60,11 @@ fn set_fingerprints(projections: &mut [Projection], entities: &[Entity], table: 
                         Marker::Own => parts.push("own markers".to_string()),
                     }
                 }
+                ProjectionKind::Rollup(p) => parts.push(pattern(p.target)),
+                ProjectionKind::Aggregate(p) => {
+                    parts.push(pattern(p.source));
+                    parts.push(pattern(p.target));
+                }
                 ProjectionKind::Custom(_) => {}
             }
             parts.join(";")
@@ -71,7 +76,7 @@ fn set_fingerprints(projections: &mut [Projection], entities: &[Entity], table: 
 }
 
 /// FNV-1a, 64 bits: stable across builds and machines.
-pub(super) fn fingerprint(text: &str) -> u64 {
+pub(crate) fn fingerprint(text: &str) -> u64 {
     let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
     for byte in text.bytes() {
         hash ^= u64::from(byte);
@@ -114,7 +119,7 @@ fn edit_distance(a: &str, b: &str) -> usize {
     row[b.len()]
 }
 
-pub(super) struct Compiler {
+pub(crate) struct Compiler {
     file: String,
     errors: Vec<SpecError>,
 }
@@ -127,7 +132,7 @@ impl Compiler {
         }
     }
 
-    fn error(&mut self, context: impl Into<String>, problem: impl Into<String>) {
+    pub(crate) fn error(&mut self, context: impl Into<String>, problem: impl Into<String>) {
         self.errors.push(SpecError {
             file: self.file.clone(),
             context: context.into(),
@@ -178,7 +183,13 @@ impl Compiler {
                 );
                 continue;
             }
-            if let Some(kind) = self.projection(raw_projection, &context, &table, &entities) {
+            if let Some(kind) = self.projection(
+                raw_projection,
+                &context,
+                &table,
+                &entities,
+                &raw.projections,
+            ) {
                 projections.push(Projection {
                     name,
                     kind,
@@ -229,6 +240,7 @@ impl Compiler {
         }
         self.assign_markers(&mut projections, &table);
         set_fingerprints(&mut projections, &entities, &table);
+        crate::kinds::rollup::settle(&mut projections, &[]);
         self.check_loops(&projections, &entities);
         self.check_attributes(&projections, &entities);
         self.check_derived_items(&projections, &entities, &table);
@@ -380,6 +392,8 @@ impl Compiler {
                         | ProjectionKind::Denormalize(_)
                         | ProjectionKind::InverseEdge(_)
                         | ProjectionKind::Counter(_)
+                        | ProjectionKind::Rollup(_)
+                        | ProjectionKind::Aggregate(_)
                         | ProjectionKind::Custom(_) => None,
                     });
                 let Some((projection, template)) = derived else {
@@ -523,7 +537,7 @@ impl Compiler {
         entities
     }
 
-    fn entity(
+    pub(crate) fn entity(
         &mut self,
         context: &str,
         role: &str,
@@ -574,7 +588,7 @@ impl Compiler {
         ok.then_some(out)
     }
 
-    fn condition(&mut self, context: &str, raw: &RawCondition) -> Condition {
+    pub(crate) fn condition(&mut self, context: &str, raw: &RawCondition) -> Condition {
         let mut out = Vec::new();
         for (name, value) in raw {
             let value = match value {
@@ -599,7 +613,12 @@ impl Compiler {
     }
 
     /// Checks that a target's key variables all come from the source's key.
-    fn bound_by_source(&mut self, context: &str, source: &Entity, target: &Entity) -> bool {
+    pub(crate) fn bound_by_source(
+        &mut self,
+        context: &str,
+        source: &Entity,
+        target: &Entity,
+    ) -> bool {
         let source_vars: HashSet<&str> = source.vars().collect();
         let unbound: Vec<&str> = target.vars().filter(|v| !source_vars.contains(v)).collect();
         if unbound.is_empty() {
@@ -613,6 +632,58 @@ impl Compiler {
                 unbound.iter().map(|v| format!("`{{{v}}}`")).collect::<Vec<_>>().join(", "),
                 source.name,
                 source.vars().collect::<Vec<_>>().join(", ")
+            ),
+        );
+        false
+    }
+
+    /// Checks that an attribute may be written by a projection: not a key
+    /// attribute, not one of the projector's own.
+    pub(crate) fn writable(
+        &mut self,
+        context: &str,
+        what: &str,
+        attr: &str,
+        table: &TableSpec,
+    ) -> bool {
+        if attr.trim().is_empty() {
+            self.error(
+                context,
+                format!("{what}: an attribute name must not be empty"),
+            );
+            false
+        } else if table.is_key_attribute(attr) {
+            self.error(context, format!("{what} `{attr}` is a table key attribute; a projection cannot change an item's key"));
+            false
+        } else if attr.starts_with(RESERVED_PREFIX) {
+            self.error(context, format!("{what} `{attr}`: attribute names starting with `{RESERVED_PREFIX}` are the projector's own (counter records); choose another name"));
+            false
+        } else {
+            true
+        }
+    }
+
+    /// Checks that the source items of a target are found by one query:
+    /// the source's partition key uses only the target's variables.
+    pub(crate) fn queryable(&mut self, context: &str, source: &Entity, target: &Entity) -> bool {
+        let target_vars: HashSet<&str> = target.vars().collect();
+        let unqueryable: Vec<&String> = source
+            .pk
+            .vars()
+            .iter()
+            .filter(|v| !target_vars.contains(v.as_str()))
+            .collect();
+        if unqueryable.is_empty() {
+            return true;
+        }
+        self.error(
+            context,
+            format!(
+                "the source items must be found by a query on the target's variables, but the pk of `{}` (`{}`) needs {} which the target `{}` does not have",
+                source.name,
+                source.pk,
+                unqueryable.iter().map(|v| format!("`{{{v}}}`")).collect::<Vec<_>>().join(", "),
+                target.name
             ),
         );
         false
@@ -645,8 +716,17 @@ impl Compiler {
         context: &str,
         table: &TableSpec,
         entities: &[Entity],
+        all: &[RawProjection],
     ) -> Option<ProjectionKind> {
         match raw {
+            RawProjection::Rollup(raw) => {
+                crate::kinds::rollup::compile(raw, self, context, table, entities, all)
+                    .map(ProjectionKind::Rollup)
+            }
+            RawProjection::Aggregate(raw) => {
+                crate::kinds::aggregate::compile(raw, self, context, table, entities)
+                    .map(ProjectionKind::Aggregate)
+            }
             RawProjection::IndexKeys { entity, set, .. } => {
                 let entity = self.entity(context, "", entity, entities)?;
                 if set.is_empty() {
@@ -833,6 +913,8 @@ impl Compiler {
                 ProjectionKind::IndexKeys(_)
                 | ProjectionKind::Denormalize(_)
                 | ProjectionKind::Counter(_)
+                | ProjectionKind::Rollup(_)
+                | ProjectionKind::Aggregate(_)
                 | ProjectionKind::Custom(_) => None,
             })
             .collect();
@@ -870,17 +952,28 @@ impl Compiler {
                     continue;
                 }
                 for writer in projections.iter() {
+                    let names = |set: &[(String, Template)]| -> Vec<String> {
+                        set.iter().map(|(attr, _)| attr.clone()).collect()
+                    };
                     let written = match &writer.kind {
-                        ProjectionKind::InverseEdge(e) if e.target == edge.target => &e.copy,
-                        ProjectionKind::Denormalize(d) if d.target == edge.target => &d.copy,
-                        ProjectionKind::IndexKeys(k) if k.entity == edge.target => &k.set,
+                        ProjectionKind::InverseEdge(e) if e.target == edge.target => names(&e.copy),
+                        ProjectionKind::Denormalize(d) if d.target == edge.target => names(&d.copy),
+                        ProjectionKind::IndexKeys(k) if k.entity == edge.target => names(&k.set),
+                        ProjectionKind::Rollup(r) if r.target == edge.target => {
+                            vec![r.attribute.clone()]
+                        }
+                        ProjectionKind::Aggregate(a) if a.target == edge.target => {
+                            a.set.iter().map(|(attr, _)| attr.clone()).collect()
+                        }
                         ProjectionKind::IndexKeys(_)
                         | ProjectionKind::Denormalize(_)
                         | ProjectionKind::InverseEdge(_)
                         | ProjectionKind::Counter(_)
+                        | ProjectionKind::Rollup(_)
+                        | ProjectionKind::Aggregate(_)
                         | ProjectionKind::Custom(_) => continue,
                     };
-                    if written.iter().any(|(attr, _)| attr == ttl) {
+                    if written.iter().any(|attr| attr == ttl) {
                         self.error(
                             format!("projection `{}`", writer.name),
                             format!(
@@ -903,6 +996,11 @@ impl Compiler {
             let edge = match &projection.kind {
                 ProjectionKind::Denormalize(p) => Some((p.source, p.target)),
                 ProjectionKind::InverseEdge(p) => Some((p.source, p.target)),
+                ProjectionKind::Aggregate(p) => Some((p.source, p.target)),
+                ProjectionKind::Rollup(p) => match &projections[p.counter].kind {
+                    ProjectionKind::Counter(c) => Some((c.source, p.target)),
+                    _ => None,
+                },
                 ProjectionKind::IndexKeys(_)
                 | ProjectionKind::Counter(_)
                 | ProjectionKind::Custom(_) => None,
@@ -973,17 +1071,24 @@ impl Compiler {
                 }
             }
         }
-        let mut writers: BTreeMap<(EntityId, &str), Vec<&str>> = BTreeMap::new();
+        let mut writers: BTreeMap<(EntityId, String), Vec<&str>> = BTreeMap::new();
         for projection in projections {
+            let names = |set: &[(String, Template)]| -> Vec<String> {
+                set.iter().map(|(attr, _)| attr.clone()).collect()
+            };
             let (entity, written) = match &projection.kind {
-                ProjectionKind::IndexKeys(p) => (p.entity, &p.set),
-                ProjectionKind::Denormalize(p) => (p.target, &p.copy),
-                ProjectionKind::InverseEdge(p) => (p.target, &p.copy),
+                ProjectionKind::IndexKeys(p) => (p.entity, names(&p.set)),
+                ProjectionKind::Denormalize(p) => (p.target, names(&p.copy)),
+                ProjectionKind::InverseEdge(p) => (p.target, names(&p.copy)),
+                ProjectionKind::Rollup(p) => (p.target, vec![p.attribute.clone()]),
+                ProjectionKind::Aggregate(p) => {
+                    (p.target, p.set.iter().map(|(a, _)| a.clone()).collect())
+                }
                 ProjectionKind::Counter(_) | ProjectionKind::Custom(_) => continue,
             };
-            for (attr, _) in written {
+            for attr in written {
                 writers
-                    .entry((entity, attr.as_str()))
+                    .entry((entity, attr))
                     .or_default()
                     .push(projection.name.as_str());
             }
@@ -1014,6 +1119,8 @@ impl Compiler {
                 ProjectionKind::Denormalize(_)
                 | ProjectionKind::InverseEdge(_)
                 | ProjectionKind::Counter(_)
+                | ProjectionKind::Rollup(_)
+                | ProjectionKind::Aggregate(_)
                 | ProjectionKind::Custom(_) => None,
             })
             .collect();
@@ -1143,6 +1250,12 @@ fn interested(projections: &[Projection], entities: &[Entity]) -> Vec<Vec<Projec
             }
             ProjectionKind::InverseEdge(p) => add(p.source),
             ProjectionKind::Counter(p) => add(p.source),
+            // The counted items' records reach it through its counter.
+            ProjectionKind::Rollup(p) => add(p.target),
+            ProjectionKind::Aggregate(p) => {
+                add(p.source);
+                add(p.target);
+            }
             ProjectionKind::Custom(p) => {
                 if let Some(entity) = entities.iter().position(|e| e.name == p.source_entity()) {
                     add(entity);

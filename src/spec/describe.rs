@@ -155,6 +155,8 @@ impl Spec {
                     Marker::Own => String::new(),
                 }
             ),
+            ProjectionKind::Rollup(p) => crate::kinds::rollup::describe(self, p),
+            ProjectionKind::Aggregate(p) => crate::kinds::aggregate::describe(self, p),
             ProjectionKind::Custom(p) => {
                 format!("{} (Rust)", entity_name_or(self, p.source_entity()))
             }

@@ -19,6 +19,7 @@ use std::sync::Arc;
 use crate::plan::CustomProjection;
 use crate::record::{AttributeValue, Attributes, Item, ItemKey, ValueRef};
 pub use builder::SpecBuilder;
+pub(crate) use compile::{fingerprint, Compiler};
 use raw::RawSpec;
 pub use template::{Bindings, KeyPattern, RenderError, Template, TemplateError};
 
@@ -331,6 +332,10 @@ pub enum ProjectionKind {
     InverseEdge(InverseEdge),
     /// See [`Counter`].
     Counter(Counter),
+    /// See [`crate::kinds::rollup::Rollup`].
+    Rollup(crate::kinds::rollup::Rollup),
+    /// See [`crate::kinds::aggregate::Aggregate`].
+    Aggregate(crate::kinds::aggregate::Aggregate),
     /// A projection written in Rust.
     Custom(Arc<dyn CustomProjection>),
 }
@@ -342,6 +347,8 @@ impl fmt::Debug for ProjectionKind {
             ProjectionKind::Denormalize(p) => p.fmt(f),
             ProjectionKind::InverseEdge(p) => p.fmt(f),
             ProjectionKind::Counter(p) => p.fmt(f),
+            ProjectionKind::Rollup(p) => p.fmt(f),
+            ProjectionKind::Aggregate(p) => p.fmt(f),
             ProjectionKind::Custom(p) => write!(f, "Custom({})", p.name()),
         }
     }
@@ -368,6 +375,8 @@ impl Projection {
             ProjectionKind::Denormalize(_) => "denormalize",
             ProjectionKind::InverseEdge(_) => "inverse-edge",
             ProjectionKind::Counter(_) => "counter",
+            ProjectionKind::Rollup(_) => "rollup",
+            ProjectionKind::Aggregate(_) => "aggregate",
             ProjectionKind::Custom(_) => "custom",
         }
     }
@@ -632,6 +641,8 @@ impl Spec {
             ProjectionKind::IndexKeys(_)
             | ProjectionKind::Denormalize(_)
             | ProjectionKind::InverseEdge(_)
+            | ProjectionKind::Rollup(_)
+            | ProjectionKind::Aggregate(_)
             | ProjectionKind::Custom(_) => &self.projections[id].name,
         }
     }
@@ -723,6 +734,8 @@ impl Spec {
                 | ProjectionKind::Denormalize(_)
                 | ProjectionKind::InverseEdge(_)
                 | ProjectionKind::Counter(_)
+                | ProjectionKind::Rollup(_)
+                | ProjectionKind::Aggregate(_)
                 | ProjectionKind::Custom(_) => format!("{}={:016x}", p.name, p.fingerprint),
             })
             .collect();

@@ -146,6 +146,10 @@ pub enum RawProjection {
         #[serde(default, skip_serializing_if = "Option::is_none")]
         storage: Option<String>,
     },
+    /// A counter's total kept on an item (see [`crate::kinds::rollup`]).
+    Rollup(crate::kinds::rollup::RawRollup),
+    /// Totals over a partition's items (see [`crate::kinds::aggregate`]).
+    Aggregate(crate::kinds::aggregate::RawAggregate),
 }
 
 fn default_shards() -> u32 {
@@ -160,6 +164,8 @@ impl RawProjection {
             | RawProjection::Denormalize { name, .. }
             | RawProjection::InverseEdge { name, .. }
             | RawProjection::Counter { name, .. } => name,
+            RawProjection::Rollup(p) => &p.name,
+            RawProjection::Aggregate(p) => &p.name,
         }
     }
 
@@ -186,6 +192,8 @@ impl RawProjection {
             RawProjection::Denormalize { .. } => "denormalize",
             RawProjection::InverseEdge { .. } => "inverse-edge",
             RawProjection::Counter { .. } => "counter",
+            RawProjection::Rollup(_) => "rollup",
+            RawProjection::Aggregate(_) => "aggregate",
         }
     }
 }

@@ -1,0 +1,504 @@
+//! `rollup`: a counter's total kept on an item, so an application reads
+//! one item instead of summing shards.
+//!
+//! ```toml
+//! [[projections]]
+//! name = "followers-count"
+//! kind = "rollup"
+//! counter = "followers"          # a counter projection of the same spec
+//! target = "profile"             # USER#{userId} / PROFILE
+//! attribute = "followersCount"
+//! ```
+//!
+//! The target's key variables are exactly the counter's `of` variables:
+//! one target item per counted instance. The planner never plans a total:
+//! every effect that can move a shard of the counter (a membership that
+//! changes, a record dropped) is followed by a recompute of the instance's
+//! target, which reads the shards consistently after the shard moved and
+//! writes their sum on condition of the target's token. Records of the
+//! target (it appears, a writer overwrote the total) recompute it too; a
+//! target that does not exist is never created.
+//!
+//! A rollup reads the version of its counter that readers read: while a
+//! changed counter is rebuilt beside the old one, the old one; while the
+//! version readers read is frozen, nothing moves it and the rollup is
+//! left as it is. Its fingerprint covers that version, so when the
+//! counter's readers switch, `status` asks for the rollup's backfill.
+
+use std::collections::{BTreeSet, HashMap};
+
+use serde::{Deserialize, Serialize};
+
+use super::{bind, token_attribute, Expected, TargetState};
+use crate::apply::COUNT_ATTRIBUTE;
+use crate::plan::{changed, Effect, Op, PlanProblem, Selection, Sources, Subject};
+use crate::record::{AttributeValue, ChangeKind, Item, ItemKey};
+use crate::spec::raw::RawProjection;
+use crate::spec::{
+    old_version_of, Compiler, EntityId, Projection, ProjectionId, ProjectionKind, Spec, TableSpec,
+};
+
+/// The `[[projections]]` section of `kind = "rollup"`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawRollup {
+    /// Projection name.
+    pub name: String,
+    /// A counter projection of the same spec.
+    pub counter: String,
+    /// The entity whose items carry the total; its key variables are the
+    /// counter's `of` variables.
+    pub target: String,
+    /// The attribute that holds the total.
+    pub attribute: String,
+}
+
+/// A compiled `rollup`.
+#[derive(Debug, Clone)]
+pub struct Rollup {
+    /// The counter it totals.
+    pub counter: ProjectionId,
+    /// The entity written on.
+    pub target: EntityId,
+    /// The attribute written.
+    pub attribute: String,
+    /// The version of the counter readers read: the counter, or its old
+    /// version kept beside it while it is rebuilt.
+    pub reads: ProjectionId,
+    /// The version readers read is frozen: nothing moves it, nothing
+    /// recomputes the rollup.
+    pub frozen: bool,
+    /// The fingerprint of the definition alone, before the version read
+    /// is mixed in.
+    pub(crate) definition: u64,
+}
+
+/// Compiles a raw `rollup`; `all` are the spec's raw projections (the
+/// counter's id is its position there).
+pub(crate) fn compile(
+    raw: &RawRollup,
+    cx: &mut Compiler,
+    context: &str,
+    table: &TableSpec,
+    entities: &[crate::spec::Entity],
+    all: &[RawProjection],
+) -> Option<Rollup> {
+    let target = cx.entity(context, "target", &raw.target, entities);
+    let counters: Vec<&str> = all
+        .iter()
+        .filter(|p| matches!(p, RawProjection::Counter { .. }) && !p.name().contains('~'))
+        .map(RawProjection::name)
+        .collect();
+    let counter = all.iter().position(|p| p.name() == raw.counter);
+    let of_names = match counter.map(|id| &all[id]) {
+        Some(RawProjection::Counter { of, source, .. }) => {
+            let names: BTreeSet<&str> = of.keys().map(String::as_str).collect();
+            if target.is_some_and(|t| entities[t].name == *source) {
+                cx.error(
+                    context,
+                    format!("target `{}` is the entity counter `{}` counts: writing the total on the counted items would feed the counter its own output", raw.target, raw.counter),
+                );
+                return None;
+            }
+            Some(names)
+        }
+        Some(other) => {
+            cx.error(
+                context,
+                format!(
+                    "`counter = \"{}\"` names a {} projection; a rollup totals a counter (counters here: {})",
+                    raw.counter,
+                    other.kind(),
+                    if counters.is_empty() { "none".to_string() } else { counters.join(", ") }
+                ),
+            );
+            None
+        }
+        None => {
+            cx.error(
+                context,
+                format!(
+                    "unknown counter `{}` (counters here: {})",
+                    raw.counter,
+                    if counters.is_empty() {
+                        "none".to_string()
+                    } else {
+                        counters.join(", ")
+                    }
+                ),
+            );
+            None
+        }
+    };
+    let writable = cx.writable(context, "attribute", &raw.attribute, table);
+    let (target, of_names, counter) = (target?, of_names?, counter?);
+    let target_vars: BTreeSet<&str> = entities[target].vars().collect();
+    if target_vars != of_names {
+        cx.error(
+            context,
+            format!(
+                "target `{}` has key variables {{{}}} but counter `{}` counts per {{{}}}: the target's key variables must be exactly the counter's `of` variables, one target item per counted instance",
+                entities[target].name,
+                target_vars.iter().copied().collect::<Vec<_>>().join(", "),
+                raw.counter,
+                of_names.iter().copied().collect::<Vec<_>>().join(", "),
+            ),
+        );
+        return None;
+    }
+    if !writable {
+        return None;
+    }
+    Some(Rollup {
+        counter,
+        target,
+        attribute: raw.attribute.clone(),
+        reads: counter,
+        frozen: false,
+        definition: 0,
+    })
+}
+
+/// Settles what each rollup reads once the spec is laid out (an old
+/// version kept beside its counter, a frozen version readers read) and
+/// mixes that version into the rollup's fingerprint.
+pub(crate) fn settle(projections: &mut [Projection], frozen: &[String]) {
+    // Each projection's name and, for a counter, its storage and `of` names.
+    type Named = (String, Option<(String, BTreeSet<String>)>);
+    let names: Vec<Named> = projections
+        .iter()
+        .map(|p| {
+            let counter = match &p.kind {
+                ProjectionKind::Counter(c) => Some((
+                    c.storage.clone(),
+                    c.of.iter().map(|(name, _)| name.clone()).collect(),
+                )),
+                _ => None,
+            };
+            (p.name.clone(), counter)
+        })
+        .collect();
+    let fingerprints: Vec<u64> = projections.iter().map(|p| p.fingerprint).collect();
+    for projection in projections.iter_mut() {
+        let ProjectionKind::Rollup(rollup) = &mut projection.kind else {
+            continue;
+        };
+        if rollup.definition == 0 {
+            rollup.definition = projection.fingerprint;
+        }
+        let counter_name = &names[rollup.counter].0;
+        let old = names.iter().position(|(name, counter)| {
+            counter.is_some() && old_version_of(name).is_some_and(|(base, _)| base == counter_name)
+        });
+        let frozen_storage = frozen.iter().find(|storage| {
+            storage.as_str() == counter_name
+                || old_version_of(storage).is_some_and(|(base, _)| base == counter_name)
+        });
+        let of = |id: ProjectionId| names[id].1.as_ref().map(|(_, of)| of.clone());
+        rollup.reads = old.unwrap_or(rollup.counter);
+        // An old version that counts per other variables cannot give
+        // this target its total: like a frozen one, until the switch.
+        rollup.frozen = frozen_storage.is_some() || of(rollup.reads) != of(rollup.counter);
+        let read = match frozen_storage {
+            Some(storage) => format!("frozen {storage}"),
+            None => format!(
+                "{:016x}@{}",
+                fingerprints[rollup.reads],
+                names[rollup.reads]
+                    .1
+                    .as_ref()
+                    .map_or("", |(s, _)| s.as_str())
+            ),
+        };
+        projection.fingerprint = crate::spec::fingerprint(&format!(
+            "{:016x};reads {read};frozen {}",
+            rollup.definition, rollup.frozen
+        ));
+    }
+}
+
+/// Records of the target: it appears (the total appears with it), or its
+/// total or token changed (a writer overwrote them).
+pub(crate) fn plan(
+    spec: &Spec,
+    id: ProjectionId,
+    p: &Rollup,
+    subject: &Subject<'_>,
+    effects: &mut Vec<Effect>,
+) -> Result<(), PlanProblem> {
+    if p.frozen {
+        return Ok(());
+    }
+    let record = subject.record;
+    let token = token_attribute(&spec.projections[id].name);
+    let relevant = match record.kind {
+        ChangeKind::Insert => true,
+        ChangeKind::Modify => changed(record, [&p.attribute, &token]),
+        ChangeKind::Remove => false,
+    };
+    if let (true, Some(op)) = (relevant, recompute_op(spec, p, &subject.key)) {
+        effects.push(Effect { projection: id, op });
+    }
+    Ok(())
+}
+
+/// The recompute of target `target`: a consistent read of the shards of
+/// the instance its key names, in the version readers read.
+pub(crate) fn recompute_op(spec: &Spec, p: &Rollup, target: &ItemKey) -> Option<Op> {
+    if p.frozen {
+        return None;
+    }
+    let ProjectionKind::Counter(counter) = &spec.projections[p.reads].kind else {
+        return None;
+    };
+    let entity = &spec.entities[p.target];
+    let mut vars = Vec::new();
+    if !entity.pk.match_into(&target.pk, &mut vars) {
+        return None;
+    }
+    if let (Some(pattern), Some(sk)) = (&entity.sk, target.sk.as_deref()) {
+        if !pattern.match_into(sk, &mut vars) {
+            return None;
+        }
+    }
+    let values: Vec<String> = counter
+        .of
+        .iter()
+        .map(|(name, _)| crate::spec::template::lookup(&vars, name).map(str::to_string))
+        .collect::<Option<_>>()?;
+    let shards = (0..counter.shards)
+        .map(|shard| spec.counter_shard_key(&counter.storage, &values, shard))
+        .collect();
+    Some(Op::Recompute {
+        target: target.clone(),
+        sources: Sources::Items(shards),
+    })
+}
+
+/// After every effect that can move a shard of a counter some rollup
+/// reads, the recompute of that instance's target (once per target).
+/// A selection that names the counter selects its rollups too: a replay
+/// or redrive of the counter alone keeps them equal to it.
+pub(crate) fn follow_counters(spec: &Spec, selection: Selection<'_>, effects: &mut Vec<Effect>) {
+    let rollups: Vec<(ProjectionId, &Rollup)> = spec
+        .projections
+        .iter()
+        .enumerate()
+        .filter_map(|(id, p)| match &p.kind {
+            ProjectionKind::Rollup(r) if !r.frozen => Some((id, r)),
+            _ => None,
+        })
+        .collect();
+    if rollups.is_empty() {
+        return;
+    }
+    let mut moved: Vec<(ProjectionId, String)> = Vec::new();
+    for effect in effects.iter() {
+        match &effect.op {
+            Op::Membership {
+                counters,
+                state,
+                was_present,
+                guard,
+                ..
+            } if guard.is_some() || *was_present != state.is_present() => {
+                moved.extend(counters.iter().map(|c| (c.counter, c.key.pk.clone())));
+            }
+            Op::DropRecord { counter, shard, .. } => moved.push((*counter, shard.clone())),
+            _ => {}
+        }
+    }
+    for (counter, shard) in moved {
+        for &(id, rollup) in &rollups {
+            if rollup.reads != counter {
+                continue;
+            }
+            if selection.is_some_and(|s| {
+                !(s.contains(&id) || s.contains(&rollup.counter) || s.contains(&rollup.reads))
+            }) {
+                continue;
+            }
+            let ProjectionKind::Counter(c) = &spec.projections[counter].kind else {
+                continue;
+            };
+            let Some(values) = instance(&c.storage, c.of.len(), &shard) else {
+                tracing::warn!(rollup = %spec.projections[id].name, shard = %shard, "cannot tell the counted instance from the shard key (a value holds `#`); the rollup is recomputed by its target's next change or a backfill");
+                continue;
+            };
+            let bindings: Vec<(&str, &str)> =
+                c.of.iter()
+                    .map(|(name, _)| name.as_str())
+                    .zip(values.iter().map(String::as_str))
+                    .collect();
+            let Some(target) = spec.entities[rollup.target].render_key(&bindings) else {
+                continue;
+            };
+            let exists = effects.iter().any(|e| {
+                e.projection == id
+                    && matches!(&e.op, Op::Recompute { target: t, .. } if *t == target)
+            });
+            if exists {
+                continue;
+            }
+            if let Some(op) = recompute_op(spec, rollup, &target) {
+                effects.push(Effect { projection: id, op });
+            }
+        }
+    }
+}
+
+/// The `of` values a shard's partition key `COUNTER#storage#v1#..#shard`
+/// names; `None` when a value's own `#` makes it ambiguous.
+fn instance(storage: &str, n: usize, shard_pk: &str) -> Option<Vec<String>> {
+    let rest = shard_pk
+        .strip_prefix("COUNTER#")?
+        .strip_prefix(storage)?
+        .strip_prefix('#')?;
+    let (values, _shard) = match rest.rsplit_once('#') {
+        Some(split) => split,
+        None if n == 0 => return Some(Vec::new()),
+        None => return None,
+    };
+    match n {
+        0 => None,
+        1 => Some(vec![values.to_string()]),
+        _ => {
+            let parts: Vec<String> = values.split('#').map(str::to_string).collect();
+            (parts.len() == n).then_some(parts)
+        }
+    }
+}
+
+/// The total of the shards a recompute read.
+pub fn compute(_spec: &Spec, p: &Rollup, shards: &[Item]) -> Result<TargetState, String> {
+    let mut total: i64 = 0;
+    for shard in shards {
+        match shard.get(COUNT_ATTRIBUTE) {
+            None => {}
+            Some(AttributeValue::N(n)) => {
+                total += n
+                    .parse::<i64>()
+                    .map_err(|_| format!("counter shard holds count {n:?}, not an integer"))?;
+            }
+            Some(other) => {
+                return Err(format!(
+                    "counter shard holds a count that is {}, not a number",
+                    crate::spec::template::type_name(other)
+                ))
+            }
+        }
+    }
+    Ok(vec![(
+        p.attribute.clone(),
+        Some(AttributeValue::N(total.to_string())),
+    )])
+}
+
+/// For the audit: every target some counted source item totals into,
+/// with the total the spec computes (the number of counted items) and
+/// those items. `None` while the version readers read is frozen.
+pub(crate) fn expected(
+    spec: &Spec,
+    p: &Rollup,
+    items: &[(EntityId, ItemKey, Item)],
+) -> Option<Expected> {
+    if p.frozen {
+        return None;
+    }
+    let ProjectionKind::Counter(counter) = &spec.projections[p.reads].kind else {
+        return None;
+    };
+    let mut counted: HashMap<ItemKey, Vec<ItemKey>> = HashMap::new();
+    for (entity, key, item) in items {
+        if *entity != counter.source || !counter.when.holds(Some(item)) {
+            continue;
+        }
+        let Some(vars) = bind(spec, &spec.entities[counter.source], item) else {
+            continue;
+        };
+        let Ok(values) = counter
+            .of
+            .iter()
+            .map(|(name, template)| template.render(&vars, None::<&Item>).map(|v| (name, v)))
+            .collect::<Result<Vec<_>, _>>()
+        else {
+            continue;
+        };
+        let bindings: Vec<(&str, &str)> = values
+            .iter()
+            .map(|(n, v)| (n.as_str(), v.as_str()))
+            .collect();
+        if let Some(target) = spec.entities[p.target].render_key(&bindings) {
+            counted.entry(target).or_default().push(key.clone());
+        }
+    }
+    Some(
+        counted
+            .into_iter()
+            .map(|(target, sources)| {
+                let total = AttributeValue::N(sources.len().to_string());
+                (
+                    target,
+                    (Ok(vec![(p.attribute.clone(), Some(total))]), sources),
+                )
+            })
+            .collect(),
+    )
+}
+
+/// One line for `plan --describe` and `status`.
+pub(crate) fn describe(spec: &Spec, p: &Rollup) -> String {
+    format!(
+        "{}.{} = counter `{}`{}",
+        spec.entities[p.target].name,
+        p.attribute,
+        spec.projections[p.counter].name,
+        if p.reads != p.counter {
+            format!(
+                " (reading `{}` while it is rebuilt)",
+                spec.projections[p.reads].name
+            )
+        } else if p.frozen {
+            " (frozen while it is rebuilt)".to_string()
+        } else {
+            String::new()
+        }
+    )
+}
+
+/// What `filters` tells a person about the records this kind makes pass.
+pub(crate) fn filter_note(spec: &Spec, name: &str, p: &Rollup) -> String {
+    format!(
+        "rollup `{name}`: records of its target `{}` pass (an INSERT brings the total, a writer that overwrites it is corrected), including the MODIFY of the projector's own write, which reads the shards again and writes nothing; the counted items' records already pass for counter `{}`",
+        spec.entities[p.target].name, spec.projections[p.counter].name
+    )
+}
+
+/// The attributes it writes on its target entity, the token included.
+pub(crate) fn written(name: &str, p: &Rollup) -> Vec<String> {
+    vec![p.attribute.clone(), token_attribute(name)]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::instance;
+
+    #[test]
+    fn reads_the_instance_back_from_a_shard_key() {
+        assert_eq!(
+            instance("followers", 1, "COUNTER#followers#b#3"),
+            Some(vec!["b".to_string()])
+        );
+        assert_eq!(
+            instance("followers", 1, "COUNTER#followers#a#b#3"),
+            Some(vec!["a#b".to_string()])
+        );
+        assert_eq!(instance("total", 0, "COUNTER#total#0"), Some(Vec::new()));
+        assert_eq!(
+            instance("pair", 2, "COUNTER#pair#x#y#7"),
+            Some(vec!["x".to_string(), "y".to_string()])
+        );
+        assert_eq!(instance("pair", 2, "COUNTER#pair#x#y#z#7"), None);
+        assert_eq!(instance("followers", 1, "COUNTER#following#b#3"), None);
+    }
+}
