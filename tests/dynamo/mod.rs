@@ -8,6 +8,7 @@ mod backfill;
 mod delivery;
 mod faults;
 mod holds;
+mod kinds;
 mod lambda;
 mod lifecycle;
 mod membership;

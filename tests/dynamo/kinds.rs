@@ -1,0 +1,460 @@
+//! `rollup` and `aggregate` against DynamoDB Local: the shipped specs'
+//! totals under every order of their records, targets that appear late,
+//! exact decimals, bad values, replays, backfill and audit.
+
+use aws_sdk_dynamodb::types::AttributeValue as Av;
+use ddb_projector::apply::{Applier, BatchOptions, RecordStatus};
+use ddb_projector::audit::{audit, AuditOptions};
+use ddb_projector::backfill::{backfill, BackfillOptions};
+use ddb_projector::record::ChangeKind;
+
+use super::model::{attrs, campaign, change, follow, profile, user_counter, Attrs, Record, Rng};
+use super::support::{self, get, s};
+
+async fn write(client: &aws_sdk_dynamodb::Client, table: &str, item: &Attrs) {
+    super::model::put_item(client, table, item).await;
+}
+
+fn number(item: &Attrs, name: &str) -> Option<String> {
+    match item.get(name) {
+        Some(Av::N(n)) => Some(n.clone()),
+        _ => None,
+    }
+}
+
+/// Applies `records` in batches of random sizes, some records twice.
+async fn deliver(applier: &Applier, records: &[Record], rng: &mut Rng) -> Vec<RecordStatus> {
+    let mut statuses = Vec::new();
+    let mut at = 0;
+    while at < records.len() {
+        let size = 1 + rng.below(3) as usize;
+        let end = (at + size).min(records.len());
+        let batch = &records[at..end];
+        let outcome = applier
+            .apply_batch(batch, &BatchOptions::default())
+            .await
+            .expect("batch");
+        statuses.extend(outcome.statuses);
+        if rng.chance(30) {
+            // A Lambda retry of the same batch.
+            applier
+                .apply_batch(batch, &BatchOptions::default())
+                .await
+                .expect("batch again");
+        }
+        at = end;
+    }
+    statuses
+}
+
+/// Interleaves per-item sequences (each item's records stay in order, as
+/// Lambda keeps them) in a random order.
+fn interleave(mut streams: Vec<Vec<Record>>, rng: &mut Rng) -> Vec<Record> {
+    let mut out = Vec::new();
+    for stream in &mut streams {
+        stream.reverse();
+    }
+    loop {
+        let open: Vec<usize> = (0..streams.len())
+            .filter(|&i| !streams[i].is_empty())
+            .collect();
+        if open.is_empty() {
+            return out;
+        }
+        let pick = open[rng.below(open.len() as u64) as usize];
+        out.push(streams[pick].pop().expect("open"));
+    }
+}
+
+#[tokio::test]
+async fn rollups_equal_their_counters_in_every_order_and_wait_for_the_profile() {
+    for seed in 0..4u64 {
+        let mut rng = Rng::new(seed);
+        let support::Fixture {
+            applier,
+            client,
+            table,
+            spec,
+        } = support::fixture(support::shipped_spec("social-service.toml"), "rollup").await;
+        // b has a profile from the start, a gets one late, d never does.
+        let (ab, cb, db, ba) = (
+            follow("a", "b", "t1"),
+            follow("c", "b", "t2"),
+            follow("d", "b", "t3"),
+            follow("b", "a", "t4"),
+        );
+        let (pa, pb) = (profile("a"), profile("b"));
+        for item in [&ab, &db, &ba, &pa, &pb] {
+            write(&client, &table, item).await;
+        }
+        let mut seq = 0;
+        let mut next = || {
+            seq += 1;
+            seq
+        };
+        let streams = vec![
+            vec![change(next(), ChangeKind::Insert, None, Some(&pb))],
+            vec![change(next(), ChangeKind::Insert, None, Some(&ab))],
+            vec![
+                change(next(), ChangeKind::Insert, None, Some(&cb)),
+                change(next(), ChangeKind::Remove, Some(&cb), None),
+            ],
+            vec![change(next(), ChangeKind::Insert, None, Some(&db))],
+            vec![change(next(), ChangeKind::Insert, None, Some(&ba))],
+            vec![change(next(), ChangeKind::Insert, None, Some(&pa))],
+        ];
+        let records = interleave(streams, &mut rng);
+        let statuses = deliver(&applier, &records, &mut rng).await;
+        assert!(
+            statuses
+                .iter()
+                .all(|s| matches!(s, RecordStatus::Applied | RecordStatus::Skipped(_))),
+            "seed {seed}: {statuses:?}"
+        );
+        let b = get(&client, &table, "USER#b", "PROFILE").await.unwrap();
+        let a = get(&client, &table, "USER#a", "PROFILE").await.unwrap();
+        for (user, item, counter, attribute) in [
+            ("b", &b, "followers", "followersCount"),
+            ("b", &b, "following", "followingCount"),
+            ("a", &a, "followers", "followersCount"),
+            ("a", &a, "following", "followingCount"),
+        ] {
+            let want = user_counter(&client, &table, &spec, counter, user).await;
+            assert_eq!(
+                number(item, attribute),
+                Some(want.to_string()),
+                "seed {seed}: {user}'s {attribute} against counter {counter}"
+            );
+        }
+        assert_eq!(number(&b, "followersCount").as_deref(), Some("2"));
+        assert_eq!(number(&a, "followingCount").as_deref(), Some("1"));
+        // d follows b but has no profile: the rollup never creates one.
+        assert!(get(&client, &table, "USER#d", "PROFILE").await.is_none());
+
+        // Everything again (a full replay, other batches): the same state.
+        // A replay re-lives the history (c follows b and leaves again), so
+        // bookkeeping moves: the shards' churn and the totals' tokens.
+        let key = |i: &Attrs| (support::text(i, "PK"), support::text(i, "SK"));
+        let state = |items: Vec<Attrs>| -> Vec<Attrs> {
+            items
+                .into_iter()
+                .map(|mut item| {
+                    item.retain(|name, _| name != "changes" && !name.starts_with("_ddbp#v#"));
+                    item
+                })
+                .collect()
+        };
+        let mut before = state(support::scan_all(&client, &table).await);
+        deliver(&applier, &records, &mut rng).await;
+        let mut after = state(support::scan_all(&client, &table).await);
+        before.sort_by_key(key);
+        after.sort_by_key(key);
+        assert_eq!(before, after, "seed {seed}");
+    }
+}
+
+#[tokio::test]
+async fn a_writer_that_overwrites_the_profile_gets_its_totals_back() {
+    let support::Fixture {
+        applier,
+        client,
+        table,
+        ..
+    } = support::fixture(support::shipped_spec("social-service.toml"), "rollup-ow").await;
+    let ab = follow("a", "b", "t1");
+    let pb = profile("b");
+    write(&client, &table, &ab).await;
+    write(&client, &table, &pb).await;
+    let records = [
+        change(1, ChangeKind::Insert, None, Some(&pb)),
+        change(2, ChangeKind::Insert, None, Some(&ab)),
+    ];
+    applier
+        .apply_batch(&records, &BatchOptions::default())
+        .await
+        .unwrap();
+    let stored = get(&client, &table, "USER#b", "PROFILE").await.unwrap();
+    assert_eq!(number(&stored, "followersCount").as_deref(), Some("1"));
+    // The writer puts the profile back without the derived attributes.
+    let mut renamed = pb.clone();
+    renamed.insert("firstName".into(), s("Samantha"));
+    write(&client, &table, &renamed).await;
+    applier
+        .apply_batch(
+            &[change(3, ChangeKind::Modify, Some(&stored), Some(&renamed))],
+            &BatchOptions::default(),
+        )
+        .await
+        .unwrap();
+    let stored = get(&client, &table, "USER#b", "PROFILE").await.unwrap();
+    assert_eq!(number(&stored, "followersCount").as_deref(), Some("1"));
+    assert_eq!(number(&stored, "followingCount").as_deref(), Some("0"));
+    assert_eq!(
+        support::text(&stored, "firstName").as_deref(),
+        Some("Samantha")
+    );
+}
+
+fn perf(campaign: &str, date: &str, spend: Option<Av>, clicks: Option<i64>) -> Attrs {
+    let mut item = attrs(&[
+        ("PK", s(&format!("CAMPAIGN#{campaign}"))),
+        ("SK", s(&format!("PERF#{date}"))),
+        ("impressions", Av::N("1000".into())),
+    ]);
+    if let Some(spend) = spend {
+        item.insert("spend".into(), spend);
+    }
+    if let Some(clicks) = clicks {
+        item.insert("clicks".into(), Av::N(clicks.to_string()));
+    }
+    item
+}
+
+fn money(text: &str) -> Option<Av> {
+    Some(Av::N(text.to_string()))
+}
+
+#[tokio::test]
+async fn aggregate_totals_are_exact_in_every_order_and_follow_deletes() {
+    for seed in 0..3u64 {
+        let mut rng = Rng::new(seed);
+        let support::Fixture {
+            applier,
+            client,
+            table,
+            ..
+        } = support::fixture(support::shipped_spec("ads-platform.toml"), "aggregate").await;
+        let c1 = campaign("c1", "p1", "ENABLED");
+        let d1 = perf("c1", "2026-11-01", money("0.1"), Some(3));
+        let d2 = perf("c1", "2026-11-02", money("0.2"), None);
+        let d2b = perf("c1", "2026-11-02", money("0.25"), Some(4));
+        let d3 = perf(
+            "c1",
+            "2026-11-03",
+            money("12345678901234567890.01"),
+            Some(1),
+        );
+        for item in [&c1, &d1, &d2b, &d3] {
+            write(&client, &table, item).await;
+        }
+        let streams = vec![
+            vec![change(1, ChangeKind::Insert, None, Some(&c1))],
+            vec![change(2, ChangeKind::Insert, None, Some(&d1))],
+            vec![
+                change(3, ChangeKind::Insert, None, Some(&d2)),
+                change(4, ChangeKind::Modify, Some(&d2), Some(&d2b)),
+            ],
+            vec![change(5, ChangeKind::Insert, None, Some(&d3))],
+        ];
+        let records = interleave(streams, &mut rng);
+        deliver(&applier, &records, &mut rng).await;
+        let stored = get(&client, &table, "CAMPAIGN#c1", "METADATA")
+            .await
+            .unwrap();
+        // 0.1 + 0.25 + 12345678901234567890.01, digit by digit.
+        assert_eq!(
+            number(&stored, "totalSpend").as_deref(),
+            Some("12345678901234567890.36"),
+            "seed {seed}"
+        );
+        assert_eq!(number(&stored, "totalClicks").as_deref(), Some("8"));
+        assert_eq!(number(&stored, "totalImpressions").as_deref(), Some("3000"));
+        assert_eq!(number(&stored, "days").as_deref(), Some("3"));
+        assert_eq!(
+            support::text(&stored, "firstDate").as_deref(),
+            Some("2026-11-01")
+        );
+        assert_eq!(
+            support::text(&stored, "lastDate").as_deref(),
+            Some("2026-11-03")
+        );
+
+        // Every snapshot goes: count() is 0, the other totals go.
+        for (i, item) in [&d1, &d2b, &d3].into_iter().enumerate() {
+            let key = (
+                support::text(item, "PK").unwrap(),
+                support::text(item, "SK").unwrap(),
+            );
+            support::delete(&client, &table, &key.0, &key.1).await;
+            applier
+                .apply_batch(
+                    &[change(10 + i as u64, ChangeKind::Remove, Some(item), None)],
+                    &BatchOptions::default(),
+                )
+                .await
+                .unwrap();
+        }
+        let stored = get(&client, &table, "CAMPAIGN#c1", "METADATA")
+            .await
+            .unwrap();
+        assert_eq!(number(&stored, "days").as_deref(), Some("0"));
+        for gone in ["totalSpend", "totalClicks", "firstDate", "lastDate"] {
+            assert!(!stored.contains_key(gone), "seed {seed}: {gone} stays");
+        }
+    }
+}
+
+#[tokio::test]
+async fn aggregate_waits_for_its_target_and_names_a_bad_value() {
+    let support::Fixture {
+        applier,
+        client,
+        table,
+        ..
+    } = support::fixture(support::shipped_spec("ads-platform.toml"), "aggregate-bad").await;
+    let d1 = perf("c2", "2026-11-01", money("5"), Some(1));
+    write(&client, &table, &d1).await;
+    let outcome = applier
+        .apply_batch(
+            &[change(1, ChangeKind::Insert, None, Some(&d1))],
+            &BatchOptions::default(),
+        )
+        .await
+        .unwrap();
+    assert_eq!(outcome.statuses, vec![RecordStatus::Applied]);
+    assert!(get(&client, &table, "CAMPAIGN#c2", "METADATA")
+        .await
+        .is_none());
+    // The campaign appears: its totals come with it.
+    let c2 = campaign("c2", "p1", "ENABLED");
+    write(&client, &table, &c2).await;
+    applier
+        .apply_batch(
+            &[change(2, ChangeKind::Insert, None, Some(&c2))],
+            &BatchOptions::default(),
+        )
+        .await
+        .unwrap();
+    let stored = get(&client, &table, "CAMPAIGN#c2", "METADATA")
+        .await
+        .unwrap();
+    assert_eq!(number(&stored, "totalSpend").as_deref(), Some("5"));
+
+    // A snapshot whose spend is text cannot be summed: its record is a
+    // dead letter naming the item, the attribute and the function.
+    let bad = perf("c2", "2026-11-02", Some(s("lots")), Some(1));
+    write(&client, &table, &bad).await;
+    let outcome = applier
+        .apply_batch(
+            &[change(3, ChangeKind::Insert, None, Some(&bad))],
+            &BatchOptions::default(),
+        )
+        .await
+        .unwrap();
+    let RecordStatus::DeadLettered(reasons) = &outcome.statuses[0] else {
+        panic!("{:?}", outcome.statuses);
+    };
+    let reason = reasons.join("; ");
+    for part in [
+        "campaign-totals",
+        "CAMPAIGN#c2",
+        "PERF#2026-11-02",
+        "`spend`",
+        "sum(spend)",
+    ] {
+        assert!(reason.contains(part), "{part} missing from: {reason}");
+    }
+    // Fixed by the writer: the totals take it in.
+    let fixed = perf("c2", "2026-11-02", money("2.5"), Some(1));
+    write(&client, &table, &fixed).await;
+    let outcome = applier
+        .apply_batch(
+            &[change(4, ChangeKind::Modify, Some(&bad), Some(&fixed))],
+            &BatchOptions::default(),
+        )
+        .await
+        .unwrap();
+    // Held behind the item's dead letter (order per item) until redriven.
+    assert!(
+        matches!(&outcome.statuses[0], RecordStatus::DeadLettered(r) if r[0].contains("held")),
+        "{:?}",
+        outcome.statuses
+    );
+    let summary = applier.redrive(None).await.unwrap();
+    assert_eq!(summary.still_failing, 0, "{summary:?}");
+    let stored = get(&client, &table, "CAMPAIGN#c2", "METADATA")
+        .await
+        .unwrap();
+    assert_eq!(number(&stored, "totalSpend").as_deref(), Some("7.5"));
+    assert_eq!(number(&stored, "days").as_deref(), Some("2"));
+}
+
+#[tokio::test]
+async fn backfill_derives_totals_and_audit_finds_and_repairs_drift() {
+    for file in ["social-service.toml", "ads-platform.toml"] {
+        let support::Fixture {
+            applier,
+            client,
+            table,
+            spec,
+        } = support::fixture(support::shipped_spec(file), "kinds-audit").await;
+        // Source items written without a stream: a backfill derives.
+        for item in [
+            follow("a", "b", "t1"),
+            follow("c", "b", "t2"),
+            profile("b"),
+            profile("c"),
+            campaign("c1", "p1", "ENABLED"),
+            perf("c1", "2026-11-01", money("1.5"), Some(2)),
+            perf("c1", "2026-11-02", money("2"), Some(3)),
+        ] {
+            write(&client, &table, &item).await;
+        }
+        let summary = backfill(
+            &applier,
+            &BackfillOptions {
+                progress: false,
+                ..BackfillOptions::default()
+            },
+        )
+        .await
+        .expect("backfill");
+        assert!(summary.is_done());
+        let options = AuditOptions {
+            segments: 2,
+            repair: false,
+            progress: false,
+            page_size: Some(3),
+        };
+        let clean = audit(&applier, &options).await.expect("audit");
+        assert!(clean.is_clean(), "{file}: {}", clean.to_text(&spec));
+        let (target, attribute, want) = if file.starts_with("social") {
+            (("USER#b", "PROFILE"), "followersCount", "2")
+        } else {
+            (("CAMPAIGN#c1", "METADATA"), "totalSpend", "3.5")
+        };
+        let stored = get(&client, &table, target.0, target.1).await.unwrap();
+        assert_eq!(number(&stored, attribute).as_deref(), Some(want), "{file}");
+
+        // Drift: a hand-written total.
+        let mut drifted = stored.clone();
+        drifted.insert(attribute.into(), Av::N("99".into()));
+        write(&client, &table, &drifted).await;
+        let report = audit(&applier, &options).await.expect("audit");
+        let found: Vec<(String, String)> = report
+            .findings
+            .iter()
+            .map(|f| (f.problem.label(), f.key.clone()))
+            .collect();
+        assert_eq!(
+            found,
+            [("stale".to_string(), format!("{} / {}", target.0, target.1))],
+            "{file}: {}",
+            report.to_text(&spec)
+        );
+        let repaired = audit(
+            &applier,
+            &AuditOptions {
+                repair: true,
+                ..options.clone()
+            },
+        )
+        .await
+        .expect("repair");
+        assert_eq!(repaired.repaired, 1, "{}", repaired.to_text(&spec));
+        let stored = get(&client, &table, target.0, target.1).await.unwrap();
+        assert_eq!(number(&stored, attribute).as_deref(), Some(want), "{file}");
+        let after = audit(&applier, &options).await.expect("audit");
+        assert!(after.is_clean(), "{file}: {}", after.to_text(&spec));
+    }
+}
