@@ -906,6 +906,7 @@ impl Registry {
         ids: &[ProjectionId],
         run: &str,
     ) -> Result<ClaimOutcome, ApplyError> {
+        let ids = &crate::kinds::rollup::with_counters(spec, ids)[..];
         let snapshot = self.snapshot(spec).await?;
         let now = now_ms();
         for &id in ids {
@@ -1011,6 +1012,7 @@ impl Registry {
         ids: &[ProjectionId],
         run: &str,
     ) -> Result<Completion, ApplyError> {
+        let ids = &crate::kinds::rollup::with_counters(spec, ids)[..];
         let mut snapshot = self.snapshot(spec).await?;
         let now = now_ms();
         let mut completion = Completion::default();
@@ -1492,7 +1494,6 @@ impl Registry {
                     ),
                 }
             })?;
-        crate::kinds::rollup::settle(&mut compiled.projections, &frozen);
         compiled.frozen = frozen;
         Ok((compiled, layouts))
     }

@@ -209,10 +209,20 @@ pub async fn backfill(
         projections: Some(spec.backfilled_projections()),
         ..options.clone()
     };
+    // A rollup goes with the counter it totals, either way.
+    let paired = BackfillOptions {
+        projections: options
+            .projections
+            .as_ref()
+            .map(|ids| crate::kinds::rollup::with_counters(spec, ids)),
+        ..options.clone()
+    };
     let options = if options.projections.is_none()
         && (0..spec.projections.len()).any(|id| spec.is_old_version(id))
     {
         &whole
+    } else if paired.projections != options.projections {
+        &paired
     } else {
         options
     };

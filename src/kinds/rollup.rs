@@ -19,11 +19,13 @@
 //! target (it appears, a writer overwrote the total) recompute it too; a
 //! target that does not exist is never created.
 //!
-//! A rollup reads the version of its counter that readers read: while a
-//! changed counter is rebuilt beside the old one, the old one; while the
-//! version readers read is frozen, nothing moves it and the rollup is
-//! left as it is. Its fingerprint covers that version, so when the
-//! counter's readers switch, `status` asks for the rollup's backfill.
+//! A rollup is a projection of its counter's definition: its fingerprint
+//! covers the counter's, so when the counter changes (and is rebuilt in a
+//! new generation) the rollup is changed too, and a backfill of either
+//! claims, rebuilds and completes both ([`with_counters`]): the scan
+//! recomputes every target, and every shard the rebuild moves is followed
+//! by its target's recompute. Until that backfill completes, the rollup
+//! follows the generation being built, not the one `counter get` reads.
 
 use std::collections::{BTreeSet, HashMap};
 
@@ -34,9 +36,7 @@ use crate::apply::COUNT_ATTRIBUTE;
 use crate::plan::{changed, Effect, Op, PlanProblem, Selection, Sources, Subject};
 use crate::record::{AttributeValue, ChangeKind, Item, ItemKey};
 use crate::spec::raw::RawProjection;
-use crate::spec::{
-    old_version_of, Compiler, EntityId, Projection, ProjectionId, ProjectionKind, Spec, TableSpec,
-};
+use crate::spec::{Compiler, EntityId, Projection, ProjectionId, ProjectionKind, Spec, TableSpec};
 
 /// The `[[projections]]` section of `kind = "rollup"`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -62,15 +62,6 @@ pub struct Rollup {
     pub target: EntityId,
     /// The attribute written.
     pub attribute: String,
-    /// The version of the counter readers read: the counter, or its old
-    /// version kept beside it while it is rebuilt.
-    pub reads: ProjectionId,
-    /// The version readers read is frozen: nothing moves it, nothing
-    /// recomputes the rollup.
-    pub frozen: bool,
-    /// The fingerprint of the definition alone, before the version read
-    /// is mixed in.
-    pub(crate) definition: u64,
 }
 
 /// Compiles a raw `rollup`; `all` are the spec's raw projections (the
@@ -153,67 +144,27 @@ pub(crate) fn compile(
         counter,
         target,
         attribute: raw.attribute.clone(),
-        reads: counter,
-        frozen: false,
-        definition: 0,
     })
 }
 
-/// Settles what each rollup reads once the spec is laid out (an old
-/// version kept beside its counter, a frozen version readers read) and
-/// mixes that version into the rollup's fingerprint.
-pub(crate) fn settle(projections: &mut [Projection], frozen: &[String]) {
-    // Each projection's name and, for a counter, its storage and `of` names.
-    type Named = (String, Option<(String, BTreeSet<String>)>);
-    let names: Vec<Named> = projections
+/// Mixes each rollup's counter's definition into the rollup's
+/// fingerprint, once the counters' are final (where the counter is stored
+/// is not part of it, as it is not of the counter's).
+pub(crate) fn settle(projections: &mut [Projection]) {
+    let counters: Vec<Option<u64>> = projections
         .iter()
-        .map(|p| {
-            let counter = match &p.kind {
-                ProjectionKind::Counter(c) => Some((
-                    c.storage.clone(),
-                    c.of.iter().map(|(name, _)| name.clone()).collect(),
-                )),
-                _ => None,
-            };
-            (p.name.clone(), counter)
-        })
+        .map(|p| matches!(p.kind, ProjectionKind::Counter(_)).then_some(p.fingerprint))
         .collect();
-    let fingerprints: Vec<u64> = projections.iter().map(|p| p.fingerprint).collect();
     for projection in projections.iter_mut() {
-        let ProjectionKind::Rollup(rollup) = &mut projection.kind else {
+        let ProjectionKind::Rollup(rollup) = &projection.kind else {
             continue;
         };
-        if rollup.definition == 0 {
-            rollup.definition = projection.fingerprint;
+        if let Some(counter) = counters[rollup.counter] {
+            projection.fingerprint = crate::spec::fingerprint(&format!(
+                "{:016x};counter {counter:016x}",
+                projection.fingerprint
+            ));
         }
-        let counter_name = &names[rollup.counter].0;
-        let old = names.iter().position(|(name, counter)| {
-            counter.is_some() && old_version_of(name).is_some_and(|(base, _)| base == counter_name)
-        });
-        let frozen_storage = frozen.iter().find(|storage| {
-            storage.as_str() == counter_name
-                || old_version_of(storage).is_some_and(|(base, _)| base == counter_name)
-        });
-        let of = |id: ProjectionId| names[id].1.as_ref().map(|(_, of)| of.clone());
-        rollup.reads = old.unwrap_or(rollup.counter);
-        // An old version that counts per other variables cannot give
-        // this target its total: like a frozen one, until the switch.
-        rollup.frozen = frozen_storage.is_some() || of(rollup.reads) != of(rollup.counter);
-        let read = match frozen_storage {
-            Some(storage) => format!("frozen {storage}"),
-            None => format!(
-                "{:016x}@{}",
-                fingerprints[rollup.reads],
-                names[rollup.reads]
-                    .1
-                    .as_ref()
-                    .map_or("", |(s, _)| s.as_str())
-            ),
-        };
-        projection.fingerprint = crate::spec::fingerprint(&format!(
-            "{:016x};reads {read};frozen {}",
-            rollup.definition, rollup.frozen
-        ));
     }
 }
 
@@ -226,9 +177,6 @@ pub(crate) fn plan(
     subject: &Subject<'_>,
     effects: &mut Vec<Effect>,
 ) -> Result<(), PlanProblem> {
-    if p.frozen {
-        return Ok(());
-    }
     let record = subject.record;
     let token = token_attribute(&spec.projections[id].name);
     let relevant = match record.kind {
@@ -243,12 +191,9 @@ pub(crate) fn plan(
 }
 
 /// The recompute of target `target`: a consistent read of the shards of
-/// the instance its key names, in the version readers read.
+/// the instance its key names.
 pub(crate) fn recompute_op(spec: &Spec, p: &Rollup, target: &ItemKey) -> Option<Op> {
-    if p.frozen {
-        return None;
-    }
-    let ProjectionKind::Counter(counter) = &spec.projections[p.reads].kind else {
+    let ProjectionKind::Counter(counter) = &spec.projections[p.counter].kind else {
         return None;
     };
     let entity = &spec.entities[p.target];
@@ -285,7 +230,7 @@ pub(crate) fn follow_counters(spec: &Spec, selection: Selection<'_>, effects: &m
         .iter()
         .enumerate()
         .filter_map(|(id, p)| match &p.kind {
-            ProjectionKind::Rollup(r) if !r.frozen => Some((id, r)),
+            ProjectionKind::Rollup(r) => Some((id, r)),
             _ => None,
         })
         .collect();
@@ -310,12 +255,10 @@ pub(crate) fn follow_counters(spec: &Spec, selection: Selection<'_>, effects: &m
     }
     for (counter, shard) in moved {
         for &(id, rollup) in &rollups {
-            if rollup.reads != counter {
+            if rollup.counter != counter {
                 continue;
             }
-            if selection.is_some_and(|s| {
-                !(s.contains(&id) || s.contains(&rollup.counter) || s.contains(&rollup.reads))
-            }) {
+            if selection.is_some_and(|s| !(s.contains(&id) || s.contains(&rollup.counter))) {
                 continue;
             }
             let ProjectionKind::Counter(c) = &spec.projections[counter].kind else {
@@ -345,6 +288,26 @@ pub(crate) fn follow_counters(spec: &Spec, selection: Selection<'_>, effects: &m
             }
         }
     }
+}
+
+/// `ids` with, for each counter among them, its rollups, and for each
+/// rollup, its counter: a rollup is claimed, backfilled and completed with
+/// the counter whose definition it totals, so that the backfill that
+/// rebuilds a counter leaves its rollups exact and live.
+pub fn with_counters(spec: &Spec, ids: &[ProjectionId]) -> Vec<ProjectionId> {
+    let mut out: Vec<ProjectionId> = ids.to_vec();
+    for (id, projection) in spec.projections.iter().enumerate() {
+        if let ProjectionKind::Rollup(rollup) = &projection.kind {
+            if ids.contains(&rollup.counter) && !out.contains(&id) {
+                out.push(id);
+            }
+            if ids.contains(&id) && !out.contains(&rollup.counter) {
+                out.push(rollup.counter);
+            }
+        }
+    }
+    out.sort_unstable();
+    out
 }
 
 /// The `of` values a shard's partition key `COUNTER#storage#v1#..#shard`
@@ -396,17 +359,10 @@ pub fn compute(_spec: &Spec, p: &Rollup, shards: &[Item]) -> Result<TargetState,
 
 /// For the audit: every target some counted source item totals into,
 /// with the total the spec computes (the number of counted items) and
-/// those items. `None` while the version readers read is frozen.
-pub(crate) fn expected(
-    spec: &Spec,
-    p: &Rollup,
-    items: &[(EntityId, ItemKey, Item)],
-) -> Option<Expected> {
-    if p.frozen {
-        return None;
-    }
-    let ProjectionKind::Counter(counter) = &spec.projections[p.reads].kind else {
-        return None;
+/// those items.
+pub(crate) fn expected(spec: &Spec, p: &Rollup, items: &[(EntityId, ItemKey, Item)]) -> Expected {
+    let ProjectionKind::Counter(counter) = &spec.projections[p.counter].kind else {
+        return Expected::new();
     };
     let mut counted: HashMap<ItemKey, Vec<ItemKey>> = HashMap::new();
     for (entity, key, item) in items {
@@ -432,37 +388,23 @@ pub(crate) fn expected(
             counted.entry(target).or_default().push(key.clone());
         }
     }
-    Some(
-        counted
-            .into_iter()
-            .map(|(target, sources)| {
-                let total = AttributeValue::N(sources.len().to_string());
-                (
-                    target,
-                    (Ok(vec![(p.attribute.clone(), Some(total))]), sources),
-                )
-            })
-            .collect(),
-    )
+    counted
+        .into_iter()
+        .map(|(target, sources)| {
+            let total = AttributeValue::N(sources.len().to_string());
+            (
+                target,
+                (Ok(vec![(p.attribute.clone(), Some(total))]), sources),
+            )
+        })
+        .collect()
 }
 
 /// One line for `plan --describe` and `status`.
 pub(crate) fn describe(spec: &Spec, p: &Rollup) -> String {
     format!(
-        "{}.{} = counter `{}`{}",
-        spec.entities[p.target].name,
-        p.attribute,
-        spec.projections[p.counter].name,
-        if p.reads != p.counter {
-            format!(
-                " (reading `{}` while it is rebuilt)",
-                spec.projections[p.reads].name
-            )
-        } else if p.frozen {
-            " (frozen while it is rebuilt)".to_string()
-        } else {
-            String::new()
-        }
+        "{}.{} = counter `{}`",
+        spec.entities[p.target].name, p.attribute, spec.projections[p.counter].name,
     )
 }
 

@@ -240,7 +240,7 @@ impl Compiler {
         }
         self.assign_markers(&mut projections, &table);
         set_fingerprints(&mut projections, &entities, &table);
-        crate::kinds::rollup::settle(&mut projections, &[]);
+        crate::kinds::rollup::settle(&mut projections);
         self.check_loops(&projections, &entities);
         self.check_attributes(&projections, &entities);
         self.check_derived_items(&projections, &entities, &table);

@@ -458,3 +458,143 @@ async fn backfill_derives_totals_and_audit_finds_and_repairs_drift() {
         assert!(after.is_clean(), "{file}: {}", after.to_text(&spec));
     }
 }
+
+/// Claims `ids` for `run` (waiting out other definitions' leases) and
+/// backfills them; the names recorded as backfilled.
+async fn claimed_backfill(applier: &Applier, ids: Vec<usize>, run: &str) -> Vec<String> {
+    use ddb_projector::lifecycle::{now_ms, ClaimOutcome, Registry};
+    let registry = Registry::new(
+        applier.client().clone(),
+        applier.table(),
+        &applier.spec().table,
+    )
+    .with_skew(0);
+    loop {
+        match registry
+            .claim(applier.spec(), &ids, run)
+            .await
+            .expect("claim")
+        {
+            ClaimOutcome::Claimed => break,
+            ClaimOutcome::Wait { until, .. } => {
+                let left = until.saturating_sub(now_ms()) + 20;
+                tokio::time::sleep(std::time::Duration::from_millis(left)).await;
+            }
+            other => panic!("claim: {other:?}"),
+        }
+    }
+    let summary = backfill(
+        applier,
+        &BackfillOptions {
+            projections: Some(ids),
+            progress: false,
+            run: Some(run.to_string()),
+            ..BackfillOptions::default()
+        },
+    )
+    .await
+    .expect("backfill");
+    assert!(
+        summary.is_done() && summary.not_backfilled.is_empty(),
+        "{summary:?}"
+    );
+    summary.backfilled
+}
+
+async fn states(applier: &Applier, spec: &ddb_projector::spec::Spec) -> Vec<(String, String)> {
+    use ddb_projector::lifecycle::{self, Registry};
+    let registry = Registry::new(applier.client().clone(), applier.table(), &spec.table);
+    let snapshot = registry.snapshot(spec).await.expect("the registry");
+    lifecycle::states(
+        spec,
+        &snapshot,
+        lifecycle::now_ms(),
+        0,
+        &std::collections::HashMap::new(),
+        &lifecycle::Commands::default(),
+    )
+    .into_iter()
+    .map(|row| (row.name, format!("{:?}", row.state)))
+    .collect()
+}
+
+#[tokio::test]
+async fn a_rollup_is_rebuilt_with_its_counter_and_ends_live_and_exact() {
+    use ddb_projector::apply::ApplyConfig;
+    use ddb_projector::lifecycle::Registry;
+    use ddb_projector::spec::Spec;
+    use std::sync::Arc;
+    let text =
+        std::fs::read_to_string(support::repo().join("projections/social-service.toml")).unwrap();
+    // v2 counts close follows only, on 16 shards: other values than v1's.
+    let changed = text.replace(
+        "of = { userId = \"{followeeId}\" }\nshards = 8",
+        "of = { userId = \"{followeeId}\" }\nwhen = { close = true }\nshards = 16",
+    );
+    assert_ne!(changed, text);
+    let v1 = Arc::new(Spec::from_toml(&text, "v1.toml").unwrap());
+    let v2 = Arc::new(Spec::from_toml(&changed, "v2.toml").unwrap());
+    let config = ApplyConfig {
+        lease: std::time::Duration::from_millis(300),
+        clock_skew: std::time::Duration::ZERO,
+        ..ApplyConfig::default()
+    };
+    // No fixture: its applier's leases (default length) would be the ones
+    // this table's v1 appliers share in this process.
+    let client = support::client().await;
+    let table = support::fresh_table(&client, &v1, "rollup-life").await;
+    for (a, close) in [("a", true), ("c", false), ("d", true)] {
+        let mut edge = follow(a, "b", "t");
+        edge.insert("close".into(), Av::Bool(close));
+        write(&client, &table, &edge).await;
+    }
+    write(&client, &table, &profile("b")).await;
+    // Deployed: a worker of v1 runs (and holds its leases) from here on.
+    let worker1 =
+        Applier::new(client.clone(), v1.clone(), &table, config.clone()).as_stream_consumer();
+    worker1.take_leases().await.unwrap();
+    let applier1 = Applier::new(client.clone(), v1.clone(), &table, config.clone());
+    claimed_backfill(&applier1, (0..v1.projections.len()).collect(), "r1").await;
+    let stored = get(&client, &table, "USER#b", "PROFILE").await.unwrap();
+    assert_eq!(number(&stored, "followersCount").as_deref(), Some("3"));
+
+    // v2 deployed: the counter and its rollup are changed.
+    let registry = Registry::new(client.clone(), &table, &v2.table);
+    let (laid, _) = registry.layout(&v2).await.unwrap();
+    let laid = Arc::new(laid);
+    let before = states(&applier1, &v2).await;
+    let changed: Vec<String> = before
+        .clone()
+        .into_iter()
+        .filter(|(_, state)| state != "Live")
+        .map(|(name, _)| name)
+        .collect();
+    assert_eq!(changed, ["followers", "followers-count"], "{before:?}");
+    // The team deploys v2 and backfills the counter: its rollup comes
+    // with it.
+    let worker2 =
+        Applier::new(client.clone(), laid.clone(), &table, config.clone()).as_stream_consumer();
+    worker2.take_leases().await.unwrap();
+    let applier2 = Applier::new(client.clone(), laid.clone(), &table, config);
+    let done = claimed_backfill(
+        &applier2,
+        vec![laid.projection_id("followers").unwrap()],
+        "r2",
+    )
+    .await;
+    assert!(done.contains(&"followers-count".to_string()), "{done:?}");
+    let after = states(&applier2, &v2).await;
+    assert!(
+        after.iter().all(|(name, state)| state
+            == if v2.projection_id(name).is_some() {
+                "Live"
+            } else {
+                "Retired"
+            }),
+        "{after:?}"
+    );
+    let stored = get(&client, &table, "USER#b", "PROFILE").await.unwrap();
+    let counted = user_counter(&client, &table, &v2, "followers", "b").await;
+    assert_eq!(counted, 2);
+    assert_eq!(number(&stored, "followersCount"), Some(counted.to_string()));
+}

@@ -18,7 +18,14 @@
 //!   copies (attributes it does not copy are not its concern);
 //! - `counter`: the shards `0..shards` of each target sum to the number of
 //!   sources that satisfy `when`, in the version readers read (the
-//!   registry's `readStorage` of the counter, else its name).
+//!   registry's `readStorage` of the counter, else its name);
+//! - `rollup`: every item of the target entity holds the number of sources
+//!   its counter counts for the instance the target's key names (0 when
+//!   none);
+//! - `aggregate`: every item of the target entity holds the totals over the
+//!   source items of its partition that satisfy `when`: `count()` always,
+//!   `sum`, `min` and `max` when some item has the attribute (numbers as
+//!   exact fixed point, strings by their bytes), absent otherwise.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 
@@ -165,7 +172,10 @@ fn render_text(template: &str, vars: &Vars, item: &Attrs) -> Result<String, Unre
 
 fn same(a: &Av, b: &Av) -> bool {
     match (a, b) {
-        (Av::N(x), Av::N(y)) => x.parse::<f64>().ok() == y.parse::<f64>().ok(),
+        (Av::N(x), Av::N(y)) => match (fixed(x), fixed(y)) {
+            (Some(x), Some(y)) => x == y,
+            _ => x.parse::<f64>().ok() == y.parse::<f64>().ok(),
+        },
         _ => a == b,
     }
 }
@@ -476,10 +486,172 @@ pub fn differences(spec_toml: &str, items: &[Attrs]) -> Vec<String> {
                     }
                 }
             }
+            "rollup" => {
+                let counter_name = projection["counter"].as_str().expect("a counter");
+                let counter = projections
+                    .iter()
+                    .find(|p| p["name"].as_str() == Some(counter_name))
+                    .expect("the rollup's counter is in the spec");
+                let counter_when = condition(counter.get("when"));
+                let of_templates = templates(counter.get("of"));
+                let mut counts: BTreeMap<Vars, i64> = BTreeMap::new();
+                for (vars, item) in of(counter["source"].as_str().unwrap()) {
+                    if !holds(&counter_when, item) {
+                        continue;
+                    }
+                    let instance: Vars = of_templates
+                        .iter()
+                        .map(|(name, t)| {
+                            let value = render_text(t, vars, &Attrs::new()).expect("key variables");
+                            (name.clone(), value)
+                        })
+                        .collect();
+                    *counts.entry(instance).or_insert(0) += 1;
+                }
+                let attribute = projection["attribute"].as_str().expect("an attribute");
+                for (vars, item) in of(projection["target"].as_str().unwrap()) {
+                    let want = counts.get(vars).copied().unwrap_or(0);
+                    let have = item.get(attribute);
+                    if !have.is_some_and(|have| same(have, &Av::N(want.to_string()))) {
+                        out.push(format!(
+                            "{name}: {:?} has {attribute} = {}, should be {want}",
+                            key_of(item),
+                            show(have)
+                        ));
+                    }
+                }
+            }
+            "aggregate" => {
+                let set = templates(projection.get("set"));
+                let target = &entities[projection["target"].as_str().unwrap()];
+                let mut groups: HashMap<(String, String), Vec<(&Vars, &Attrs)>> = HashMap::new();
+                for (vars, item) in of(projection["source"].as_str().unwrap()) {
+                    if holds(&when, item) {
+                        let key = (target.pk.render(vars), target.sk.render(vars));
+                        groups.entry(key).or_default().push((vars, *item));
+                    }
+                }
+                for (_, target_item) in of(projection["target"].as_str().unwrap()) {
+                    let group = groups
+                        .get(&key_of(target_item))
+                        .map(Vec::as_slice)
+                        .unwrap_or(&[]);
+                    for (attr, call) in &set {
+                        let Ok(want) = total(call, group) else {
+                            continue;
+                        };
+                        let have = target_item.get(attr);
+                        let equal = match (have, &want) {
+                            (None, None) => true,
+                            (Some(have), Some(want)) => same(have, want),
+                            _ => false,
+                        };
+                        if !equal {
+                            out.push(format!(
+                                "{name}: {:?} has {attr} = {}, should be {}",
+                                key_of(target_item),
+                                show(have),
+                                show(want.as_ref())
+                            ));
+                        }
+                    }
+                }
+            }
             other => panic!("the oracle reads no kind `{other}`"),
         }
     }
     out
+}
+
+/// A number as fixed point with six decimals (what generated items hold).
+fn fixed(text: &str) -> Option<i128> {
+    let (whole, fraction) = text.split_once('.').unwrap_or((text, ""));
+    if fraction.len() > 6 {
+        return None;
+    }
+    let negative = whole.starts_with('-');
+    let digits = format!("{}{fraction:0<6}", whole.trim_start_matches('-'));
+    let value: i128 = digits.parse().ok()?;
+    Some(if negative { -value } else { value })
+}
+
+fn unfixed(value: i128) -> String {
+    let sign = if value < 0 { "-" } else { "" };
+    let value = value.abs();
+    let (whole, fraction) = (value / 1_000_000, value % 1_000_000);
+    let fraction = format!("{fraction:06}");
+    let fraction = fraction.trim_end_matches('0');
+    if fraction.is_empty() {
+        format!("{sign}{whole}")
+    } else {
+        format!("{sign}{whole}.{fraction}")
+    }
+}
+
+/// What `sum(a)`, `count()`, `min(a)` or `max(a)` is over `group`
+/// (`Err`: an item the function cannot read, dead-lettered: no opinion).
+fn total(call: &str, group: &[(&Vars, &Attrs)]) -> Result<Option<Av>, ()> {
+    let (function, rest) = call.split_once('(').expect("a call");
+    let arg = rest.trim_end_matches(')').trim();
+    if function == "count" {
+        return Ok(Some(Av::N(group.len().to_string())));
+    }
+    let mut numbers = Vec::new();
+    let mut texts = Vec::new();
+    for (vars, item) in group {
+        match vars
+            .get(arg)
+            .map(|v| Av::S(v.clone()))
+            .or_else(|| item.get(arg).cloned())
+        {
+            None => {}
+            Some(Av::N(n)) => numbers.push(fixed(&n).ok_or(())?),
+            Some(Av::S(text)) if function != "sum" => texts.push(text),
+            Some(_) => return Err(()),
+        }
+    }
+    if !numbers.is_empty() && !texts.is_empty() {
+        return Err(());
+    }
+    Ok(match function {
+        "sum" => (!numbers.is_empty()).then(|| Av::N(unfixed(numbers.iter().sum()))),
+        "min" if texts.is_empty() => numbers.iter().min().map(|n| Av::N(unfixed(*n))),
+        "max" if texts.is_empty() => numbers.iter().max().map(|n| Av::N(unfixed(*n))),
+        "min" => texts
+            .into_iter()
+            .min_by(|a, b| a.as_bytes().cmp(b.as_bytes()))
+            .map(Av::S),
+        "max" => texts
+            .into_iter()
+            .max_by(|a, b| a.as_bytes().cmp(b.as_bytes()))
+            .map(Av::S),
+        other => panic!("the oracle reads no function `{other}`"),
+    })
+}
+
+#[test]
+fn the_oracle_totals_exactly() {
+    let vars = Vars::new();
+    let items: Vec<Attrs> = ["0.1", "0.2", "12345678901234.5"]
+        .iter()
+        .map(|n| super::model::attrs(&[("n", Av::N(n.to_string())), ("k", Av::S(n.to_string()))]))
+        .collect();
+    let group: Vec<(&Vars, &Attrs)> = items.iter().map(|item| (&vars, item)).collect();
+    assert_eq!(
+        total("sum(n)", &group),
+        Ok(Some(Av::N("12345678901234.8".into())))
+    );
+    assert_eq!(total("count()", &group), Ok(Some(Av::N("3".into()))));
+    assert_eq!(
+        total("max(n)", &group),
+        Ok(Some(Av::N("12345678901234.5".into())))
+    );
+    assert_eq!(
+        total("max(k)", &group),
+        Ok(Some(Av::S("12345678901234.5".into())))
+    );
+    assert_eq!(total("min(k)", &group), Ok(Some(Av::S("0.1".into()))));
+    assert_eq!(total("sum(missing)", &group), Ok(None));
 }
 
 #[test]

@@ -130,7 +130,21 @@ enum Kind {
         when: When,
         shards: u32,
     },
+    /// The total of counter `counter` (a projection id; [`UNRESOLVED`]
+    /// until a counter of the spec is chosen) on the `tally` entity.
+    Rollup {
+        counter: u8,
+        variant: u8,
+    },
+    /// Totals over a node's `attr` items, on the node.
+    Aggregate {
+        when: When,
+        variant: u8,
+    },
 }
+
+/// A rollup whose counter is not chosen yet.
+const UNRESOLVED: u8 = u8::MAX;
 
 #[derive(Debug, Clone, PartialEq)]
 struct Projection {
@@ -154,6 +168,8 @@ fn kind() -> impl Strategy<Value = Kind> {
             .prop_map(|(source, rev, when, variant)| Kind::Edge { source, rev, when, variant }),
         4 => (source(), any::<bool>(), when(), prop::sample::select(vec![1u32, 2, 3, 8]))
             .prop_map(|(source, by_b, when, shards)| Kind::Counter { source, by_b, when, shards }),
+        2 => (0u8..2).prop_map(|variant| Kind::Rollup { counter: UNRESOLVED, variant }),
+        2 => (when(), 0u8..3).prop_map(|(when, variant)| Kind::Aggregate { when, variant }),
     ]
 }
 
@@ -200,6 +216,14 @@ fn changed(kind: &Kind, tweak: u8) -> Kind {
                 shards % 4 + 1
             },
         },
+        Kind::Rollup { counter, variant } => Kind::Rollup {
+            counter,
+            variant: (variant + 1) % 2,
+        },
+        Kind::Aggregate { variant, .. } => Kind::Aggregate {
+            when,
+            variant: (variant + 1 + tweak % 2) % 3,
+        },
     }
 }
 
@@ -225,6 +249,8 @@ impl Projection {
             Kind::Denormalize { .. } => "dn",
             Kind::Edge { .. } => "ie",
             Kind::Counter { .. } => "ct",
+            Kind::Rollup { .. } => "ru",
+            Kind::Aggregate { .. } => "ag",
         };
         format!("{prefix}{}", self.id)
     }
@@ -283,6 +309,21 @@ impl Projection {
                 if *by_b { "b" } else { "a" },
                 when_toml(*when)
             ),
+            Kind::Rollup { counter, variant } => format!(
+                "kind = \"rollup\"\ncounter = \"ct{counter}\"\ntarget = \"tally\"\nattribute = \"ru{id}{}\"\n",
+                if *variant == 0 { "" } else { "t" }
+            ),
+            Kind::Aggregate { when, variant } => {
+                let set = match variant {
+                    0 => format!("{{ ag{id}s = \"sum(n)\", ag{id}c = \"count()\" }}"),
+                    1 => format!("{{ ag{id}m = \"max(b)\", ag{id}x = \"min(x)\" }}"),
+                    _ => format!("{{ ag{id}n = \"min(n)\", ag{id}k = \"max(k)\", ag{id}c = \"count()\" }}"),
+                };
+                format!(
+                    "kind = \"aggregate\"\nsource = \"attr\"\ntarget = \"node\"\n{}set = {set}\n",
+                    when_toml(*when)
+                )
+            }
         };
         format!("[[projections]]\nname = \"{name}\"\n{body}\n")
     }
@@ -314,6 +355,10 @@ sk = "B#{a}"
 [entities.rev]
 pk = "R#{b}"
 sk = "R#{a}"
+
+[entities.tally]
+pk = "T#{u}"
+sk = "TALLY"
 
 "#
     .to_string();
@@ -385,6 +430,8 @@ fn specs() -> impl Strategy<Value = Specs> {
                     kind,
                 });
             }
+            resolve_rollups(&mut v1);
+            resolve_rollups(&mut v2);
             Specs { v1, v2 }
         })
         .prop_filter("both versions compile and project something", |specs| {
@@ -392,6 +439,27 @@ fn specs() -> impl Strategy<Value = Specs> {
                 && Spec::from_toml(&spec_toml(&specs.v1), "v1.toml").is_ok()
                 && Spec::from_toml(&spec_toml(&specs.v2), "v2.toml").is_ok()
         })
+}
+
+/// Gives each rollup a counter of its spec (an unresolved one the first,
+/// by its position), and drops the rollups whose counter is gone.
+fn resolve_rollups(projections: &mut Vec<Projection>) {
+    let counters: Vec<u8> = projections
+        .iter()
+        .filter(|p| matches!(p.kind, Kind::Counter { .. }))
+        .map(|p| p.id)
+        .collect();
+    for (i, projection) in projections.iter_mut().enumerate() {
+        if let Kind::Rollup { counter, .. } = &mut projection.kind {
+            if *counter == UNRESOLVED && !counters.is_empty() {
+                *counter = counters[i % counters.len()];
+            }
+        }
+    }
+    projections.retain(|p| match p.kind {
+        Kind::Rollup { counter, .. } => counters.contains(&counter),
+        _ => true,
+    });
 }
 
 impl Specs {
@@ -425,6 +493,14 @@ impl Specs {
                 }
             }
         }
+        // A rollup totals its counter's definition: rebuilt with it.
+        for projection in &self.v2 {
+            if let Kind::Rollup { counter, .. } = projection.kind {
+                if needed.contains(&format!("ct{counter}")) {
+                    needed.insert(projection.name());
+                }
+            }
+        }
         needed
     }
 }
@@ -436,6 +512,7 @@ enum Entity {
     Node,
     Attr,
     Link,
+    Tally,
 }
 
 /// One writer's action. Small key spaces make actions collide.
@@ -459,7 +536,12 @@ enum Write {
 }
 
 fn entity() -> impl Strategy<Value = Entity> {
-    prop_oneof![1 => Just(Entity::Node), 3 => Just(Entity::Attr), 4 => Just(Entity::Link)]
+    prop_oneof![
+        1 => Just(Entity::Node),
+        3 => Just(Entity::Attr),
+        4 => Just(Entity::Link),
+        1 => Just(Entity::Tally),
+    ]
 }
 
 fn write() -> impl Strategy<Value = Write> {
@@ -484,6 +566,7 @@ fn key(entity: Entity, a: u8, b: u8) -> (String, String) {
         Entity::Node => "META".to_string(),
         Entity::Attr => format!("A#v{b}"),
         Entity::Link => format!("L#v{b}"),
+        Entity::Tally => return (format!("T#v{a}"), "TALLY".to_string()),
     };
     (pk, sk)
 }
@@ -491,7 +574,7 @@ fn key(entity: Entity, a: u8, b: u8) -> (String, String) {
 fn item(entity: Entity, a: u8, b: u8, x: u8, n: Option<u8>, f: Option<bool>, p: bool) -> Attrs {
     let (pk, sk) = key(entity, a, b);
     let mut item = attrs(&[("PK", s(&pk)), ("SK", s(&sk))]);
-    if entity == Entity::Node {
+    if matches!(entity, Entity::Node | Entity::Tally) {
         item.insert("title".into(), s(&format!("node {a}")));
         return item;
     }
@@ -503,7 +586,13 @@ fn item(entity: Entity, a: u8, b: u8, x: u8, n: Option<u8>, f: Option<bool>, p: 
     };
     item.insert("x".into(), x);
     if let Some(n) = n {
-        item.insert("n".into(), support::n(i64::from(n)));
+        // Now and then a fraction: totals must stay exact.
+        let n = if n == 2 {
+            Av::N("0.25".into())
+        } else {
+            support::n(i64::from(n))
+        };
+        item.insert("n".into(), n);
     }
     if let Some(f) = f {
         item.insert("f".into(), Av::Bool(f));
@@ -532,7 +621,8 @@ fn play(history: &mut History, writes: &[Write]) {
                 // overwritten target would look unchanged where DynamoDB's
                 // stream shows the copy going. Targets are only created.
                 let (pk, sk) = key(entity, a, b);
-                if entity == Entity::Node && history.get(&pk, &sk).is_some() {
+                if matches!(entity, Entity::Node | Entity::Tally) && history.get(&pk, &sk).is_some()
+                {
                     continue;
                 }
                 history.put(item(entity, a, b, x, n, f, p))
@@ -794,6 +884,17 @@ fn leftovers(items: &[Attrs], dropped: &[&Projection], kept: &[Projection]) -> V
                 }
                 Kind::Denormalize { .. } => {
                     item.contains_key(&format!("dn{id}")) || item.contains_key(&format!("dn{id}k"))
+                }
+                Kind::Rollup { .. } => {
+                    item.contains_key(&format!("ru{id}"))
+                        || item.contains_key(&format!("ru{id}t"))
+                        || item.contains_key(&format!("_ddbp#v#{name}"))
+                }
+                Kind::Aggregate { .. } => {
+                    item.keys().any(|attr| {
+                        attr.starts_with(&format!("ag{id}"))
+                            && attr.len() == format!("ag{id}").len() + 1
+                    }) || item.contains_key(&format!("_ddbp#v#{name}"))
                 }
                 Kind::Edge { rev, .. } => {
                     let reverse = if rev {

@@ -230,6 +230,7 @@ fn campaign_keys_on_insert() {
                "new": {"profileId": "p1", "status": "ENABLED", "name": "Spring sale"}}),
         expect![[r#"
             {"if":{"profileId":"p1","status":"ENABLED"},"key":{"PK":"CAMPAIGN#c1","SK":"METADATA"},"op":"set","projection":"campaign-gsi1-keys","set":{"GSI1PK":"PROFILE#p1","GSI1SK":"STATUS#ENABLED#CAMPAIGN#c1"}}
+            {"key":{"PK":"CAMPAIGN#c1","SK":"METADATA"},"op":"recompute","projection":"campaign-totals","reads":{"query":{"consistent":true,"pk":"CAMPAIGN#c1","sk_begins_with":"PERF#"},"target":{"PK":"CAMPAIGN#c1","SK":"METADATA"}}}
         "#]],
     );
 }
@@ -261,10 +262,43 @@ fn entity_without_projection_is_not_projected() {
     );
     check(
         ads_platform(),
-        json!({"kind": "INSERT", "pk": "CAMPAIGN#c1", "sk": "PERF#2024-05-01",
-               "new": {"clicks": 10}}),
+        json!({"kind": "INSERT", "pk": "CAMPAIGN#c1", "sk": "ADGROUP#g1",
+               "new": {"name": "Shoes"}}),
         expect![[r#"
-            skip: NotProjected("performance"): no projection reads entity `performance`
+            skip: NotProjected("ad_group"): no projection reads entity `ad_group`
+        "#]],
+    );
+}
+
+// ---------------------------------------------------------------------------
+// aggregate: ads-platform `campaign-totals`
+
+#[test]
+fn a_performance_snapshot_recomputes_its_campaigns_totals() {
+    check(
+        ads_platform(),
+        json!({"kind": "INSERT", "pk": "CAMPAIGN#c1", "sk": "PERF#2024-05-01",
+               "new": {"clicks": 10, "spend": 1.5}}),
+        expect![[r#"
+            {"key":{"PK":"CAMPAIGN#c1","SK":"METADATA"},"op":"recompute","projection":"campaign-totals","reads":{"query":{"consistent":true,"pk":"CAMPAIGN#c1","sk_begins_with":"PERF#"},"target":{"PK":"CAMPAIGN#c1","SK":"METADATA"}}}
+        "#]],
+    );
+    // Text where a sum needs a number: the record's dead letter says which.
+    check(
+        ads_platform(),
+        json!({"kind": "INSERT", "pk": "CAMPAIGN#c1", "sk": "PERF#2024-05-02",
+               "new": {"spend": "lots"}}),
+        expect![[r#"
+            error: projection `campaign-totals`: item CAMPAIGN#c1 / PERF#2024-05-02: attribute `spend` is a string (S), but sum(spend) needs a number
+        "#]],
+    );
+    // A change to nothing a total reads plans nothing.
+    check(
+        ads_platform(),
+        json!({"kind": "MODIFY", "pk": "CAMPAIGN#c1", "sk": "PERF#2024-05-01",
+               "old": {"clicks": 10, "note": "a"}, "new": {"clicks": 10, "note": "b"}}),
+        expect![[r#"
+            skip: Unchanged("performance"): change to `performance` touches nothing a projection reads
         "#]],
     );
 }
@@ -589,6 +623,8 @@ fn follow_insert_puts_the_reverse_edge_and_moves_both_counters() {
                "new": {"followedAt": "2024-05-01T10:00:00Z"}}),
         expect![[r#"
             {"counted_in":[{"counter":"followers","key":{"PK":"COUNTER#followers#bob#3","SK":"COUNTER"}},{"counter":"following","key":{"PK":"COUNTER#following#alice#3","SK":"COUNTER"}}],"item":{"PK":"USER#bob","SK":"FOLLOWED_BY#alice","followedAt":"2024-05-01T10:00:00Z"},"key":{"PK":"USER#bob","SK":"FOLLOWED_BY#alice"},"op":"put-if-changed","projection":"followed-by"}
+            {"key":{"PK":"USER#bob","SK":"PROFILE"},"op":"recompute","projection":"followers-count","reads":{"consistent":true,"items":[{"PK":"COUNTER#followers#bob#0","SK":"COUNTER"},{"PK":"COUNTER#followers#bob#1","SK":"COUNTER"},{"PK":"COUNTER#followers#bob#2","SK":"COUNTER"},{"PK":"COUNTER#followers#bob#3","SK":"COUNTER"},{"PK":"COUNTER#followers#bob#4","SK":"COUNTER"},{"PK":"COUNTER#followers#bob#5","SK":"COUNTER"},{"PK":"COUNTER#followers#bob#6","SK":"COUNTER"},{"PK":"COUNTER#followers#bob#7","SK":"COUNTER"}],"target":{"PK":"USER#bob","SK":"PROFILE"}}}
+            {"key":{"PK":"USER#alice","SK":"PROFILE"},"op":"recompute","projection":"following-count","reads":{"consistent":true,"items":[{"PK":"COUNTER#following#alice#0","SK":"COUNTER"},{"PK":"COUNTER#following#alice#1","SK":"COUNTER"},{"PK":"COUNTER#following#alice#2","SK":"COUNTER"},{"PK":"COUNTER#following#alice#3","SK":"COUNTER"}],"target":{"PK":"USER#alice","SK":"PROFILE"}}}
         "#]],
     );
 }
@@ -600,6 +636,8 @@ fn follow_insert_without_the_copied_attribute_mirrors_its_absence() {
         json!({"kind": "INSERT", "pk": "USER#alice", "sk": "FOLLOWS#bob"}),
         expect![[r#"
             {"counted_in":[{"counter":"followers","key":{"PK":"COUNTER#followers#bob#3","SK":"COUNTER"}},{"counter":"following","key":{"PK":"COUNTER#following#alice#3","SK":"COUNTER"}}],"item":{"PK":"USER#bob","SK":"FOLLOWED_BY#alice"},"key":{"PK":"USER#bob","SK":"FOLLOWED_BY#alice"},"op":"put-if-changed","projection":"followed-by"}
+            {"key":{"PK":"USER#bob","SK":"PROFILE"},"op":"recompute","projection":"followers-count","reads":{"consistent":true,"items":[{"PK":"COUNTER#followers#bob#0","SK":"COUNTER"},{"PK":"COUNTER#followers#bob#1","SK":"COUNTER"},{"PK":"COUNTER#followers#bob#2","SK":"COUNTER"},{"PK":"COUNTER#followers#bob#3","SK":"COUNTER"},{"PK":"COUNTER#followers#bob#4","SK":"COUNTER"},{"PK":"COUNTER#followers#bob#5","SK":"COUNTER"},{"PK":"COUNTER#followers#bob#6","SK":"COUNTER"},{"PK":"COUNTER#followers#bob#7","SK":"COUNTER"}],"target":{"PK":"USER#bob","SK":"PROFILE"}}}
+            {"key":{"PK":"USER#alice","SK":"PROFILE"},"op":"recompute","projection":"following-count","reads":{"consistent":true,"items":[{"PK":"COUNTER#following#alice#0","SK":"COUNTER"},{"PK":"COUNTER#following#alice#1","SK":"COUNTER"},{"PK":"COUNTER#following#alice#2","SK":"COUNTER"},{"PK":"COUNTER#following#alice#3","SK":"COUNTER"}],"target":{"PK":"USER#alice","SK":"PROFILE"}}}
         "#]],
     );
 }
@@ -612,6 +650,8 @@ fn unfollow_deletes_the_reverse_edge_and_moves_both_counters() {
                "old": {"followedAt": "2024-05-01T10:00:00Z"}}),
         expect![[r#"
             {"key":{"PK":"USER#bob","SK":"FOLLOWED_BY#alice"},"op":"delete-if-exists","projection":"followed-by","uncounted_from":[{"counter":"followers","key":{"PK":"COUNTER#followers#bob#3","SK":"COUNTER"}},{"counter":"following","key":{"PK":"COUNTER#following#alice#3","SK":"COUNTER"}}]}
+            {"key":{"PK":"USER#bob","SK":"PROFILE"},"op":"recompute","projection":"followers-count","reads":{"consistent":true,"items":[{"PK":"COUNTER#followers#bob#0","SK":"COUNTER"},{"PK":"COUNTER#followers#bob#1","SK":"COUNTER"},{"PK":"COUNTER#followers#bob#2","SK":"COUNTER"},{"PK":"COUNTER#followers#bob#3","SK":"COUNTER"},{"PK":"COUNTER#followers#bob#4","SK":"COUNTER"},{"PK":"COUNTER#followers#bob#5","SK":"COUNTER"},{"PK":"COUNTER#followers#bob#6","SK":"COUNTER"},{"PK":"COUNTER#followers#bob#7","SK":"COUNTER"}],"target":{"PK":"USER#bob","SK":"PROFILE"}}}
+            {"key":{"PK":"USER#alice","SK":"PROFILE"},"op":"recompute","projection":"following-count","reads":{"consistent":true,"items":[{"PK":"COUNTER#following#alice#0","SK":"COUNTER"},{"PK":"COUNTER#following#alice#1","SK":"COUNTER"},{"PK":"COUNTER#following#alice#2","SK":"COUNTER"},{"PK":"COUNTER#following#alice#3","SK":"COUNTER"}],"target":{"PK":"USER#alice","SK":"PROFILE"}}}
         "#]],
     );
 }
@@ -638,6 +678,8 @@ fn unfollow_on_a_keys_only_stream_still_plans() {
         json!({"kind": "REMOVE", "pk": "USER#alice", "sk": "FOLLOWS#bob", "view": "KEYS_ONLY"}),
         expect![[r#"
             {"key":{"PK":"USER#bob","SK":"FOLLOWED_BY#alice"},"op":"delete-if-exists","projection":"followed-by","uncounted_from":[{"counter":"followers","key":{"PK":"COUNTER#followers#bob#3","SK":"COUNTER"}},{"counter":"following","key":{"PK":"COUNTER#following#alice#3","SK":"COUNTER"}}]}
+            {"key":{"PK":"USER#bob","SK":"PROFILE"},"op":"recompute","projection":"followers-count","reads":{"consistent":true,"items":[{"PK":"COUNTER#followers#bob#0","SK":"COUNTER"},{"PK":"COUNTER#followers#bob#1","SK":"COUNTER"},{"PK":"COUNTER#followers#bob#2","SK":"COUNTER"},{"PK":"COUNTER#followers#bob#3","SK":"COUNTER"},{"PK":"COUNTER#followers#bob#4","SK":"COUNTER"},{"PK":"COUNTER#followers#bob#5","SK":"COUNTER"},{"PK":"COUNTER#followers#bob#6","SK":"COUNTER"},{"PK":"COUNTER#followers#bob#7","SK":"COUNTER"}],"target":{"PK":"USER#bob","SK":"PROFILE"}}}
+            {"key":{"PK":"USER#alice","SK":"PROFILE"},"op":"recompute","projection":"following-count","reads":{"consistent":true,"items":[{"PK":"COUNTER#following#alice#0","SK":"COUNTER"},{"PK":"COUNTER#following#alice#1","SK":"COUNTER"},{"PK":"COUNTER#following#alice#2","SK":"COUNTER"},{"PK":"COUNTER#following#alice#3","SK":"COUNTER"}],"target":{"PK":"USER#alice","SK":"PROFILE"}}}
         "#]],
     );
 }
@@ -676,6 +718,8 @@ fn follow_modify_without_its_old_image_may_create_the_edge_and_count_it() {
                "new": {"followedAt": "2024-06-01T10:00:00Z"}}),
         expect![[r#"
             {"counted_in":[{"counter":"followers","key":{"PK":"COUNTER#followers#bob#3","SK":"COUNTER"}},{"counter":"following","key":{"PK":"COUNTER#following#alice#3","SK":"COUNTER"}}],"item":{"PK":"USER#bob","SK":"FOLLOWED_BY#alice","followedAt":"2024-06-01T10:00:00Z"},"key":{"PK":"USER#bob","SK":"FOLLOWED_BY#alice"},"op":"put-if-changed","projection":"followed-by"}
+            {"key":{"PK":"USER#bob","SK":"PROFILE"},"op":"recompute","projection":"followers-count","reads":{"consistent":true,"items":[{"PK":"COUNTER#followers#bob#0","SK":"COUNTER"},{"PK":"COUNTER#followers#bob#1","SK":"COUNTER"},{"PK":"COUNTER#followers#bob#2","SK":"COUNTER"},{"PK":"COUNTER#followers#bob#3","SK":"COUNTER"},{"PK":"COUNTER#followers#bob#4","SK":"COUNTER"},{"PK":"COUNTER#followers#bob#5","SK":"COUNTER"},{"PK":"COUNTER#followers#bob#6","SK":"COUNTER"},{"PK":"COUNTER#followers#bob#7","SK":"COUNTER"}],"target":{"PK":"USER#bob","SK":"PROFILE"}}}
+            {"key":{"PK":"USER#alice","SK":"PROFILE"},"op":"recompute","projection":"following-count","reads":{"consistent":true,"items":[{"PK":"COUNTER#following#alice#0","SK":"COUNTER"},{"PK":"COUNTER#following#alice#1","SK":"COUNTER"},{"PK":"COUNTER#following#alice#2","SK":"COUNTER"},{"PK":"COUNTER#following#alice#3","SK":"COUNTER"}],"target":{"PK":"USER#alice","SK":"PROFILE"}}}
         "#]],
     );
 }
@@ -1036,6 +1080,7 @@ fn selection_of_a_counter_alone_plans_its_marker_edge() {
                "new": {"followedAt": "2024-05-01T10:00:00Z"}}),
         expect![[r#"
             {"counted_in":[{"counter":"followers","key":{"PK":"COUNTER#followers#bob#3","SK":"COUNTER"}},{"counter":"following","key":{"PK":"COUNTER#following#alice#3","SK":"COUNTER"}}],"item":{"PK":"USER#bob","SK":"FOLLOWED_BY#alice","followedAt":"2024-05-01T10:00:00Z"},"key":{"PK":"USER#bob","SK":"FOLLOWED_BY#alice"},"op":"put-if-changed","projection":"followed-by"}
+            {"key":{"PK":"USER#bob","SK":"PROFILE"},"op":"recompute","projection":"followers-count","reads":{"consistent":true,"items":[{"PK":"COUNTER#followers#bob#0","SK":"COUNTER"},{"PK":"COUNTER#followers#bob#1","SK":"COUNTER"},{"PK":"COUNTER#followers#bob#2","SK":"COUNTER"},{"PK":"COUNTER#followers#bob#3","SK":"COUNTER"},{"PK":"COUNTER#followers#bob#4","SK":"COUNTER"},{"PK":"COUNTER#followers#bob#5","SK":"COUNTER"},{"PK":"COUNTER#followers#bob#6","SK":"COUNTER"},{"PK":"COUNTER#followers#bob#7","SK":"COUNTER"}],"target":{"PK":"USER#bob","SK":"PROFILE"}}}
         "#]],
     );
 }
@@ -1048,6 +1093,8 @@ fn selection_of_both_counters_plans_the_edge_once() {
         json!({"kind": "REMOVE", "pk": "USER#alice", "sk": "FOLLOWS#bob"}),
         expect![[r#"
             {"key":{"PK":"USER#bob","SK":"FOLLOWED_BY#alice"},"op":"delete-if-exists","projection":"followed-by","uncounted_from":[{"counter":"followers","key":{"PK":"COUNTER#followers#bob#3","SK":"COUNTER"}},{"counter":"following","key":{"PK":"COUNTER#following#alice#3","SK":"COUNTER"}}]}
+            {"key":{"PK":"USER#bob","SK":"PROFILE"},"op":"recompute","projection":"followers-count","reads":{"consistent":true,"items":[{"PK":"COUNTER#followers#bob#0","SK":"COUNTER"},{"PK":"COUNTER#followers#bob#1","SK":"COUNTER"},{"PK":"COUNTER#followers#bob#2","SK":"COUNTER"},{"PK":"COUNTER#followers#bob#3","SK":"COUNTER"},{"PK":"COUNTER#followers#bob#4","SK":"COUNTER"},{"PK":"COUNTER#followers#bob#5","SK":"COUNTER"},{"PK":"COUNTER#followers#bob#6","SK":"COUNTER"},{"PK":"COUNTER#followers#bob#7","SK":"COUNTER"}],"target":{"PK":"USER#bob","SK":"PROFILE"}}}
+            {"key":{"PK":"USER#alice","SK":"PROFILE"},"op":"recompute","projection":"following-count","reads":{"consistent":true,"items":[{"PK":"COUNTER#following#alice#0","SK":"COUNTER"},{"PK":"COUNTER#following#alice#1","SK":"COUNTER"},{"PK":"COUNTER#following#alice#2","SK":"COUNTER"},{"PK":"COUNTER#following#alice#3","SK":"COUNTER"}],"target":{"PK":"USER#alice","SK":"PROFILE"}}}
         "#]],
     );
 }

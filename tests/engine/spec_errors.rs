@@ -169,7 +169,7 @@ set = { GSI1PK = "EMAIL#{email}" }
                |
             26 | kind = "index_keys"
                |        ^^^^^^^^^^^^
-            unknown variant `index_keys`, expected one of `index-keys`, `denormalize`, `inverse-edge`, `counter`
+            unknown variant `index_keys`, expected one of `index-keys`, `denormalize`, `inverse-edge`, `counter`, `rollup`, `aggregate`
         "#]],
     );
 }
@@ -682,14 +682,17 @@ fn shipped_specs_compile() {
                 service social-service - table SocialServiceTable (PK PK, SK SK)
                   index GSI1 (GSI1PK, GSI1SK)
                   ttl attribute ttl
-                3 entities
+                4 entities
                   achievement      USER#{userId} / ACHIEVEMENT#{badgeId}
                   follow           USER#{followerId} / FOLLOWS#{followeeId}
                   followed_by      USER#{followeeId} / FOLLOWED_BY#{followerId}
-                4 projections
+                  profile          USER#{userId} / PROFILE
+                6 projections
                   followed-by                  inverse-edge  follow -> followed_by: followedAt = {followedAt}
                   followers                    counter       count follow of userId = {followeeId} in 8 shards, marked by followed-by
                   following                    counter       count follow of userId = {followerId} in 4 shards, marked by followed-by
+                  followers-count              rollup        profile.followersCount = counter `followers`
+                  following-count              rollup        profile.followingCount = counter `following`
                   achievement-leaderboard-keys index-keys    achievement: GSI1PK = TIER#{tier}, GSI1SK = SCORE#{pad(score, 4)}
             "#]],
         ),
@@ -706,8 +709,9 @@ fn shipped_specs_compile() {
                   performance      CAMPAIGN#{campaignId} / PERF#{date}
                   profile          PROFILE#{profileId} / METADATA
                   profile_campaign PROFILE#{profileId} / CAMPAIGN#{campaignId}
-                1 projections
+                2 projections
                   campaign-gsi1-keys           index-keys    campaign: GSI1PK = PROFILE#{profileId}, GSI1SK = STATUS#{status}#CAMPAIGN#{campaignId}
+                  campaign-totals              aggregate     performance -> campaign: days = count(), firstDate = min(date), lastDate = max(date), totalClicks = sum(clicks), totalImpressions = sum(impressions), totalSpend = sum(spend)
             "#]],
         ),
     ] {
