@@ -63,6 +63,9 @@ struct Coverage {
     letters_redriven: AtomicUsize,
     pruned: AtomicUsize,
     rebuilt_beside: AtomicUsize,
+    rollups: AtomicUsize,
+    rollups_rebuilt: AtomicUsize,
+    aggregates: AtomicUsize,
     readers_checked: AtomicUsize,
 }
 
@@ -77,6 +80,9 @@ static COVERAGE: Coverage = Coverage {
     letters_redriven: AtomicUsize::new(0),
     pruned: AtomicUsize::new(0),
     rebuilt_beside: AtomicUsize::new(0),
+    rollups: AtomicUsize::new(0),
+    rollups_rebuilt: AtomicUsize::new(0),
+    aggregates: AtomicUsize::new(0),
     readers_checked: AtomicUsize::new(0),
 };
 
@@ -936,6 +942,16 @@ async fn case(specs: &Specs, plan: &Plan) -> Result<(), TestCaseError> {
     let phase1 = history.records.len();
     play(&mut history, &plan.phase2);
     count(&COVERAGE.cases, 1);
+    let drawn =
+        |f: fn(&Kind) -> bool| usize::from(specs.v1.iter().chain(&specs.v2).any(|p| f(&p.kind)));
+    count(
+        &COVERAGE.rollups,
+        drawn(|k| matches!(k, Kind::Rollup { .. })),
+    );
+    count(
+        &COVERAGE.aggregates,
+        drawn(|k| matches!(k, Kind::Aggregate { .. })),
+    );
     count(&COVERAGE.records, history.records.len());
     count(
         &COVERAGE.counters_on_edges,
@@ -1032,6 +1048,14 @@ async fn case(specs: &Specs, plan: &Plan) -> Result<(), TestCaseError> {
             .map(|l| l.name.clone())
             .collect();
         count(&COVERAGE.rebuilt_beside, beside.len());
+        count(
+            &COVERAGE.rollups_rebuilt,
+            specs
+                .v2
+                .iter()
+                .filter(|p| matches!(p.kind, Kind::Rollup { counter, .. } if beside.contains(&format!("ct{counter}"))))
+                .count(),
+        );
         let id2 = |name: &str| laid2.projection_id(name).expect("laid out from v2");
         let worker2 = Applier::new(client.clone(), laid2.clone(), &table, config.clone())
             .as_stream_consumer();
@@ -1318,7 +1342,7 @@ fn generated_specs_stay_exact_through_changes_backfills_replays_and_redrives() {
     let c = &COVERAGE;
     let n = |what: &AtomicUsize| what.load(Ordering::Relaxed);
     eprintln!(
-        "timing: generated specs: {cases} cases took {:.1} s; of {} runs (with shrinking): {} with counters riding on edges, {} moving a counter between an edge and markers of its own, {} changing what needs a backfill, {} backfilled beside the live worker, {} replaying some projections, {} pruning what v2 retired, {} counters rebuilt beside their old version, {} cases reading them before the backfill; {} records, {} dead letters redriven",
+        "timing: generated specs: {cases} cases took {:.1} s; of {} runs (with shrinking): {} with counters riding on edges, {} moving a counter between an edge and markers of its own, {} changing what needs a backfill, {} backfilled beside the live worker, {} replaying some projections, {} pruning what v2 retired, {} counters rebuilt beside their old version, {} cases reading them before the backfill, {} with rollups ({} rebuilt with their counter), {} with aggregates; {} records, {} dead letters redriven",
         started.elapsed().as_secs_f64(),
         n(&c.cases),
         n(&c.counters_on_edges),
@@ -1329,6 +1353,9 @@ fn generated_specs_stay_exact_through_changes_backfills_replays_and_redrives() {
         n(&c.pruned),
         n(&c.rebuilt_beside),
         n(&c.readers_checked),
+        n(&c.rollups),
+        n(&c.rollups_rebuilt),
+        n(&c.aggregates),
         n(&c.records),
         n(&c.letters_redriven),
     );
@@ -1342,6 +1369,10 @@ fn generated_specs_stay_exact_through_changes_backfills_replays_and_redrives() {
         assert!(
             n(&c.rebuilt_beside) > 0 && n(&c.readers_checked) > 0,
             "no generated case rebuilt a counter beside its old version and read it"
+        );
+        assert!(
+            n(&c.rollups_rebuilt) > 0 && n(&c.aggregates) > 0,
+            "no generated case rebuilt a rollup with its counter, or drew an aggregate"
         );
     }
 }
