@@ -23,6 +23,30 @@ pub fn token_attribute(name: &str) -> String {
     format!("{RESERVED_PREFIX}v#{name}")
 }
 
+/// Whether a record of a recomputed kind's target asks for a recompute:
+/// the target appeared, a writer changed what the kind writes, or the
+/// target no longer carries the kind's `token` (a writer put the item
+/// anew; that record's old image may not show what the put erased, for
+/// one written before the projector's first write).
+pub(crate) fn target_needs_recompute<'a>(
+    record: &crate::record::ChangeRecord,
+    written: impl IntoIterator<Item = &'a String>,
+    token: &'a String,
+) -> bool {
+    use crate::record::ChangeKind;
+    match record.kind {
+        ChangeKind::Insert => true,
+        ChangeKind::Modify => {
+            let lost = record
+                .new_image
+                .as_ref()
+                .is_some_and(|image| image.get(token).is_none());
+            lost || crate::plan::changed(record, written.into_iter().chain([token]))
+        }
+        ChangeKind::Remove => false,
+    }
+}
+
 /// Attributes to set (`Some`) or remove (`None`) on a target.
 pub type TargetState = Vec<(String, Option<AttributeValue>)>;
 

@@ -33,8 +33,8 @@ use serde::{Deserialize, Serialize};
 
 use super::{bind, token_attribute, Expected, TargetState};
 use crate::apply::COUNT_ATTRIBUTE;
-use crate::plan::{changed, Effect, Op, PlanProblem, Selection, Sources, Subject};
-use crate::record::{AttributeValue, ChangeKind, Item, ItemKey};
+use crate::plan::{Effect, Op, PlanProblem, Selection, Sources, Subject};
+use crate::record::{AttributeValue, Item, ItemKey};
 use crate::spec::raw::RawProjection;
 use crate::spec::{Compiler, EntityId, Projection, ProjectionId, ProjectionKind, Spec, TableSpec};
 
@@ -169,7 +169,7 @@ pub(crate) fn settle(projections: &mut [Projection]) {
 }
 
 /// Records of the target: it appears (the total appears with it), or its
-/// total or token changed (a writer overwrote them).
+/// total or token changed or went (a writer overwrote them).
 pub(crate) fn plan(
     spec: &Spec,
     id: ProjectionId,
@@ -179,11 +179,7 @@ pub(crate) fn plan(
 ) -> Result<(), PlanProblem> {
     let record = subject.record;
     let token = token_attribute(&spec.projections[id].name);
-    let relevant = match record.kind {
-        ChangeKind::Insert => true,
-        ChangeKind::Modify => changed(record, [&p.attribute, &token]),
-        ChangeKind::Remove => false,
-    };
+    let relevant = super::target_needs_recompute(record, [&p.attribute], &token);
     if let (true, Some(op)) = (relevant, recompute_op(spec, p, &subject.key)) {
         effects.push(Effect { projection: id, op });
     }

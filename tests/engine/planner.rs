@@ -303,6 +303,32 @@ fn a_performance_snapshot_recomputes_its_campaigns_totals() {
     );
 }
 
+#[test]
+fn a_campaign_rewritten_without_its_totals_gets_them_recomputed() {
+    // The writer's put left the token out: recompute, even when the old
+    // image does not show what the put erased.
+    check_selected(
+        ads_platform(),
+        &["campaign-totals"],
+        json!({"kind": "MODIFY", "pk": "CAMPAIGN#c1", "sk": "METADATA",
+               "old": {"status": "ENABLED"}, "new": {"status": "ENABLED"}}),
+        expect![[r#"
+            {"key":{"PK":"CAMPAIGN#c1","SK":"METADATA"},"op":"recompute","projection":"campaign-totals","reads":{"query":{"consistent":true,"pk":"CAMPAIGN#c1","sk_begins_with":"PERF#"},"target":{"PK":"CAMPAIGN#c1","SK":"METADATA"}}}
+        "#]],
+    );
+    // An update that keeps the token and the totals plans nothing.
+    check_selected(
+        ads_platform(),
+        &["campaign-totals"],
+        json!({"kind": "MODIFY", "pk": "CAMPAIGN#c1", "sk": "METADATA",
+               "old": {"status": "ENABLED", "days": 2, "_ddbp#v#campaign-totals": 3},
+               "new": {"status": "PAUSED", "days": 2, "_ddbp#v#campaign-totals": 3}}),
+        expect![[r#"
+            skip: Unchanged("campaign"): change to `campaign` touches nothing a projection reads
+        "#]],
+    );
+}
+
 // ---------------------------------------------------------------------------
 // denormalize: user-service `profile-primary-email`
 

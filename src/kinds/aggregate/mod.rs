@@ -239,12 +239,7 @@ pub(crate) fn plan(
         relevant
     } else {
         let token = token_attribute(&spec.projections[id].name);
-        let written = p.set.iter().map(|(attr, _)| attr).chain([&token]);
-        match record.kind {
-            ChangeKind::Insert => true,
-            ChangeKind::Modify => changed(record, written),
-            ChangeKind::Remove => false,
-        }
+        super::target_needs_recompute(record, p.set.iter().map(|(attr, _)| attr), &token)
     };
     if !relevant {
         return Ok(());
