@@ -403,7 +403,7 @@ pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         )),
 
         Command::Lambda => crate::lambda::run(),
-        Command::Filters { spec } => Ok(crate::lambda::filters::command(&spec)),
+        Command::Filters { spec } => Ok(offline::filters(&spec)),
         Command::Counter {
             command: CounterCommand::Get { name, vars, target },
         } => block_on(online::counter_get(target, name, vars)),

@@ -1,4 +1,4 @@
-//! Commands that need no AWS access: `check` and `plan`.
+//! Commands that need no AWS access: `check`, `plan` and `filters`.
 
 use std::io::{Read, Write};
 use std::path::Path;
@@ -20,6 +20,24 @@ pub fn check(path: &Path) -> ExitCode {
         }
         Err(code) => code,
     }
+}
+
+/// `filters`: the `FilterCriteria` JSON on stdout and the notes on
+/// stderr.
+pub fn filters(path: &Path) -> ExitCode {
+    let spec = match load_spec(path) {
+        Ok(spec) => spec,
+        Err(code) => return code,
+    };
+    let criteria = crate::lambda::filters::filter_criteria(&spec);
+    for note in &criteria.notes {
+        eprintln!("note: {note}");
+    }
+    println!(
+        "{}",
+        serde_json::to_string_pretty(&criteria.to_json()).expect("JSON values serialize")
+    );
+    ExitCode::SUCCESS
 }
 
 /// `plan`: one JSON line per planned effect, per skipped record and per

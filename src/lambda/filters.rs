@@ -346,37 +346,11 @@ fn echo_notes(spec: &Spec) -> Vec<String> {
                 "index-keys `{}`: the projector's own writes of the derived attributes come back as MODIFY records of `{}`, which pass and write nothing",
                 projection.name, spec.entities[p.entity].name
             )),
-            ProjectionKind::Rollup(p) => {
-                notes.push(crate::kinds::rollup::filter_note(spec, &projection.name, p))
-            }
-            ProjectionKind::Aggregate(p) => {
-                notes.push(crate::kinds::aggregate::filter_note(spec, &projection.name, p))
-            }
+            ProjectionKind::Recomputed(p) => notes.push(p.filter_note(spec, &projection.name)),
             ProjectionKind::InverseEdge(_) | ProjectionKind::Counter(_) | ProjectionKind::Custom(_) => {}
         }
     }
     notes
-}
-
-/// `filters --spec FILE`: prints the `FilterCriteria` JSON on stdout and
-/// the notes on stderr.
-pub fn command(path: &std::path::Path) -> std::process::ExitCode {
-    let spec = match Spec::from_file(path) {
-        Ok(spec) => spec,
-        Err(errors) => {
-            eprintln!("{errors}");
-            return std::process::ExitCode::from(1);
-        }
-    };
-    let criteria = filter_criteria(&spec);
-    for note in &criteria.notes {
-        eprintln!("note: {note}");
-    }
-    println!(
-        "{}",
-        serde_json::to_string_pretty(&criteria.to_json()).expect("JSON values serialize")
-    );
-    std::process::ExitCode::SUCCESS
 }
 
 #[cfg(test)]
