@@ -246,6 +246,7 @@ fn campaign_keys_follow_a_status_change() {
                        "GSI1PK": "PROFILE#p1", "GSI1SK": "STATUS#ENABLED#CAMPAIGN#c1"}}),
         expect![[r#"
             {"if":{"profileId":"p1","status":"PAUSED"},"key":{"PK":"CAMPAIGN#c1","SK":"METADATA"},"op":"set","projection":"campaign-gsi1-keys","set":{"GSI1PK":"PROFILE#p1","GSI1SK":"STATUS#PAUSED#CAMPAIGN#c1"}}
+            {"key":{"PK":"CAMPAIGN#c1","SK":"METADATA"},"op":"recompute","projection":"campaign-totals","reads":{"query":{"consistent":true,"pk":"CAMPAIGN#c1","sk_begins_with":"PERF#"},"target":{"PK":"CAMPAIGN#c1","SK":"METADATA"}}}
         "#]],
     );
 }
