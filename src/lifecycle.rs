@@ -906,7 +906,7 @@ impl Registry {
         ids: &[ProjectionId],
         run: &str,
     ) -> Result<ClaimOutcome, ApplyError> {
-        let ids = &crate::kinds::rollup::with_counters(spec, ids)[..];
+        let ids = &crate::kinds::with_dependencies(spec, ids)[..];
         let snapshot = self.snapshot(spec).await?;
         let now = now_ms();
         for &id in ids {
@@ -1012,7 +1012,7 @@ impl Registry {
         ids: &[ProjectionId],
         run: &str,
     ) -> Result<Completion, ApplyError> {
-        let ids = &crate::kinds::rollup::with_counters(spec, ids)[..];
+        let ids = &crate::kinds::with_dependencies(spec, ids)[..];
         let mut snapshot = self.snapshot(spec).await?;
         let now = now_ms();
         let mut completion = Completion::default();
@@ -1088,8 +1088,7 @@ impl Registry {
                 ProjectionKind::IndexKeys(_)
                 | ProjectionKind::Denormalize(_)
                 | ProjectionKind::InverseEdge(_)
-                | ProjectionKind::Rollup(_)
-                | ProjectionKind::Aggregate(_)
+                | ProjectionKind::Recomputed(_)
                 | ProjectionKind::Custom(_) => None,
             };
             let mut update = aws_sdk_dynamodb::types::Update::builder()
@@ -1596,8 +1595,7 @@ fn custom_projections(spec: &Spec) -> Vec<Arc<dyn crate::plan::CustomProjection>
             | ProjectionKind::Denormalize(_)
             | ProjectionKind::InverseEdge(_)
             | ProjectionKind::Counter(_)
-            | ProjectionKind::Rollup(_)
-            | ProjectionKind::Aggregate(_) => None,
+            | ProjectionKind::Recomputed(_) => None,
         })
         .collect()
 }

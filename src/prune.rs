@@ -209,8 +209,7 @@ pub fn actions(current: &Spec, retired: &[Retired], item: &HashMap<String, Av>) 
             ProjectionKind::IndexKeys(_)
             | ProjectionKind::Denormalize(_)
             | ProjectionKind::InverseEdge(_)
-            | ProjectionKind::Rollup(_)
-            | ProjectionKind::Aggregate(_)
+            | ProjectionKind::Recomputed(_)
             | ProjectionKind::Custom(_) => None,
         })
         .collect();
@@ -278,8 +277,7 @@ pub fn actions(current: &Spec, retired: &[Retired], item: &HashMap<String, Av>) 
             }
             ProjectionKind::IndexKeys(_)
             | ProjectionKind::Denormalize(_)
-            | ProjectionKind::Rollup(_)
-            | ProjectionKind::Aggregate(_) => {
+            | ProjectionKind::Recomputed(_) => {
                 let id = r.spec.projection_id(&r.name).expect("checked");
                 let mut vars = Vec::new();
                 if let Some((entity, written)) = crate::kinds::written_attributes(&r.spec, id) {

@@ -160,8 +160,7 @@ pub(crate) fn known_counters(spec: &Spec) -> Vec<String> {
             ProjectionKind::IndexKeys(_)
             | ProjectionKind::Denormalize(_)
             | ProjectionKind::InverseEdge(_)
-            | ProjectionKind::Rollup(_)
-            | ProjectionKind::Aggregate(_)
+            | ProjectionKind::Recomputed(_)
             | ProjectionKind::Custom(_) => None,
         })
         .chain(spec.frozen.iter().cloned())
@@ -210,8 +209,7 @@ pub(crate) fn marker_change<'e>(spec: &Spec, effect: &'e Effect) -> Option<Marke
                 ProjectionKind::IndexKeys(_)
                 | ProjectionKind::Denormalize(_)
                 | ProjectionKind::Counter(_)
-                | ProjectionKind::Rollup(_)
-                | ProjectionKind::Aggregate(_)
+                | ProjectionKind::Recomputed(_)
                 | ProjectionKind::Custom(_) => Vec::new(),
             };
             MarkerChange {

@@ -85,9 +85,9 @@ pub(super) fn derived(spec: &Spec, snapshot: &Snapshot, out: &mut Vec<Finding>) 
                     }
                 }
             }
-            ProjectionKind::Denormalize(_)
-            | ProjectionKind::Rollup(_)
-            | ProjectionKind::Aggregate(_) => recomputed(spec, id, snapshot, out),
+            ProjectionKind::Denormalize(_) | ProjectionKind::Recomputed(_) => {
+                recomputed(spec, id, snapshot, out)
+            }
             // Memberships and counters are checked across projections below.
             ProjectionKind::InverseEdge(_) | ProjectionKind::Counter(_) => {}
             ProjectionKind::Custom(_) => {}
@@ -120,14 +120,7 @@ fn recomputed(spec: &Spec, id: ProjectionId, snapshot: &Snapshot, out: &mut Vec<
                 .collect();
             (p.target, expected)
         }
-        ProjectionKind::Rollup(p) => (
-            p.target,
-            crate::kinds::rollup::expected(spec, p, &snapshot.items),
-        ),
-        ProjectionKind::Aggregate(p) => (
-            p.target,
-            crate::kinds::aggregate::expected(spec, p, &snapshot.items),
-        ),
+        ProjectionKind::Recomputed(p) => (p.target(), p.expected(spec, &snapshot.items)),
         ProjectionKind::IndexKeys(_)
         | ProjectionKind::InverseEdge(_)
         | ProjectionKind::Counter(_)

@@ -214,7 +214,7 @@ pub async fn backfill(
         projections: options
             .projections
             .as_ref()
-            .map(|ids| crate::kinds::rollup::with_counters(spec, ids)),
+            .map(|ids| crate::kinds::with_dependencies(spec, ids)),
         ..options.clone()
     };
     let options = if options.projections.is_none()

@@ -13,6 +13,133 @@
 pub mod aggregate;
 pub mod rollup;
 
+use crate::plan::{Effect, PlanProblem, Subject};
+use crate::spec::EntityId;
+
+/// The kinds kept in this folder: one variant per kind, the line that
+/// registers it. Code outside the folder matches `ProjectionKind::Recomputed`
+/// once and calls the methods below, whose matches name every kind here,
+/// so a new variant makes the compiler list exactly what it must answer,
+/// all in this file.
+#[derive(Debug, Clone)]
+pub enum Recomputed {
+    /// See [`rollup`].
+    Rollup(rollup::Rollup),
+    /// See [`aggregate`].
+    Aggregate(aggregate::Aggregate),
+}
+
+impl Recomputed {
+    /// The kind as written in spec files.
+    pub fn kind_name(&self) -> &'static str {
+        match self {
+            Recomputed::Rollup(_) => "rollup",
+            Recomputed::Aggregate(_) => "aggregate",
+        }
+    }
+
+    /// The entity whose items it writes on.
+    pub fn target(&self) -> EntityId {
+        match self {
+            Recomputed::Rollup(p) => p.target,
+            Recomputed::Aggregate(p) => p.target,
+        }
+    }
+
+    /// The entities whose records it plans from (the ones its filters must
+    /// let through and its fingerprint names the key patterns of).
+    pub fn entities(&self) -> Vec<EntityId> {
+        match self {
+            // The counted items' records reach it through its counter.
+            Recomputed::Rollup(p) => vec![p.target],
+            Recomputed::Aggregate(p) => vec![p.source, p.target],
+        }
+    }
+
+    /// The entity whose changes it carries onto its target, for the loop
+    /// check (`projections` as compiled so far).
+    pub fn reads_from(&self, projections: &[crate::spec::Projection]) -> Option<EntityId> {
+        match self {
+            Recomputed::Rollup(p) => match &projections[p.counter].kind {
+                ProjectionKind::Counter(c) => Some(c.source),
+                _ => None,
+            },
+            Recomputed::Aggregate(p) => Some(p.source),
+        }
+    }
+
+    /// The attributes it sets on its target (the token aside).
+    pub fn attributes(&self) -> Vec<String> {
+        match self {
+            Recomputed::Rollup(p) => vec![p.attribute.clone()],
+            Recomputed::Aggregate(p) => p.set.iter().map(|(a, _)| a.clone()).collect(),
+        }
+    }
+
+    /// The attributes it writes on its target, the token included.
+    pub fn written(&self, name: &str) -> Vec<String> {
+        match self {
+            Recomputed::Rollup(p) => rollup::written(name, p),
+            Recomputed::Aggregate(p) => aggregate::written(name, p),
+        }
+    }
+
+    /// Plans projection `id` for a record of `entity`.
+    pub(crate) fn plan(
+        &self,
+        spec: &Spec,
+        id: ProjectionId,
+        entity: EntityId,
+        subject: &Subject<'_>,
+        effects: &mut Vec<Effect>,
+    ) -> Result<(), PlanProblem> {
+        match self {
+            Recomputed::Rollup(p) => rollup::plan(spec, id, p, subject, effects),
+            Recomputed::Aggregate(p) => aggregate::plan(spec, id, p, entity, subject, effects),
+        }
+    }
+
+    /// What it computes for a target from what its recompute read.
+    pub fn compute(&self, spec: &Spec, reads: &[Item]) -> Result<TargetState, String> {
+        match self {
+            Recomputed::Rollup(p) => rollup::compute(spec, p, reads),
+            Recomputed::Aggregate(p) => aggregate::compute(spec, p, reads),
+        }
+    }
+
+    /// The recompute of `target`, if it is an item of its target entity.
+    pub fn recompute_op(&self, spec: &Spec, target: &ItemKey) -> Option<Op> {
+        match self {
+            Recomputed::Rollup(p) => rollup::recompute_op(spec, p, target),
+            Recomputed::Aggregate(p) => query_recompute(spec, p.source, p.target, target),
+        }
+    }
+
+    /// For the audit: what each target must hold, from a table snapshot.
+    pub(crate) fn expected(&self, spec: &Spec, items: &[(EntityId, ItemKey, Item)]) -> Expected {
+        match self {
+            Recomputed::Rollup(p) => rollup::expected(spec, p, items),
+            Recomputed::Aggregate(p) => aggregate::expected(spec, p, items),
+        }
+    }
+
+    /// One line for `check`, `plan --describe` and `status`.
+    pub(crate) fn describe(&self, spec: &Spec) -> String {
+        match self {
+            Recomputed::Rollup(p) => rollup::describe(spec, p),
+            Recomputed::Aggregate(p) => aggregate::describe(spec, p),
+        }
+    }
+
+    /// What `filters` tells a person about the records it makes pass.
+    pub(crate) fn filter_note(&self, spec: &Spec, name: &str) -> String {
+        match self {
+            Recomputed::Rollup(p) => rollup::filter_note(spec, name, p),
+            Recomputed::Aggregate(p) => aggregate::filter_note(spec, name, p),
+        }
+    }
+}
+
 use crate::plan::{Op, SourceQuery, Sources};
 use crate::record::{AttributeValue, Item, ItemKey};
 use crate::spec::{Entity, ProjectionId, ProjectionKind, Spec, RESERVED_PREFIX};
@@ -21,6 +148,32 @@ use crate::spec::{Entity, ProjectionId, ProjectionKind, Spec, RESERVED_PREFIX};
 /// a number that grows by one per write of projection `name`.
 pub fn token_attribute(name: &str) -> String {
     format!("{RESERVED_PREFIX}v#{name}")
+}
+
+/// Hooks a kind kept here may need beyond its own projection; each names
+/// the kinds that use it.
+///
+/// Once every projection is compiled: fingerprints that depend on another
+/// projection's definition (a rollup's on its counter's).
+pub(crate) fn settle(projections: &mut [crate::spec::Projection]) {
+    rollup::settle(projections);
+}
+
+/// After a record's effects are planned: the effects that follow from
+/// other projections' effects (a rollup's recompute after its counter's
+/// shards move).
+pub(crate) fn follow(
+    spec: &Spec,
+    selection: crate::plan::Selection<'_>,
+    effects: &mut Vec<Effect>,
+) {
+    rollup::follow_counters(spec, selection, effects);
+}
+
+/// `ids` with the projections that are claimed, backfilled and completed
+/// together with them (a rollup and its counter).
+pub fn with_dependencies(spec: &Spec, ids: &[ProjectionId]) -> Vec<ProjectionId> {
+    rollup::with_counters(spec, ids)
 }
 
 /// Whether a record of a recomputed kind's target asks for a recompute:
@@ -62,8 +215,7 @@ pub fn compute(spec: &Spec, id: ProjectionId, reads: &[Item]) -> Result<TargetSt
         ProjectionKind::Denormalize(p) => {
             crate::plan::compute_denormalized(spec, p, reads).map_err(|error| error.to_string())
         }
-        ProjectionKind::Rollup(p) => rollup::compute(spec, p, reads),
-        ProjectionKind::Aggregate(p) => aggregate::compute(spec, p, reads),
+        ProjectionKind::Recomputed(p) => p.compute(spec, reads),
         ProjectionKind::IndexKeys(_)
         | ProjectionKind::InverseEdge(_)
         | ProjectionKind::Counter(_)
@@ -78,7 +230,7 @@ pub fn compute(spec: &Spec, id: ProjectionId, reads: &[Item]) -> Result<TargetSt
 /// Whether projection `id`'s recomputes order their writes by a token.
 pub fn uses_token(spec: &Spec, id: ProjectionId) -> bool {
     match &spec.projections[id].kind {
-        ProjectionKind::Rollup(_) | ProjectionKind::Aggregate(_) => true,
+        ProjectionKind::Recomputed(_) => true,
         ProjectionKind::Denormalize(_)
         | ProjectionKind::IndexKeys(_)
         | ProjectionKind::InverseEdge(_)
@@ -90,15 +242,24 @@ pub fn uses_token(spec: &Spec, id: ProjectionId) -> bool {
 /// The recompute of target `target` of projection `id`, if it is a
 /// recomputed kind and `target` an item of its target entity.
 pub fn recompute_op(spec: &Spec, id: ProjectionId, target: &ItemKey) -> Option<Op> {
-    let (source, target_entity) = match &spec.projections[id].kind {
-        ProjectionKind::Denormalize(p) => (p.source, p.target),
-        ProjectionKind::Aggregate(p) => (p.source, p.target),
-        ProjectionKind::Rollup(p) => return rollup::recompute_op(spec, p, target),
+    match &spec.projections[id].kind {
+        ProjectionKind::Denormalize(p) => query_recompute(spec, p.source, p.target, target),
+        ProjectionKind::Recomputed(p) => p.recompute_op(spec, target),
         ProjectionKind::IndexKeys(_)
         | ProjectionKind::InverseEdge(_)
         | ProjectionKind::Counter(_)
-        | ProjectionKind::Custom(_) => return None,
-    };
+        | ProjectionKind::Custom(_) => None,
+    }
+}
+
+/// The recompute of `target`, an item of `target_entity` computed from
+/// the items of `source` in the partition its key names.
+fn query_recompute(
+    spec: &Spec,
+    source: EntityId,
+    target_entity: EntityId,
+    target: &ItemKey,
+) -> Option<Op> {
     let mut vars = Vec::new();
     let entity = &spec.entities[target_entity];
     if !entity.pk.match_into(&target.pk, &mut vars) {
@@ -168,8 +329,7 @@ pub fn written_attributes(
     match &spec.projections[id].kind {
         ProjectionKind::IndexKeys(p) => Some((p.entity, names(&p.set))),
         ProjectionKind::Denormalize(p) => Some((p.target, names(&p.copy))),
-        ProjectionKind::Rollup(p) => Some((p.target, rollup::written(name, p))),
-        ProjectionKind::Aggregate(p) => Some((p.target, aggregate::written(name, p))),
+        ProjectionKind::Recomputed(p) => Some((p.target(), p.written(name))),
         ProjectionKind::InverseEdge(_) | ProjectionKind::Counter(_) | ProjectionKind::Custom(_) => {
             None
         }

@@ -31,6 +31,7 @@ use std::collections::{BTreeSet, HashMap};
 
 use serde::{Deserialize, Serialize};
 
+use super::Recomputed;
 use super::{bind, token_attribute, Expected, TargetState};
 use crate::apply::COUNT_ATTRIBUTE;
 use crate::plan::{Effect, Op, PlanProblem, Selection, Sources, Subject};
@@ -156,7 +157,7 @@ pub(crate) fn settle(projections: &mut [Projection]) {
         .map(|p| matches!(p.kind, ProjectionKind::Counter(_)).then_some(p.fingerprint))
         .collect();
     for projection in projections.iter_mut() {
-        let ProjectionKind::Rollup(rollup) = &projection.kind else {
+        let ProjectionKind::Recomputed(Recomputed::Rollup(rollup)) = &projection.kind else {
             continue;
         };
         if let Some(counter) = counters[rollup.counter] {
@@ -226,7 +227,7 @@ pub(crate) fn follow_counters(spec: &Spec, selection: Selection<'_>, effects: &m
         .iter()
         .enumerate()
         .filter_map(|(id, p)| match &p.kind {
-            ProjectionKind::Rollup(r) => Some((id, r)),
+            ProjectionKind::Recomputed(Recomputed::Rollup(r)) => Some((id, r)),
             _ => None,
         })
         .collect();
@@ -293,7 +294,7 @@ pub(crate) fn follow_counters(spec: &Spec, selection: Selection<'_>, effects: &m
 pub fn with_counters(spec: &Spec, ids: &[ProjectionId]) -> Vec<ProjectionId> {
     let mut out: Vec<ProjectionId> = ids.to_vec();
     for (id, projection) in spec.projections.iter().enumerate() {
-        if let ProjectionKind::Rollup(rollup) = &projection.kind {
+        if let ProjectionKind::Recomputed(Recomputed::Rollup(rollup)) = &projection.kind {
             if ids.contains(&rollup.counter) && !out.contains(&id) {
                 out.push(id);
             }

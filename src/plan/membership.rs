@@ -243,8 +243,7 @@ pub(super) fn plan_counter(
                     | ProjectionKind::Denormalize(_)
                     | ProjectionKind::InverseEdge(_)
                     | ProjectionKind::Counter(_)
-                    | ProjectionKind::Rollup(_)
-                    | ProjectionKind::Aggregate(_)
+                    | ProjectionKind::Recomputed(_)
                     | ProjectionKind::Custom(_) => None,
                 });
         if first_selected != Some(id) {

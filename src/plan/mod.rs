@@ -378,7 +378,7 @@ impl Subject<'_> {
 pub fn plan_record(spec: &Spec, record: &ChangeRecord, selection: Selection<'_>) -> RecordPlan {
     let mut plan = plan_projections(spec, record, selection);
     // Whatever moved a counter's shard, its rollups follow.
-    crate::kinds::rollup::follow_counters(spec, selection, &mut plan.effects);
+    crate::kinds::follow(spec, selection, &mut plan.effects);
     plan
 }
 
@@ -457,12 +457,7 @@ fn plan_projections(spec: &Spec, record: &ChangeRecord, selection: Selection<'_>
             ProjectionKind::Counter(p) => {
                 membership::plan_counter(spec, id, p, &subject, selection, &mut plan.effects)
             }
-            ProjectionKind::Rollup(p) => {
-                crate::kinds::rollup::plan(spec, id, p, &subject, &mut plan.effects)
-            }
-            ProjectionKind::Aggregate(p) => {
-                crate::kinds::aggregate::plan(spec, id, p, entity, &subject, &mut plan.effects)
-            }
+            ProjectionKind::Recomputed(p) => p.plan(spec, id, entity, &subject, &mut plan.effects),
             ProjectionKind::Custom(p) => plan_custom(id, p.as_ref(), &subject, &mut plan.effects),
         };
         if let Err(problem) = result {

@@ -12,6 +12,7 @@ use super::{
     ProjectionKind, RepairPolicy, Spec, SpecError, SpecErrors, TableSpec, Template, MAX_SHARDS,
     RESERVED_PREFIX,
 };
+use crate::kinds::Recomputed;
 use crate::plan::CustomProjection;
 use crate::record::AttributeValue;
 
@@ -60,10 +61,8 @@ fn set_fingerprints(projections: &mut [Projection], entities: &[Entity], table: 
                         Marker::Own => parts.push("own markers".to_string()),
                     }
                 }
-                ProjectionKind::Rollup(p) => parts.push(pattern(p.target)),
-                ProjectionKind::Aggregate(p) => {
-                    parts.push(pattern(p.source));
-                    parts.push(pattern(p.target));
+                ProjectionKind::Recomputed(p) => {
+                    parts.extend(p.entities().into_iter().map(pattern));
                 }
                 ProjectionKind::Custom(_) => {}
             }
@@ -240,7 +239,7 @@ impl Compiler {
         }
         self.assign_markers(&mut projections, &table);
         set_fingerprints(&mut projections, &entities, &table);
-        crate::kinds::rollup::settle(&mut projections);
+        crate::kinds::settle(&mut projections);
         self.check_loops(&projections, &entities);
         self.check_attributes(&projections, &entities);
         self.check_derived_items(&projections, &entities, &table);
@@ -392,8 +391,7 @@ impl Compiler {
                         | ProjectionKind::Denormalize(_)
                         | ProjectionKind::InverseEdge(_)
                         | ProjectionKind::Counter(_)
-                        | ProjectionKind::Rollup(_)
-                        | ProjectionKind::Aggregate(_)
+                        | ProjectionKind::Recomputed(_)
                         | ProjectionKind::Custom(_) => None,
                     });
                 let Some((projection, template)) = derived else {
@@ -721,11 +719,11 @@ impl Compiler {
         match raw {
             RawProjection::Rollup(raw) => {
                 crate::kinds::rollup::compile(raw, self, context, table, entities, all)
-                    .map(ProjectionKind::Rollup)
+                    .map(|p| ProjectionKind::Recomputed(Recomputed::Rollup(p)))
             }
             RawProjection::Aggregate(raw) => {
                 crate::kinds::aggregate::compile(raw, self, context, table, entities)
-                    .map(ProjectionKind::Aggregate)
+                    .map(|p| ProjectionKind::Recomputed(Recomputed::Aggregate(p)))
             }
             RawProjection::IndexKeys { entity, set, .. } => {
                 let entity = self.entity(context, "", entity, entities)?;
@@ -913,8 +911,7 @@ impl Compiler {
                 ProjectionKind::IndexKeys(_)
                 | ProjectionKind::Denormalize(_)
                 | ProjectionKind::Counter(_)
-                | ProjectionKind::Rollup(_)
-                | ProjectionKind::Aggregate(_)
+                | ProjectionKind::Recomputed(_)
                 | ProjectionKind::Custom(_) => None,
             })
             .collect();
@@ -959,18 +956,14 @@ impl Compiler {
                         ProjectionKind::InverseEdge(e) if e.target == edge.target => names(&e.copy),
                         ProjectionKind::Denormalize(d) if d.target == edge.target => names(&d.copy),
                         ProjectionKind::IndexKeys(k) if k.entity == edge.target => names(&k.set),
-                        ProjectionKind::Rollup(r) if r.target == edge.target => {
-                            vec![r.attribute.clone()]
-                        }
-                        ProjectionKind::Aggregate(a) if a.target == edge.target => {
-                            a.set.iter().map(|(attr, _)| attr.clone()).collect()
+                        ProjectionKind::Recomputed(r) if r.target() == edge.target => {
+                            r.attributes()
                         }
                         ProjectionKind::IndexKeys(_)
                         | ProjectionKind::Denormalize(_)
                         | ProjectionKind::InverseEdge(_)
                         | ProjectionKind::Counter(_)
-                        | ProjectionKind::Rollup(_)
-                        | ProjectionKind::Aggregate(_)
+                        | ProjectionKind::Recomputed(_)
                         | ProjectionKind::Custom(_) => continue,
                     };
                     if written.iter().any(|attr| attr == ttl) {
@@ -996,11 +989,7 @@ impl Compiler {
             let edge = match &projection.kind {
                 ProjectionKind::Denormalize(p) => Some((p.source, p.target)),
                 ProjectionKind::InverseEdge(p) => Some((p.source, p.target)),
-                ProjectionKind::Aggregate(p) => Some((p.source, p.target)),
-                ProjectionKind::Rollup(p) => match &projections[p.counter].kind {
-                    ProjectionKind::Counter(c) => Some((c.source, p.target)),
-                    _ => None,
-                },
+                ProjectionKind::Recomputed(p) => p.reads_from(projections).map(|s| (s, p.target())),
                 ProjectionKind::IndexKeys(_)
                 | ProjectionKind::Counter(_)
                 | ProjectionKind::Custom(_) => None,
@@ -1080,10 +1069,7 @@ impl Compiler {
                 ProjectionKind::IndexKeys(p) => (p.entity, names(&p.set)),
                 ProjectionKind::Denormalize(p) => (p.target, names(&p.copy)),
                 ProjectionKind::InverseEdge(p) => (p.target, names(&p.copy)),
-                ProjectionKind::Rollup(p) => (p.target, vec![p.attribute.clone()]),
-                ProjectionKind::Aggregate(p) => {
-                    (p.target, p.set.iter().map(|(a, _)| a.clone()).collect())
-                }
+                ProjectionKind::Recomputed(p) => (p.target(), p.attributes()),
                 ProjectionKind::Counter(_) | ProjectionKind::Custom(_) => continue,
             };
             for attr in written {
@@ -1119,8 +1105,7 @@ impl Compiler {
                 ProjectionKind::Denormalize(_)
                 | ProjectionKind::InverseEdge(_)
                 | ProjectionKind::Counter(_)
-                | ProjectionKind::Rollup(_)
-                | ProjectionKind::Aggregate(_)
+                | ProjectionKind::Recomputed(_)
                 | ProjectionKind::Custom(_) => None,
             })
             .collect();
@@ -1250,12 +1235,7 @@ fn interested(projections: &[Projection], entities: &[Entity]) -> Vec<Vec<Projec
             }
             ProjectionKind::InverseEdge(p) => add(p.source),
             ProjectionKind::Counter(p) => add(p.source),
-            // The counted items' records reach it through its counter.
-            ProjectionKind::Rollup(p) => add(p.target),
-            ProjectionKind::Aggregate(p) => {
-                add(p.source);
-                add(p.target);
-            }
+            ProjectionKind::Recomputed(p) => p.entities().into_iter().for_each(&mut add),
             ProjectionKind::Custom(p) => {
                 if let Some(entity) = entities.iter().position(|e| e.name == p.source_entity()) {
                     add(entity);

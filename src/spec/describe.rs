@@ -155,8 +155,7 @@ impl Spec {
                     Marker::Own => String::new(),
                 }
             ),
-            ProjectionKind::Rollup(p) => crate::kinds::rollup::describe(self, p),
-            ProjectionKind::Aggregate(p) => crate::kinds::aggregate::describe(self, p),
+            ProjectionKind::Recomputed(p) => p.describe(self),
             ProjectionKind::Custom(p) => {
                 format!("{} (Rust)", entity_name_or(self, p.source_entity()))
             }

@@ -332,10 +332,8 @@ pub enum ProjectionKind {
     InverseEdge(InverseEdge),
     /// See [`Counter`].
     Counter(Counter),
-    /// See [`crate::kinds::rollup::Rollup`].
-    Rollup(crate::kinds::rollup::Rollup),
-    /// See [`crate::kinds::aggregate::Aggregate`].
-    Aggregate(crate::kinds::aggregate::Aggregate),
+    /// The kinds kept whole in their own folder (see [`crate::kinds`]).
+    Recomputed(crate::kinds::Recomputed),
     /// A projection written in Rust.
     Custom(Arc<dyn CustomProjection>),
 }
@@ -347,8 +345,7 @@ impl fmt::Debug for ProjectionKind {
             ProjectionKind::Denormalize(p) => p.fmt(f),
             ProjectionKind::InverseEdge(p) => p.fmt(f),
             ProjectionKind::Counter(p) => p.fmt(f),
-            ProjectionKind::Rollup(p) => p.fmt(f),
-            ProjectionKind::Aggregate(p) => p.fmt(f),
+            ProjectionKind::Recomputed(p) => p.fmt(f),
             ProjectionKind::Custom(p) => write!(f, "Custom({})", p.name()),
         }
     }
@@ -370,13 +367,12 @@ pub struct Projection {
 impl Projection {
     /// The kind as written in spec files.
     pub fn kind_name(&self) -> &'static str {
-        match self.kind {
+        match &self.kind {
             ProjectionKind::IndexKeys(_) => "index-keys",
             ProjectionKind::Denormalize(_) => "denormalize",
             ProjectionKind::InverseEdge(_) => "inverse-edge",
             ProjectionKind::Counter(_) => "counter",
-            ProjectionKind::Rollup(_) => "rollup",
-            ProjectionKind::Aggregate(_) => "aggregate",
+            ProjectionKind::Recomputed(p) => p.kind_name(),
             ProjectionKind::Custom(_) => "custom",
         }
     }
@@ -641,8 +637,7 @@ impl Spec {
             ProjectionKind::IndexKeys(_)
             | ProjectionKind::Denormalize(_)
             | ProjectionKind::InverseEdge(_)
-            | ProjectionKind::Rollup(_)
-            | ProjectionKind::Aggregate(_)
+            | ProjectionKind::Recomputed(_)
             | ProjectionKind::Custom(_) => &self.projections[id].name,
         }
     }
@@ -734,8 +729,7 @@ impl Spec {
                 | ProjectionKind::Denormalize(_)
                 | ProjectionKind::InverseEdge(_)
                 | ProjectionKind::Counter(_)
-                | ProjectionKind::Rollup(_)
-                | ProjectionKind::Aggregate(_)
+                | ProjectionKind::Recomputed(_)
                 | ProjectionKind::Custom(_) => format!("{}={:016x}", p.name, p.fingerprint),
             })
             .collect();
