@@ -340,7 +340,21 @@ async fn main() {
         )
         .await;
     }
-    println!("  social-service: {fans} fans follow alice (hot user), 10 unfollow; alice follows bob and carol; bob and carol follow alice, carol unfollows; 4 achievements");
+    // Profiles of alice and bob; carol's comes later (step 5).
+    for (user, name) in [("alice", "Alice"), ("bob", "Bob")] {
+        put(
+            &client,
+            &social,
+            &[
+                ("PK", s(&format!("USER#{user}"))),
+                ("SK", s("PROFILE")),
+                ("userId", s(user)),
+                ("name", s(name)),
+            ],
+        )
+        .await;
+    }
+    println!("  social-service: {fans} fans follow alice (hot user), 10 unfollow; alice follows bob and carol; bob and carol follow alice, carol unfollows; 4 achievements; profiles of alice and bob");
 
     for (campaign, profile, status, name) in [
         ("c1", "p1", "ENABLED", "Winter sale"),
@@ -362,7 +376,28 @@ async fn main() {
         )
         .await;
     }
-    println!("  ads-platform: 4 campaigns over 2 advertiser profiles");
+    for (campaign, date, spend, clicks, impressions) in [
+        ("c1", "2026-11-20", "12.40", 31, 1200),
+        ("c1", "2026-11-21", "9.95", 25, 980),
+        ("c1", "2026-11-22", "0.15", 1, 40),
+        ("c3", "2026-11-22", "120.00", 410, 15000),
+    ] {
+        put(
+            &client,
+            &ads,
+            &[
+                ("PK", s(&format!("CAMPAIGN#{campaign}"))),
+                ("SK", s(&format!("PERF#{date}"))),
+                ("campaignId", s(campaign)),
+                ("date", s(date)),
+                ("spend", Av::N(spend.to_string())),
+                ("clicks", Av::N(clicks.to_string())),
+                ("impressions", Av::N(impressions.to_string())),
+            ],
+        )
+        .await;
+    }
+    println!("  ads-platform: 4 campaigns over 2 advertiser profiles; daily performance snapshots of c1 (3 days) and c3 (1 day)");
 
     let emails = query(&client, &users, None, "PK", "USER#sam", None).await;
     table(
@@ -444,6 +479,15 @@ async fn main() {
     )
     .await;
     println!("  (alice's followers are counted in 8 write shards on distinct partition keys, e.g. COUNTER#followers#alice#0 = {})", shards.first().map(|i| show(i.get("count"))).unwrap_or_default());
+    let profiles = [
+        get(&client, &social, "USER#alice", "PROFILE").await,
+        get(&client, &social, "USER#bob", "PROFILE").await,
+    ];
+    table(
+        "Rollups: the counters' totals on the profiles, one read instead of 8 shards (carol has no profile yet: nothing written)",
+        &["PK", "SK", "name", "followersCount", "followingCount"],
+        &profiles,
+    );
     let gold = query(&client, &social, Some("GSI1"), "GSI1PK", "TIER#gold", None).await;
     table(
         "Leaderboard: query GSI1 TIER#gold (sorted by zero-padded score)",
@@ -464,6 +508,16 @@ async fn main() {
         &["GSI1PK", "GSI1SK", "name"],
         &enabled,
     );
+    let campaigns = [
+        get(&client, &ads, "CAMPAIGN#c1", "METADATA").await,
+        get(&client, &ads, "CAMPAIGN#c2", "METADATA").await,
+        get(&client, &ads, "CAMPAIGN#c3", "METADATA").await,
+    ];
+    table(
+        "Aggregates: campaign-totals over each campaign's PERF# snapshots (exact decimals; c2 has none: days = 0)",
+        &["PK", "totalSpend", "totalClicks", "days", "firstDate", "lastDate"],
+        &campaigns,
+    );
 
     heading("5. Writers keep writing; the projector keeps up");
     set(
@@ -479,6 +533,48 @@ async fn main() {
     projector(&["run", "--spec", "projections/user-service.toml", "--drain"]);
     let profile = get(&client, &users, "USER#sam", "PROFILE").await;
     println!("  profile email is now: {}", show(profile.get("email")));
+    put(
+        &client,
+        &social,
+        &[
+            ("PK", s("USER#carol")),
+            ("SK", s("PROFILE")),
+            ("userId", s("carol")),
+            ("name", s("Carol")),
+        ],
+    )
+    .await;
+    put(
+        &client,
+        &ads,
+        &[
+            ("PK", s("CAMPAIGN#c1")),
+            ("SK", s("PERF#2026-11-23")),
+            ("campaignId", s("c1")),
+            ("date", s("2026-11-23")),
+            ("spend", Av::N("7.5".to_string())),
+            ("clicks", Av::N("12".to_string())),
+            ("impressions", Av::N("300".to_string())),
+        ],
+    )
+    .await;
+    println!("  carol's profile is created late; c1 gets a fourth day of performance");
+    projector(&[
+        "run",
+        "--spec",
+        "projections/social-service.toml",
+        "--drain",
+    ]);
+    projector(&["run", "--spec", "projections/ads-platform.toml", "--drain"]);
+    let carol = get(&client, &social, "USER#carol", "PROFILE").await;
+    let c1 = get(&client, &ads, "CAMPAIGN#c1", "METADATA").await;
+    println!(
+        "  carol's profile now carries followersCount = {}, followingCount = {}; c1 totalSpend = {}, days = {}",
+        show(carol.get("followersCount")),
+        show(carol.get("followingCount")),
+        show(c1.get("totalSpend")),
+        show(c1.get("days"))
+    );
 
     heading("6. Replaying the whole stream changes nothing (idempotent)");
     let before = client
