@@ -175,6 +175,7 @@ pub(crate) async fn recompute(
                 .into_values()
                 .collect(),
         };
+        let items = crate::kinds::of_target(ctx.spec, projection, target, items);
         let wanted = crate::kinds::compute(ctx.spec, projection, &items).map_err(|error| {
             WriteError::Poison(format!("cannot compute the target {target}: {error}"))
         })?;

@@ -89,6 +89,17 @@ pub async fn repair(applier: &Applier, report: &mut AuditReport) -> Result<(), A
             }
         }
     }
+    // What follows the shards recounted (rollups), from their new values.
+    let following = crate::kinds::after_recount(applier.spec(), &shards);
+    if !following.is_empty() {
+        let (results, stats) = applier.apply_effects(following, true).await;
+        total.add(&stats);
+        for error in results.into_iter().filter_map(Result::err) {
+            report
+                .repair_failures
+                .push(format!("after the recount: {error}"));
+        }
+    }
     report.repaired = report.findings.iter().filter(|f| f.repaired).count();
     report.write_units = total.write_units;
     report.read_units += total.read_units;

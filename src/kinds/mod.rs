@@ -68,6 +68,15 @@ impl Recomputed {
         }
     }
 
+    /// The entity whose items in the target's partition it reads with a
+    /// query, if it reads with one.
+    pub fn queried(&self) -> Option<EntityId> {
+        match self {
+            Recomputed::Rollup(_) => None,
+            Recomputed::Aggregate(p) => Some(p.source),
+        }
+    }
+
     /// The attributes it sets on its target (the token aside).
     pub fn attributes(&self) -> Vec<String> {
         match self {
@@ -162,12 +171,24 @@ pub(crate) fn settle(projections: &mut [crate::spec::Projection]) {
 /// After a record's effects are planned: the effects that follow from
 /// other projections' effects (a rollup's recompute after its counter's
 /// shards move).
-pub(crate) fn follow(
-    spec: &Spec,
-    selection: crate::plan::Selection<'_>,
-    effects: &mut Vec<Effect>,
-) {
-    rollup::follow_counters(spec, selection, effects);
+pub(crate) fn follow(spec: &Spec, effects: &mut Vec<Effect>) {
+    rollup::follow_counters(spec, effects);
+}
+
+/// The effects that follow counter shards (partition keys) set by hand
+/// (`audit --repair`'s recount): their rollups' recomputes.
+pub(crate) fn after_recount(spec: &Spec, shards: &[String]) -> Vec<Effect> {
+    let moved: Vec<(ProjectionId, String)> = shards
+        .iter()
+        .flat_map(|shard| {
+            spec.projections
+                .iter()
+                .enumerate()
+                .filter(|(_, p)| matches!(p.kind, ProjectionKind::Counter(_)))
+                .map(move |(id, _)| (id, shard.clone()))
+        })
+        .collect();
+    rollup::following(spec, &moved)
 }
 
 /// `ids` with the projections that are claimed, backfilled and completed
@@ -274,6 +295,50 @@ fn query_recompute(
         target: target.clone(),
         sources: Sources::Query(source_query(&spec.entities[source], &vars)?),
     })
+}
+
+/// Of the items a recompute of `target` read with its query, those that
+/// belong to it: a target whose key binds a variable of the source's sort
+/// key (`PERF#{region}#{date}` totalled onto `REGION#{region}`) shares
+/// its partition with other targets' sources.
+pub(crate) fn of_target(
+    spec: &Spec,
+    id: ProjectionId,
+    target: &ItemKey,
+    items: Vec<Item>,
+) -> Vec<Item> {
+    let (source, target_entity) = match &spec.projections[id].kind {
+        ProjectionKind::Denormalize(p) => (p.source, p.target),
+        ProjectionKind::Recomputed(p) => match p.queried() {
+            Some(source) => (source, p.target()),
+            None => return items,
+        },
+        ProjectionKind::IndexKeys(_)
+        | ProjectionKind::InverseEdge(_)
+        | ProjectionKind::Counter(_)
+        | ProjectionKind::Custom(_) => return items,
+    };
+    let mut wanted = Vec::new();
+    let entity = &spec.entities[target_entity];
+    if !entity.pk.match_into(&target.pk, &mut wanted) {
+        return items;
+    }
+    if let (Some(pattern), Some(sk)) = (&entity.sk, target.sk.as_deref()) {
+        if !pattern.match_into(sk, &mut wanted) {
+            return items;
+        }
+    }
+    let agrees = |item: &Item| match bind(spec, &spec.entities[source], item) {
+        Some(vars) => vars
+            .iter()
+            .all(|(name, value)| wanted.iter().all(|(n, v)| n != name || v == value)),
+        // Not a source item: the kind leaves it out itself.
+        None => true,
+    };
+    if items.iter().all(agrees) {
+        return items;
+    }
+    items.into_iter().filter(|item| agrees(item)).collect()
 }
 
 /// The query that reads every item of `source` in the partition the

@@ -34,7 +34,7 @@ use serde::{Deserialize, Serialize};
 use super::Recomputed;
 use super::{bind, token_attribute, Expected, TargetState};
 use crate::apply::COUNT_ATTRIBUTE;
-use crate::plan::{Effect, Op, PlanProblem, Selection, Sources, Subject};
+use crate::plan::{Effect, Op, PlanProblem, Sources, Subject};
 use crate::record::{AttributeValue, Item, ItemKey};
 use crate::spec::raw::RawProjection;
 use crate::spec::{Compiler, EntityId, Projection, ProjectionId, ProjectionKind, Spec, TableSpec};
@@ -217,52 +217,54 @@ pub(crate) fn recompute_op(spec: &Spec, p: &Rollup, target: &ItemKey) -> Option<
     })
 }
 
-/// After every effect that can move a shard of a counter some rollup
+/// After every effect that may move a shard of a counter some rollup
 /// reads, the recompute of that instance's target (once per target).
-/// A selection that names the counter selects its rollups too: a replay
-/// or redrive of the counter alone keeps them equal to it.
-pub(crate) fn follow_counters(spec: &Spec, selection: Selection<'_>, effects: &mut Vec<Effect>) {
-    let rollups: Vec<(ProjectionId, &Rollup)> = spec
+/// "May": the planner's guess of a marker's state comes from the record's
+/// images, while the applier moves shards by the state it finds (a
+/// stream read from mid-history, a counter added over live edges), and
+/// a recompute that finds the total equal writes nothing.
+pub(crate) fn follow_counters(spec: &Spec, effects: &mut Vec<Effect>) {
+    if !spec
         .projections
         .iter()
-        .enumerate()
-        .filter_map(|(id, p)| match &p.kind {
-            ProjectionKind::Recomputed(Recomputed::Rollup(r)) => Some((id, r)),
-            _ => None,
-        })
-        .collect();
-    if rollups.is_empty() {
+        .any(|p| matches!(p.kind, ProjectionKind::Recomputed(Recomputed::Rollup(_))))
+    {
         return;
     }
     let mut moved: Vec<(ProjectionId, String)> = Vec::new();
     for effect in effects.iter() {
         match &effect.op {
-            Op::Membership {
-                counters,
-                state,
-                was_present,
-                guard,
-                ..
-            } if guard.is_some() || *was_present != state.is_present() => {
+            Op::Membership { counters, .. } => {
                 moved.extend(counters.iter().map(|c| (c.counter, c.key.pk.clone())));
             }
             Op::DropRecord { counter, shard, .. } => moved.push((*counter, shard.clone())),
             _ => {}
         }
     }
+    for effect in following(spec, &moved) {
+        if !effects.contains(&effect) {
+            effects.push(effect);
+        }
+    }
+}
+
+/// The recomputes of the rollups of the counter instances whose shards
+/// (`(counter, shard partition key)`) moved, once per target.
+pub(crate) fn following(spec: &Spec, moved: &[(ProjectionId, String)]) -> Vec<Effect> {
+    let mut out: Vec<Effect> = Vec::new();
     for (counter, shard) in moved {
-        for &(id, rollup) in &rollups {
-            if rollup.counter != counter {
-                continue;
-            }
-            if selection.is_some_and(|s| !(s.contains(&id) || s.contains(&rollup.counter))) {
-                continue;
-            }
-            let ProjectionKind::Counter(c) = &spec.projections[counter].kind else {
+        for (id, projection) in spec.projections.iter().enumerate() {
+            let ProjectionKind::Recomputed(Recomputed::Rollup(rollup)) = &projection.kind else {
                 continue;
             };
-            let Some(values) = instance(&c.storage, c.of.len(), &shard) else {
-                tracing::warn!(rollup = %spec.projections[id].name, shard = %shard, "cannot tell the counted instance from the shard key (a value holds `#`); the rollup is recomputed by its target's next change or a backfill");
+            if rollup.counter != *counter {
+                continue;
+            }
+            let ProjectionKind::Counter(c) = &spec.projections[*counter].kind else {
+                continue;
+            };
+            let Some(values) = instance(&c.storage, c.of.len(), shard) else {
+                tracing::warn!(rollup = %projection.name, shard = %shard, "cannot tell the counted instance from the shard key (a value holds `#`); the rollup is recomputed by its target's next change or a backfill");
                 continue;
             };
             let bindings: Vec<(&str, &str)> =
@@ -273,18 +275,15 @@ pub(crate) fn follow_counters(spec: &Spec, selection: Selection<'_>, effects: &m
             let Some(target) = spec.entities[rollup.target].render_key(&bindings) else {
                 continue;
             };
-            let exists = effects.iter().any(|e| {
-                e.projection == id
-                    && matches!(&e.op, Op::Recompute { target: t, .. } if *t == target)
-            });
-            if exists {
-                continue;
-            }
             if let Some(op) = recompute_op(spec, rollup, &target) {
-                effects.push(Effect { projection: id, op });
+                let effect = Effect { projection: id, op };
+                if !out.contains(&effect) {
+                    out.push(effect);
+                }
             }
         }
     }
+    out
 }
 
 /// `ids` with, for each counter among them, its rollups, and for each

@@ -376,9 +376,20 @@ impl Subject<'_> {
 
 /// Plans one record against a spec.
 pub fn plan_record(spec: &Spec, record: &ChangeRecord, selection: Selection<'_>) -> RecordPlan {
+    // A projection is planned with those it depends on, or that depend on
+    // it (a rollup and its counter): a redrive or replay of one keeps the
+    // other equal to it.
+    let paired;
+    let selection = match selection {
+        Some(ids) => {
+            paired = crate::kinds::with_dependencies(spec, ids);
+            Some(&paired[..])
+        }
+        None => None,
+    };
     let mut plan = plan_projections(spec, record, selection);
-    // Whatever moved a counter's shard, its rollups follow.
-    crate::kinds::follow(spec, selection, &mut plan.effects);
+    // Whatever may move a counter's shard, its rollups follow.
+    crate::kinds::follow(spec, &mut plan.effects);
     plan
 }
 

@@ -731,6 +731,8 @@ fn follow_modify_of_the_copied_attribute_updates_the_reverse_edge() {
                "new": {"followedAt": "2024-06-01T10:00:00Z"}}),
         expect![[r#"
             {"counted_in":[{"counter":"followers","key":{"PK":"COUNTER#followers#bob#3","SK":"COUNTER"}},{"counter":"following","key":{"PK":"COUNTER#following#alice#3","SK":"COUNTER"}}],"item":{"PK":"USER#bob","SK":"FOLLOWED_BY#alice","followedAt":"2024-06-01T10:00:00Z"},"key":{"PK":"USER#bob","SK":"FOLLOWED_BY#alice"},"op":"put-if-changed","projection":"followed-by"}
+            {"key":{"PK":"USER#bob","SK":"PROFILE"},"op":"recompute","projection":"followers-count","reads":{"consistent":true,"items":[{"PK":"COUNTER#followers#bob#0","SK":"COUNTER"},{"PK":"COUNTER#followers#bob#1","SK":"COUNTER"},{"PK":"COUNTER#followers#bob#2","SK":"COUNTER"},{"PK":"COUNTER#followers#bob#3","SK":"COUNTER"},{"PK":"COUNTER#followers#bob#4","SK":"COUNTER"},{"PK":"COUNTER#followers#bob#5","SK":"COUNTER"},{"PK":"COUNTER#followers#bob#6","SK":"COUNTER"},{"PK":"COUNTER#followers#bob#7","SK":"COUNTER"}],"target":{"PK":"USER#bob","SK":"PROFILE"}}}
+            {"key":{"PK":"USER#alice","SK":"PROFILE"},"op":"recompute","projection":"following-count","reads":{"consistent":true,"items":[{"PK":"COUNTER#following#alice#0","SK":"COUNTER"},{"PK":"COUNTER#following#alice#1","SK":"COUNTER"},{"PK":"COUNTER#following#alice#2","SK":"COUNTER"},{"PK":"COUNTER#following#alice#3","SK":"COUNTER"}],"target":{"PK":"USER#alice","SK":"PROFILE"}}}
         "#]],
     );
 }
@@ -1094,6 +1096,8 @@ fn selection_of_the_edge_alone_keeps_the_records_its_items_carry() {
                "new": {"followedAt": "2024-05-01T10:00:00Z"}}),
         expect![[r#"
             {"counted_in":[{"counter":"followers","key":{"PK":"COUNTER#followers#bob#3","SK":"COUNTER"}},{"counter":"following","key":{"PK":"COUNTER#following#alice#3","SK":"COUNTER"}}],"item":{"PK":"USER#bob","SK":"FOLLOWED_BY#alice","followedAt":"2024-05-01T10:00:00Z"},"key":{"PK":"USER#bob","SK":"FOLLOWED_BY#alice"},"op":"put-if-changed","projection":"followed-by"}
+            {"key":{"PK":"USER#bob","SK":"PROFILE"},"op":"recompute","projection":"followers-count","reads":{"consistent":true,"items":[{"PK":"COUNTER#followers#bob#0","SK":"COUNTER"},{"PK":"COUNTER#followers#bob#1","SK":"COUNTER"},{"PK":"COUNTER#followers#bob#2","SK":"COUNTER"},{"PK":"COUNTER#followers#bob#3","SK":"COUNTER"},{"PK":"COUNTER#followers#bob#4","SK":"COUNTER"},{"PK":"COUNTER#followers#bob#5","SK":"COUNTER"},{"PK":"COUNTER#followers#bob#6","SK":"COUNTER"},{"PK":"COUNTER#followers#bob#7","SK":"COUNTER"}],"target":{"PK":"USER#bob","SK":"PROFILE"}}}
+            {"key":{"PK":"USER#alice","SK":"PROFILE"},"op":"recompute","projection":"following-count","reads":{"consistent":true,"items":[{"PK":"COUNTER#following#alice#0","SK":"COUNTER"},{"PK":"COUNTER#following#alice#1","SK":"COUNTER"},{"PK":"COUNTER#following#alice#2","SK":"COUNTER"},{"PK":"COUNTER#following#alice#3","SK":"COUNTER"}],"target":{"PK":"USER#alice","SK":"PROFILE"}}}
         "#]],
     );
 }
@@ -1108,6 +1112,7 @@ fn selection_of_a_counter_alone_plans_its_marker_edge() {
         expect![[r#"
             {"counted_in":[{"counter":"followers","key":{"PK":"COUNTER#followers#bob#3","SK":"COUNTER"}},{"counter":"following","key":{"PK":"COUNTER#following#alice#3","SK":"COUNTER"}}],"item":{"PK":"USER#bob","SK":"FOLLOWED_BY#alice","followedAt":"2024-05-01T10:00:00Z"},"key":{"PK":"USER#bob","SK":"FOLLOWED_BY#alice"},"op":"put-if-changed","projection":"followed-by"}
             {"key":{"PK":"USER#bob","SK":"PROFILE"},"op":"recompute","projection":"followers-count","reads":{"consistent":true,"items":[{"PK":"COUNTER#followers#bob#0","SK":"COUNTER"},{"PK":"COUNTER#followers#bob#1","SK":"COUNTER"},{"PK":"COUNTER#followers#bob#2","SK":"COUNTER"},{"PK":"COUNTER#followers#bob#3","SK":"COUNTER"},{"PK":"COUNTER#followers#bob#4","SK":"COUNTER"},{"PK":"COUNTER#followers#bob#5","SK":"COUNTER"},{"PK":"COUNTER#followers#bob#6","SK":"COUNTER"},{"PK":"COUNTER#followers#bob#7","SK":"COUNTER"}],"target":{"PK":"USER#bob","SK":"PROFILE"}}}
+            {"key":{"PK":"USER#alice","SK":"PROFILE"},"op":"recompute","projection":"following-count","reads":{"consistent":true,"items":[{"PK":"COUNTER#following#alice#0","SK":"COUNTER"},{"PK":"COUNTER#following#alice#1","SK":"COUNTER"},{"PK":"COUNTER#following#alice#2","SK":"COUNTER"},{"PK":"COUNTER#following#alice#3","SK":"COUNTER"}],"target":{"PK":"USER#alice","SK":"PROFILE"}}}
         "#]],
     );
 }
