@@ -1012,7 +1012,7 @@ impl Registry {
         ids: &[ProjectionId],
         run: &str,
     ) -> Result<Completion, ApplyError> {
-        let ids = &crate::kinds::with_dependencies(spec, ids)[..];
+        let ids = &crate::kinds::completed_with(spec, ids)[..];
         let mut snapshot = self.snapshot(spec).await?;
         let now = now_ms();
         let mut completion = Completion::default();

@@ -123,6 +123,42 @@ pub(crate) async fn set_attributes(
     .await
 }
 
+/// The shards of counter `counter`'s instance `values` in the version
+/// readers read, as the lifecycle registry names it now (read after the
+/// target: a backfill that switches readers completes before it recomputes
+/// the targets, so a recompute that read the version before the switch
+/// read the target before that recompute's write, and its conditional
+/// write fails). A version counting other variables than the spec's, or
+/// none recorded yet, is read where the spec writes it.
+async fn readers_shards(
+    ctx: &Ctx<'_>,
+    counter: ProjectionId,
+    values: &[String],
+) -> Result<Vec<ItemKey>, WriteError> {
+    let spec = ctx.spec;
+    let crate::spec::ProjectionKind::Counter(c) = &spec.projections[counter].kind else {
+        return Err(WriteError::Fatal(format!(
+            "`{}` is not a counter",
+            spec.projections[counter].name
+        )));
+    };
+    let name = &spec.projections[counter].name;
+    let registry = crate::lifecycle::Registry::new(ctx.client.clone(), ctx.table, &spec.table);
+    // The SDK retries throttling; anything else has the records redelivered.
+    let read = registry
+        .read_version(name)
+        .await
+        .map_err(|error| WriteError::Transient(error.to_string()))?;
+    let ours: Vec<&String> = c.of.iter().map(|(v, _)| v).collect();
+    let (storage, shards) = match read {
+        Some(read) if read.vars.iter().collect::<Vec<_>>() == ours => (read.storage, read.shards),
+        _ => (c.storage.clone(), c.shards),
+    };
+    Ok((0..shards)
+        .map(|shard| spec.counter_shard_key(&storage, values, shard))
+        .collect())
+}
+
 /// A recomputed target (`denormalize`, `rollup`, `aggregate`): reads the
 /// target and what it is computed from, computes its attributes and
 /// writes them if they differ, on condition that the target still holds
@@ -174,6 +210,13 @@ pub(crate) async fn recompute(
                 .await?
                 .into_values()
                 .collect(),
+            Sources::Counter { counter, values } => {
+                let keys = readers_shards(ctx, *counter, values).await?;
+                read_markers(ctx, keys.iter().collect())
+                    .await?
+                    .into_values()
+                    .collect()
+            }
         };
         let items = crate::kinds::of_target(ctx.spec, projection, target, items);
         let wanted = crate::kinds::compute(ctx.spec, projection, &items).map_err(|error| {

@@ -38,7 +38,7 @@ use serde::Serialize;
 use crate::apply::{Applier, ApplyError, BatchOptions, RecordStatus};
 use crate::decode::decode_scanned_item;
 use crate::record::Item;
-use crate::spec::ProjectionId;
+use crate::spec::{ProjectionId, ProjectionKind};
 
 /// The partition key of backfill progress items.
 pub const PROGRESS_PK: &str = "_ddbp#backfill";
@@ -126,6 +126,22 @@ pub struct BackfillSummary {
 }
 
 impl BackfillSummary {
+    /// Adds a later scan's summary (its segments are the same ones, read
+    /// again): counts add up, segments done are the fewer.
+    pub fn add(&mut self, later: BackfillSummary) {
+        self.scanned += later.scanned;
+        self.planned += later.planned;
+        self.effects += later.effects;
+        self.writes += later.writes;
+        self.write_units += later.write_units;
+        self.read_units += later.read_units;
+        self.dead_letters += later.dead_letters;
+        self.segments_done = self.segments_done.min(later.segments_done);
+        self.seconds += later.seconds;
+        self.backfilled.extend(later.backfilled);
+        self.not_backfilled.extend(later.not_backfilled);
+    }
+
     /// Whether every segment given was read to its end.
     pub fn is_done(&self) -> bool {
         self.segments_done >= self.segments
@@ -197,7 +213,106 @@ struct Run<'a> {
 }
 
 /// Runs a backfill with `applier`'s spec and table.
+///
+/// A rollup whose counter is rebuilt in this layout totals the version
+/// readers read, which switches when the counter's backfill completes: a
+/// lifecycle run (`options.run`) backfills and completes the counter
+/// first, then the rollup in a second scan of the segments this process
+/// was given (resumable like the first). Segments scanned elsewhere (a
+/// Step Functions Map) finish the first scan only: the rollup's run
+/// completes in the process that completes the counter when it scans
+/// every segment, else `status` asks for the rollup's backfill again.
 pub async fn backfill(
+    applier: &Applier,
+    options: &BackfillOptions,
+) -> Result<BackfillSummary, ApplyError> {
+    let spec = applier.spec();
+    let selected = match &options.projections {
+        Some(ids) => crate::kinds::with_dependencies(spec, ids),
+        None => spec.backfilled_projections(),
+    };
+    let later = crate::kinds::after_rebuilds(spec, &selected);
+    let (Some(_), false, false) = (&options.run, options.dry_run, later.is_empty()) else {
+        return backfill_once(applier, options).await;
+    };
+    let later_ids: Vec<ProjectionId> = later.iter().map(|&(id, _)| id).collect();
+    let registry =
+        crate::lifecycle::Registry::new(applier.client().clone(), applier.table(), &spec.table);
+    // Readers read the rebuilt counters already: the first scan completed
+    // (in an earlier call, or on another machine).
+    let switched = || async {
+        for &(_, counter) in &later {
+            let ProjectionKind::Counter(c) = &spec.projections[counter].kind else {
+                return Ok(false);
+            };
+            let read = registry.read_version(&spec.projections[counter].name).await?;
+            if read.is_none_or(|read| read.storage != c.storage) {
+                return Ok(false);
+            }
+        }
+        Ok::<bool, ApplyError>(true)
+    };
+    let mut first_summary = None;
+    if !switched().await? {
+        let first = BackfillOptions {
+            projections: Some(
+                selected
+                    .iter()
+                    .copied()
+                    .filter(|id| !later_ids.contains(id))
+                    .collect(),
+            ),
+            ..options.clone()
+        };
+        let mut summary = backfill_once(applier, &first).await?;
+        let completed = !summary.backfilled.is_empty() || !summary.not_backfilled.is_empty();
+        if !completed {
+            // Not every segment is done yet: call again (or another
+            // machine completes the run).
+            return Ok(summary);
+        }
+        if !switched().await? {
+            for &(id, counter) in &later {
+                summary.not_backfilled.push((
+                    spec.projections[id].name.clone(),
+                    format!(
+                        "its counter `{}` is rebuilt, and its backfill did not complete: backfill both again",
+                        spec.projections[counter].name
+                    ),
+                ));
+            }
+            return Ok(summary);
+        }
+        first_summary = Some(summary);
+    }
+    tracing::info!(
+        rollups = later_ids
+            .iter()
+            .map(|&id| spec.projections[id].name.as_str())
+            .collect::<Vec<_>>()
+            .join(","),
+        "the rebuilt counters are complete: backfilling their rollups"
+    );
+    let second = backfill_once(
+        applier,
+        &BackfillOptions {
+            projections: Some(later_ids),
+            ..options.clone()
+        },
+    )
+    .await?;
+    Ok(match first_summary {
+        Some(mut summary) => {
+            summary.add(second);
+            summary
+        }
+        None => second,
+    })
+}
+
+/// One scan of the table for `options.projections` (a rollup with its
+/// counter), and its completion in the lifecycle registry.
+async fn backfill_once(
     applier: &Applier,
     options: &BackfillOptions,
 ) -> Result<BackfillSummary, ApplyError> {
@@ -209,12 +324,13 @@ pub async fn backfill(
         projections: Some(spec.backfilled_projections()),
         ..options.clone()
     };
-    // A rollup goes with the counter it totals, either way.
+    // A rollup goes with the counter it totals, unless that counter is
+    // rebuilt (then `backfill` runs them one after the other).
     let paired = BackfillOptions {
         projections: options
             .projections
             .as_ref()
-            .map(|ids| crate::kinds::with_dependencies(spec, ids)),
+            .map(|ids| crate::kinds::completed_with(spec, ids)),
         ..options.clone()
     };
     let options = if options.projections.is_none()

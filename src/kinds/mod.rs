@@ -194,7 +194,21 @@ pub(crate) fn after_recount(spec: &Spec, shards: &[String]) -> Vec<Effect> {
 /// `ids` with the projections that are claimed, backfilled and completed
 /// together with them (a rollup and its counter).
 pub fn with_dependencies(spec: &Spec, ids: &[ProjectionId]) -> Vec<ProjectionId> {
-    rollup::with_counters(spec, ids)
+    rollup::with_counters(spec, ids, false)
+}
+
+/// `ids` with the projections completed together with them: as
+/// [`with_dependencies`], but a projection whose dependency is rebuilt in
+/// this layout completes after it, in a backfill of its own (a rollup
+/// of a rebuilt counter).
+pub fn completed_with(spec: &Spec, ids: &[ProjectionId]) -> Vec<ProjectionId> {
+    rollup::with_counters(spec, ids, true)
+}
+
+/// Of `ids`, the projections a backfill brings only after another's
+/// backfill completed, each with the one it waits for.
+pub fn after_rebuilds(spec: &Spec, ids: &[ProjectionId]) -> Vec<(ProjectionId, ProjectionId)> {
+    rollup::after_rebuilds(spec, ids)
 }
 
 /// Whether a record of a recomputed kind's target asks for a recompute:

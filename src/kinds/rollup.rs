@@ -208,6 +208,18 @@ pub(crate) fn recompute_op(spec: &Spec, p: &Rollup, target: &ItemKey) -> Option<
         .iter()
         .map(|(name, _)| crate::spec::template::lookup(&vars, name).map(str::to_string))
         .collect::<Option<_>>()?;
+    // While the counter is rebuilt, the total is the one readers read:
+    // which version that is changes when the rebuild's backfill completes,
+    // so the applier asks the registry.
+    if spec.rebuilding(p.counter) {
+        return Some(Op::Recompute {
+            target: target.clone(),
+            sources: Sources::Counter {
+                counter: p.counter,
+                values,
+            },
+        });
+    }
     let shards = (0..counter.shards)
         .map(|shard| spec.counter_shard_key(&counter.storage, &values, shard))
         .collect();
@@ -287,13 +299,19 @@ pub(crate) fn following(spec: &Spec, moved: &[(ProjectionId, String)]) -> Vec<Ef
 }
 
 /// `ids` with, for each counter among them, its rollups, and for each
-/// rollup, its counter: a rollup is claimed, backfilled and completed with
-/// the counter whose definition it totals, so that the backfill that
-/// rebuilds a counter leaves its rollups exact and live.
-pub fn with_counters(spec: &Spec, ids: &[ProjectionId]) -> Vec<ProjectionId> {
+/// rollup, its counter: a rollup is claimed, planned and backfilled with
+/// the counter whose definition it totals. With `apart`, a counter
+/// rebuilt in this layout is not completed with its rollups: readers
+/// switch to the rebuilt version when its backfill completes, and only
+/// then can a backfill bring the rollups to it (see
+/// [`crate::backfill::backfill`]).
+pub fn with_counters(spec: &Spec, ids: &[ProjectionId], apart: bool) -> Vec<ProjectionId> {
     let mut out: Vec<ProjectionId> = ids.to_vec();
     for (id, projection) in spec.projections.iter().enumerate() {
         if let ProjectionKind::Recomputed(Recomputed::Rollup(rollup)) = &projection.kind {
+            if apart && spec.rebuilding(rollup.counter) {
+                continue;
+            }
             if ids.contains(&rollup.counter) && !out.contains(&id) {
                 out.push(id);
             }
@@ -304,6 +322,19 @@ pub fn with_counters(spec: &Spec, ids: &[ProjectionId]) -> Vec<ProjectionId> {
     }
     out.sort_unstable();
     out
+}
+
+/// The rollups among `ids` whose counter is rebuilt in this layout, with
+/// that counter.
+pub fn after_rebuilds(spec: &Spec, ids: &[ProjectionId]) -> Vec<(ProjectionId, ProjectionId)> {
+    ids.iter()
+        .filter_map(|&id| match &spec.projections[id].kind {
+            ProjectionKind::Recomputed(Recomputed::Rollup(r)) if spec.rebuilding(r.counter) => {
+                Some((id, r.counter))
+            }
+            _ => None,
+        })
+        .collect()
 }
 
 /// The `of` values a shard's partition key `COUNTER#storage#v1#..#shard`

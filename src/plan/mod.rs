@@ -84,6 +84,15 @@ pub enum Sources {
     Query(SourceQuery),
     /// These items, read consistently (a counter's shards, for `rollup`).
     Items(Vec<ItemKey>),
+    /// The shards of counter `counter`'s instance `values` in the version
+    /// readers read, which the lifecycle registry names at apply time (a
+    /// rollup's while its counter is rebuilt beside that version).
+    Counter {
+        /// The counter projection.
+        counter: ProjectionId,
+        /// Its `of` values.
+        values: Vec<String>,
+    },
 }
 
 /// The state a membership marker (reverse edge or counter marker) must reach.
@@ -552,6 +561,19 @@ impl Effect {
                         "sk_begins_with": sources.sk_prefix,
                         "consistent": true,
                     }
+                },
+            }),
+            Op::Recompute {
+                target,
+                sources: Sources::Counter { counter, values },
+            } => json!({
+                "projection": projection, "op": "recompute", "key": key(target),
+                "reads": {
+                    "target": key(target),
+                    "counter": spec.projections[*counter].name,
+                    "of": values,
+                    "version": "the one readers read",
+                    "consistent": true,
                 },
             }),
             Op::Recompute {

@@ -650,6 +650,18 @@ impl Spec {
             && old_version_of(&self.projections[id].name).is_some()
     }
 
+    /// Whether counter `id` is rebuilt in this layout: readers read another
+    /// version (kept current beside it, or frozen) until its backfill
+    /// completes.
+    pub fn rebuilding(&self, id: ProjectionId) -> bool {
+        let name = &self.projections[id].name;
+        self.old_version(id).is_some()
+            || self
+                .frozen
+                .iter()
+                .any(|storage| storage_generation(name, storage).is_some())
+    }
+
     /// The old version of counter `id` kept beside it, if any.
     pub fn old_version(&self, id: ProjectionId) -> Option<ProjectionId> {
         let name = &self.projections[id].name;

@@ -575,6 +575,32 @@ async fn a_rollup_is_rebuilt_with_its_counter_and_ends_live_and_exact() {
     let worker2 =
         Applier::new(client.clone(), laid.clone(), &table, config.clone()).as_stream_consumer();
     worker2.take_leases().await.unwrap();
+    // While the counter is rebuilt, readers read v1's version, kept
+    // current: so does the rollup, through a follow and a writer's put.
+    let mut eb = follow("e", "b", "t");
+    eb.insert("close".into(), Av::Bool(true));
+    write(&client, &table, &eb).await;
+    let pb = get(&client, &table, "USER#b", "PROFILE").await.unwrap();
+    let mut renamed = profile("b");
+    renamed.insert("firstName".into(), s("Bea"));
+    write(&client, &table, &renamed).await;
+    worker2
+        .apply_batch(
+            &[
+                change(100, ChangeKind::Insert, None, Some(&eb)),
+                change(101, ChangeKind::Modify, Some(&pb), Some(&renamed)),
+            ],
+            &BatchOptions::default(),
+        )
+        .await
+        .unwrap();
+    let stored = get(&client, &table, "USER#b", "PROFILE").await.unwrap();
+    let read = user_counter(&client, &table, &v2, "followers", "b").await;
+    assert_eq!(
+        read, 4,
+        "readers read v1's version until the rebuild completes"
+    );
+    assert_eq!(number(&stored, "followersCount"), Some(read.to_string()));
     let applier2 = Applier::new(client.clone(), laid.clone(), &table, config);
     let done = claimed_backfill(
         &applier2,
@@ -595,7 +621,22 @@ async fn a_rollup_is_rebuilt_with_its_counter_and_ends_live_and_exact() {
     );
     let stored = get(&client, &table, "USER#b", "PROFILE").await.unwrap();
     let counted = user_counter(&client, &table, &v2, "followers", "b").await;
-    assert_eq!(counted, 2);
+    assert_eq!(counted, 3, "v2 counts the close follows: a, d, e");
+    assert_eq!(number(&stored, "followersCount"), Some(counted.to_string()));
+    // The worker laid out before the switch keeps the rollup on the
+    // version readers read now.
+    let fb = follow("f", "b", "t");
+    write(&client, &table, &fb).await;
+    worker2
+        .apply_batch(
+            &[change(102, ChangeKind::Insert, None, Some(&fb))],
+            &BatchOptions::default(),
+        )
+        .await
+        .unwrap();
+    let stored = get(&client, &table, "USER#b", "PROFILE").await.unwrap();
+    let counted = user_counter(&client, &table, &v2, "followers", "b").await;
+    assert_eq!(counted, 3, "f's follow is not close");
     assert_eq!(number(&stored, "followersCount"), Some(counted.to_string()));
 }
 
