@@ -906,8 +906,14 @@ impl Registry {
         ids: &[ProjectionId],
         run: &str,
     ) -> Result<ClaimOutcome, ApplyError> {
-        let ids = &crate::kinds::with_dependencies(spec, ids)[..];
         let snapshot = self.snapshot(spec).await?;
+        let ids = &without_done_dependencies(
+            spec,
+            ids,
+            crate::kinds::with_dependencies(spec, ids),
+            &snapshot,
+            run,
+        )[..];
         let now = now_ms();
         for &id in ids {
             let projection = &spec.projections[id];
@@ -1012,8 +1018,16 @@ impl Registry {
         ids: &[ProjectionId],
         run: &str,
     ) -> Result<Completion, ApplyError> {
-        let ids = &crate::kinds::completed_with(spec, ids)[..];
         let mut snapshot = self.snapshot(spec).await?;
+        // What this run completed already (a rebuilt counter, before the
+        // scan of its rollups) is not completed again.
+        let ids = &without_done_dependencies(
+            spec,
+            &[],
+            crate::kinds::completed_with(spec, ids),
+            &snapshot,
+            run,
+        )[..];
         let now = now_ms();
         let mut completion = Completion::default();
         let mut fenced = 0;
@@ -1296,6 +1310,33 @@ pub struct CounterLayout {
     /// current under `<name>~<its generation>` while this one is built, or (when it
     /// cannot be) rebuilt in place.
     pub old: Option<OldVersion>,
+}
+
+/// `expanded` (`asked` with the projections that go with them) without
+/// the ones added that run `run` backfilled already at this definition: a
+/// rollup's backfill resumed after its rebuilt counter completed in the
+/// same run (see [`crate::backfill::backfill`]).
+fn without_done_dependencies(
+    spec: &Spec,
+    asked: &[ProjectionId],
+    expanded: Vec<ProjectionId>,
+    snapshot: &Snapshot,
+    run: &str,
+) -> Vec<ProjectionId> {
+    expanded
+        .into_iter()
+        .filter(|id| {
+            asked.contains(id) || {
+                let projection = &spec.projections[*id];
+                !snapshot
+                    .record(&projection.name)
+                    .backfilled
+                    .is_some_and(|done| {
+                        done.run == run && done.fingerprint == hex(projection.fingerprint)
+                    })
+            }
+        })
+        .collect()
 }
 
 /// A counter's old version, as [`Registry::layout`] found it.

@@ -128,8 +128,9 @@ pub(crate) async fn set_attributes(
 /// target: a backfill that switches readers completes before it recomputes
 /// the targets, so a recompute that read the version before the switch
 /// read the target before that recompute's write, and its conditional
-/// write fails). A version counting other variables than the spec's, or
-/// none recorded yet, is read where the spec writes it.
+/// write fails). A version counting other variables than the spec's is
+/// read where the spec writes it; with none recorded, the old version the
+/// layout keeps (as `counter get` does).
 async fn readers_shards(
     ctx: &Ctx<'_>,
     counter: ProjectionId,
@@ -152,7 +153,16 @@ async fn readers_shards(
     let ours: Vec<&String> = c.of.iter().map(|(v, _)| v).collect();
     let (storage, shards) = match read {
         Some(read) if read.vars.iter().collect::<Vec<_>>() == ours => (read.storage, read.shards),
-        _ => (c.storage.clone(), c.shards),
+        Some(_) => (c.storage.clone(), c.shards),
+        // None recorded (a registry from before versions were recorded):
+        // the version the layout keeps beside it, as `counter get` reads.
+        None => match spec
+            .old_version(counter)
+            .map(|old| &spec.projections[old].kind)
+        {
+            Some(crate::spec::ProjectionKind::Counter(old)) => (old.storage.clone(), old.shards),
+            _ => (c.storage.clone(), c.shards),
+        },
     };
     Ok((0..shards)
         .map(|shard| spec.counter_shard_key(&storage, values, shard))

@@ -245,7 +245,9 @@ pub async fn backfill(
             let ProjectionKind::Counter(c) = &spec.projections[counter].kind else {
                 return Ok(false);
             };
-            let read = registry.read_version(&spec.projections[counter].name).await?;
+            let read = registry
+                .read_version(&spec.projections[counter].name)
+                .await?;
             if read.is_none_or(|read| read.storage != c.storage) {
                 return Ok(false);
             }

@@ -184,7 +184,12 @@ pub(crate) fn after_recount(spec: &Spec, shards: &[String]) -> Vec<Effect> {
             spec.projections
                 .iter()
                 .enumerate()
-                .filter(|(_, p)| matches!(p.kind, ProjectionKind::Counter(_)))
+                .filter(move |(_, p)| match &p.kind {
+                    ProjectionKind::Counter(c) => {
+                        shard.starts_with(&format!("COUNTER#{}#", c.storage))
+                    }
+                    _ => false,
+                })
                 .map(move |(id, _)| (id, shard.clone()))
         })
         .collect();

@@ -22,10 +22,12 @@
 //! A rollup is a projection of its counter's definition: its fingerprint
 //! covers the counter's, so when the counter changes (and is rebuilt in a
 //! new generation) the rollup is changed too, and a backfill of either
-//! claims, rebuilds and completes both ([`with_counters`]): the scan
-//! recomputes every target, and every shard the rebuild moves is followed
-//! by its target's recompute. Until that backfill completes, the rollup
-//! follows the generation being built, not the one `counter get` reads.
+//! claims both ([`with_counters`]). While the counter is rebuilt, the
+//! rollup totals the version `counter get` reads (the registry names it;
+//! the shards of that version, kept current beside the new one, are
+//! followed like the counter's own); the backfill completes the counter
+//! first and then scans again for the rollup, whose recomputes by then
+//! read the rebuilt version.
 
 use std::collections::{BTreeSet, HashMap};
 
@@ -269,7 +271,9 @@ pub(crate) fn following(spec: &Spec, moved: &[(ProjectionId, String)]) -> Vec<Ef
             let ProjectionKind::Recomputed(Recomputed::Rollup(rollup)) = &projection.kind else {
                 continue;
             };
-            if rollup.counter != *counter {
+            // The counter, or the version of it readers read while it is
+            // rebuilt (what the rollup totals then).
+            if rollup.counter != *counter && spec.old_version(rollup.counter) != Some(*counter) {
                 continue;
             }
             let ProjectionKind::Counter(c) = &spec.projections[*counter].kind else {

@@ -601,6 +601,21 @@ async fn a_rollup_is_rebuilt_with_its_counter_and_ends_live_and_exact() {
         "readers read v1's version until the rebuild completes"
     );
     assert_eq!(number(&stored, "followersCount"), Some(read.to_string()));
+    // A follow only v1's version counts (not close) moves only its shards:
+    // the rollup follows them too.
+    let gb = follow("g", "b", "t");
+    write(&client, &table, &gb).await;
+    worker2
+        .apply_batch(
+            &[change(103, ChangeKind::Insert, None, Some(&gb))],
+            &BatchOptions::default(),
+        )
+        .await
+        .unwrap();
+    let stored = get(&client, &table, "USER#b", "PROFILE").await.unwrap();
+    let read = user_counter(&client, &table, &v2, "followers", "b").await;
+    assert_eq!(read, 5);
+    assert_eq!(number(&stored, "followersCount"), Some(read.to_string()));
     let applier2 = Applier::new(client.clone(), laid.clone(), &table, config);
     let done = claimed_backfill(
         &applier2,
@@ -884,4 +899,126 @@ async fn an_aggregate_totals_only_the_items_its_target_key_names() {
     .await
     .expect("audit");
     assert!(report.is_clean(), "{}", report.to_text(&fixture.spec));
+}
+
+#[tokio::test]
+async fn a_rollups_backfill_cut_after_its_counter_completed_resumes_in_a_new_process() {
+    use ddb_projector::apply::ApplyConfig;
+    use ddb_projector::lifecycle::{ClaimOutcome, Registry};
+    use ddb_projector::spec::Spec;
+    use std::sync::Arc;
+    let text =
+        std::fs::read_to_string(support::repo().join("projections/social-service.toml")).unwrap();
+    let changed = text.replace(
+        "of = { userId = \"{followeeId}\" }\nshards = 8",
+        "of = { userId = \"{followeeId}\" }\nwhen = { close = true }\nshards = 16",
+    );
+    let v1 = Arc::new(Spec::from_toml(&text, "v1.toml").unwrap());
+    let v2 = Arc::new(Spec::from_toml(&changed, "v2.toml").unwrap());
+    let config = ApplyConfig {
+        lease: std::time::Duration::from_millis(300),
+        clock_skew: std::time::Duration::ZERO,
+        ..ApplyConfig::default()
+    };
+    let client = support::client().await;
+    let table = support::fresh_table(&client, &v1, "rollup-resume").await;
+    for (a, close) in [("a", true), ("c", false), ("d", true)] {
+        let mut edge = follow(a, "b", "t");
+        edge.insert("close".into(), Av::Bool(close));
+        write(&client, &table, &edge).await;
+    }
+    for user in ["a", "b", "c", "d"] {
+        write(&client, &table, &profile(user)).await;
+    }
+    let applier1 = Applier::new(client.clone(), v1.clone(), &table, config.clone());
+    claimed_backfill(&applier1, (0..v1.projections.len()).collect(), "r1").await;
+
+    // v2: the counter is rebuilt. The backfill's first scan completes it,
+    // then the process dies one page into the rollups' scan.
+    let registry = Registry::new(client.clone(), &table, &v2.table).with_skew(0);
+    let (laid, _) = registry.layout(&v2).await.unwrap();
+    let laid = Arc::new(laid);
+    let worker2 =
+        Applier::new(client.clone(), laid.clone(), &table, config.clone()).as_stream_consumer();
+    worker2.take_leases().await.unwrap();
+    let applier2 = Applier::new(client.clone(), laid.clone(), &table, config.clone());
+    let followers = laid.projection_id("followers").unwrap();
+    loop {
+        match registry.claim(&laid, &[followers], "r2").await.unwrap() {
+            ClaimOutcome::Claimed => break,
+            ClaimOutcome::Wait { .. } => {
+                tokio::time::sleep(std::time::Duration::from_millis(100)).await
+            }
+            other => panic!("claim: {other:?}"),
+        }
+    }
+    let options = BackfillOptions {
+        projections: Some(vec![followers]),
+        progress: false,
+        run: Some("r2".to_string()),
+        page_size: 2,
+        max_pages: Some(1),
+        resume: true,
+        ..BackfillOptions::default()
+    };
+    let mut cut = false;
+    for _ in 0..50 {
+        let summary = backfill(&applier2, &options).await.expect("backfill");
+        if summary.backfilled.contains(&"followers".to_string()) {
+            assert!(
+                !summary.is_done(),
+                "the rollups' scan reads more than a page"
+            );
+            cut = true;
+            break;
+        }
+    }
+    assert!(cut, "the counter's backfill never completed");
+
+    // A new process lays the spec out anew (the counter is no longer
+    // rebuilt) and resumes the run: the rollup alone is left to claim.
+    let (relaid, _) = registry.layout(&v2).await.unwrap();
+    let relaid = Arc::new(relaid);
+    assert!(!relaid.rebuilding(relaid.projection_id("followers").unwrap()));
+    let applier3 = Applier::new(client.clone(), relaid.clone(), &table, config);
+    let rollup3 = relaid.projection_id("followers-count").unwrap();
+    assert_eq!(
+        registry.claimed_run(&relaid, &[rollup3]).await.unwrap(),
+        Some("r2".to_string())
+    );
+    let claimed = registry.claim(&relaid, &[rollup3], "r2").await.unwrap();
+    assert!(matches!(claimed, ClaimOutcome::Claimed), "{claimed:?}");
+    let summary = backfill(
+        &applier3,
+        &BackfillOptions {
+            projections: Some(vec![rollup3]),
+            progress: false,
+            run: Some("r2".to_string()),
+            resume: true,
+            ..BackfillOptions::default()
+        },
+    )
+    .await
+    .expect("backfill");
+    assert!(summary.is_done());
+    assert!(
+        summary.not_backfilled.is_empty(),
+        "{:?}",
+        summary.not_backfilled
+    );
+    assert_eq!(summary.backfilled, ["followers-count"]);
+    let states = states(&applier3, &v2).await;
+    assert!(
+        states.iter().all(|(name, state)| state
+            == if v2.projection_id(name).is_some() {
+                "Live"
+            } else {
+                "Retired"
+            }),
+        "{states:?}"
+    );
+    let stored = get(&client, &table, "USER#b", "PROFILE").await.unwrap();
+    let counted = user_counter(&client, &table, &v2, "followers", "b").await;
+    assert_eq!(counted, 2);
+    assert_eq!(number(&stored, "followersCount"), Some(counted.to_string()));
 }
