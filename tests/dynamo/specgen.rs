@@ -66,6 +66,7 @@ struct Coverage {
     rollups: AtomicUsize,
     rollups_rebuilt: AtomicUsize,
     aggregates: AtomicUsize,
+    aggregates_grouped: AtomicUsize,
     readers_checked: AtomicUsize,
 }
 
@@ -83,6 +84,7 @@ static COVERAGE: Coverage = Coverage {
     rollups: AtomicUsize::new(0),
     rollups_rebuilt: AtomicUsize::new(0),
     aggregates: AtomicUsize::new(0),
+    aggregates_grouped: AtomicUsize::new(0),
     readers_checked: AtomicUsize::new(0),
 };
 
@@ -142,10 +144,13 @@ enum Kind {
         counter: u8,
         variant: u8,
     },
-    /// Totals over a node's `attr` items, on the node.
+    /// Totals over a node's `attr` items, on the node, or (`group`) over
+    /// the one `attr` item of each `group` item, whose key shares the
+    /// partition and binds the `attr` items' sort-key variable.
     Aggregate {
         when: When,
         variant: u8,
+        group: bool,
     },
 }
 
@@ -175,7 +180,8 @@ fn kind() -> impl Strategy<Value = Kind> {
         4 => (source(), any::<bool>(), when(), prop::sample::select(vec![1u32, 2, 3, 8]))
             .prop_map(|(source, by_b, when, shards)| Kind::Counter { source, by_b, when, shards }),
         2 => (0u8..2).prop_map(|variant| Kind::Rollup { counter: UNRESOLVED, variant }),
-        2 => (when(), 0u8..3).prop_map(|(when, variant)| Kind::Aggregate { when, variant }),
+        2 => (when(), 0u8..3, any::<bool>())
+            .prop_map(|(when, variant, group)| Kind::Aggregate { when, variant, group }),
     ]
 }
 
@@ -226,9 +232,11 @@ fn changed(kind: &Kind, tweak: u8) -> Kind {
             counter,
             variant: (variant + 1) % 2,
         },
-        Kind::Aggregate { variant, .. } => Kind::Aggregate {
+        Kind::Aggregate { variant, group, .. } => Kind::Aggregate {
             when,
             variant: (variant + 1 + tweak % 2) % 3,
+            // Now and then totalled onto the other target.
+            group: group != (tweak == 7),
         },
     }
 }
@@ -319,14 +327,19 @@ impl Projection {
                 "kind = \"rollup\"\ncounter = \"ct{counter}\"\ntarget = \"tally\"\nattribute = \"ru{id}{}\"\n",
                 if *variant == 0 { "" } else { "t" }
             ),
-            Kind::Aggregate { when, variant } => {
+            Kind::Aggregate {
+                when,
+                variant,
+                group,
+            } => {
                 let set = match variant {
                     0 => format!("{{ ag{id}s = \"sum(n)\", ag{id}c = \"count()\" }}"),
                     1 => format!("{{ ag{id}m = \"max(b)\", ag{id}x = \"min(x)\" }}"),
                     _ => format!("{{ ag{id}n = \"min(n)\", ag{id}k = \"max(k)\", ag{id}c = \"count()\" }}"),
                 };
                 format!(
-                    "kind = \"aggregate\"\nsource = \"attr\"\ntarget = \"node\"\n{}set = {set}\n",
+                    "kind = \"aggregate\"\nsource = \"attr\"\ntarget = \"{}\"\n{}set = {set}\n",
+                    if *group { "group" } else { "node" },
                     when_toml(*when)
                 )
             }
@@ -365,6 +378,10 @@ sk = "R#{a}"
 [entities.tally]
 pk = "T#{u}"
 sk = "TALLY"
+
+[entities.group]
+pk = "N#{a}"
+sk = "G#{b}"
 
 "#
     .to_string();
@@ -519,6 +536,9 @@ enum Entity {
     Attr,
     Link,
     Tally,
+    /// `N#{a}` / `G#{b}`: a target in the partition of the `attr` items
+    /// it totals, keyed by their sort key's variable.
+    Group,
 }
 
 /// One writer's action. Small key spaces make actions collide.
@@ -547,6 +567,7 @@ fn entity() -> impl Strategy<Value = Entity> {
         3 => Just(Entity::Attr),
         4 => Just(Entity::Link),
         1 => Just(Entity::Tally),
+        1 => Just(Entity::Group),
     ]
 }
 
@@ -573,6 +594,7 @@ fn key(entity: Entity, a: u8, b: u8) -> (String, String) {
         Entity::Attr => format!("A#v{b}"),
         Entity::Link => format!("L#v{b}"),
         Entity::Tally => return (format!("T#v{a}"), "TALLY".to_string()),
+        Entity::Group => format!("G#v{b}"),
     };
     (pk, sk)
 }
@@ -580,7 +602,7 @@ fn key(entity: Entity, a: u8, b: u8) -> (String, String) {
 fn item(entity: Entity, a: u8, b: u8, x: u8, n: Option<u8>, f: Option<bool>, p: bool) -> Attrs {
     let (pk, sk) = key(entity, a, b);
     let mut item = attrs(&[("PK", s(&pk)), ("SK", s(&sk))]);
-    if matches!(entity, Entity::Node | Entity::Tally) {
+    if matches!(entity, Entity::Node | Entity::Tally | Entity::Group) {
         item.insert("title".into(), s(&format!("node {a}")));
         return item;
     }
@@ -627,7 +649,8 @@ fn play(history: &mut History, writes: &[Write]) {
                 // overwritten target would look unchanged where DynamoDB's
                 // stream shows the copy going. Targets are only created.
                 let (pk, sk) = key(entity, a, b);
-                if matches!(entity, Entity::Node | Entity::Tally) && history.get(&pk, &sk).is_some()
+                if matches!(entity, Entity::Node | Entity::Tally | Entity::Group)
+                    && history.get(&pk, &sk).is_some()
                 {
                     continue;
                 }
@@ -951,6 +974,10 @@ async fn case(specs: &Specs, plan: &Plan) -> Result<(), TestCaseError> {
     count(
         &COVERAGE.aggregates,
         drawn(|k| matches!(k, Kind::Aggregate { .. })),
+    );
+    count(
+        &COVERAGE.aggregates_grouped,
+        drawn(|k| matches!(k, Kind::Aggregate { group: true, .. })),
     );
     count(&COVERAGE.records, history.records.len());
     count(
@@ -1348,7 +1375,7 @@ fn generated_specs_stay_exact_through_changes_backfills_replays_and_redrives() {
     let c = &COVERAGE;
     let n = |what: &AtomicUsize| what.load(Ordering::Relaxed);
     eprintln!(
-        "timing: generated specs: {cases} cases took {:.1} s; of {} runs (with shrinking): {} with counters riding on edges, {} moving a counter between an edge and markers of its own, {} changing what needs a backfill, {} backfilled beside the live worker, {} replaying some projections, {} pruning what v2 retired, {} counters rebuilt beside their old version, {} cases reading them before the backfill, {} with rollups ({} rebuilt with their counter), {} with aggregates; {} records, {} dead letters redriven",
+        "timing: generated specs: {cases} cases took {:.1} s; of {} runs (with shrinking): {} with counters riding on edges, {} moving a counter between an edge and markers of its own, {} changing what needs a backfill, {} backfilled beside the live worker, {} replaying some projections, {} pruning what v2 retired, {} counters rebuilt beside their old version, {} cases reading them before the backfill, {} with rollups ({} rebuilt with their counter), {} with aggregates ({} onto a target keyed by their sort key); {} records, {} dead letters redriven",
         started.elapsed().as_secs_f64(),
         n(&c.cases),
         n(&c.counters_on_edges),
@@ -1362,6 +1389,7 @@ fn generated_specs_stay_exact_through_changes_backfills_replays_and_redrives() {
         n(&c.rollups),
         n(&c.rollups_rebuilt),
         n(&c.aggregates),
+        n(&c.aggregates_grouped),
         n(&c.records),
         n(&c.letters_redriven),
     );
@@ -1377,8 +1405,8 @@ fn generated_specs_stay_exact_through_changes_backfills_replays_and_redrives() {
             "no generated case rebuilt a counter beside its old version and read it"
         );
         assert!(
-            n(&c.rollups_rebuilt) > 0 && n(&c.aggregates) > 0,
-            "no generated case rebuilt a rollup with its counter, or drew an aggregate"
+            n(&c.rollups_rebuilt) > 0 && n(&c.aggregates_grouped) > 0,
+            "no generated case rebuilt a rollup with its counter, or drew an aggregate onto a group"
         );
     }
 }
