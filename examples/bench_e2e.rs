@@ -117,6 +117,11 @@ enum Command {
         /// (a what-if: DynamoDB Local answers from the same machine).
         #[arg(long, default_value_t = 0.0)]
         latency_ms: f64,
+        /// Round-trip time of a TCP proxy on this machine that the
+        /// contender's requests go through (0: none): each request reaches
+        /// DynamoDB Local this much later, as across a network.
+        #[arg(long, default_value_t = 0.0)]
+        rtt_ms: f64,
     },
     /// Merges runs into the table (stdout), the JSON results and the chart.
     Report {
@@ -142,8 +147,9 @@ async fn main() {
             seed,
             out,
             latency_ms,
+            rtt_ms,
         } => {
-            let result = run(&contender, batch.max(1), records, seed, latency_ms).await;
+            let result = run(&contender, batch.max(1), records, seed, latency_ms, rtt_ms).await;
             if let Some(dir) = out.parent() {
                 std::fs::create_dir_all(dir).expect("create the output folder");
             }
@@ -593,6 +599,84 @@ impl HttpConnector for Delayed {
     }
 }
 
+// ---------------------------------------------------------------- proxy ---
+
+/// Starts a TCP proxy on 127.0.0.1 to `upstream` that holds every chunk
+/// a client sends for `rtt` before passing it on (answers pass at once):
+/// each request costs one round trip more, as across a network, while
+/// concurrent requests overlap as they would there. Returns its address.
+async fn start_proxy(upstream: std::net::SocketAddr, rtt: Duration) -> std::net::SocketAddr {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind the proxy");
+    let address = listener.local_addr().expect("the proxy's address");
+    tokio::spawn(async move {
+        loop {
+            let Ok((client, _)) = listener.accept().await else {
+                continue;
+            };
+            tokio::spawn(async move {
+                let Ok(server) = tokio::net::TcpStream::connect(upstream).await else {
+                    return;
+                };
+                let _ = client.set_nodelay(true);
+                let _ = server.set_nodelay(true);
+                let (mut from_client, mut to_client) = client.into_split();
+                let (mut from_server, mut to_server) = server.into_split();
+                let (sender, mut held) =
+                    tokio::sync::mpsc::unbounded_channel::<(tokio::time::Instant, Vec<u8>)>();
+                let read = async move {
+                    let mut buffer = vec![0u8; 64 * 1024];
+                    loop {
+                        match from_client.read(&mut buffer).await {
+                            Ok(0) | Err(_) => break,
+                            Ok(n) => {
+                                let due = tokio::time::Instant::now() + rtt;
+                                if sender.send((due, buffer[..n].to_vec())).is_err() {
+                                    break;
+                                }
+                            }
+                        }
+                    }
+                };
+                let forward = async move {
+                    while let Some((due, chunk)) = held.recv().await {
+                        tokio::time::sleep_until(due).await;
+                        if to_server.write_all(&chunk).await.is_err() {
+                            break;
+                        }
+                    }
+                    let _ = to_server.shutdown().await;
+                };
+                let back = async move {
+                    let _ = tokio::io::copy(&mut from_server, &mut to_client).await;
+                    let _ = to_client.shutdown().await;
+                };
+                tokio::join!(read, forward, back);
+            });
+        }
+    });
+    address
+}
+
+/// The longest chain of `spans` (request sent, answer read) in which each
+/// starts after the one before was answered: the sequential round trips
+/// the work took, whatever ran beside them.
+fn sequential_round_trips(spans: &mut [(Instant, Instant)]) -> usize {
+    spans.sort_by_key(|&(sent, _)| sent);
+    let mut chain: Vec<usize> = Vec::with_capacity(spans.len());
+    for i in 0..spans.len() {
+        let before = (0..i)
+            .filter(|&j| spans[j].1 <= spans[i].0)
+            .map(|j| chain[j])
+            .max()
+            .unwrap_or(0);
+        chain.push(before + 1);
+    }
+    chain.into_iter().max().unwrap_or(0)
+}
+
 // ---------------------------------------------------------------- meter ---
 
 /// Counts, per call the contender's client makes, the write units DynamoDB
@@ -614,6 +698,8 @@ struct MeterState {
     /// Per operation: calls, and the time from sending to the answer
     /// (concurrent calls overlap).
     calls: Mutex<BTreeMap<String, OperationStats>>,
+    /// Every call's (sent, answered), for the sequential round trips.
+    spans: Mutex<Vec<(Instant, Instant)>>,
 }
 
 /// Calls of one operation and the time they took.
@@ -775,6 +861,11 @@ impl Intercept for Meter {
             entry.calls += 1;
             entry.total_ms += pending.sent.elapsed().as_secs_f64() * 1e3;
         }
+        self.0
+            .spans
+            .lock()
+            .expect("not poisoned")
+            .push((pending.sent, Instant::now()));
         let response = context.response();
         let body: serde_json::Value = response
             .body()
@@ -924,6 +1015,8 @@ fn minimum_writes(social: &[Record], user: &[Record]) -> BTreeMap<String, u64> {
 #[derive(Default)]
 struct Processing {
     latencies_ms: Vec<f64>,
+    /// Each batch's start and end.
+    windows: Vec<(Instant, Instant)>,
     batches: usize,
     stats: BatchStats,
     passes: usize,
@@ -967,6 +1060,7 @@ async fn run_projector(appliers: &[(Applier, &[Record])], batch: usize) -> Proce
             processing
                 .latencies_ms
                 .push(started.elapsed().as_secs_f64() * 1e3);
+            processing.windows.push((started, Instant::now()));
         }
         processing
             .table_seconds
@@ -1199,6 +1293,7 @@ async fn run_baseline(
             processing
                 .latencies_ms
                 .push(started.elapsed().as_secs_f64() * 1e3);
+            processing.windows.push((started, Instant::now()));
         }
         processing
             .table_seconds
@@ -1376,6 +1471,15 @@ struct RunResult {
     /// Simulated latency added to each call (0: none).
     #[serde(default)]
     latency_ms: f64,
+    /// Round-trip time of the TCP proxy the calls went through (0: none).
+    #[serde(default)]
+    rtt_ms: f64,
+    /// Sequential round trips per batch: the longest chain of calls each
+    /// sent after the one before was answered (mean and most).
+    #[serde(default)]
+    round_trips_mean: f64,
+    #[serde(default)]
+    round_trips_max: usize,
     seed: u64,
     records: usize,
     social_records: usize,
@@ -1452,17 +1556,19 @@ async fn run(
     records: usize,
     seed: u64,
     latency_ms: f64,
+    rtt_ms: f64,
 ) -> RunResult {
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));
     // Without the rollups (the counters' totals on the profile): the
     // hand-written handler does not keep them, and the series compares
     // the same work since before they were shipped.
-    let text = std::fs::read_to_string(root.join("projections/social-service.toml"))
-        .expect("social spec");
+    let text =
+        std::fs::read_to_string(root.join("projections/social-service.toml")).expect("social spec");
     let (start, end) = (
         text.find("# The counters' totals on the profile")
             .expect("the rollups' comment"),
-        text.find("# Leaderboard by tier").expect("the leaderboard's comment"),
+        text.find("# Leaderboard by tier")
+            .expect("the leaderboard's comment"),
     );
     let social_spec = Arc::new(
         Spec::from_toml(
@@ -1513,6 +1619,17 @@ async fn run(
             ))
             .build_https();
         builder = builder.http_client(delayed(inner, Duration::from_secs_f64(latency_ms / 1e3)));
+    }
+    if rtt_ms > 0.0 {
+        let endpoint = std::env::var("AWS_ENDPOINT_URL").expect("AWS_ENDPOINT_URL");
+        let upstream = endpoint
+            .trim_start_matches("http://")
+            .trim_end_matches('/')
+            .replace("localhost", "127.0.0.1")
+            .parse()
+            .unwrap_or_else(|e| panic!("{endpoint}: not host:port: {e}"));
+        let proxy = start_proxy(upstream, Duration::from_secs_f64(rtt_ms / 1e3)).await;
+        builder = builder.endpoint_url(format!("http://{proxy}"));
     }
     let client = aws_sdk_dynamodb::Client::from_conf(builder.build());
     let rss_before_mb = status_kib("VmRSS:") / 1024.0;
@@ -1569,10 +1686,26 @@ async fn run(
     latencies.sort_by(f64::total_cmp);
     let state = &meter.0;
     let calls = state.calls.lock().expect("not poisoned").clone();
+    let spans = state.spans.lock().expect("not poisoned").clone();
+    let trips: Vec<usize> = processing
+        .windows
+        .iter()
+        .map(|&(start, end)| {
+            let mut within: Vec<(Instant, Instant)> = spans
+                .iter()
+                .copied()
+                .filter(|&(sent, _)| sent >= start && sent <= end)
+                .collect();
+            sequential_round_trips(&mut within)
+        })
+        .collect();
     RunResult {
         contender: contender.to_string(),
         batch,
         latency_ms,
+        rtt_ms,
+        round_trips_mean: trips.iter().sum::<usize>() as f64 / trips.len().max(1) as f64,
+        round_trips_max: trips.iter().copied().max().unwrap_or(0),
         seed,
         records: n,
         social_records: social.len(),
@@ -1627,6 +1760,17 @@ fn label(contender: &str) -> &str {
     }
 }
 
+/// What a run's calls went through, for its label.
+fn conditions(r: &RunResult) -> String {
+    if r.rtt_ms > 0.0 {
+        format!(", {} ms round trip (proxy)", r.rtt_ms)
+    } else if r.latency_ms > 0.0 {
+        format!(", +{} ms simulated latency per call", r.latency_ms)
+    } else {
+        String::new()
+    }
+}
+
 fn report(runs_dir: &Path, json: &Path, svg: &Path) {
     let mut runs: Vec<RunResult> = std::fs::read_dir(runs_dir)
         .unwrap_or_else(|e| panic!("read {}: {e}", runs_dir.display()))
@@ -1643,25 +1787,30 @@ fn report(runs_dir: &Path, json: &Path, svg: &Path) {
         "projector-nochecks" => 1,
         _ => 2,
     };
-    runs.sort_by_key(|r| ((r.latency_ms * 1e3) as u64, order(&r.contender), r.batch));
-    println!("| contender | batch | records | records/s | batch p50 / p99 (ms) | requests/record | reported WU/record | billed WU/record (model) | of which cancelled transactions | minimum WU/record | billed ÷ minimum (without cancelled) | peak RSS, MB (before processing) |");
-    println!("|---|---|---|---|---|---|---|---|---|---|---|---|");
+    runs.sort_by_key(|r| {
+        (
+            (r.latency_ms * 1e3) as u64,
+            (r.rtt_ms * 1e3) as u64,
+            order(&r.contender),
+            r.batch,
+        )
+    });
+    println!("| contender | batch | records | records/s | batch p50 / p99 (ms) | sequential round trips per batch (mean / most) | requests/record | reported WU/record | billed WU/record (model) | of which cancelled transactions | minimum WU/record | billed ÷ minimum (without cancelled) | peak RSS, MB (before processing) |");
+    println!("|---|---|---|---|---|---|---|---|---|---|---|---|---|");
     for r in &runs {
         let per = |units: f64| units / r.records as f64;
         let minimum = r.minimum_units.max(1) as f64;
         println!(
-            "| {}{} | {} | {} | {:.0} | {:.0} / {:.0} | {:.2} | {:.2} | {:.2} | {:.2} | {:.2} | {:.2}x ({:.2}x) | {:.1} ({:.1}) |",
+            "| {}{} | {} | {} | {:.0} | {:.0} / {:.0} | {:.1} / {} | {:.2} | {:.2} | {:.2} | {:.2} | {:.2} | {:.2}x ({:.2}x) | {:.1} ({:.1}) |",
             label(&r.contender),
-            if r.latency_ms > 0.0 {
-                format!(", +{} ms simulated latency per call", r.latency_ms)
-            } else {
-                String::new()
-            },
+            conditions(r),
             r.batch,
             r.records,
             r.records_per_s,
             r.p50_ms,
             r.p99_ms,
+            r.round_trips_mean,
+            r.round_trips_max,
             r.requests_per_record,
             per(r.reported_write_units),
             per(r.billed_units),
@@ -1699,11 +1848,7 @@ fn report(runs_dir: &Path, json: &Path, svg: &Path) {
         println!(
             "| {}{} | {} | {} | {} | {:.3} |",
             label(&r.contender),
-            if r.latency_ms > 0.0 {
-                format!(", +{} ms", r.latency_ms)
-            } else {
-                String::new()
-            },
+            conditions(r),
             r.batch,
             cells.join(" | "),
             r.cancelled_transactions,
@@ -1711,8 +1856,9 @@ fn report(runs_dir: &Path, json: &Path, svg: &Path) {
         );
     }
     let find = |contender: &str, batch: usize| {
-        runs.iter()
-            .find(|r| r.contender == contender && r.batch == batch && r.latency_ms == 0.0)
+        runs.iter().find(|r| {
+            r.contender == contender && r.batch == batch && r.latency_ms == 0.0 && r.rtt_ms == 0.0
+        })
     };
     let mut ratios = BTreeMap::new();
     println!();
@@ -1726,18 +1872,29 @@ fn report(runs_dir: &Path, json: &Path, svg: &Path) {
     let mut simulated = BTreeMap::new();
     for p in runs
         .iter()
-        .filter(|r| r.contender == "projector" && r.latency_ms > 0.0)
+        .filter(|r| r.contender == "projector" && (r.latency_ms > 0.0 || r.rtt_ms > 0.0))
     {
         let baseline = runs.iter().find(|r| {
-            r.contender == "baseline" && r.batch == p.batch && r.latency_ms == p.latency_ms
+            r.contender == "baseline"
+                && r.batch == p.batch
+                && r.latency_ms == p.latency_ms
+                && r.rtt_ms == p.rtt_ms
         });
         if let Some(b) = baseline {
             let ratio = p.records_per_s / b.records_per_s;
-            simulated.insert(format!("{}@{}ms", p.batch, p.latency_ms), ratio);
-            println!(
-                "B={} with +{} ms simulated latency per call: ddb-projector / baseline records/s = {ratio:.2}x (a what-if, not a measurement of DynamoDB)",
-                p.batch, p.latency_ms
-            );
+            if p.rtt_ms > 0.0 {
+                simulated.insert(format!("{}@{}ms-rtt", p.batch, p.rtt_ms), ratio);
+                println!(
+                    "B={} through a {} ms round-trip proxy: ddb-projector / baseline records/s = {ratio:.2}x; sequential round trips per batch {:.1} (most {}) against {:.1}",
+                    p.batch, p.rtt_ms, p.round_trips_mean, p.round_trips_max, b.round_trips_mean
+                );
+            } else {
+                simulated.insert(format!("{}@{}ms", p.batch, p.latency_ms), ratio);
+                println!(
+                    "B={} with +{} ms simulated latency per call: ddb-projector / baseline records/s = {ratio:.2}x (a what-if, not a measurement of DynamoDB)",
+                    p.batch, p.latency_ms
+                );
+            }
         }
     }
     let headline = find("projector", 100);
@@ -1788,7 +1945,10 @@ fn chart(runs: &[RunResult], path: &Path) -> Result<(), Box<dyn std::error::Erro
     if let Some(dir) = path.parent() {
         std::fs::create_dir_all(dir)?;
     }
-    let runs: Vec<&RunResult> = runs.iter().filter(|r| r.latency_ms == 0.0).collect();
+    let runs: Vec<&RunResult> = runs
+        .iter()
+        .filter(|r| r.latency_ms == 0.0 && r.rtt_ms == 0.0)
+        .collect();
     let max = runs.iter().map(|r| r.records_per_s).fold(1.0, f64::max);
     let min = runs
         .iter()
