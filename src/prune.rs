@@ -916,7 +916,9 @@ mod tests {
             Retired::new("followed-by", old.clone()).unwrap(),
         ];
         let no_followers = social(|t| {
-            let t = t.replace("name = \"followers\"", "name = \"followers2\"");
+            let t = t
+                .replace("name = \"followers\"", "name = \"followers2\"")
+                .replace("counter = \"followers\"", "counter = \"followers2\"");
             let start = t.find("[[projections]]\nname = \"followed-by\"").unwrap();
             let end = start + t[start..].find("copy = ").unwrap();
             let end = end + t[end..].find('\n').unwrap();
