@@ -60,8 +60,8 @@ impl Recomputed {
     /// check (`projections` as compiled so far).
     pub fn reads_from(&self, projections: &[crate::spec::Projection]) -> Option<EntityId> {
         match self {
-            Recomputed::Rollup(p) => match &projections[p.counter].kind {
-                ProjectionKind::Counter(c) => Some(c.source),
+            Recomputed::Rollup(p) => match projections.get(p.counter).map(|c| &c.kind) {
+                Some(ProjectionKind::Counter(c)) => Some(c.source),
                 _ => None,
             },
             Recomputed::Aggregate(p) => Some(p.source),

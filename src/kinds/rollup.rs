@@ -162,7 +162,9 @@ pub(crate) fn settle(projections: &mut [Projection]) {
         let ProjectionKind::Recomputed(Recomputed::Rollup(rollup)) = &projection.kind else {
             continue;
         };
-        if let Some(counter) = counters[rollup.counter] {
+        // Past a projection that did not compile, positions move: the
+        // spec is refused then anyway, and nothing is mixed in.
+        if let Some(counter) = counters.get(rollup.counter).copied().flatten() {
             projection.fingerprint = crate::spec::fingerprint(&format!(
                 "{:016x};counter {counter:016x}",
                 projection.fingerprint

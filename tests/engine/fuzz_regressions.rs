@@ -266,3 +266,49 @@ fn deeply_nested_transforms_are_refused_quickly() {
         .replace("{lower(trim(email))}", &format!("{{{eight}}}"));
     ddb_projector::spec::Spec::from_toml(&text, "eight.toml").unwrap();
 }
+
+/// Found by fuzzing `spec`: an entity pattern that does not compile made
+/// the projections before a rollup's counter drop out of the compiled
+/// list, and the rollup's fingerprint read its counter at the raw
+/// position, out of bounds. Now the problems are reported.
+#[test]
+fn a_rollup_after_projections_that_did_not_compile_is_an_error_not_a_panic() {
+    let text = r#"
+service = "s"
+
+[table]
+name = "T"
+
+[entities.follow]
+pk = "USER#{f/llowerId}"
+sk = "FOLLOWS#{followeeId}"
+
+[entities.profile]
+pk = "USER#{userId}"
+sk = "PROFILE"
+
+[[projections]]
+name = "followers"
+kind = "counter"
+source = "follow"
+of = { userId = "{followeeId}" }
+
+[[projections]]
+name = "following"
+kind = "counter"
+source = "follow"
+of = { userId = "{followerId}" }
+
+[[projections]]
+name = "following-count"
+kind = "rollup"
+counter = "following"
+target = "profile"
+attribute = "followingCount"
+"#;
+    let errors = within(10, move || {
+        ddb_projector::spec::Spec::from_toml(text, "rollup.toml").unwrap_err()
+    })
+    .to_string();
+    assert!(errors.contains("entity `follow`"), "{errors}");
+}
