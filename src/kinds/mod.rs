@@ -292,6 +292,23 @@ pub fn recompute_op(spec: &Spec, id: ProjectionId, target: &ItemKey) -> Option<O
     }
 }
 
+/// The key variables `key` binds, if it is an item of `entity`.
+pub(crate) fn key_vars<'a>(
+    entity: &'a Entity,
+    key: &'a ItemKey,
+) -> Option<crate::spec::Bindings<'a>> {
+    let mut vars = Vec::new();
+    if !entity.pk.match_into(&key.pk, &mut vars) {
+        return None;
+    }
+    if let (Some(pattern), Some(sk)) = (&entity.sk, key.sk.as_deref()) {
+        if !pattern.match_into(sk, &mut vars) {
+            return None;
+        }
+    }
+    Some(vars)
+}
+
 /// The recompute of `target`, an item of `target_entity` computed from
 /// the items of `source` in the partition its key names.
 fn query_recompute(
@@ -300,16 +317,7 @@ fn query_recompute(
     target_entity: EntityId,
     target: &ItemKey,
 ) -> Option<Op> {
-    let mut vars = Vec::new();
-    let entity = &spec.entities[target_entity];
-    if !entity.pk.match_into(&target.pk, &mut vars) {
-        return None;
-    }
-    if let (Some(pattern), Some(sk)) = (&entity.sk, target.sk.as_deref()) {
-        if !pattern.match_into(sk, &mut vars) {
-            return None;
-        }
-    }
+    let vars = key_vars(&spec.entities[target_entity], target)?;
     Some(Op::Recompute {
         target: target.clone(),
         sources: Sources::Query(source_query(&spec.entities[source], &vars)?),
@@ -337,16 +345,9 @@ pub(crate) fn of_target(
         | ProjectionKind::Counter(_)
         | ProjectionKind::Custom(_) => return items,
     };
-    let mut wanted = Vec::new();
-    let entity = &spec.entities[target_entity];
-    if !entity.pk.match_into(&target.pk, &mut wanted) {
+    let Some(wanted) = key_vars(&spec.entities[target_entity], target) else {
         return items;
-    }
-    if let (Some(pattern), Some(sk)) = (&entity.sk, target.sk.as_deref()) {
-        if !pattern.match_into(sk, &mut wanted) {
-            return items;
-        }
-    }
+    };
     let agrees = |item: &Item| match bind(spec, &spec.entities[source], item) {
         Some(vars) => vars
             .iter()

@@ -197,16 +197,7 @@ pub(crate) fn recompute_op(spec: &Spec, p: &Rollup, target: &ItemKey) -> Option<
     let ProjectionKind::Counter(counter) = &spec.projections[p.counter].kind else {
         return None;
     };
-    let entity = &spec.entities[p.target];
-    let mut vars = Vec::new();
-    if !entity.pk.match_into(&target.pk, &mut vars) {
-        return None;
-    }
-    if let (Some(pattern), Some(sk)) = (&entity.sk, target.sk.as_deref()) {
-        if !pattern.match_into(sk, &mut vars) {
-            return None;
-        }
-    }
+    let vars = super::key_vars(&spec.entities[p.target], target)?;
     let values: Vec<String> = counter
         .of
         .iter()
