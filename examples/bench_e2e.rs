@@ -602,20 +602,27 @@ impl HttpConnector for Delayed {
 // ---------------------------------------------------------------- proxy ---
 
 /// Starts a TCP proxy on 127.0.0.1 to `upstream` that holds every chunk
-/// a client sends for `rtt` before passing it on (answers pass at once):
-/// each request costs one round trip more, as across a network, while
-/// concurrent requests overlap as they would there. Returns its address.
+/// a client sends for `rtt` before passing it on: each request costs one
+/// round trip more, as across a network, while concurrent requests
+/// overlap as they would there. Answers leave in the order their requests
+/// came in, as from a server that serves requests in parallel, each in
+/// the same time: DynamoDB Local serves one request at a time and lets
+/// some overtake the queue, and a client whose next request waits for a
+/// free slot would otherwise chain behind the lucky ones, in a way no
+/// real table makes it. Returns its address.
 async fn start_proxy(upstream: std::net::SocketAddr, rtt: Duration) -> std::net::SocketAddr {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
         .await
         .expect("bind the proxy");
     let address = listener.local_addr().expect("the proxy's address");
+    let order = Arc::new(AnswerOrder::default());
     tokio::spawn(async move {
         loop {
             let Ok((client, _)) = listener.accept().await else {
                 continue;
             };
+            let order = Arc::clone(&order);
             tokio::spawn(async move {
                 let Ok(server) = tokio::net::TcpStream::connect(upstream).await else {
                     return;
@@ -626,15 +633,27 @@ async fn start_proxy(upstream: std::net::SocketAddr, rtt: Duration) -> std::net:
                 let (mut from_server, mut to_server) = server.into_split();
                 let (sender, mut held) =
                     tokio::sync::mpsc::unbounded_channel::<(tokio::time::Instant, Vec<u8>)>();
-                let read = async move {
-                    let mut buffer = vec![0u8; 64 * 1024];
-                    loop {
-                        match from_client.read(&mut buffer).await {
-                            Ok(0) | Err(_) => break,
-                            Ok(n) => {
-                                let due = tokio::time::Instant::now() + rtt;
-                                if sender.send((due, buffer[..n].to_vec())).is_err() {
-                                    break;
+                // The tickets of this connection's requests awaiting their
+                // answer (HTTP/1.1: one at a time).
+                let (tickets, mut awaiting) = tokio::sync::mpsc::unbounded_channel::<u64>();
+                let waiting = Arc::new(std::sync::atomic::AtomicBool::new(false));
+                let read = {
+                    let order = Arc::clone(&order);
+                    let waiting = Arc::clone(&waiting);
+                    async move {
+                        let mut buffer = vec![0u8; 64 * 1024];
+                        loop {
+                            match from_client.read(&mut buffer).await {
+                                Ok(0) | Err(_) => break,
+                                Ok(n) => {
+                                    // The first chunk of a request takes a ticket.
+                                    if !waiting.swap(true, Ordering::SeqCst) {
+                                        let _ = tickets.send(order.ticket());
+                                    }
+                                    let due = tokio::time::Instant::now() + rtt;
+                                    if sender.send((due, buffer[..n].to_vec())).is_err() {
+                                        break;
+                                    }
                                 }
                             }
                         }
@@ -650,7 +669,27 @@ async fn start_proxy(upstream: std::net::SocketAddr, rtt: Duration) -> std::net:
                     let _ = to_server.shutdown().await;
                 };
                 let back = async move {
-                    let _ = tokio::io::copy(&mut from_server, &mut to_client).await;
+                    let mut buffer = vec![0u8; 64 * 1024];
+                    loop {
+                        match from_server.read(&mut buffer).await {
+                            Ok(0) | Err(_) => break,
+                            Ok(n) => {
+                                // The first chunk of an answer waits its turn.
+                                if let Ok(ticket) = awaiting.try_recv() {
+                                    order.wait_turn(ticket).await;
+                                    waiting.store(false, Ordering::SeqCst);
+                                    order.release(ticket);
+                                }
+                                if to_client.write_all(&buffer[..n]).await.is_err() {
+                                    break;
+                                }
+                            }
+                        }
+                    }
+                    // A request left unanswered must not hold up the others.
+                    while let Ok(ticket) = awaiting.try_recv() {
+                        order.release(ticket);
+                    }
                     let _ = to_client.shutdown().await;
                 };
                 tokio::join!(read, forward, back);
@@ -660,21 +699,81 @@ async fn start_proxy(upstream: std::net::SocketAddr, rtt: Duration) -> std::net:
     address
 }
 
+/// The order requests reached the proxy in, for answering in it.
+#[derive(Default)]
+struct AnswerOrder {
+    next: AtomicU64,
+    /// Every ticket up to `.0` is answered; `.1` holds the answered
+    /// tickets beyond it.
+    answered: Mutex<(u64, std::collections::BTreeSet<u64>)>,
+    changed: tokio::sync::Notify,
+}
+
+impl AnswerOrder {
+    fn ticket(&self) -> u64 {
+        self.next.fetch_add(1, Ordering::SeqCst) + 1
+    }
+
+    /// Waits until every earlier ticket is answered (at most 10 s: an
+    /// earlier request that never gets an answer stops holding it up).
+    async fn wait_turn(&self, ticket: u64) {
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+        loop {
+            let changed = self.changed.notified();
+            tokio::pin!(changed);
+            changed.as_mut().enable();
+            if self.answered.lock().expect("not poisoned").0 + 1 >= ticket {
+                return;
+            }
+            if tokio::time::timeout_at(deadline, changed).await.is_err() {
+                let mut answered = self.answered.lock().expect("not poisoned");
+                answered.0 = answered.0.max(ticket - 1);
+                return;
+            }
+        }
+    }
+
+    fn release(&self, ticket: u64) {
+        let mut answered = self.answered.lock().expect("not poisoned");
+        let (upto, beyond) = &mut *answered;
+        if ticket > *upto {
+            beyond.insert(ticket);
+        }
+        while beyond.remove(&(*upto + 1)) {
+            *upto += 1;
+        }
+        beyond.retain(|t| *t > *upto);
+        drop(answered);
+        self.changed.notify_waiters();
+    }
+}
+
+/// One call: sent, answered, the operation.
+type Span = (Instant, Instant, String);
+
 /// The longest chain of `spans` (request sent, answer read) in which each
 /// starts after the one before was answered: the sequential round trips
-/// the work took, whatever ran beside them.
-fn sequential_round_trips(spans: &mut [(Instant, Instant)]) -> usize {
-    spans.sort_by_key(|&(sent, _)| sent);
-    let mut chain: Vec<usize> = Vec::with_capacity(spans.len());
+/// the work took, whatever ran beside them. With the chain's operations.
+fn sequential_round_trips(spans: &mut [Span]) -> (usize, Vec<String>) {
+    spans.sort_by_key(|span| span.0);
+    let mut chain: Vec<(usize, Option<usize>)> = Vec::with_capacity(spans.len());
     for i in 0..spans.len() {
         let before = (0..i)
             .filter(|&j| spans[j].1 <= spans[i].0)
-            .map(|j| chain[j])
-            .max()
-            .unwrap_or(0);
-        chain.push(before + 1);
+            .max_by_key(|&j| chain[j].0);
+        chain.push((before.map_or(0, |j| chain[j].0) + 1, before));
     }
-    chain.into_iter().max().unwrap_or(0)
+    let Some(mut at) = (0..chain.len()).max_by_key(|&i| chain[i].0) else {
+        return (0, Vec::new());
+    };
+    let length = chain[at].0;
+    let mut operations = vec![spans[at].2.clone()];
+    while let Some(before) = chain[at].1 {
+        operations.push(spans[before].2.clone());
+        at = before;
+    }
+    operations.reverse();
+    (length, operations)
 }
 
 // ---------------------------------------------------------------- meter ---
@@ -699,7 +798,7 @@ struct MeterState {
     /// (concurrent calls overlap).
     calls: Mutex<BTreeMap<String, OperationStats>>,
     /// Every call's (sent, answered), for the sequential round trips.
-    spans: Mutex<Vec<(Instant, Instant)>>,
+    spans: Mutex<Vec<Span>>,
 }
 
 /// Calls of one operation and the time they took.
@@ -861,11 +960,11 @@ impl Intercept for Meter {
             entry.calls += 1;
             entry.total_ms += pending.sent.elapsed().as_secs_f64() * 1e3;
         }
-        self.0
-            .spans
-            .lock()
-            .expect("not poisoned")
-            .push((pending.sent, Instant::now()));
+        self.0.spans.lock().expect("not poisoned").push((
+            pending.sent,
+            Instant::now(),
+            pending.operation.clone(),
+        ));
         let response = context.response();
         let body: serde_json::Value = response
             .body()
@@ -1691,12 +1790,34 @@ async fn run(
         .windows
         .iter()
         .map(|&(start, end)| {
-            let mut within: Vec<(Instant, Instant)> = spans
+            let mut within: Vec<Span> = spans
                 .iter()
-                .copied()
-                .filter(|&(sent, _)| sent >= start && sent <= end)
+                .filter(|span| span.0 >= start && span.0 <= end)
+                .cloned()
                 .collect();
-            sequential_round_trips(&mut within)
+            let (length, operations) = sequential_round_trips(&mut within);
+            if std::env::var_os("BENCH_TRACE_CHAIN").is_some() {
+                let mut counts: BTreeMap<&str, usize> = BTreeMap::new();
+                for span in &within {
+                    *counts.entry(span.2.as_str()).or_default() += 1;
+                }
+                let mut edges: Vec<(Instant, i32)> = within
+                    .iter()
+                    .flat_map(|span| [(span.0, 1), (span.1, -1)])
+                    .collect();
+                edges.sort();
+                let (mut in_flight, mut most) = (0, 0);
+                for (_, step) in edges {
+                    in_flight += step;
+                    most = most.max(in_flight);
+                }
+                eprintln!(
+                    "{length} round trips in {:.0} ms, {most} in flight at most: {} (calls: {counts:?})",
+                    (end - start).as_secs_f64() * 1e3,
+                    operations.join(" > ")
+                );
+            }
+            length
         })
         .collect();
     RunResult {
