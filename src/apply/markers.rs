@@ -682,19 +682,32 @@ pub(crate) async fn write_markers(
                 (*i, write_single(ctx, changes[*i].key, transition).await)
             })
             .collect();
-        let mut attempts: Vec<(usize, Attempt)> = futures::stream::iter(single_attempts)
+        let singles_written = futures::stream::iter(single_attempts)
             .buffer_unordered(ctx.config.concurrency.max(1))
-            .collect()
-            .await;
-        for chunk in pack(ctx, changes, &transacted, &alone) {
-            // Chunks run one after another: they may share counter shards,
-            // and concurrent transactions on one item conflict.
-            let outcome = transact(ctx, changes, &chunk).await;
-            if let Some(split) = outcome.split {
-                alone.extend(split);
+            .collect::<Vec<_>>();
+        let transactions_written = async {
+            let mut attempts = Vec::new();
+            let mut split = Vec::new();
+            // The transactions of a wave share no item, so they run
+            // together; waves run one after another, as a later one may
+            // move a shard an earlier one moves too (concurrent
+            // transactions on one item conflict).
+            for wave in pack(changes, &transacted, &alone, ctx.config.concurrency) {
+                let outcomes = futures::future::join_all(
+                    wave.iter().map(|chunk| transact(ctx, changes, chunk)),
+                )
+                .await;
+                for outcome in outcomes {
+                    split.extend(outcome.split.into_iter().flatten());
+                    attempts.extend(outcome.attempts);
+                }
             }
-            attempts.extend(outcome.attempts);
-        }
+            (attempts, split)
+        };
+        let (mut attempts, (transacted_attempts, split)) =
+            tokio::join!(singles_written, transactions_written);
+        alone.extend(split);
+        attempts.extend(transacted_attempts);
         let by_index: HashMap<usize, Transition> = singles.into_iter().chain(transacted).collect();
         for (i, attempt) in attempts {
             match attempt {
@@ -958,63 +971,119 @@ fn attempt_of(class: ErrorClass, text: String) -> Attempt {
     }
 }
 
-/// The items of one transaction: each change's write and guard, then the
-/// shards they move. Packs changes in order into transactions of at most
-/// 100 items, none naming one item twice (DynamoDB refuses that).
+/// An item a transaction writes or checks.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+enum Touch {
+    /// A marker, or a guarded source.
+    Item(ItemKey),
+    /// A counter shard, by its partition key.
+    Shard(String),
+}
+
+/// Packs changes in order into transactions of at most 100 items, none
+/// naming one item twice (DynamoDB refuses that), and the transactions
+/// into waves of at most `width` that share no item: a wave's
+/// transactions can run at once without conflicting. A change joins the
+/// first wave where it touches at most one transaction and that one has
+/// room (a shard it shares is one item for both), or touches none and a
+/// transaction can start; a change sent `alone` gets a transaction of its
+/// own.
 fn pack(
-    ctx: &Ctx<'_>,
     changes: &[MarkerChange<'_>],
     transacted: &[(usize, Transition)],
     alone: &HashSet<usize>,
-) -> Vec<Vec<(usize, Transition)>> {
+    width: usize,
+) -> Vec<Vec<Vec<(usize, Transition)>>> {
     struct Chunk {
         members: Vec<(usize, Transition)>,
-        keys: HashSet<ItemKey>,
-        shards: HashSet<String>,
         items: usize,
+        alone: bool,
     }
-    let _ = ctx;
-    let mut chunks: Vec<Chunk> = Vec::new();
+    #[derive(Default)]
+    struct Wave {
+        chunks: Vec<Chunk>,
+        /// Which transaction of the wave touches an item.
+        owner: HashMap<Touch, usize>,
+    }
+    // Transactions start apart only while they average 20 changes or
+    // more: enough to spread the shards, without a request per change.
+    let width = width.min(transacted.len().div_ceil(20)).max(1);
+    let mut waves: Vec<Wave> = Vec::new();
     for (i, transition) in transacted {
         let change = &changes[*i];
-        let mut keys = vec![change.key.clone()];
+        let mut keys = vec![Touch::Item(change.key.clone())];
         if let Some(guard) = change.guard {
-            keys.push(guard.source.clone());
+            keys.push(Touch::Item(guard.source.clone()));
         }
-        let fits = |chunk: &Chunk| {
-            let new_shards = transition
-                .deltas
-                .iter()
-                .filter(|(shard, _)| !chunk.shards.contains(shard))
-                .count();
-            !alone.contains(i)
-                && !chunk.members.iter().any(|(j, _)| alone.contains(j))
-                && keys.iter().all(|key| !chunk.keys.contains(key))
-                && chunk.items + keys.len() + new_shards <= MAX_TRANSACTION_ITEMS
-        };
-        let index = match chunks.iter().position(fits) {
-            Some(index) => index,
-            None => {
-                chunks.push(Chunk {
-                    members: Vec::new(),
-                    keys: HashSet::new(),
-                    shards: HashSet::new(),
-                    items: 0,
-                });
-                chunks.len() - 1
-            }
-        };
-        let chunk = &mut chunks[index];
+        let mut touches = keys.clone();
         for (shard, _) in &transition.deltas {
-            if chunk.shards.insert(shard.clone()) {
-                chunk.items += 1;
+            let touch = Touch::Shard(shard.clone());
+            if !touches.contains(&touch) {
+                touches.push(touch);
             }
         }
-        chunk.items += keys.len();
-        chunk.keys.extend(keys);
-        chunk.members.push((*i, transition.clone()));
+        let lone = alone.contains(i);
+        // Where the change goes in a wave: an existing transaction, a new
+        // one, or not in this wave.
+        let place = |wave: &Wave| -> Option<Option<usize>> {
+            let mut owners: Vec<usize> = touches
+                .iter()
+                .filter_map(|touch| wave.owner.get(touch).copied())
+                .collect();
+            owners.sort_unstable();
+            owners.dedup();
+            let room = |c: usize| {
+                let chunk = &wave.chunks[c];
+                let new = touches
+                    .iter()
+                    .filter(|touch| wave.owner.get(*touch) != Some(&c))
+                    .count();
+                !chunk.alone
+                    && !lone
+                    && keys.iter().all(|key| wave.owner.get(key) != Some(&c))
+                    && chunk.items + new <= MAX_TRANSACTION_ITEMS
+            };
+            match owners.as_slice() {
+                // A change that shares nothing starts a transaction of its
+                // own while the wave has room for one: joining another
+                // would tie that one's shards to its own.
+                [] if wave.chunks.len() < width => Some(None),
+                [] => (0..wave.chunks.len()).find(|&c| room(c)).map(Some),
+                [c] if room(*c) => Some(Some(*c)),
+                _ => None,
+            }
+        };
+        let (w, place) = match waves
+            .iter()
+            .enumerate()
+            .find_map(|(w, wave)| place(wave).map(|p| (w, p)))
+        {
+            Some(found) => found,
+            None => {
+                waves.push(Wave::default());
+                (waves.len() - 1, None)
+            }
+        };
+        let wave = &mut waves[w];
+        let c = place.unwrap_or_else(|| {
+            wave.chunks.push(Chunk {
+                members: Vec::new(),
+                items: 0,
+                alone: lone,
+            });
+            wave.chunks.len() - 1
+        });
+        for touch in touches {
+            if wave.owner.insert(touch, c).is_none() {
+                wave.chunks[c].items += 1;
+            }
+        }
+        wave.chunks[c].members.push((*i, transition.clone()));
     }
-    chunks.into_iter().map(|chunk| chunk.members).collect()
+    waves
+        .into_iter()
+        .map(|wave| wave.chunks.into_iter().map(|chunk| chunk.members).collect())
+        .collect()
 }
 
 /// What one transaction came to.
@@ -1488,5 +1557,93 @@ mod tests {
             change(&key, &state, &counters, false).first(&table()),
             First::Read
         );
+    }
+
+    /// Every item each transaction of a packing touches.
+    fn touched(changes: &[MarkerChange<'_>], chunk: &[(usize, Transition)]) -> Vec<Touch> {
+        let mut touches = Vec::new();
+        for (i, transition) in chunk {
+            touches.push(Touch::Item(changes[*i].key.clone()));
+            for (shard, _) in &transition.deltas {
+                touches.push(Touch::Shard(shard.clone()));
+            }
+        }
+        touches.sort_by_key(|t| format!("{t:?}"));
+        touches.dedup();
+        touches
+    }
+
+    #[test]
+    fn transactions_of_a_wave_share_no_item_and_a_hot_shard_spreads_over_few_waves() {
+        // 600 follows of one hot user (its counter on 4 shards) and 300
+        // of others, each change moving two shards.
+        let keys: Vec<ItemKey> = (0..900)
+            .map(|i| {
+                ItemKey::new(
+                    format!("USER#{}", if i < 600 { 0 } else { i }),
+                    format!("FOLLOWED_BY#{i}"),
+                )
+            })
+            .collect();
+        let state = present("t");
+        let changes: Vec<MarkerChange<'_>> = keys
+            .iter()
+            .map(|key| change(key, &state, &[], false))
+            .collect();
+        let transacted: Vec<(usize, Transition)> = (0..keys.len())
+            .map(|i| {
+                let hot = if i < 600 {
+                    format!("C#hot#{}", i % 4)
+                } else {
+                    format!("C#u{i}#0")
+                };
+                (
+                    i,
+                    Transition {
+                        write: Write::Delete,
+                        pins: vec![],
+                        deltas: vec![(hot, 1), (format!("C#following#{}", i % 7), 1)],
+                    },
+                )
+            })
+            .collect();
+        let waves = pack(&changes, &transacted, &HashSet::new(), 16);
+        let mut seen = HashSet::new();
+        for wave in &waves {
+            assert!(wave.len() <= 16, "a wave wider than asked");
+            let mut in_wave: HashSet<Touch> = HashSet::new();
+            for chunk in wave {
+                let touches = touched(&changes, chunk);
+                let items = touches.len();
+                assert!(
+                    items <= MAX_TRANSACTION_ITEMS,
+                    "{items} items in one transaction"
+                );
+                for touch in touches {
+                    assert!(
+                        in_wave.insert(touch.clone()),
+                        "two transactions of a wave touch {touch:?}"
+                    );
+                }
+                for (i, _) in chunk {
+                    assert!(seen.insert(*i), "change {i} packed twice");
+                }
+            }
+        }
+        assert_eq!(seen.len(), 900, "every change is packed");
+        // Each hot shard is in one transaction per wave, so a wave takes at
+        // most 4 x ~90 hot changes: 600 need 2 waves at least. Filling one
+        // transaction with every shard it could hold made this 14.
+        assert!(waves.len() <= 4, "{} waves", waves.len());
+
+        // A change sent alone gets a transaction of its own.
+        let alone: HashSet<usize> = [3].into();
+        let waves = pack(&changes, &transacted, &alone, 16);
+        let lone = waves
+            .iter()
+            .flatten()
+            .find(|chunk| chunk.iter().any(|(i, _)| *i == 3))
+            .expect("packed");
+        assert_eq!(lone.len(), 1);
     }
 }

@@ -100,56 +100,90 @@ pub(crate) async fn read_markers(
     ctx: &Ctx<'_>,
     keys: Vec<&ItemKey>,
 ) -> Result<HashMap<ItemKey, Item>, WriteError> {
-    use aws_sdk_dynamodb::types::KeysAndAttributes;
-    let mut found = HashMap::new();
+    Ok(read_items(ctx, keys, "read_markers")
+        .await?
+        .into_iter()
+        .map(|(key, item)| {
+            let item = item_from_sdk(item.clone()).unwrap_or_else(|error| {
+                // It exists; with its key alone it equals no wanted state,
+                // so the conditional write that follows decides.
+                tracing::warn!(%key, %error, "a marker this build cannot read");
+                Item::from(ctx.spec.table.key_attributes(&item))
+            });
+            (key, item)
+        })
+        .collect())
+}
+
+/// Reads items consistently as DynamoDB returns them: `BatchGetItem`s of
+/// 100 keys, all in flight together (bounded by the concurrency), so one
+/// round trip however many keys, unless DynamoDB leaves some unprocessed.
+pub(crate) async fn read_items(
+    ctx: &Ctx<'_>,
+    keys: Vec<&ItemKey>,
+    what: &'static str,
+) -> Result<HashMap<ItemKey, HashMap<String, Av>>, WriteError> {
+    use futures::stream::{StreamExt, TryStreamExt};
     let mut by_key: HashMap<Vec<(String, String)>, ItemKey> = HashMap::new();
-    let mut pending: Vec<HashMap<String, Av>> = Vec::new();
+    let mut maps: Vec<HashMap<String, Av>> = Vec::new();
     for key in keys {
         let map = ctx.key(key);
-        by_key.insert(flat(&map), key.clone());
-        pending.push(map);
+        if by_key.insert(flat(&map), key.clone()).is_none() {
+            maps.push(map);
+        }
     }
+    let chunks: Vec<Vec<HashMap<String, Av>>> = maps.chunks(100).map(<[_]>::to_vec).collect();
+    let pages: Vec<Vec<HashMap<String, Av>>> = futures::stream::iter(chunks)
+        .map(|chunk| read_chunk(ctx, chunk, what))
+        .buffer_unordered(ctx.config.concurrency.max(1))
+        .try_collect()
+        .await?;
+    let mut found = HashMap::new();
+    for item in pages.into_iter().flatten() {
+        let key_map = ctx.spec.table.key_attributes(&item);
+        if let Some(key) = by_key.get(&flat(&key_map)) {
+            found.insert(key.clone(), item);
+        }
+    }
+    Ok(found)
+}
+
+/// One `BatchGetItem` of at most 100 keys, and again for what DynamoDB
+/// leaves unprocessed.
+async fn read_chunk(
+    ctx: &Ctx<'_>,
+    mut pending: Vec<HashMap<String, Av>>,
+    what: &'static str,
+) -> Result<Vec<HashMap<String, Av>>, WriteError> {
+    use aws_sdk_dynamodb::types::KeysAndAttributes;
+    let mut found = Vec::new();
     while !pending.is_empty() {
-        let chunk: Vec<_> = pending.drain(..pending.len().min(100)).collect();
-        let output = with_retries(
-            "read_markers",
-            ctx.config.max_retry_time,
-            &ctx.retries,
-            || {
-                let request = ctx
-                    .client
-                    .batch_get_item()
-                    .request_items(
-                        ctx.table,
-                        KeysAndAttributes::builder()
-                            .set_keys(Some(chunk.clone()))
-                            .consistent_read(true)
-                            .build()
-                            .expect("keys are set"),
-                    )
-                    .return_consumed_capacity(ReturnConsumedCapacity::Total);
-                async move { request.send().await.map_err(sdk) }
-            },
-        )
+        let chunk = std::mem::take(&mut pending);
+        let output = with_retries(what, ctx.config.max_retry_time, &ctx.retries, || {
+            let request = ctx
+                .client
+                .batch_get_item()
+                .request_items(
+                    ctx.table,
+                    KeysAndAttributes::builder()
+                        .set_keys(Some(chunk.clone()))
+                        .consistent_read(true)
+                        .build()
+                        .expect("keys are set"),
+                )
+                .return_consumed_capacity(ReturnConsumedCapacity::Total);
+            async move { request.send().await.map_err(sdk) }
+        })
         .await?;
         ctx.count_units(output.consumed_capacity(), false);
-        for item in output
-            .responses()
-            .and_then(|r| r.get(ctx.table))
-            .into_iter()
-            .flatten()
-        {
-            let key_map = ctx.spec.table.key_attributes(item);
-            if let Some(key) = by_key.get(&flat(&key_map)) {
-                let item = item_from_sdk(item.clone()).unwrap_or_else(|error| {
-                    // It exists; with its key alone it equals no wanted
-                    // state, so the conditional write that follows decides.
-                    tracing::warn!(%key, %error, "a marker this build cannot read");
-                    Item::from(key_map)
-                });
-                found.insert(key.clone(), item);
-            }
-        }
+        found.extend(
+            output
+                .responses()
+                .and_then(|r| r.get(ctx.table))
+                .into_iter()
+                .flatten()
+                .cloned(),
+        );
         if let Some(left) = output.unprocessed_keys().and_then(|u| u.get(ctx.table)) {
             pending.extend(left.keys().iter().cloned());
             tokio::time::sleep(std::time::Duration::from_millis(50)).await;
