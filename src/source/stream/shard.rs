@@ -36,6 +36,8 @@ async fn walk(
     let mut empty_pages = 0u32;
     let mut failures = crate::apply::retry::slow_policy(None);
     let mut read_errors = crate::apply::retry::slow_policy(None);
+    // The next page, read while the last one's checkpoint was written.
+    let mut read_ahead: Option<(String, GetRecordsResult)> = None;
     loop {
         if *stop.borrow() {
             return Ok(ShardExit::Stopped);
@@ -51,14 +53,11 @@ async fn walk(
                 }
             },
         };
-        let page = match shared
-            .streams
-            .get_records()
-            .shard_iterator(&current)
-            .limit(options.batch_limit.clamp(1, MAX_BATCH))
-            .send()
-            .await
-        {
+        let read = match read_ahead.take() {
+            Some((at, read)) if at == current => read,
+            _ => get_records(shared, &current).await,
+        };
+        let page = match read {
             Ok(page) => {
                 read_errors.reset();
                 page
@@ -130,7 +129,21 @@ async fn walk(
             continue;
         }
         empty_pages = 0;
-        let handled_all = apply_page(shared, run, records, next.is_none()).await?;
+        let (handled_all, save_now) = apply_page(shared, run, records, next.is_none()).await?;
+        if save_now {
+            // The checkpoint and the next page go out together: one round
+            // trip per batch fewer. The page is read again if the batch
+            // was not all handled.
+            match next.as_deref().filter(|_| handled_all) {
+                Some(next) => {
+                    let (saved, page) =
+                        tokio::join!(save(shared, run, false), get_records(shared, next));
+                    saved?;
+                    read_ahead = Some((next.to_string(), page));
+                }
+                None => save(shared, run, handled_all && next.is_none()).await?,
+            }
+        }
         if !handled_all {
             let wait = failures
                 .next_backoff()
@@ -154,14 +167,33 @@ async fn walk(
     }
 }
 
-/// Applies one page; moves the position past its handled prefix and
-/// checkpoints. Returns whether every record was handled.
+type GetRecordsResult = Result<
+    aws_sdk_dynamodbstreams::operation::get_records::GetRecordsOutput,
+    aws_sdk_dynamodbstreams::error::SdkError<
+        aws_sdk_dynamodbstreams::operation::get_records::GetRecordsError,
+    >,
+>;
+
+/// One `GetRecords` call from `iterator`.
+async fn get_records(shared: &Shared, iterator: &str) -> GetRecordsResult {
+    shared
+        .streams
+        .get_records()
+        .shard_iterator(iterator)
+        .limit(shared.options.batch_limit.clamp(1, MAX_BATCH))
+        .send()
+        .await
+}
+
+/// Applies one page and moves the position past its handled prefix.
+/// Returns whether every record was handled, and whether the checkpoint
+/// is to be written now (the caller writes it).
 async fn apply_page(
     shared: &Shared,
     run: &mut ShardRun,
     records: &[Record],
     last_page: bool,
-) -> Result<bool, RunErrorKind> {
+) -> Result<(bool, bool), RunErrorKind> {
     let batch: Vec<_> = records
         .iter()
         .enumerate()
@@ -253,10 +285,7 @@ async fn apply_page(
     }
     // The runner's own checkpoint writes come back through the stream; a
     // batch of nothing else must not write another one, or it never ends.
-    if (handled > 0 && !bookkeeping_only) || finished {
-        save(shared, run, finished).await?;
-    }
-    Ok(handled == n)
+    Ok((handled == n, (handled > 0 && !bookkeeping_only) || finished))
 }
 
 /// Marks a shard finished in its checkpoint.
