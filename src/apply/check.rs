@@ -93,7 +93,7 @@ struct Checked<'a> {
 }
 
 /// Scopes are checked this many at a time, to bound memory on big batches.
-const SCOPES_PER_ROUND: usize = 500;
+const SCOPES_PER_ROUND: usize = 2_000;
 
 /// The attributes an invariant reads: a change to none of them cannot
 /// change its verdict.
@@ -110,6 +110,36 @@ fn reads(invariant: &crate::spec::Invariant) -> Vec<String> {
     }
 }
 
+/// Which of a batch's scopes to check.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub(crate) enum Part {
+    All,
+    /// Values of `unique` invariants.
+    Values,
+    /// Partitions of the other invariants.
+    Partitions,
+}
+
+/// Whether no recompute writes on an entity a `unique` invariant checks:
+/// then the values can be checked while the recomputes run, right after
+/// the batch's other writes.
+pub(crate) fn values_precede_recomputes(spec: &crate::spec::Spec) -> bool {
+    let recomputed: Vec<usize> = (0..spec.projections.len())
+        .filter(|&id| {
+            matches!(
+                spec.projections[id].kind,
+                crate::spec::ProjectionKind::Denormalize(_)
+                    | crate::spec::ProjectionKind::Recomputed(_)
+            )
+        })
+        .filter_map(|id| crate::kinds::written_attributes(spec, id).map(|(entity, _)| entity))
+        .collect();
+    spec.invariants.iter().all(|invariant| {
+        !matches!(invariant.kind, InvariantKind::Unique { .. })
+            || !recomputed.contains(&invariant.entity)
+    })
+}
+
 /// Checks what the batch touched. Never fails: problems are logged,
 /// counted, and left to the next check or to `audit`.
 pub(crate) async fn check_batch(
@@ -117,6 +147,7 @@ pub(crate) async fn check_batch(
     batch: &[Result<ChangeRecord, DecodeProblem>],
     deadline: Option<tokio::time::Instant>,
     concurrency: usize,
+    part: Part,
 ) -> CheckStats {
     let spec = ctx.spec;
     if spec.invariants.is_empty() {
@@ -190,6 +221,12 @@ pub(crate) async fn check_batch(
         }
         last_state.insert(key, new_image);
     }
+    if part == Part::Values {
+        partitions.clear();
+    }
+    if part == Part::Partitions {
+        values.clear();
+    }
     let scopes: Vec<Scope<'_>> = partitions
         .into_iter()
         .map(|((entity, pk), (record, touched))| Scope::Partition {
@@ -221,16 +258,37 @@ pub(crate) async fn check_batch(
             .iter()
             .map(|scope| check_scope(ctx, scope, deadline, &latest, &last_state))
             .collect();
-        let results: Vec<(CheckStats, Vec<Checked<'_>>)> = futures::stream::iter(futures)
-            .buffer_unordered(concurrency.max(1))
-            .collect()
-            .await;
+        // The violations recorded where the round's scopes may have them
+        // are read meanwhile: one round trip fewer before they are synced.
+        let ahead = stored_keys(ctx, round);
+        // Boxed: left as it is, the combinator's type makes the batch's
+        // future non-`Send` (a rustc limitation with higher-ranked
+        // lifetimes), and callers spawn batches on a multi-threaded runtime.
+        type Results<'c> = Vec<(CheckStats, Vec<Checked<'c>>)>;
+        let checking: std::pin::Pin<
+            Box<dyn std::future::Future<Output = Results<'_>> + Send + '_>,
+        > = Box::pin(
+            futures::stream::iter(futures)
+                .buffer_unordered(concurrency.max(1))
+                .collect::<Vec<_>>(),
+        );
+        let (results, stored) = tokio::join!(checking, async {
+            if ahead.is_empty() {
+                return Ok(HashMap::new());
+            }
+            ctx.count(|r| &mut r.check_reads);
+            read_markers(ctx, ahead.iter().collect()).await
+        });
         let mut checked = Vec::new();
         for (stats, found) in results {
             total.add(&stats);
             checked.extend(found);
         }
-        if let Err(error) = sync(ctx, &checked, &mut total).await {
+        let synced = match stored {
+            Ok(stored) => sync(ctx, &checked, &mut total, &ahead, stored).await,
+            Err(error) => Err(error),
+        };
+        if let Err(error) = synced {
             total.unchecked += checked.len();
             metrics::counter!("projector_invariant_checks_skipped_total", "reason" => "error")
                 .increment(checked.len() as u64);
@@ -283,6 +341,18 @@ async fn check_scope<'a>(
     }
 }
 
+/// The query that reads an entity's items in a partition.
+fn partition_query(spec: &crate::spec::Spec, entity: usize, pk: &str) -> SourceQuery {
+    SourceQuery {
+        pk: pk.to_string(),
+        sk_prefix: spec.entities[entity]
+            .sk
+            .as_ref()
+            .map(|sk| sk.literal_prefix().to_string())
+            .filter(|p| !p.is_empty()),
+    }
+}
+
 async fn check_partition_scope<'a>(
     ctx: &Ctx<'_>,
     entity: usize,
@@ -293,14 +363,7 @@ async fn check_partition_scope<'a>(
     stats: &mut CheckStats,
 ) -> Result<Vec<Checked<'a>>, WriteError> {
     let spec = ctx.spec;
-    let query = SourceQuery {
-        pk: pk.to_string(),
-        sk_prefix: spec.entities[entity]
-            .sk
-            .as_ref()
-            .map(|sk| sk.literal_prefix().to_string())
-            .filter(|p| !p.is_empty()),
-    };
+    let query = partition_query(spec, entity, pk);
     // A recompute of this batch read the same items after the batch's
     // other writes: the same state this read would see, unless someone
     // else wrote since (whose stream record brings its own check).
@@ -502,10 +565,66 @@ async fn repair(ctx: &Ctx<'_>, write: &RepairWrite) -> Result<bool, WriteError> 
 /// Brings the recorded violations of the checked scopes in step with what
 /// was found: one consistent batch read of every key a violation of those
 /// scopes may be recorded under, then puts and deletes.
+/// The recorded violations a round's scopes can be known to have before
+/// they are checked: each invariant's scope prefix, and for `implies` the
+/// items the batch touched.
+fn stored_keys(ctx: &Ctx<'_>, scopes: &[Scope<'_>]) -> Vec<ItemKey> {
+    let spec = ctx.spec;
+    let mut keys: Vec<ItemKey> = Vec::new();
+    let mut seen: HashSet<ItemKey> = HashSet::new();
+    let mut add = |invariant: &str, sk: String| {
+        let key = ItemKey {
+            pk: violation_pk(invariant),
+            sk: Some(sk),
+        };
+        if seen.insert(key.clone()) {
+            keys.push(key);
+        }
+    };
+    for scope in scopes {
+        match scope {
+            Scope::Partition {
+                entity,
+                pk,
+                touched,
+                ..
+            } => {
+                for invariant in &spec.invariants {
+                    if invariant.entity != *entity || !invariant.is_partition_scoped() {
+                        continue;
+                    }
+                    let prefix = scope_prefix(pk);
+                    add(&invariant.name, prefix.clone());
+                    if matches!(invariant.kind, InvariantKind::Implies { .. }) {
+                        // And the partition's other items, when a recompute
+                        // of the batch read them already.
+                        let read = ctx
+                            .partition_read(&partition_query(spec, *entity, pk))
+                            .unwrap_or_default();
+                        let items = read.iter().filter_map(|item| spec.table.item_key(item));
+                        for key in touched.iter().cloned().chain(items) {
+                            add(
+                                &invariant.name,
+                                format!("{prefix}{}", key.sk.as_deref().unwrap_or("")),
+                            );
+                        }
+                    }
+                }
+            }
+            Scope::Value {
+                invariant, value, ..
+            } => add(&spec.invariants[*invariant].name, scope_prefix(value)),
+        }
+    }
+    keys
+}
+
 async fn sync(
     ctx: &Ctx<'_>,
     checked: &[Checked<'_>],
     stats: &mut CheckStats,
+    ahead: &[ItemKey],
+    mut stored: HashMap<ItemKey, Item>,
 ) -> Result<(), WriteError> {
     let mut keys: Vec<ItemKey> = Vec::new();
     for c in checked {
@@ -525,12 +644,20 @@ async fn sync(
             }
         }
     }
-    let stored = if keys.is_empty() {
-        HashMap::new()
-    } else {
+    // What was not read ahead: `implies` violations of items the batch did
+    // not touch.
+    let ahead: HashSet<&ItemKey> = ahead.iter().collect();
+    keys.retain(|key| !ahead.contains(key));
+    if !keys.is_empty() {
         ctx.count(|r| &mut r.check_reads);
-        read_markers(ctx, keys.iter().collect()).await?
-    };
+        stored.extend(read_markers(ctx, keys.iter().collect()).await?);
+    }
+    // What to write, decided first; the writes then go out together.
+    enum Sync<'v, 'r> {
+        Put(&'v Violation, &'r ChangeRecord, &'v str, bool),
+        Delete(&'v str, &'v str, String),
+    }
+    let mut writes: Vec<Sync<'_, '_>> = Vec::new();
     for c in checked {
         let invariant = ctx.spec.invariants[c.invariant].name.as_str();
         let pk = violation_pk(invariant);
@@ -549,29 +676,53 @@ async fn sync(
             if existing.is_some_and(|item| stored_matches(item, violation)) {
                 continue;
             }
-            put_violation(ctx, violation, Some(c.record)).await?;
-            if existing.is_none() {
+            writes.push(Sync::Put(violation, c.record, &c.scope, existing.is_none()));
+        }
+        for sk in &c.candidates {
+            if wanted.contains(sk) || stored_of(sk).is_none() {
+                continue;
+            }
+            writes.push(Sync::Delete(invariant, &c.scope, sk.clone()));
+        }
+    }
+    let sent: Vec<_> = writes
+        .iter()
+        .map(|write| async move {
+            match write {
+                Sync::Put(violation, record, _, _) => {
+                    put_violation(ctx, violation, Some(record)).await
+                }
+                Sync::Delete(invariant, _, sk) => delete_violation(ctx, invariant, sk).await,
+            }
+        })
+        .collect();
+    let results: Vec<Result<(), WriteError>> = futures::stream::iter(sent)
+        .buffered(ctx.config.concurrency.max(1))
+        .collect()
+        .await;
+    for (write, result) in writes.iter().zip(results) {
+        result?;
+        match write {
+            Sync::Put(violation, record, scope, true) => {
+                let invariant = violation.invariant.as_str();
                 stats.recorded += 1;
                 // Unlabelled, so the alarm on FunctionName alone matches it.
                 metrics::counter!("projector_invariant_violations_total").increment(1);
                 metrics::counter!("projector_invariant_violations_by_invariant_total", "invariant" => invariant.to_string()).increment(1);
                 tracing::warn!(
                     invariant,
-                    scope = %c.scope,
+                    scope = %scope,
                     message = %violation.message,
-                    event_id = %c.record.event_id,
+                    event_id = %record.event_id,
                     "invariant violated"
                 );
             }
-        }
-        for sk in &c.candidates {
-            if wanted.contains(sk) || stored_of(sk).is_none() {
-                continue;
+            Sync::Put(..) => {}
+            Sync::Delete(invariant, scope, _) => {
+                stats.cleared += 1;
+                metrics::counter!("projector_invariant_violations_cleared_total", "invariant" => invariant.to_string()).increment(1);
+                tracing::info!(invariant, scope = %scope, "invariant violation resolved");
             }
-            delete_violation(ctx, invariant, sk).await?;
-            stats.cleared += 1;
-            metrics::counter!("projector_invariant_violations_cleared_total", "invariant" => invariant.to_string()).increment(1);
-            tracing::info!(invariant, scope = %c.scope, "invariant violation resolved");
         }
     }
     Ok(())

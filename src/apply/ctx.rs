@@ -28,6 +28,11 @@ pub(crate) struct Ctx<'a> {
     /// batch's first phase), and the targets they wrote: the invariant
     /// check reuses a read no later write of the batch fell into.
     pub partitions: std::sync::Mutex<PartitionReads>,
+    /// Recompute targets read ahead, at the start of the batch (`None`:
+    /// absent then). A recompute's first attempt takes its target from
+    /// here: reading the target earlier than its sources is what its
+    /// conditional write needs, so an early read only risks a retry.
+    pub targets: std::sync::Mutex<HashMap<ItemKey, Option<HashMap<String, Av>>>>,
 }
 
 /// What recomputes read and wrote, for the invariant check.
@@ -136,7 +141,32 @@ impl<'a> Ctx<'a> {
             retries: AtomicU64::new(0),
             requests: std::sync::Mutex::new(Requests::default()),
             partitions: std::sync::Mutex::new(PartitionReads::default()),
+            targets: std::sync::Mutex::new(HashMap::new()),
         }
+    }
+
+    /// Reads the recompute targets `keys` ahead (see [`Ctx::targets`]).
+    /// A failed read leaves them to be read when recomputed.
+    pub(crate) async fn read_targets_ahead(&self, keys: Vec<&ItemKey>) {
+        if keys.is_empty() {
+            return;
+        }
+        let requests = keys.len().div_ceil(100);
+        match super::reads::read_items(self, keys.clone(), "read_targets").await {
+            Ok(mut found) => {
+                self.count_n(|r| &mut r.recompute_reads, requests);
+                let mut targets = self.targets.lock().expect("not poisoned");
+                for key in keys {
+                    targets.insert(key.clone(), found.remove(key));
+                }
+            }
+            Err(error) => tracing::debug!(%error, "reading recompute targets ahead failed"),
+        }
+    }
+
+    /// The target read ahead for `key`, once.
+    pub(crate) fn target_read_ahead(&self, key: &ItemKey) -> Option<Option<HashMap<String, Av>>> {
+        self.targets.lock().expect("not poisoned").remove(key)
     }
 
     pub(crate) fn remember_read(&self, query: &SourceQuery, items: &[Item]) {

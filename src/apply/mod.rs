@@ -52,7 +52,10 @@ const LEASE_MARGIN_MS: u64 = 5_000;
 /// How the applier behaves.
 #[derive(Debug, Clone)]
 pub struct ApplyConfig {
-    /// Independent writes in flight at once.
+    /// Independent requests in flight at once, per stage of a batch
+    /// (`PROJECTOR_CONCURRENCY`, default 256). DynamoDB serves them in
+    /// parallel, so this bounds how many round trips a batch waits for in
+    /// sequence: a batch of 1,000 records sends a few hundred requests.
     pub concurrency: usize,
     /// How long one write may be retried before its records count as failed.
     pub max_retry_time: Duration,
@@ -78,7 +81,7 @@ pub struct ApplyConfig {
 impl Default for ApplyConfig {
     fn default() -> Self {
         ApplyConfig {
-            concurrency: 16,
+            concurrency: concurrency(),
             max_retry_time: Duration::from_secs(20),
             dead_letters: true,
             check_invariants: true,
@@ -88,6 +91,17 @@ impl Default for ApplyConfig {
         }
     }
 }
+
+/// The default [`ApplyConfig::concurrency`]: `PROJECTOR_CONCURRENCY`, or 256.
+pub fn concurrency() -> usize {
+    std::env::var("PROJECTOR_CONCURRENCY")
+        .ok()
+        .and_then(|s| s.parse::<usize>().ok())
+        .filter(|n| *n > 0)
+        .unwrap_or(DEFAULT_CONCURRENCY)
+}
+
+const DEFAULT_CONCURRENCY: usize = 256;
 
 /// Options for one batch.
 #[derive(Debug, Clone, Default)]
@@ -403,8 +417,8 @@ impl Applier {
         let store = self.dead_letter_store();
         let holding = self.config.dead_letters && !options.redrive;
         let mut held: HashSet<dlq::Hold> = HashSet::new();
+        let mut candidates: HashSet<dlq::Hold> = HashSet::new();
         if holding && n_effects > 0 {
-            let mut candidates: HashSet<dlq::Hold> = HashSet::new();
             for (plan, source) in plans.iter().zip(&sources) {
                 let (Some(plan), Some(source)) = (plan, source) else {
                     continue;
@@ -419,8 +433,37 @@ impl Applier {
                     }
                 }
             }
+        }
+        // The targets of recomputes that write on condition of a token are
+        // read meanwhile: one round trip fewer on the batch's critical
+        // path. (A target read earlier only makes a retry likelier: any
+        // recompute that lands in between moves the token. A `denormalize`
+        // target has no token, so it is read right before its sources.)
+        let mut targets: Vec<&ItemKey> = plans
+            .iter()
+            .flatten()
+            .flat_map(|plan| &plan.effects)
+            .filter_map(|effect| match &effect.op {
+                crate::plan::Op::Recompute { target, .. }
+                    if crate::kinds::uses_token(spec, effect.projection) =>
+                {
+                    Some(target)
+                }
+                _ => None,
+            })
+            .collect();
+        targets.sort_unstable();
+        targets.dedup();
+        let holds = async {
+            if candidates.is_empty() {
+                return None;
+            }
             ctx.count(|r| &mut r.holds_reads);
-            match store.held(&candidates, self.config.max_retry_time).await {
+            Some(store.held(&candidates, self.config.max_retry_time).await)
+        };
+        let (holds, ()) = tokio::join!(holds, ctx.read_targets_ahead(targets));
+        if let Some(holds) = holds {
+            match holds {
                 Ok(stored) => held = stored,
                 // DynamoDB kept failing (throttling, 5xx): nothing is
                 // written, and the whole batch is delivered again. Only a
@@ -530,30 +573,25 @@ impl Applier {
         let (recomputes, first): (Vec<_>, Vec<_>) = groups
             .into_iter()
             .partition(|g| matches!(g.effect.op, crate::plan::Op::Recompute { .. }));
-        let mut written = Vec::new();
-        for phase in [first, recomputes] {
-            if phase.is_empty() {
-                continue;
-            }
-            if options
-                .deadline
-                .is_some_and(|d| tokio::time::Instant::now() >= d)
-            {
-                for group in phase {
-                    written.push(Written {
-                        group,
-                        result: Err(retry::WriteError::Transient(
-                            "the invocation's deadline is near".to_string(),
-                        )),
-                    });
+        // The values of `unique` invariants need only the first phase's
+        // writes when no recompute writes on their entity: they are
+        // checked while the recomputes run.
+        let checking = self.config.check_invariants && !spec.invariants.is_empty();
+        let early = checking && check::values_precede_recomputes(spec);
+        let mut written = self.write_before_deadline(&ctx, first, options).await;
+        let (recomputed, early_checks) = tokio::join!(
+            self.write_before_deadline(&ctx, recomputes, options),
+            async {
+                if early {
+                    let part = check::Part::Values;
+                    check::check_batch(&ctx, batch, options.deadline, self.config.concurrency, part)
+                        .await
+                } else {
+                    CheckStats::default()
                 }
-                continue;
             }
-            written.extend(
-                self.write_phase(&ctx, phase, options.read_markers_first)
-                    .await,
-            );
-        }
+        );
+        written.extend(recomputed);
 
         // 5. Map write results back to records.
         for Written { group, result } in written {
@@ -616,8 +654,17 @@ impl Applier {
 
         // 7. Check the invariants whose scope the batch touched; never
         // changes a record's status.
-        let checks = if self.config.check_invariants && !spec.invariants.is_empty() {
-            check::check_batch(&ctx, batch, options.deadline, self.config.concurrency).await
+        let checks = if checking {
+            let part = if early {
+                check::Part::Partitions
+            } else {
+                check::Part::All
+            };
+            let mut checks =
+                check::check_batch(&ctx, batch, options.deadline, self.config.concurrency, part)
+                    .await;
+            checks.add(&early_checks);
+            checks
         } else {
             CheckStats::default()
         };
@@ -745,6 +792,35 @@ impl Applier {
                 table: self.table.clone(),
                 message: e.to_string(),
             })
+    }
+
+    /// Writes one phase's groups, or fails them all when the deadline
+    /// has come.
+    async fn write_before_deadline(
+        &self,
+        ctx: &ctx::Ctx<'_>,
+        phase: Vec<coalesce::Group>,
+        options: &BatchOptions,
+    ) -> Vec<Written> {
+        if phase.is_empty() {
+            return Vec::new();
+        }
+        if options
+            .deadline
+            .is_some_and(|d| tokio::time::Instant::now() >= d)
+        {
+            return phase
+                .into_iter()
+                .map(|group| Written {
+                    group,
+                    result: Err(retry::WriteError::Transient(
+                        "the invocation's deadline is near".to_string(),
+                    )),
+                })
+                .collect();
+        }
+        self.write_phase(ctx, phase, options.read_markers_first)
+            .await
     }
 
     async fn write_phase(

@@ -185,30 +185,42 @@ pub(crate) async fn recompute(
         .then(|| crate::kinds::token_attribute(&ctx.spec.projections[projection].name));
     let key = ctx.key(target);
     for _ in 0..ATTEMPTS {
-        ctx.count(|r| &mut r.recompute_reads);
-        let current = with_retries(
-            "read_target",
-            ctx.config.max_retry_time,
-            &ctx.retries,
-            || {
-                let request = ctx
-                    .client
-                    .get_item()
-                    .table_name(ctx.table)
-                    .set_key(Some(key.clone()))
-                    .consistent_read(true)
-                    .return_consumed_capacity(ReturnConsumedCapacity::Total);
-                async move { request.send().await.map_err(sdk) }
-            },
-        )
-        .await?;
-        ctx.count_units(current.consumed_capacity(), false);
-        let Some(current) = current.item() else {
+        // A target read ahead serves as the token to write on condition
+        // of. That it was absent is not trusted: a target created since
+        // may have been recomputed before this batch's first phase
+        // landed, so absence is read again, now.
+        let read_ahead = token.as_ref().and_then(|_| ctx.target_read_ahead(target));
+        let ahead = matches!(read_ahead, Some(Some(_)));
+        let current = match read_ahead {
+            Some(Some(read)) => Some(read),
+            Some(None) | None => {
+                ctx.count(|r| &mut r.recompute_reads);
+                let current = with_retries(
+                    "read_target",
+                    ctx.config.max_retry_time,
+                    &ctx.retries,
+                    || {
+                        let request = ctx
+                            .client
+                            .get_item()
+                            .table_name(ctx.table)
+                            .set_key(Some(key.clone()))
+                            .consistent_read(true)
+                            .return_consumed_capacity(ReturnConsumedCapacity::Total);
+                        async move { request.send().await.map_err(sdk) }
+                    },
+                )
+                .await?;
+                ctx.count_units(current.consumed_capacity(), false);
+                current.item().cloned()
+            }
+        };
+        let Some(current) = current else {
             // No target item (yet): its INSERT will trigger a recompute.
             return Ok(());
         };
         ctx.count(|r| &mut r.recompute_reads);
-        let current = item_from_sdk(current.clone())
+        let current = item_from_sdk(current)
             .map_err(|error| WriteError::Poison(format!("the target {target}: {error}")))?;
         let items = match sources {
             Sources::Query(query) => {
@@ -240,6 +252,13 @@ pub(crate) async fn recompute(
                 _ => false,
             });
         if same {
+            // Equal to a target read ahead, before this batch's first
+            // phase, says nothing of the target now: a recompute of
+            // another batch may have written since, from sources this
+            // batch had not moved yet. Read it again.
+            if ahead {
+                continue;
+            }
             return Ok(());
         }
         let mut expr = Expr::default();

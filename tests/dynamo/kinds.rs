@@ -1022,3 +1022,163 @@ async fn a_rollups_backfill_cut_after_its_counter_completed_resumes_in_a_new_pro
     assert_eq!(counted, 2);
     assert_eq!(number(&stored, "followersCount"), Some(counted.to_string()));
 }
+
+/// An attribute value as DynamoDB's JSON writes it (the types a profile
+/// holds).
+fn json_value(value: &Av) -> serde_json::Value {
+    match value {
+        Av::S(s) => serde_json::json!({ "S": s }),
+        Av::N(n) => serde_json::json!({ "N": n }),
+        Av::Bool(b) => serde_json::json!({ "BOOL": b }),
+        Av::M(map) => serde_json::json!({ "M": json_item(map) }),
+        other => panic!("no JSON here for {other:?}"),
+    }
+}
+
+fn json_item(item: &Attrs) -> serde_json::Value {
+    item.iter()
+        .map(|(name, value)| (name.clone(), json_value(value)))
+        .collect::<serde_json::Map<_, _>>()
+        .into()
+}
+
+#[tokio::test]
+async fn a_rollup_target_read_ahead_of_a_concurrent_recompute_is_only_a_first_guess() {
+    // Worker A reads PROFILE b ahead of its batch (2 followers, token t).
+    // Before A's follow moves the shard, worker B applies an unfollow and
+    // writes 1 (token t+1). A's move brings the count back to 2, equal to
+    // A's early copy: taking that copy as the target's state would leave
+    // 1 for good (no record touches the profile again).
+    let fixture =
+        support::fixture(support::shipped_spec("social-service.toml"), "rollup-ahead").await;
+    let (client, table) = (&fixture.client, &fixture.table);
+    let pb = profile("b");
+    let (cb, db, ab) = (
+        follow("c", "b", "t1"),
+        follow("d", "b", "t1"),
+        follow("a", "b", "t2"),
+    );
+    for item in [&pb, &cb, &db] {
+        write(client, table, item).await;
+    }
+    let setup = [
+        change(1, ChangeKind::Insert, None, Some(&pb)),
+        change(2, ChangeKind::Insert, None, Some(&cb)),
+        change(3, ChangeKind::Insert, None, Some(&db)),
+    ];
+    fixture
+        .applier
+        .apply_batch(&setup, &BatchOptions::default())
+        .await
+        .unwrap();
+    let early = get(client, table, "USER#b", "PROFILE")
+        .await
+        .expect("the profile");
+    assert_eq!(number(&early, "followersCount").as_deref(), Some("2"));
+
+    // B: the unfollow.
+    super::model::delete_item(
+        client,
+        table,
+        attrs(&[("PK", s("USER#d")), ("SK", s("FOLLOWS#b"))]),
+    )
+    .await;
+    fixture
+        .applier
+        .apply_batch(
+            &[change(4, ChangeKind::Remove, Some(&db), None)],
+            &BatchOptions::default(),
+        )
+        .await
+        .unwrap();
+    let (total, counted) = total_and_counter(&fixture, "b", "followersCount", "followers").await;
+    assert_eq!((total.as_deref(), counted), (Some("1"), 1));
+
+    // A: its read-ahead answers what it read before B.
+    write(client, table, &ab).await;
+    let ahead = support::Answer {
+        operation: "BatchGetItem",
+        needle: r#""PROFILE""#,
+        body: serde_json::json!({
+            "Responses": { table.as_str(): [json_item(&early)] },
+            "UnprocessedKeys": {},
+        }),
+    }
+    .client()
+    .await;
+    let a = Applier::new(
+        ahead,
+        fixture.spec.clone(),
+        table,
+        ddb_projector::apply::ApplyConfig::default(),
+    );
+    let outcome = a
+        .apply_batch(
+            &[change(5, ChangeKind::Insert, None, Some(&ab))],
+            &BatchOptions::default(),
+        )
+        .await
+        .unwrap();
+    assert_eq!(outcome.statuses, vec![RecordStatus::Applied]);
+    let (total, counted) = total_and_counter(&fixture, "b", "followersCount", "followers").await;
+    assert_eq!(counted, 2);
+    assert_eq!(
+        total,
+        Some(counted.to_string()),
+        "the total follows the counter"
+    );
+}
+
+#[tokio::test]
+async fn a_rollup_target_absent_when_read_ahead_is_read_again() {
+    // The profile did not exist when A read ahead; it was created, and its
+    // INSERT recomputed, before A's follow moved the shard. A must not
+    // take the early absence as the last word.
+    let fixture = support::fixture(
+        support::shipped_spec("social-service.toml"),
+        "rollup-absent",
+    )
+    .await;
+    let (client, table) = (&fixture.client, &fixture.table);
+    let (pb, cb, ab) = (profile("b"), follow("c", "b", "t1"), follow("a", "b", "t2"));
+    for item in [&pb, &cb, &ab] {
+        write(client, table, item).await;
+    }
+    fixture
+        .applier
+        .apply_batch(
+            &[
+                change(1, ChangeKind::Insert, None, Some(&cb)),
+                change(2, ChangeKind::Insert, None, Some(&pb)),
+            ],
+            &BatchOptions::default(),
+        )
+        .await
+        .unwrap();
+    let absent = support::Answer {
+        operation: "BatchGetItem",
+        needle: r#""PROFILE""#,
+        body: serde_json::json!({ "Responses": { table.as_str(): [] }, "UnprocessedKeys": {} }),
+    }
+    .client()
+    .await;
+    let a = Applier::new(
+        absent,
+        fixture.spec.clone(),
+        table,
+        ddb_projector::apply::ApplyConfig::default(),
+    );
+    a.apply_batch(
+        &[change(3, ChangeKind::Insert, None, Some(&ab))],
+        &BatchOptions::default(),
+    )
+    .await
+    .unwrap();
+    let (total, counted) = total_and_counter(&fixture, "b", "followersCount", "followers").await;
+    assert_eq!(counted, 2);
+    assert_eq!(
+        total,
+        Some(counted.to_string()),
+        "the total follows the counter"
+    );
+}
