@@ -383,33 +383,25 @@ impl Applier {
         let past_deadline = options
             .deadline
             .is_some_and(|deadline| deadline <= tokio::time::Instant::now());
-        if (!ids.is_empty() || consumed) && !past_deadline {
+        // The lease is taken (when it must be) while the holds and the
+        // recompute targets are read: reads need none.
+        let lease_until = ((!ids.is_empty() || consumed) && !past_deadline).then(|| {
             let now = crate::lifecycle::now_ms();
-            let needed = match options.deadline {
+            (match options.deadline {
                 Some(deadline) => {
                     now + deadline
                         .saturating_duration_since(tokio::time::Instant::now())
                         .as_millis() as u64
                 }
                 None => now + self.leases_margin(),
-            } + self.lease_margin();
-            *written = ids.clone();
-            if let Err(message) = self.leases.ensure(&ids, needed).await {
-                written.clear();
-                let statuses = vec![RecordStatus::Failed(message); n];
-                let stats = BatchStats {
-                    records: n,
-                    effects: n_effects,
-                    ..BatchStats::default()
-                };
-                record_metrics(&statuses, &stats);
-                return Ok(BatchOutcome {
-                    statuses,
-                    stats,
-                    ..BatchOutcome::default()
-                });
+            }) + self.lease_margin()
+        });
+        let lease = async {
+            match lease_until {
+                Some(needed) => self.leases.ensure(&ids, needed).await.map(|_| ()),
+                None => Ok(()),
             }
-        }
+        };
 
         // 2. Hold what sits behind a dead letter. A redrive holds nothing:
         // it replays an item's letters in order, and a later state
@@ -461,7 +453,25 @@ impl Applier {
             ctx.count(|r| &mut r.holds_reads);
             Some(store.held(&candidates, self.config.max_retry_time).await)
         };
-        let (holds, ()) = tokio::join!(holds, ctx.read_targets_ahead(targets));
+        let (leased, holds, ()) = tokio::join!(lease, holds, ctx.read_targets_ahead(targets));
+        if lease_until.is_some() {
+            if let Err(message) = leased {
+                let statuses = vec![RecordStatus::Failed(message); n];
+                let stats = BatchStats {
+                    records: n,
+                    effects: n_effects,
+                    requests: ctx.requests(),
+                    ..BatchStats::default()
+                };
+                record_metrics(&statuses, &stats);
+                return Ok(BatchOutcome {
+                    statuses,
+                    stats,
+                    ..BatchOutcome::default()
+                });
+            }
+            *written = ids.clone();
+        }
         if let Some(holds) = holds {
             match holds {
                 Ok(stored) => held = stored,
