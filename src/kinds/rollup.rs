@@ -303,18 +303,27 @@ pub(crate) fn following(spec: &Spec, moved: &[(ProjectionId, String)]) -> Vec<Ef
 /// then can a backfill bring the rollups to it (see
 /// [`crate::backfill::backfill`]).
 pub fn with_counters(spec: &Spec, ids: &[ProjectionId], apart: bool) -> Vec<ProjectionId> {
+    // A closure, not one pass: a rollup brings its counter, which brings
+    // the counter's other rollups. One pass would pair a paired set anew,
+    // and a backfill would complete more than it claimed.
     let mut out: Vec<ProjectionId> = ids.to_vec();
-    for (id, projection) in spec.projections.iter().enumerate() {
-        if let ProjectionKind::Recomputed(Recomputed::Rollup(rollup)) = &projection.kind {
-            if apart && spec.rebuilding(rollup.counter) {
-                continue;
+    loop {
+        let before = out.len();
+        for (id, projection) in spec.projections.iter().enumerate() {
+            if let ProjectionKind::Recomputed(Recomputed::Rollup(rollup)) = &projection.kind {
+                if apart && spec.rebuilding(rollup.counter) {
+                    continue;
+                }
+                if out.contains(&rollup.counter) && !out.contains(&id) {
+                    out.push(id);
+                }
+                if out.contains(&id) && !out.contains(&rollup.counter) {
+                    out.push(rollup.counter);
+                }
             }
-            if ids.contains(&rollup.counter) && !out.contains(&id) {
-                out.push(id);
-            }
-            if ids.contains(&id) && !out.contains(&rollup.counter) {
-                out.push(rollup.counter);
-            }
+        }
+        if out.len() == before {
+            break;
         }
     }
     out.sort_unstable();
@@ -447,7 +456,31 @@ pub(crate) fn written(name: &str, p: &Rollup) -> Vec<String> {
 
 #[cfg(test)]
 mod tests {
-    use super::instance;
+    use super::{instance, with_counters};
+    use crate::spec::Spec;
+
+    /// Two rollups of one counter: pairing either brings the counter and
+    /// the other, and pairing a paired set adds nothing (a backfill
+    /// completes what it claimed).
+    #[test]
+    fn pairing_is_a_closure() {
+        let text = include_str!("../../projections/social-service.toml").to_string()
+            + "\n[[projections]]\nname = \"followers-again\"\nkind = \"rollup\"\ncounter = \"followers\"\ntarget = \"profile\"\nattribute = \"followersAgain\"\n";
+        let spec = Spec::from_toml(&text, "two-rollups.toml").expect("compiles");
+        let id = |name: &str| spec.projection_id(name).expect(name);
+        let (counter, first, second) = (
+            id("followers"),
+            id("followers-count"),
+            id("followers-again"),
+        );
+        let mut expected = vec![counter, first, second];
+        expected.sort_unstable();
+        for apart in [false, true] {
+            let paired = with_counters(&spec, &[first], apart);
+            assert_eq!(paired, expected, "apart: {apart}");
+            assert_eq!(with_counters(&spec, &paired, apart), paired);
+        }
+    }
 
     #[test]
     fn reads_the_instance_back_from_a_shard_key() {
