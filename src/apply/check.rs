@@ -342,7 +342,7 @@ async fn check_scope<'a>(
 }
 
 /// The query that reads an entity's items in a partition.
-fn partition_query(spec: &crate::spec::Spec, entity: usize, pk: &str) -> SourceQuery {
+pub(crate) fn partition_query(spec: &crate::spec::Spec, entity: usize, pk: &str) -> SourceQuery {
     SourceQuery {
         pk: pk.to_string(),
         sk_prefix: spec.entities[entity]
@@ -428,6 +428,36 @@ async fn check_partition_scope<'a>(
     Ok(out)
 }
 
+/// The items the index `index` says hold `value` in `attribute`: the
+/// keys alone (other attributes may hold types this build cannot read,
+/// and the key is all a check needs). The index lags the table.
+pub(crate) async fn value_holders(
+    ctx: &Ctx<'_>,
+    index: &str,
+    attribute: &str,
+    value: &str,
+) -> Result<HashSet<ItemKey>, WriteError> {
+    let spec = ctx.spec;
+    let mut expr = Expr::default();
+    let name = expr.name(attribute);
+    let v = expr.value(Av::S(value.to_string()));
+    let query = KeyQuery {
+        what: "check_unique",
+        index: Some(index),
+        condition: format!("{name} = {v}"),
+        expr,
+        limit: Some(1000),
+    };
+    Ok(query_all(ctx, query)
+        .await?
+        .into_iter()
+        .filter_map(|item| {
+            spec.table
+                .item_key(&Item::from(spec.table.key_attributes(&item)))
+        })
+        .collect())
+}
+
 async fn check_value_scope<'a>(
     ctx: &Ctx<'_>,
     id: usize,
@@ -443,27 +473,8 @@ async fn check_value_scope<'a>(
     else {
         return Ok(Vec::new());
     };
-    let mut expr = Expr::default();
-    let name = expr.name(attribute);
-    let v = expr.value(Av::S(value.to_string()));
-    let query = KeyQuery {
-        what: "check_unique",
-        index: Some(index),
-        condition: format!("{name} = {v}"),
-        expr,
-        limit: Some(1000),
-    };
     ctx.count(|r| &mut r.check_reads);
-    let mut holders: HashSet<ItemKey> = query_all(ctx, query)
-        .await?
-        .into_iter()
-        .filter_map(|item| {
-            // The key alone: other attributes may hold types this build
-            // cannot read, and the key is all that is needed here.
-            spec.table
-                .item_key(&Item::from(spec.table.key_attributes(&item)))
-        })
-        .collect();
+    let mut holders = value_holders(ctx, index, attribute, value).await?;
     // The GSI lags the table: add what the batch just made hold the value.
     for (key, state) in last_state {
         if state

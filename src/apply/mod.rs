@@ -23,6 +23,7 @@ mod coalesce;
 mod ctx;
 mod dlq;
 mod markers;
+mod reader;
 mod reads;
 pub(crate) mod retry;
 mod writes;

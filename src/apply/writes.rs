@@ -169,6 +169,36 @@ async fn readers_shards(
         .collect())
 }
 
+/// What a recompute of `target` computes from: its sources, read
+/// consistently (the query's items, or the shards of the counter version
+/// readers read), of `target` only.
+pub(crate) async fn read_recompute_sources(
+    ctx: &Ctx<'_>,
+    projection: ProjectionId,
+    target: &ItemKey,
+    sources: &Sources,
+) -> Result<Vec<Item>, WriteError> {
+    let items = match sources {
+        Sources::Query(query) => {
+            let items = read_sources(ctx, query).await?;
+            ctx.remember_read(query, &items);
+            items
+        }
+        Sources::Items(keys) => read_markers(ctx, keys.iter().collect())
+            .await?
+            .into_values()
+            .collect(),
+        Sources::Counter { counter, values } => {
+            let keys = readers_shards(ctx, *counter, values).await?;
+            read_markers(ctx, keys.iter().collect())
+                .await?
+                .into_values()
+                .collect()
+        }
+    };
+    Ok(crate::kinds::of_target(ctx.spec, projection, target, items))
+}
+
 /// A recomputed target (`denormalize`, `rollup`, `aggregate`): reads the
 /// target and what it is computed from, computes its attributes and
 /// writes them if they differ, on condition that the target still holds
@@ -222,25 +252,7 @@ pub(crate) async fn recompute(
         ctx.count(|r| &mut r.recompute_reads);
         let current = item_from_sdk(current)
             .map_err(|error| WriteError::Poison(format!("the target {target}: {error}")))?;
-        let items = match sources {
-            Sources::Query(query) => {
-                let items = read_sources(ctx, query).await?;
-                ctx.remember_read(query, &items);
-                items
-            }
-            Sources::Items(keys) => read_markers(ctx, keys.iter().collect())
-                .await?
-                .into_values()
-                .collect(),
-            Sources::Counter { counter, values } => {
-                let keys = readers_shards(ctx, *counter, values).await?;
-                read_markers(ctx, keys.iter().collect())
-                    .await?
-                    .into_values()
-                    .collect()
-            }
-        };
-        let items = crate::kinds::of_target(ctx.spec, projection, target, items);
+        let items = read_recompute_sources(ctx, projection, target, sources).await?;
         let wanted = crate::kinds::compute(ctx.spec, projection, &items).map_err(|error| {
             WriteError::Poison(format!("cannot compute the target {target}: {error}"))
         })?;

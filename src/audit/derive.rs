@@ -1,13 +1,14 @@
-//! What the spec says must be derived, checked against the snapshot:
-//! derived items, markers, counters and invariants, each a finding.
+//! What the spec says must be derived, checked against what a page and
+//! its reads hold (or what the counters' second scan counted): derived
+//! items, markers, counters and invariants, each a finding.
 
 use std::collections::{BTreeMap, HashMap};
 
-use super::scan::parse_shard;
-use super::{Finding, Fix, Problem, Snapshot};
+use super::scan::{parse_shard, Fact};
+use super::sketch::{Group, Sketch};
+use super::{Finding, Fix, Problem};
 use crate::decode::scanned_record;
-use crate::invariant::{check_partition, check_unique, unique_value, Violation};
-use crate::kinds::Expected;
+use crate::invariant::Violation;
 use crate::plan::{plan_record, Effect, MarkerState, Op};
 use crate::record::{item_to_json, Item, ItemKey};
 use crate::spec::{ProjectionId, ProjectionKind, Spec};
@@ -32,181 +33,154 @@ pub(super) fn show(item: Option<&Item>) -> String {
     }
 }
 
-/// Derived state, per projection in spec order.
-pub(super) fn derived(spec: &Spec, snapshot: &Snapshot, out: &mut Vec<Finding>) {
+/// `index-keys`: every item of the entity carries the attributes the
+/// planner computes from it.
+pub(super) fn index_keys(spec: &Spec, items: &[(usize, ItemKey, Item)], out: &mut Vec<Finding>) {
     for (id, projection) in spec.projections.iter().enumerate() {
         let selection = [id];
-        match &projection.kind {
-            ProjectionKind::IndexKeys(keys) => {
-                for (entity, key, item) in &snapshot.items {
-                    if *entity != keys.entity {
-                        continue;
-                    }
-                    let Ok(record) = scanned_record(&spec.table, 0, 0, item.clone()) else {
-                        continue;
-                    };
-                    let plan = plan_record(spec, &record, Some(&selection));
-                    if let Some(error) = plan.errors.first() {
-                        let mut f = finding(spec, id, Problem::Underivable, key);
-                        f.detail = error.problem.to_string();
-                        out.push(f);
-                        continue;
-                    }
-                    for effect in plan.effects {
-                        let Op::SetAttributes { set, .. } = &effect.op else {
-                            continue;
-                        };
-                        let missing = set.iter().all(|(attr, _)| !item.contains_key(attr));
-                        let mut f = finding(
-                            spec,
-                            id,
-                            if missing {
-                                Problem::Missing
-                            } else {
-                                Problem::Stale
-                            },
-                            key,
-                        );
-                        f.detail = set
-                            .iter()
-                            .map(|(attr, want)| {
-                                format!(
-                                    "{attr}: is {}, should be {}",
-                                    item.get(attr)
-                                        .map(|v| crate::record::value_to_json(v).to_string())
-                                        .unwrap_or_else(|| "(none)".to_string()),
-                                    crate::record::value_to_json(want)
-                                )
-                            })
-                            .collect::<Vec<_>>()
-                            .join("; ");
-                        f.fix = Some(Fix::Effect(Box::new(effect)));
-                        out.push(f);
-                    }
-                }
-            }
-            ProjectionKind::Denormalize(_) | ProjectionKind::Recomputed(_) => {
-                recomputed(spec, id, snapshot, out)
-            }
-            // Memberships and counters are checked across projections below.
-            ProjectionKind::InverseEdge(_) | ProjectionKind::Counter(_) => {}
-            ProjectionKind::Custom(_) => {}
-        }
-    }
-}
-
-/// Recomputed targets (`denormalize`, `rollup`, `aggregate`): every
-/// existing target holds what the kind computes from the snapshot.
-fn recomputed(spec: &Spec, id: ProjectionId, snapshot: &Snapshot, out: &mut Vec<Finding>) {
-    let (target_entity, expected): (usize, Expected) = match &spec.projections[id].kind {
-        ProjectionKind::Denormalize(p) => {
-            let mut grouped: HashMap<ItemKey, Vec<Item>> = HashMap::new();
-            for (entity, key, item) in &snapshot.items {
-                if *entity != p.source {
-                    continue;
-                }
-                let mut vars = Vec::new();
-                spec.match_entity(&key.pk, key.sk.as_deref(), &mut vars);
-                if let Some(target) = spec.entities[p.target].render_key(&vars) {
-                    grouped.entry(target).or_default().push(item.clone());
-                }
-            }
-            let expected = grouped
-                .into_iter()
-                .map(|(target, own)| {
-                    let keys = own.iter().filter_map(|s| spec.table.item_key(s)).collect();
-                    (target, (crate::kinds::compute(spec, id, &own), keys))
-                })
-                .collect();
-            (p.target, expected)
-        }
-        ProjectionKind::Recomputed(p) => (p.target(), p.expected(spec, &snapshot.items)),
-        ProjectionKind::IndexKeys(_)
-        | ProjectionKind::InverseEdge(_)
-        | ProjectionKind::Counter(_)
-        | ProjectionKind::Custom(_) => return,
-    };
-    // A target nothing computes into holds what nothing computes to.
-    let nothing = crate::kinds::compute(spec, id, &[]);
-    for (entity, key, item) in &snapshot.items {
-        if *entity != target_entity {
+        let ProjectionKind::IndexKeys(keys) = &projection.kind else {
             continue;
-        }
-        let (want, sources) = match expected.get(key) {
-            Some((want, sources)) => (want.clone(), sources.clone()),
-            None => (nothing.clone(), Vec::new()),
         };
-        let want = match want {
-            Ok(want) => want,
-            Err(error) => {
+        for (entity, key, item) in items {
+            if *entity != keys.entity {
+                continue;
+            }
+            let Ok(record) = scanned_record(&spec.table, 0, 0, item.clone()) else {
+                continue;
+            };
+            let plan = plan_record(spec, &record, Some(&selection));
+            if let Some(error) = plan.errors.first() {
                 let mut f = finding(spec, id, Problem::Underivable, key);
-                f.detail = error;
-                f.items = sources.iter().map(|k| k.to_string()).collect();
+                f.detail = error.problem.to_string();
                 out.push(f);
                 continue;
             }
-        };
-        let json = |v: Option<&crate::record::AttributeValue>| {
-            v.map(|v| crate::record::value_to_json(v).to_string())
-                .unwrap_or_else(|| "(none)".to_string())
-        };
-        let wrong: Vec<String> = want
-            .iter()
-            .filter(|(attr, want)| match (item.get(attr), want) {
-                (None, None) => false,
-                (Some(have), Some(want)) => !crate::spec::values_equal(have, want),
-                _ => true,
-            })
-            .map(|(attr, want)| {
-                format!(
-                    "{attr}: is {}, should be {}",
-                    json(item.get(attr)),
-                    json(want.as_ref())
-                )
-            })
-            .collect();
-        if wrong.is_empty() {
-            continue;
+            for effect in plan.effects {
+                let Op::SetAttributes { set, .. } = &effect.op else {
+                    continue;
+                };
+                let missing = set.iter().all(|(attr, _)| !item.contains_key(attr));
+                let mut f = finding(
+                    spec,
+                    id,
+                    if missing {
+                        Problem::Missing
+                    } else {
+                        Problem::Stale
+                    },
+                    key,
+                );
+                f.detail = set
+                    .iter()
+                    .map(|(attr, want)| {
+                        format!(
+                            "{attr}: is {}, should be {}",
+                            item.get(attr)
+                                .map(|v| crate::record::value_to_json(v).to_string())
+                                .unwrap_or_else(|| "(none)".to_string()),
+                            crate::record::value_to_json(want)
+                        )
+                    })
+                    .collect::<Vec<_>>()
+                    .join("; ");
+                f.fix = Some(Fix::Effect(Box::new(effect)));
+                out.push(f);
+            }
         }
-        // A denormalized copy that is absent has always been called stale.
-        let missing = !matches!(spec.projections[id].kind, ProjectionKind::Denormalize(_))
-            && want
-                .iter()
-                .all(|(attr, want)| want.is_some() && !item.contains_key(attr));
-        let mut f = finding(
-            spec,
-            id,
-            if missing {
-                Problem::Missing
-            } else {
-                Problem::Stale
-            },
-            key,
-        );
-        f.detail = wrong.join("; ");
-        f.items = sources.iter().map(|k| k.to_string()).collect();
-        f.fix = crate::kinds::recompute_op(spec, id, key)
-            .map(|op| Fix::Effect(Box::new(Effect { projection: id, op })));
-        out.push(f);
     }
 }
 
-/// Reverse edges, counter markers and counter records: every scanned item
-/// is planned as a backfill would plan it, and each membership or record
-/// effect is checked against the snapshot with the applier's own
-/// transition (nothing to write: in place).
-pub(super) fn markers(spec: &Spec, snapshot: &Snapshot, out: &mut Vec<Finding>) {
-    let mut by_key: HashMap<&ItemKey, &Item> = snapshot
-        .items
+/// Whether projection `id` recomputes items of `entity` (`denormalize`,
+/// `rollup`, `aggregate`).
+pub(super) fn recomputes(spec: &Spec, id: ProjectionId, entity: usize) -> bool {
+    match &spec.projections[id].kind {
+        ProjectionKind::Denormalize(p) => p.target == entity,
+        ProjectionKind::Recomputed(p) => p.target() == entity,
+        ProjectionKind::IndexKeys(_)
+        | ProjectionKind::InverseEdge(_)
+        | ProjectionKind::Counter(_)
+        | ProjectionKind::Custom(_) => false,
+    }
+}
+
+/// A recomputed target (`denormalize`, `rollup`, `aggregate`) against
+/// what the kind computes from `sources`, the items its recompute reads
+/// now.
+pub(super) fn target(
+    spec: &Spec,
+    id: ProjectionId,
+    key: &ItemKey,
+    item: &Item,
+    sources: &[Item],
+) -> Option<Finding> {
+    let keys: Vec<String> = sources
         .iter()
-        .map(|(_, key, item)| (key, item))
+        .filter_map(|s| spec.table.item_key(s))
+        .map(|k| k.to_string())
         .collect();
-    by_key.extend(snapshot.markers.iter());
-    let scanned = snapshot
-        .items
+    let want = match crate::kinds::compute(spec, id, sources) {
+        Ok(want) => want,
+        Err(error) => {
+            let mut f = finding(spec, id, Problem::Underivable, key);
+            f.detail = error;
+            f.items = keys;
+            return Some(f);
+        }
+    };
+    let json = |v: Option<&crate::record::AttributeValue>| {
+        v.map(|v| crate::record::value_to_json(v).to_string())
+            .unwrap_or_else(|| "(none)".to_string())
+    };
+    let wrong: Vec<String> = want
         .iter()
-        .map(|(_, key, item)| (key, item))
-        .chain(snapshot.markers.iter());
+        .filter(|(attr, want)| match (item.get(attr), want) {
+            (None, None) => false,
+            (Some(have), Some(want)) => !crate::spec::values_equal(have, want),
+            _ => true,
+        })
+        .map(|(attr, want)| {
+            format!(
+                "{attr}: is {}, should be {}",
+                json(item.get(attr)),
+                json(want.as_ref())
+            )
+        })
+        .collect();
+    if wrong.is_empty() {
+        return None;
+    }
+    // A denormalized copy that is absent has always been called stale.
+    let missing = !matches!(spec.projections[id].kind, ProjectionKind::Denormalize(_))
+        && want
+            .iter()
+            .all(|(attr, want)| want.is_some() && !item.contains_key(attr));
+    let mut f = finding(
+        spec,
+        id,
+        if missing {
+            Problem::Missing
+        } else {
+            Problem::Stale
+        },
+        key,
+    );
+    f.detail = wrong.join("; ");
+    f.items = keys;
+    f.fix = crate::kinds::recompute_op(spec, id, key)
+        .map(|op| Fix::Effect(Box::new(Effect { projection: id, op })));
+    Some(f)
+}
+
+/// Reverse edges, counter markers and counter records: each scanned
+/// item planned as a backfill would plan it. Each membership or record
+/// effect is then checked with [`check_marker`] against the items it
+/// reads, with the applier's own transition (nothing to write: in place).
+pub(super) fn memberships<'i>(
+    spec: &Spec,
+    scanned: impl IntoIterator<Item = (&'i ItemKey, &'i Item)>,
+    out: &mut Vec<Finding>,
+) -> Vec<Effect> {
+    let mut effects = Vec::new();
     for (key, item) in scanned {
         let Ok(record) = scanned_record(&spec.table, 0, 0, item.clone()) else {
             continue;
@@ -223,10 +197,26 @@ pub(super) fn markers(spec: &Spec, snapshot: &Snapshot, out: &mut Vec<Finding>) 
                 out.push(f);
             }
         }
-        for effect in plan.effects {
-            check_marker(spec, &by_key, effect, out);
-        }
+        effects.extend(
+            plan.effects
+                .into_iter()
+                .filter(|effect| crate::apply::marker_change(spec, effect).is_some()),
+        );
     }
+    effects
+}
+
+/// The items [`check_marker`] reads for `effect`: its marker and the
+/// source it is guarded on.
+pub(super) fn marker_reads(spec: &Spec, effect: &Effect) -> Vec<ItemKey> {
+    let Some(change) = crate::apply::marker_change(spec, effect) else {
+        return Vec::new();
+    };
+    let mut keys = vec![change.key.clone()];
+    if let Some(guard) = change.guard {
+        keys.push(guard.source.clone());
+    }
+    keys
 }
 
 pub(super) fn check_marker(
@@ -399,53 +389,72 @@ pub(super) fn check_marker(
     out.extend(found);
 }
 
-/// Counters: the sum of the shards against the number of counted source
-/// items, and each shard against the number of records naming it.
-pub(super) fn counters(spec: &Spec, snapshot: &Snapshot, out: &mut Vec<Finding>) {
+/// What a second scan counted of the groups the sketch found wrong (see
+/// [`super::sketch`]): only those are kept.
+#[derive(Debug, Default)]
+pub(super) struct Tally {
+    /// Counted source items per wrong counter instance.
+    pub counted: HashMap<(ProjectionId, String), i64>,
+    /// Shards of wrong instances, and wrong shards: (counter, values
+    /// joined by `#`, count) by partition key.
+    pub shards: HashMap<String, (ProjectionId, String, i64)>,
+    /// Records naming each wrong shard.
+    pub records: HashMap<String, i64>,
+}
+
+impl Tally {
+    /// Keeps what `fact` says of a group `sketch` found wrong.
+    pub(super) fn keep(&mut self, sketch: &Sketch, fact: Fact) {
+        match fact {
+            Fact::Record(pk) => {
+                if sketch.suspects(&Group::Shard(pk.clone())) {
+                    *self.records.entry(pk).or_insert(0) += 1;
+                }
+            }
+            Fact::Shard(pk, id, joined, count) => {
+                if sketch.suspects(&Group::Shard(pk.clone()))
+                    || sketch.suspects(&Group::Instance(id, joined.clone()))
+                {
+                    self.shards.insert(pk, (id, joined, count));
+                }
+            }
+            Fact::Counted(id, joined) => {
+                if sketch.suspects(&Group::Instance(id, joined.clone())) {
+                    *self.counted.entry((id, joined)).or_insert(0) += 1;
+                }
+            }
+        }
+    }
+}
+
+/// Counters, for the groups `sketch` found wrong: the sum of an
+/// instance's shards against its counted source items, and each shard
+/// against the records naming it.
+pub(super) fn counters(spec: &Spec, sketch: &Sketch, tally: &Tally, out: &mut Vec<Finding>) {
     for (id, projection) in spec.projections.iter().enumerate() {
         let ProjectionKind::Counter(counter) = &projection.kind else {
             continue;
         };
-        let mut targets: BTreeMap<String, (Vec<String>, i64, i64)> = BTreeMap::new();
-        for (entity, key, item) in &snapshot.items {
-            if *entity != counter.source
-                || !(counter.when.is_empty() || counter.when.holds(Some(item)))
-            {
-                continue;
+        let mut targets: BTreeMap<String, (i64, i64)> = BTreeMap::new();
+        for ((counter_id, joined), n) in &tally.counted {
+            if *counter_id == id {
+                targets.entry(joined.clone()).or_default().0 += n;
             }
-            let mut vars = Vec::new();
-            spec.match_entity(&key.pk, key.sk.as_deref(), &mut vars);
-            let Ok(values) = counter
-                .of
-                .iter()
-                .map(|(_, t)| t.render(&vars, None::<&Item>))
-                .collect::<Result<Vec<String>, _>>()
-            else {
-                continue;
-            };
-            targets
-                .entry(values.join("#"))
-                .or_insert_with(|| (values, 0, 0))
-                .1 += 1;
         }
-        for (counter_id, joined, count) in snapshot.shards.values() {
-            if *counter_id != id {
+        for (counter_id, joined, count) in tally.shards.values() {
+            if *counter_id == id && sketch.suspects(&Group::Instance(id, joined.clone())) {
+                targets.entry(joined.clone()).or_default().1 += count;
+            }
+        }
+        for (joined, (want, have)) in targets {
+            if want == have {
                 continue;
             }
-            let values = if counter.of.len() == 1 {
+            let values: Vec<String> = if counter.of.len() == 1 {
                 vec![joined.clone()]
             } else {
                 joined.split('#').map(str::to_string).collect()
             };
-            targets
-                .entry(joined.clone())
-                .or_insert_with(|| (values, 0, 0))
-                .2 += count;
-        }
-        for (joined, (values, want, have)) in targets {
-            if want == have {
-                continue;
-            }
             let shards = (0..counter.shards)
                 .map(|shard| spec.counter_shard_key(&counter.storage, &values, shard).pk)
                 .collect();
@@ -471,12 +480,12 @@ pub(super) fn counters(spec: &Spec, snapshot: &Snapshot, out: &mut Vec<Finding>)
         }
         // Each shard against the records naming it.
         let mut shards: BTreeMap<&str, (i64, i64)> = BTreeMap::new();
-        for (pk, (counter_id, _, count)) in &snapshot.shards {
-            if *counter_id == id {
+        for (pk, (counter_id, _, count)) in &tally.shards {
+            if *counter_id == id && sketch.suspects(&Group::Shard(pk.clone())) {
                 shards.entry(pk).or_default().0 = *count;
             }
         }
-        for (pk, n) in &snapshot.records {
+        for (pk, n) in &tally.records {
             if parse_shard(spec, pk).is_some_and(|(counter_id, _)| counter_id == id) {
                 shards.entry(pk).or_default().1 = *n;
             }
@@ -493,58 +502,20 @@ pub(super) fn counters(spec: &Spec, snapshot: &Snapshot, out: &mut Vec<Finding>)
     }
 }
 
-/// Invariants over the snapshot; returns the violations for the store.
-pub(super) fn invariants(
-    spec: &Spec,
-    snapshot: &Snapshot,
-    out: &mut Vec<Finding>,
-) -> Vec<Violation> {
-    let mut all = Vec::new();
-    for invariant in &spec.invariants {
-        let mut found = Vec::new();
-        if invariant.is_partition_scoped() {
-            let mut partitions: BTreeMap<&str, Vec<Item>> = BTreeMap::new();
-            for (entity, key, item) in &snapshot.items {
-                if *entity == invariant.entity {
-                    partitions
-                        .entry(key.pk.as_str())
-                        .or_default()
-                        .push(item.clone());
-                }
-            }
-            for (pk, items) in partitions {
-                found.extend(check_partition(spec, invariant, pk, &items));
-            }
-        } else {
-            let mut holders: BTreeMap<String, Vec<ItemKey>> = BTreeMap::new();
-            for (entity, key, item) in &snapshot.items {
-                if *entity != invariant.entity {
-                    continue;
-                }
-                if let Some(value) = unique_value(spec, invariant, item) {
-                    holders.entry(value).or_default().push(key.clone());
-                }
-            }
-            for (value, keys) in holders {
-                found.extend(check_unique(invariant, &value, &keys));
-            }
-        }
-        for violation in &found {
-            out.push(Finding {
-                rule: invariant.name.clone(),
-                rule_kind: invariant.kind_name(),
-                problem: Problem::Violation,
-                key: match &violation.item {
-                    Some(sk) if !sk.is_empty() => format!("{} / {sk}", violation.scope),
-                    _ => violation.scope.clone(),
-                },
-                items: violation.keys.iter().map(|k| k.to_string()).collect(),
-                detail: violation.message.clone(),
-                repaired: false,
-                fix: None,
-            });
-        }
-        all.extend(found);
+/// A violation of an invariant, as a finding.
+pub(super) fn violation(spec: &Spec, invariant: usize, violation: &Violation) -> Finding {
+    let invariant = &spec.invariants[invariant];
+    Finding {
+        rule: invariant.name.clone(),
+        rule_kind: invariant.kind_name(),
+        problem: Problem::Violation,
+        key: match &violation.item {
+            Some(sk) if !sk.is_empty() => format!("{} / {sk}", violation.scope),
+            _ => violation.scope.clone(),
+        },
+        items: violation.keys.iter().map(|k| k.to_string()).collect(),
+        detail: violation.message.clone(),
+        repaired: false,
+        fix: None,
     }
-    all
 }

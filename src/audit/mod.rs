@@ -1,19 +1,25 @@
-//! `audit`: recompute every derived item and counter of a table from its
-//! source items, and check every invariant, from one full parallel scan.
+//! `audit`: check every derived item and counter of a table against its
+//! source items, and every invariant, from a parallel scan that holds one
+//! page per segment at a time.
 //!
 //! What it compares, per projection (each projection carries the implicit
 //! `derived-consistent` invariant):
 //!
 //! - `index-keys`: every item of the entity carries the attributes the
 //!   planner computes from it (missing or stale otherwise);
-//! - `denormalize`: every existing target carries what
-//!   [`crate::plan::compute_denormalized`] computes from its sources;
+//! - `denormalize`, `rollup`, `aggregate`: every existing target holds
+//!   what the kind computes from what its recompute reads;
 //! - `inverse-edge`: a reverse item exists exactly for each source edge
 //!   that satisfies `when`, equal to what the planner writes (missing,
 //!   stale, orphaned);
 //! - `counter`: the sum of the shards equals the number of counted source
-//!   items (off by how much), and a counter's own markers exist exactly for
-//!   the counted items.
+//!   items (off by how much), each shard the number of records naming it,
+//!   and a counter's own markers exist exactly for the counted items.
+//!
+//! A page's items are checked with the reads they need ([`page`]); the
+//! counters, group-bys across the table, with a sketch that a second scan
+//! follows up only where it is not zero ([`sketch`]). Memory is a page
+//! per segment and what was found, whatever the table's size.
 //!
 //! `--repair` writes derived state back to what it should be through the
 //! same applier the worker uses (conditional writes, guards on the source
@@ -22,12 +28,9 @@
 //! unchanged. The recorded violations are replaced by the ones found.
 //!
 //! **Architecture Invariant:** the audit's "expected" side is computed by
-//! the planner's own functions from the scanned items, so audit and worker
-//! can never disagree about what a projection means.
-//!
-//! The scan keeps the items of spec entities (and counter items) in memory:
-//! about the table's size in those entities. Tables beyond one machine's
-//! memory want a segment-by-entity design; see ARCHITECTURE.md.
+//! the planner's own functions from the scanned items and the reads the
+//! worker itself makes, so audit and worker can never disagree about what
+//! a projection means.
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -37,16 +40,18 @@ use serde::Serialize;
 
 use crate::apply::{Applier, ApplyError};
 use crate::plan::Effect;
-use crate::record::{Item, ItemKey};
-use crate::spec::{ProjectionId, Spec};
+use crate::spec::Spec;
 
 mod derive;
+mod page;
 mod repair;
 mod scan;
+pub mod sketch;
 
-use derive::{counters, derived, invariants, markers};
+use derive::{counters, Tally};
 pub use repair::repair;
-use scan::{classify, scan_segment, Progress};
+use scan::{classify, Pages, Progress};
+use sketch::Sketch;
 
 /// How to run an audit.
 #[derive(Debug, Clone)]
@@ -250,20 +255,77 @@ impl AuditReport {
     }
 }
 
-/// What the scan keeps: items of spec entities, counters' own markers,
-/// counter shards, and how many records name each shard.
-#[derive(Default)]
-struct Snapshot {
-    /// Entity items: (entity, key, item).
-    items: Vec<(usize, ItemKey, Item)>,
-    /// Counters' own marker items, and items of no entity that carry
-    /// counter records.
-    markers: HashMap<ItemKey, Item>,
-    /// Counter shards by partition key: (counter, its values joined by `#`, count).
-    shards: HashMap<String, (ProjectionId, String, i64)>,
-    /// Records of this spec's counters, per shard partition key they name.
-    records: HashMap<String, i64>,
+/// What one segment found.
+struct SegmentAudit {
     scanned: u64,
+    findings: Vec<Finding>,
+    violations: Vec<(usize, crate::invariant::Violation)>,
+    sketch: Sketch,
+}
+
+/// Audits segment `segment` of `total`, page by page.
+async fn audit_segment(
+    applier: &Applier,
+    segment: u32,
+    total: u32,
+    page_size: Option<i32>,
+    read_micro: &AtomicU64,
+    progress: &Progress,
+) -> Result<SegmentAudit, ApplyError> {
+    let mut pages = Pages::new(segment, total, page_size);
+    let mut out = SegmentAudit {
+        scanned: 0,
+        findings: Vec::new(),
+        violations: Vec::new(),
+        sketch: Sketch::default(),
+    };
+    while let Some(items) = pages.next(applier, read_micro, progress).await? {
+        out.scanned += items.len() as u64;
+        let found = page::check(applier, items, &mut out.sketch).await?;
+        read_micro.fetch_add((found.read_units * 1e6) as u64, Ordering::Relaxed);
+        out.findings.extend(found.findings);
+        out.violations.extend(found.violations);
+    }
+    Ok(out)
+}
+
+/// The counters of the groups `sketch` found wrong, counted exactly by a
+/// second scan that keeps only those (see [`sketch`]).
+async fn locate_counters(
+    applier: &Applier,
+    sketch: &Sketch,
+    segments: u32,
+    page_size: Option<i32>,
+    read_micro: &AtomicU64,
+) -> Result<Vec<Finding>, ApplyError> {
+    let spec = applier.spec();
+    let quiet = Progress::new(false, None);
+    let tallies = (0..segments).map(|segment| {
+        let quiet = &quiet;
+        async move {
+            let mut pages = Pages::new(segment, segments, page_size);
+            let mut tally = Tally::default();
+            while let Some(items) = pages.next(applier, read_micro, quiet).await? {
+                for item in items {
+                    classify(spec, item, &mut |fact| tally.keep(sketch, fact));
+                }
+            }
+            Ok::<_, ApplyError>(tally)
+        }
+    });
+    let mut all = Tally::default();
+    for tally in futures::future::try_join_all(tallies).await? {
+        for (group, n) in tally.counted {
+            *all.counted.entry(group).or_insert(0) += n;
+        }
+        all.shards.extend(tally.shards);
+        for (pk, n) in tally.records {
+            *all.records.entry(pk).or_insert(0) += n;
+        }
+    }
+    let mut findings = Vec::new();
+    counters(spec, sketch, &all, &mut findings);
+    Ok(findings)
 }
 
 /// Runs an audit (see the module docs).
@@ -277,7 +339,7 @@ pub async fn audit(applier: &Applier, options: &AuditOptions) -> Result<AuditRep
     );
     let segments = options.segments.max(1);
     let scans = (0..segments).map(|segment| {
-        scan_segment(
+        audit_segment(
             applier,
             segment,
             segments,
@@ -286,25 +348,35 @@ pub async fn audit(applier: &Applier, options: &AuditOptions) -> Result<AuditRep
             &progress,
         )
     });
-    let pages = futures::future::try_join_all(scans).await?;
+    let parts = futures::future::try_join_all(scans).await?;
     progress.finish();
-    let mut snapshot = Snapshot::default();
-    for items in pages {
-        for item in items {
-            snapshot.scanned += 1;
-            classify(spec, item, &mut snapshot);
-        }
+    let mut report = AuditReport::default();
+    let mut sketch = Sketch::default();
+    let mut violations = Vec::new();
+    for part in parts {
+        report.scanned += part.scanned;
+        report.findings.extend(part.findings);
+        violations.extend(part.violations);
+        sketch.merge(&part.sketch);
     }
-    let mut report = AuditReport {
-        scanned: snapshot.scanned,
-        ..AuditReport::default()
-    };
-    let mut findings = Vec::new();
-    derived(spec, &snapshot, &mut findings);
-    markers(spec, &snapshot, &mut findings);
-    counters(spec, &snapshot, &mut findings);
-    let violations = invariants(spec, &snapshot, &mut findings);
-    report.findings = findings;
+    if !sketch.is_zero() {
+        tracing::info!(
+            buckets = sketch.wrong_buckets().len(),
+            "counters off: counting the wrong ones again"
+        );
+        report.findings.extend(
+            locate_counters(applier, &sketch, segments, options.page_size, &read_micro).await?,
+        );
+    }
+    violations.sort_by_key(|(id, v)| (*id, v.record_sk()));
+    report.findings.extend(
+        violations
+            .iter()
+            .map(|(id, v)| derive::violation(spec, *id, v)),
+    );
+    sort_findings(spec, &mut report.findings);
+    let violations: Vec<crate::invariant::Violation> =
+        violations.into_iter().map(|(_, v)| v).collect();
     report.read_units = read_micro.load(Ordering::Relaxed) as f64 / 1e6;
     if options.repair {
         repair(applier, &mut report).await?;
@@ -325,4 +397,21 @@ pub async fn audit(applier: &Applier, options: &AuditOptions) -> Result<AuditRep
         "audit finished"
     );
     Ok(report)
+}
+
+/// Findings in spec order (projections, then invariants), by key within
+/// a rule: segments and pages finish in any order.
+fn sort_findings(spec: &Spec, findings: &mut [Finding]) {
+    let rank: HashMap<&str, usize> = spec
+        .projections
+        .iter()
+        .map(|p| p.name.as_str())
+        .chain(spec.invariants.iter().map(|i| i.name.as_str()))
+        .enumerate()
+        .map(|(i, name)| (name, i))
+        .collect();
+    findings.sort_by(|a, b| {
+        let order = |f: &Finding| rank.get(f.rule.as_str()).copied().unwrap_or(usize::MAX);
+        (order(a), &a.key, a.problem.label()).cmp(&(order(b), &b.key, b.problem.label()))
+    });
 }

@@ -8,9 +8,9 @@ use std::time::Instant;
 
 use aws_sdk_dynamodb::types::{AttributeValue as Av, ReturnConsumedCapacity};
 
-use super::Snapshot;
+use super::sketch::{Group, Sketch};
 use crate::apply::{Applier, ApplyError, COUNT_ATTRIBUTE};
-use crate::record::Item;
+use crate::record::{Item, ItemKey};
 use crate::spec::{ProjectionId, ProjectionKind, Spec, RESERVED_PREFIX};
 
 /// The counter a shard partition key belongs to, and its values joined by
@@ -33,13 +33,55 @@ pub(super) fn parse_shard(spec: &Spec, pk: &str) -> Option<(ProjectionId, String
         })
 }
 
-pub(super) fn classify(spec: &Spec, item: Item, snapshot: &mut Snapshot) {
+/// What a scanned item is to the audit.
+pub(super) enum Scanned {
+    /// An item of a spec entity.
+    Entity(usize, ItemKey, Item),
+    /// A counter's own marker, or an item of no entity carrying counter
+    /// records (of an entity the spec no longer has): derived, checked
+    /// against its source.
+    Marker(ItemKey, Item),
+    /// A counter shard, or an item the spec has nothing to say about.
+    Other,
+}
+
+/// What a scanned item tells of the counters (see [`super::sketch`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) enum Fact {
+    /// A record naming this shard.
+    Record(String),
+    /// A shard (partition key) of counter instance (counter, values
+    /// joined by `#`), holding `count`.
+    Shard(String, ProjectionId, String, i64),
+    /// A source item counted in this counter instance.
+    Counted(ProjectionId, String),
+}
+
+impl Fact {
+    /// What it adds to each group it belongs to: a group that is right
+    /// sums to zero.
+    pub(super) fn add_to(&self, sketch: &mut Sketch) {
+        match self {
+            Fact::Record(pk) => sketch.add(&Group::Shard(pk.clone()), -1),
+            Fact::Shard(pk, id, joined, count) => {
+                sketch.add(&Group::Shard(pk.clone()), *count);
+                sketch.add(&Group::Instance(*id, joined.clone()), *count);
+            }
+            Fact::Counted(id, joined) => sketch.add(&Group::Instance(*id, joined.clone()), -1),
+        }
+    }
+}
+
+/// Sorts a scanned item, and tells `facts` what it says of the counters.
+pub(super) fn classify(spec: &Spec, item: Item, facts: &mut impl FnMut(Fact)) -> Scanned {
     let Some(key) = spec.table.item_key(&item) else {
-        return;
+        return Scanned::Other;
     };
     for value in crate::apply::records_of(&item).values() {
         if let crate::record::AttributeValue::S(shard) = value {
-            *snapshot.records.entry(shard.clone()).or_insert(0) += 1;
+            if parse_shard(spec, shard).is_some() {
+                facts(Fact::Record(shard.clone()));
+            }
         }
     }
     if key.pk.starts_with(RESERVED_PREFIX) {
@@ -49,9 +91,9 @@ pub(super) fn classify(spec: &Spec, item: Item, snapshot: &mut Snapshot) {
             || key.pk.starts_with(crate::spec::COUNTER_MARKER_PREFIX)
                 && item.contains_key(crate::spec::RECORDS_ATTRIBUTE)
         {
-            snapshot.markers.insert(key, item);
+            return Scanned::Marker(key, item);
         }
-        return;
+        return Scanned::Other;
     }
     if spec.table.sort_key.is_none() || key.sk.as_deref() == Some("COUNTER") {
         if let Some((id, values)) = parse_shard(spec, &key.pk) {
@@ -59,39 +101,95 @@ pub(super) fn classify(spec: &Spec, item: Item, snapshot: &mut Snapshot) {
                 Some(crate::record::AttributeValue::N(n)) => n.parse::<i64>().unwrap_or(0),
                 _ => 0,
             };
-            snapshot.shards.insert(key.pk, (id, values, count));
-            return;
+            facts(Fact::Shard(key.pk, id, values, count));
+            return Scanned::Other;
         }
     }
     let mut vars = Vec::new();
     if let Some(entity) = spec.match_entity(&key.pk, key.sk.as_deref(), &mut vars) {
-        snapshot.items.push((entity, key, item));
+        for (id, values) in counted_in(spec, entity, &vars, &item) {
+            facts(Fact::Counted(id, values));
+        }
+        Scanned::Entity(entity, key, item)
     } else if item.contains_key(crate::spec::RECORDS_ATTRIBUTE) {
         // An item of an entity the spec no longer has, still counted in.
-        snapshot.markers.insert(key, item);
+        Scanned::Marker(key, item)
+    } else {
+        Scanned::Other
     }
 }
 
-pub(super) async fn scan_segment(
-    applier: &Applier,
+/// The counter instances (counter, values joined by `#`) an item of
+/// `entity` counts in.
+fn counted_in(
+    spec: &Spec,
+    entity: usize,
+    vars: &crate::spec::Bindings<'_>,
+    item: &Item,
+) -> Vec<(ProjectionId, String)> {
+    spec.projections
+        .iter()
+        .enumerate()
+        .filter_map(|(id, projection)| {
+            let ProjectionKind::Counter(counter) = &projection.kind else {
+                return None;
+            };
+            if counter.source != entity
+                || !(counter.when.is_empty() || counter.when.holds(Some(item)))
+            {
+                return None;
+            }
+            let values = counter
+                .of
+                .iter()
+                .map(|(_, t)| t.render(vars, None::<&Item>))
+                .collect::<Result<Vec<String>, _>>()
+                .ok()?;
+            Some((id, values.join("#")))
+        })
+        .collect()
+}
+
+/// A segment's pages, one at a time.
+pub(super) struct Pages {
     segment: u32,
     total: u32,
     page_size: Option<i32>,
-    read_micro: &AtomicU64,
-    progress: &Progress,
-) -> Result<Vec<Item>, ApplyError> {
-    let mut items = Vec::new();
-    let mut start: Option<HashMap<String, Av>> = None;
-    loop {
+    start: Option<HashMap<String, Av>>,
+    done: bool,
+}
+
+impl Pages {
+    pub(super) fn new(segment: u32, total: u32, page_size: Option<i32>) -> Pages {
+        Pages {
+            segment,
+            total,
+            page_size,
+            start: None,
+            done: false,
+        }
+    }
+
+    /// The next page's items, or `None` at the segment's end.
+    pub(super) async fn next(
+        &mut self,
+        applier: &Applier,
+        read_micro: &AtomicU64,
+        progress: &Progress,
+    ) -> Result<Option<Vec<Item>>, ApplyError> {
+        if self.done {
+            return Ok(None);
+        }
+        let segment = self.segment;
         let request = applier
             .client()
             .scan()
             .table_name(applier.table())
             .segment(segment as i32)
-            .total_segments(total as i32)
+            .total_segments(self.total as i32)
             .consistent_read(true)
-            .set_limit(page_size)
-            .set_exclusive_start_key(start.clone())
+            .set_limit(self.page_size)
+            .set_exclusive_start_key(self.start.clone())
             .return_consumed_capacity(ReturnConsumedCapacity::Total);
         let retries = AtomicU64::new(0);
         let page = crate::apply::with_retries(
@@ -115,6 +213,7 @@ pub(super) async fn scan_segment(
             );
         }
         progress.advance(page.items().len() as u64);
+        let mut items = Vec::with_capacity(page.items().len());
         for raw in page.items() {
             let item = crate::decode::item_from_sdk(raw.clone()).map_err(|error| {
                 let key = applier.spec().table.key_attributes(raw);
@@ -129,9 +228,10 @@ pub(super) async fn scan_segment(
             items.push(item);
         }
         match page.last_evaluated_key() {
-            Some(key) if !key.is_empty() => start = Some(key.clone()),
-            _ => return Ok(items),
+            Some(key) if !key.is_empty() => self.start = Some(key.clone()),
+            _ => self.done = true,
         }
+        Ok(Some(items))
     }
 }
 

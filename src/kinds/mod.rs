@@ -124,14 +124,6 @@ impl Recomputed {
         }
     }
 
-    /// For the audit: what each target must hold, from a table snapshot.
-    pub(crate) fn expected(&self, spec: &Spec, items: &[(EntityId, ItemKey, Item)]) -> Expected {
-        match self {
-            Recomputed::Rollup(p) => rollup::expected(spec, p, items),
-            Recomputed::Aggregate(p) => aggregate::expected(spec, p, items),
-        }
-    }
-
     /// One line for `check`, `plan --describe` and `status`.
     pub(crate) fn describe(&self, spec: &Spec) -> String {
         match self {
@@ -242,10 +234,6 @@ pub(crate) fn target_needs_recompute<'a>(
 
 /// Attributes to set (`Some`) or remove (`None`) on a target.
 pub type TargetState = Vec<(String, Option<AttributeValue>)>;
-
-/// For the audit: per target, what it must hold (or why it cannot be
-/// computed) and the items it is computed from.
-pub type Expected = std::collections::HashMap<ItemKey, (Result<TargetState, String>, Vec<ItemKey>)>;
 
 /// What projection `id` computes for its target from what its recompute
 /// read (`reads`: the source items of its query, or a counter's shards).

@@ -29,12 +29,12 @@
 //! first and then scans again for the rollup, whose recomputes by then
 //! read the rebuilt version.
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::BTreeSet;
 
 use serde::{Deserialize, Serialize};
 
 use super::Recomputed;
-use super::{bind, token_attribute, Expected, TargetState};
+use super::{token_attribute, TargetState};
 use crate::apply::COUNT_ATTRIBUTE;
 use crate::plan::{Effect, Op, PlanProblem, Sources, Subject};
 use crate::record::{AttributeValue, Item, ItemKey};
@@ -388,49 +388,6 @@ pub fn compute(_spec: &Spec, p: &Rollup, shards: &[Item]) -> Result<TargetState,
         p.attribute.clone(),
         Some(AttributeValue::N(total.to_string())),
     )])
-}
-
-/// For the audit: every target some counted source item totals into,
-/// with the total the spec computes (the number of counted items) and
-/// those items.
-pub(crate) fn expected(spec: &Spec, p: &Rollup, items: &[(EntityId, ItemKey, Item)]) -> Expected {
-    let ProjectionKind::Counter(counter) = &spec.projections[p.counter].kind else {
-        return Expected::new();
-    };
-    let mut counted: HashMap<ItemKey, Vec<ItemKey>> = HashMap::new();
-    for (entity, key, item) in items {
-        if *entity != counter.source || !counter.when.holds(Some(item)) {
-            continue;
-        }
-        let Some(vars) = bind(spec, &spec.entities[counter.source], item) else {
-            continue;
-        };
-        let Ok(values) = counter
-            .of
-            .iter()
-            .map(|(name, template)| template.render(&vars, None::<&Item>).map(|v| (name, v)))
-            .collect::<Result<Vec<_>, _>>()
-        else {
-            continue;
-        };
-        let bindings: Vec<(&str, &str)> = values
-            .iter()
-            .map(|(n, v)| (n.as_str(), v.as_str()))
-            .collect();
-        if let Some(target) = spec.entities[p.target].render_key(&bindings) {
-            counted.entry(target).or_default().push(key.clone());
-        }
-    }
-    counted
-        .into_iter()
-        .map(|(target, sources)| {
-            let total = AttributeValue::N(sources.len().to_string());
-            (
-                target,
-                (Ok(vec![(p.attribute.clone(), Some(total))]), sources),
-            )
-        })
-        .collect()
 }
 
 /// One line for `plan --describe` and `status`.

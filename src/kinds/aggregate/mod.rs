@@ -19,7 +19,7 @@
 
 pub mod decimal;
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{BTreeMap, HashSet};
 use std::fmt;
 
 use serde::{Deserialize, Serialize};
@@ -366,36 +366,6 @@ pub fn compute(spec: &Spec, p: &Aggregate, sources: &[Item]) -> Result<TargetSta
                 }
             };
             Ok((attr.clone(), value))
-        })
-        .collect()
-}
-
-/// For the audit: every target the snapshot's source items total into,
-/// with what it must hold and the items it is computed from.
-pub(crate) fn expected(
-    spec: &Spec,
-    p: &Aggregate,
-    items: &[(EntityId, ItemKey, Item)],
-) -> super::Expected {
-    let mut grouped: HashMap<ItemKey, Vec<Item>> = HashMap::new();
-    for (entity, key, item) in items {
-        if *entity != p.source {
-            continue;
-        }
-        let mut vars = Vec::new();
-        spec.match_entity(&key.pk, key.sk.as_deref(), &mut vars);
-        if let Some(target) = spec.entities[p.target].render_key(&vars) {
-            grouped.entry(target).or_default().push(item.clone());
-        }
-    }
-    grouped
-        .into_iter()
-        .map(|(target, sources)| {
-            let keys = sources
-                .iter()
-                .filter_map(|s| spec.table.item_key(s))
-                .collect();
-            (target, (compute(spec, p, &sources), keys))
         })
         .collect()
 }
