@@ -68,6 +68,7 @@ struct Coverage {
     aggregates: AtomicUsize,
     aggregates_grouped: AtomicUsize,
     readers_checked: AtomicUsize,
+    planted: AtomicUsize,
 }
 
 static COVERAGE: Coverage = Coverage {
@@ -86,6 +87,7 @@ static COVERAGE: Coverage = Coverage {
     aggregates: AtomicUsize::new(0),
     aggregates_grouped: AtomicUsize::new(0),
     readers_checked: AtomicUsize::new(0),
+    planted: AtomicUsize::new(0),
 };
 
 fn count(what: &AtomicUsize, n: usize) {
@@ -944,6 +946,139 @@ fn leftovers(items: &[Attrs], dropped: &[&Projection], kept: &[Projection]) -> V
     out
 }
 
+/// FNV-1a: a stable choice from a case's own values (a field drawn for
+/// it would change what every stored seed generates).
+fn fnv(bytes: &[u8]) -> u64 {
+    bytes.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, &b| {
+        (h ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3)
+    })
+}
+
+/// Corrupts one derived thing of `kept` (judged from the generator's own
+/// names, not from `src/plan`), chosen by `seed`: a counter shard's count
+/// moves by one, a reverse edge or counter marker goes, or a derived
+/// attribute gets a wrong value. Returns what it did, `None` when the
+/// table derives nothing.
+async fn plant_drift(
+    client: &aws_sdk_dynamodb::Client,
+    table: &str,
+    spec: &Spec,
+    kept: &[Projection],
+    seed: u64,
+) -> Option<String> {
+    let items = support::scan_all(client, table).await;
+    // The attributes each kept projection writes, as `Projection::toml`
+    // names them (a v1 variant's leftovers are not v2's to audit).
+    let written: Vec<String> = kept
+        .iter()
+        .flat_map(|p| {
+            let id = p.id;
+            let names: Vec<String> = match p.kind {
+                Kind::IndexKeys { variant: 1, .. } => vec![format!("ik{id}p")],
+                Kind::IndexKeys { .. } => vec![format!("ik{id}p"), format!("ik{id}s")],
+                Kind::Denormalize { variant: 0 | 1, .. } => vec![format!("dn{id}")],
+                Kind::Denormalize { .. } => vec![format!("dn{id}"), format!("dn{id}k")],
+                Kind::Edge { variant: 0, .. } => vec![],
+                Kind::Edge { variant: 1, .. } => vec![format!("e{id}x")],
+                Kind::Edge { .. } => vec![format!("e{id}x"), format!("e{id}n")],
+                Kind::Counter { .. } => vec![],
+                Kind::Rollup { variant: 0, .. } => vec![format!("ru{id}")],
+                Kind::Rollup { .. } => vec![format!("ru{id}t")],
+                Kind::Aggregate { variant: 0, .. } => vec![format!("ag{id}s"), format!("ag{id}c")],
+                Kind::Aggregate { variant: 1, .. } => vec![format!("ag{id}m"), format!("ag{id}x")],
+                Kind::Aggregate { .. } => {
+                    vec![format!("ag{id}n"), format!("ag{id}k"), format!("ag{id}c")]
+                }
+            };
+            names
+        })
+        .collect();
+    let derived_attribute = |name: &str| written.iter().any(|w| w == name);
+    let edge_onto = |entity_pk: &str, sk: &str| {
+        kept.iter().any(|p| match p.kind {
+            Kind::Edge { rev, .. } => {
+                if rev {
+                    entity_pk.starts_with("R#") && sk.starts_with("R#")
+                } else {
+                    entity_pk.starts_with("N#") && sk.starts_with("B#")
+                }
+            }
+            _ => false,
+        })
+    };
+    let live_storage = |rest: &str| {
+        rest.split('#')
+            .next()
+            .is_some_and(|storage| spec.counter_by_storage(storage).is_some())
+    };
+    // (pk, sk, what to do)
+    let mut candidates: Vec<(String, String, Option<String>)> = Vec::new();
+    for item in &items {
+        let (Some(pk), Some(sk)) = (support::text(item, "PK"), support::text(item, "SK")) else {
+            continue;
+        };
+        if let Some(rest) = pk.strip_prefix("COUNTER#") {
+            if live_storage(rest) {
+                candidates.push((pk, sk, Some("count".to_string())));
+            }
+            continue;
+        }
+        if let Some(rest) = pk.strip_prefix("_ddbp#count#") {
+            if live_storage(rest) {
+                candidates.push((pk, sk, None));
+            }
+            continue;
+        }
+        if pk.starts_with('_') {
+            continue;
+        }
+        if edge_onto(&pk, &sk) {
+            candidates.push((pk.clone(), sk.clone(), None));
+        }
+        let mut names: Vec<&String> = item.keys().filter(|n| derived_attribute(n)).collect();
+        names.sort();
+        for name in names {
+            candidates.push((pk.clone(), sk.clone(), Some(name.clone())));
+        }
+    }
+    if candidates.is_empty() {
+        return None;
+    }
+    let (pk, sk, what) = candidates.swap_remove((seed % candidates.len() as u64) as usize);
+    let key = [("PK", s(&pk)), ("SK", s(&sk))];
+    let update = client.update_item().table_name(table).set_key(Some(
+        key.iter()
+            .map(|(k, v)| (k.to_string(), v.clone()))
+            .collect(),
+    ));
+    match what.as_deref() {
+        None => {
+            support::delete(client, table, &pk, &sk).await;
+            Some(format!("the deleted {pk} / {sk}"))
+        }
+        Some("count") => {
+            update
+                .update_expression("ADD #c :one")
+                .expression_attribute_names("#c", "count")
+                .expression_attribute_values(":one", Av::N("1".to_string()))
+                .send()
+                .await
+                .expect("update the shard");
+            Some(format!("the shard {pk} counting one more"))
+        }
+        Some(name) => {
+            update
+                .update_expression("SET #a = :v")
+                .expression_attribute_names("#a", name)
+                .expression_attribute_values(":v", s("drifted"))
+                .send()
+                .await
+                .expect("update the attribute");
+            Some(format!("{name} of {pk} / {sk} drifted"))
+        }
+    }
+}
+
 async fn case(specs: &Specs, plan: &Plan) -> Result<(), TestCaseError> {
     let (v1, toml1) = compile(&specs.v1, "v1.toml");
     let (v2, toml2) = compile(&specs.v2, "v2.toml");
@@ -1225,6 +1360,46 @@ async fn case(specs: &Specs, plan: &Plan) -> Result<(), TestCaseError> {
             report.to_text(&v2)
         );
 
+        // Drift planted in one derived item is found, and the repair
+        // leaves the table exact again.
+        let seed = fnv(format!("{specs:?}{plan:?}").as_bytes());
+        if let Some(planted) = plant_drift(&client, &table, worker2.spec(), &specs.v2, seed).await
+        {
+            count(&COVERAGE.planted, 1);
+            let options = AuditOptions {
+                progress: false,
+                page_size: Some(5),
+                ..AuditOptions::default()
+            };
+            let found = audit(&worker2, &options)
+                .await
+                .map_err(|error| TestCaseError::fail(format!("audit: {error}")))?;
+            prop_assert!(!found.is_clean(), "the audit missed {planted}");
+            let repaired = audit(
+                &worker2,
+                &AuditOptions {
+                    repair: true,
+                    ..options.clone()
+                },
+            )
+            .await
+            .map_err(|error| TestCaseError::fail(format!("audit --repair: {error}")))?;
+            prop_assert!(
+                repaired.repair_failures.is_empty(),
+                "repairing {planted}: {:?}",
+                repaired.repair_failures
+            );
+            check_oracle(&client, &table, &toml2, &format!("after repairing {planted}")).await?;
+            let after = audit(&worker2, &options)
+                .await
+                .map_err(|error| TestCaseError::fail(format!("audit: {error}")))?;
+            prop_assert!(
+                after.is_clean(),
+                "after repairing {planted}, the audit found:\n{}",
+                after.to_text(&v2)
+            );
+        }
+
         // A full replay (and a redrive of what it dead-letters again)
         // changes nothing the spec owns: counters that v2 dropped lose
         // records (shard and all) when their items are written again, and
@@ -1375,7 +1550,7 @@ fn generated_specs_stay_exact_through_changes_backfills_replays_and_redrives() {
     let c = &COVERAGE;
     let n = |what: &AtomicUsize| what.load(Ordering::Relaxed);
     eprintln!(
-        "timing: generated specs: {cases} cases took {:.1} s; of {} runs (with shrinking): {} with counters riding on edges, {} moving a counter between an edge and markers of its own, {} changing what needs a backfill, {} backfilled beside the live worker, {} replaying some projections, {} pruning what v2 retired, {} counters rebuilt beside their old version, {} cases reading them before the backfill, {} with rollups ({} rebuilt with their counter), {} with aggregates ({} onto a target keyed by their sort key); {} records, {} dead letters redriven",
+        "timing: generated specs: {cases} cases took {:.1} s; of {} runs (with shrinking): {} with counters riding on edges, {} moving a counter between an edge and markers of its own, {} changing what needs a backfill, {} backfilled beside the live worker, {} replaying some projections, {} pruning what v2 retired, {} counters rebuilt beside their old version, {} cases reading them before the backfill, {} with rollups ({} rebuilt with their counter), {} with aggregates ({} onto a target keyed by their sort key), {} with drift planted, found and repaired; {} records, {} dead letters redriven",
         started.elapsed().as_secs_f64(),
         n(&c.cases),
         n(&c.counters_on_edges),
@@ -1390,6 +1565,7 @@ fn generated_specs_stay_exact_through_changes_backfills_replays_and_redrives() {
         n(&c.rollups_rebuilt),
         n(&c.aggregates),
         n(&c.aggregates_grouped),
+        n(&c.planted),
         n(&c.records),
         n(&c.letters_redriven),
     );
