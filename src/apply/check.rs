@@ -965,13 +965,20 @@ pub(crate) async fn replace_all(
     ctx: &Ctx<'_>,
     found: &[Violation],
 ) -> Result<(usize, usize), WriteError> {
-    let stored = recorded(ctx).await?;
-    let mut recorded_n = 0;
-    let mut cleared = 0;
-    let wanted: HashSet<(String, String)> = found
+    let recorded_n = record_all(ctx, found).await?;
+    let wanted: Vec<(String, String)> = found
         .iter()
         .map(|v| (v.invariant.clone(), v.record_sk()))
         .collect();
+    let cleared = clear_except(ctx, &wanted).await?;
+    Ok((recorded_n, cleared))
+}
+
+/// Records each of `found` not recorded as it is; returns how many were
+/// new.
+pub(crate) async fn record_all(ctx: &Ctx<'_>, found: &[Violation]) -> Result<usize, WriteError> {
+    let stored = recorded(ctx).await?;
+    let mut recorded_n = 0;
     for violation in found {
         let existing = stored
             .iter()
@@ -988,12 +995,27 @@ pub(crate) async fn replace_all(
             metrics::counter!("projector_invariant_violations_by_invariant_total", "invariant" => violation.invariant.clone()).increment(1);
         }
     }
-    for stale in stored
+    Ok(recorded_n)
+}
+
+/// Deletes every recorded violation but `wanted` ((invariant, recorded
+/// key) pairs); returns how many went.
+pub(crate) async fn clear_except(
+    ctx: &Ctx<'_>,
+    wanted: &[(String, String)],
+) -> Result<usize, WriteError> {
+    let wanted: HashSet<(&str, &str)> = wanted
         .iter()
-        .filter(|s| !wanted.contains(&(s.invariant.clone(), s.record_sk.clone())))
+        .map(|(i, k)| (i.as_str(), k.as_str()))
+        .collect();
+    let mut cleared = 0;
+    for stale in recorded(ctx)
+        .await?
+        .iter()
+        .filter(|s| !wanted.contains(&(s.invariant.as_str(), s.record_sk.as_str())))
     {
         delete_violation(ctx, &stale.invariant, &stale.record_sk).await?;
         cleared += 1;
     }
-    Ok((recorded_n, cleared))
+    Ok(cleared)
 }

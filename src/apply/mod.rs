@@ -805,6 +805,36 @@ impl Applier {
             })
     }
 
+    /// Records `found` in the violation store, clearing nothing (an
+    /// audit of one segment); returns how many were new.
+    pub async fn record_violations(
+        &self,
+        found: &[crate::invariant::Violation],
+    ) -> Result<usize, ApplyError> {
+        let ctx = ctx::Ctx::new(&self.client, &self.table, &self.spec, &self.config);
+        check::record_all(&ctx, found)
+            .await
+            .map_err(|e| ApplyError::Fatal {
+                table: self.table.clone(),
+                message: e.to_string(),
+            })
+    }
+
+    /// Deletes the recorded violations not in `keep` ((invariant, recorded
+    /// key) pairs: what every segment of an audit found); returns how many.
+    pub async fn clear_violations_except(
+        &self,
+        keep: &[(String, String)],
+    ) -> Result<usize, ApplyError> {
+        let ctx = ctx::Ctx::new(&self.client, &self.table, &self.spec, &self.config);
+        check::clear_except(&ctx, keep)
+            .await
+            .map_err(|e| ApplyError::Fatal {
+                table: self.table.clone(),
+                message: e.to_string(),
+            })
+    }
+
     /// Writes one phase's groups, or fails them all when the deadline
     /// has come.
     async fn write_before_deadline(

@@ -16,7 +16,7 @@ use crate::spec::{ProjectionId, ProjectionKind, Spec};
 pub(super) fn finding(spec: &Spec, id: ProjectionId, problem: Problem, key: &ItemKey) -> Finding {
     Finding {
         rule: spec.projections[id].name.clone(),
-        rule_kind: spec.projections[id].kind_name(),
+        rule_kind: spec.projections[id].kind_name().to_string(),
         problem,
         key: key.to_string(),
         items: Vec::new(),
@@ -460,7 +460,7 @@ pub(super) fn counters(spec: &Spec, sketch: &Sketch, tally: &Tally, out: &mut Ve
                 .collect();
             out.push(Finding {
                 rule: projection.name.clone(),
-                rule_kind: projection.kind_name(),
+                rule_kind: projection.kind_name().to_string(),
                 problem: Problem::CounterOff {
                     expected: want,
                     actual: have,
@@ -507,7 +507,7 @@ pub(super) fn violation(spec: &Spec, invariant: usize, violation: &Violation) ->
     let invariant = &spec.invariants[invariant];
     Finding {
         rule: invariant.name.clone(),
-        rule_kind: invariant.kind_name(),
+        rule_kind: invariant.kind_name().to_string(),
         problem: Problem::Violation,
         key: match &violation.item {
             Some(sk) if !sk.is_empty() => format!("{} / {sk}", violation.scope),

@@ -36,7 +36,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use crate::apply::{Applier, ApplyError};
 use crate::plan::Effect;
@@ -64,6 +64,12 @@ pub struct AuditOptions {
     pub progress: bool,
     /// Items per scan page (`None`: DynamoDB's 1 MB pages).
     pub page_size: Option<i32>,
+    /// Audit only this segment of `segments` (another process, or another
+    /// machine, audits the others): the report carries the counters'
+    /// sketch, and [`merge`] concludes them.
+    pub segment: Option<u32>,
+    /// Read capacity units per second, averaged over the run.
+    pub max_rcu: Option<f64>,
 }
 
 impl Default for AuditOptions {
@@ -73,12 +79,14 @@ impl Default for AuditOptions {
             repair: false,
             progress: false,
             page_size: None,
+            segment: None,
+            max_rcu: None,
         }
     }
 }
 
 /// What is wrong with one derived item, counter or invariant.
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum Problem {
     /// A derived item or attribute that should exist does not.
@@ -130,15 +138,28 @@ impl Problem {
             Problem::Violation => "violation".to_string(),
         }
     }
+
+    /// Its kind, for metrics (`missing`, `counter-off` ...).
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Problem::Missing => "missing",
+            Problem::Stale => "stale",
+            Problem::Orphaned => "orphaned",
+            Problem::CounterOff { .. } => "counter-off",
+            Problem::ShardOff { .. } => "shard-off",
+            Problem::Underivable => "underivable",
+            Problem::Violation => "violation",
+        }
+    }
 }
 
 /// One finding.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct Finding {
     /// The projection or invariant.
     pub rule: String,
     /// Its kind (`inverse-edge`, `exactly-one` ...).
-    pub rule_kind: &'static str,
+    pub rule_kind: String,
     /// What is wrong.
     pub problem: Problem,
     /// The derived item (or counter, or the invariant's scope).
@@ -149,7 +170,7 @@ pub struct Finding {
     pub detail: String,
     /// Whether `--repair` fixed it.
     pub repaired: bool,
-    #[serde(skip)]
+    #[serde(skip, default)]
     fix: Option<Fix>,
 }
 
@@ -163,8 +184,14 @@ enum Fix {
 }
 
 /// The result of an audit.
-#[derive(Debug, Clone, Default, Serialize)]
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
 pub struct AuditReport {
+    /// The segment audited, when one was (of `total_segments`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub segment: Option<u32>,
+    /// The scan's segments.
+    #[serde(default)]
+    pub total_segments: u32,
     /// Items scanned.
     pub scanned: u64,
     /// Everything found, grouped by rule in spec order.
@@ -183,6 +210,14 @@ pub struct AuditReport {
     pub write_units: f64,
     /// Wall time.
     pub seconds: f64,
+    /// A segment's counter facts, until [`merge`] concludes them with the
+    /// other segments' (see [`sketch`]). `None` once concluded.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sketch: Option<Sketch>,
+    /// The violations found, as (invariant, recorded key): what [`merge`]
+    /// keeps in the violation store.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub violation_keys: Vec<(String, String)>,
 }
 
 impl AuditReport {
@@ -232,6 +267,12 @@ impl AuditReport {
                 }
             }
         }
+        if let (Some(segment), Some(_)) = (self.segment, &self.sketch) {
+            out.push_str(&format!(
+                "segment {segment} of {}: counters are concluded by `audit merge` with the other segments' reports (--format json)\n",
+                self.total_segments
+            ));
+        }
         out.push_str(&format!(
             "{} items scanned in {:.1}s ({:.1} RCU), {} findings",
             self.scanned,
@@ -271,6 +312,7 @@ async fn audit_segment(
     page_size: Option<i32>,
     read_micro: &AtomicU64,
     progress: &Progress,
+    pacer: &crate::backfill::Pacer,
 ) -> Result<SegmentAudit, ApplyError> {
     let mut pages = Pages::new(segment, total, page_size);
     let mut out = SegmentAudit {
@@ -283,6 +325,7 @@ async fn audit_segment(
         out.scanned += items.len() as u64;
         let found = page::check(applier, items, &mut out.sketch).await?;
         read_micro.fetch_add((found.read_units * 1e6) as u64, Ordering::Relaxed);
+        pacer.consume(pages.last_units + found.read_units).await;
         out.findings.extend(found.findings);
         out.violations.extend(found.violations);
     }
@@ -297,6 +340,7 @@ async fn locate_counters(
     segments: u32,
     page_size: Option<i32>,
     read_micro: &AtomicU64,
+    pacer: &crate::backfill::Pacer,
 ) -> Result<Vec<Finding>, ApplyError> {
     let spec = applier.spec();
     let quiet = Progress::new(false, None);
@@ -309,6 +353,7 @@ async fn locate_counters(
                 for item in items {
                     classify(spec, item, &mut |fact| tally.keep(sketch, fact));
                 }
+                pacer.consume(pages.last_units).await;
             }
             Ok::<_, ApplyError>(tally)
         }
@@ -328,17 +373,32 @@ async fn locate_counters(
     Ok(findings)
 }
 
-/// Runs an audit (see the module docs).
+/// Runs an audit (see the module docs): every segment of
+/// `options.segments` in this process, or only `options.segment`.
 pub async fn audit(applier: &Applier, options: &AuditOptions) -> Result<AuditReport, ApplyError> {
     let started = Instant::now();
     let spec = applier.spec();
     let read_micro = AtomicU64::new(0);
-    let progress = Progress::new(
-        options.progress,
-        crate::backfill::estimate_items(applier).await,
-    );
     let segments = options.segments.max(1);
-    let scans = (0..segments).map(|segment| {
+    let mine: Vec<u32> = match options.segment {
+        Some(segment) if segment >= segments => {
+            return Err(ApplyError::Fatal {
+                table: applier.table().to_string(),
+                message: format!(
+                    "segment {segment} is not one of the {segments} segments (0 to {})",
+                    segments - 1
+                ),
+            })
+        }
+        Some(segment) => vec![segment],
+        None => (0..segments).collect(),
+    };
+    let estimate = crate::backfill::estimate_items(applier)
+        .await
+        .map(|n| n * mine.len() as u64 / segments as u64);
+    let progress = Progress::new(options.progress, estimate);
+    let pacer = crate::backfill::Pacer::new(options.max_rcu);
+    let scans = mine.iter().map(|&segment| {
         audit_segment(
             applier,
             segment,
@@ -346,11 +406,16 @@ pub async fn audit(applier: &Applier, options: &AuditOptions) -> Result<AuditRep
             options.page_size,
             &read_micro,
             &progress,
+            &pacer,
         )
     });
     let parts = futures::future::try_join_all(scans).await?;
     progress.finish();
-    let mut report = AuditReport::default();
+    let mut report = AuditReport {
+        segment: options.segment,
+        total_segments: segments,
+        ..AuditReport::default()
+    };
     let mut sketch = Sketch::default();
     let mut violations = Vec::new();
     for part in parts {
@@ -359,13 +424,19 @@ pub async fn audit(applier: &Applier, options: &AuditOptions) -> Result<AuditRep
         violations.extend(part.violations);
         sketch.merge(&part.sketch);
     }
-    if !sketch.is_zero() {
-        tracing::info!(
-            buckets = sketch.wrong_buckets().len(),
-            "counters off: counting the wrong ones again"
-        );
+    if options.segment.is_some() {
+        report.sketch = Some(sketch);
+    } else if !sketch.is_zero() {
         report.findings.extend(
-            locate_counters(applier, &sketch, segments, options.page_size, &read_micro).await?,
+            locate_counters(
+                applier,
+                &sketch,
+                segments,
+                options.page_size,
+                &read_micro,
+                &pacer,
+            )
+            .await?,
         );
     }
     violations.sort_by_key(|(id, v)| (*id, v.record_sk()));
@@ -377,26 +448,154 @@ pub async fn audit(applier: &Applier, options: &AuditOptions) -> Result<AuditRep
     sort_findings(spec, &mut report.findings);
     let violations: Vec<crate::invariant::Violation> =
         violations.into_iter().map(|(_, v)| v).collect();
+    report.violation_keys = violations
+        .iter()
+        .map(|v| (v.invariant.clone(), v.record_sk()))
+        .collect();
     report.read_units = read_micro.load(Ordering::Relaxed) as f64 / 1e6;
     if options.repair {
         repair(applier, &mut report).await?;
-        let (recorded, cleared) = applier.replace_violations(&violations).await?;
-        report.violations_recorded = recorded;
-        report.violations_cleared = cleared;
+        if options.segment.is_some() {
+            // The other segments' violations are unknown here: record
+            // this segment's, and leave clearing to `merge --repair`.
+            report.violations_recorded = applier.record_violations(&violations).await?;
+        } else {
+            let (recorded, cleared) = applier.replace_violations(&violations).await?;
+            report.violations_recorded = recorded;
+            report.violations_cleared = cleared;
+        }
     }
     report.seconds = started.elapsed().as_secs_f64();
+    finished(&report);
+    Ok(report)
+}
+
+/// Combines the reports of every segment of one audit (each segment
+/// once): their findings, and the counters, concluded from the summed
+/// sketches (a second scan of the whole table follows up the wrong
+/// buckets, keeping only those). With `repair`, recounts the counters
+/// found off (the segments repaired the rest) and clears the recorded
+/// violations no segment found. The second scan reads at most `max_rcu`
+/// units per second.
+pub async fn merge(
+    applier: &Applier,
+    reports: Vec<AuditReport>,
+    repair_counters: bool,
+    max_rcu: Option<f64>,
+) -> Result<AuditReport, ApplyError> {
+    let started = Instant::now();
+    let fatal = |message: String| ApplyError::Fatal {
+        table: applier.table().to_string(),
+        message,
+    };
+    let total = covered(&reports).map_err(fatal)?;
+    let read_micro = AtomicU64::new(0);
+    let mut report = AuditReport {
+        total_segments: total,
+        ..AuditReport::default()
+    };
+    let mut sketch = Sketch::default();
+    for part in reports {
+        report.scanned += part.scanned;
+        report.findings.extend(part.findings);
+        report.repaired += part.repaired;
+        report.repair_failures.extend(part.repair_failures);
+        report.violations_recorded += part.violations_recorded;
+        report.read_units += part.read_units;
+        report.write_units += part.write_units;
+        report.violation_keys.extend(part.violation_keys);
+        sketch.merge(&part.sketch.unwrap_or_default());
+    }
+    let counted = if sketch.is_zero() {
+        Vec::new()
+    } else {
+        let pacer = crate::backfill::Pacer::new(max_rcu);
+        locate_counters(applier, &sketch, total, None, &read_micro, &pacer).await?
+    };
+    let spec = applier.spec();
+    report.findings.extend(counted);
+    sort_findings(spec, &mut report.findings);
+    report.read_units += read_micro.load(Ordering::Relaxed) as f64 / 1e6;
+    if repair_counters {
+        // The segments' findings carry no fix (it is not reported): what
+        // is repaired here is what this merge found, the counters.
+        let written = report.write_units;
+        repair(applier, &mut report).await?;
+        report.write_units += written;
+        report.violations_cleared = applier
+            .clear_violations_except(&report.violation_keys)
+            .await?;
+    }
+    report.seconds = started.elapsed().as_secs_f64();
+    finished(&report);
+    Ok(report)
+}
+
+/// The number of segments `reports` cover, when they are every segment of
+/// one scan exactly once.
+fn covered(reports: &[AuditReport]) -> Result<u32, String> {
+    let Some(first) = reports.first() else {
+        return Err("no segment reports to merge".to_string());
+    };
+    let total = first.total_segments;
+    let mut seen = vec![false; total as usize];
+    for report in reports {
+        let Some(segment) = report.segment else {
+            return Err("a report of a whole audit (not one segment) cannot be merged".to_string());
+        };
+        if report.total_segments != total {
+            return Err(format!(
+                "the reports are of different scans: {} and {total} segments",
+                report.total_segments
+            ));
+        }
+        if report.sketch.is_none() {
+            return Err(format!(
+                "the report of segment {segment} has no counter sketch"
+            ));
+        }
+        match seen.get_mut(segment as usize) {
+            Some(true) => return Err(format!("segment {segment} is given twice")),
+            Some(slot) => *slot = true,
+            None => return Err(format!("segment {segment} is not below {total}")),
+        }
+    }
+    let missing: Vec<String> = (0..total)
+        .filter(|&s| !seen[s as usize])
+        .map(|s| s.to_string())
+        .collect();
+    if !missing.is_empty() {
+        return Err(format!(
+            "segments {} of {total} are missing",
+            missing.join(", ")
+        ));
+    }
+    Ok(total)
+}
+
+/// Metrics and the closing log line of an audit or a merge.
+fn finished(report: &AuditReport) {
     metrics::counter!("projector_audit_items_scanned_total").increment(report.scanned);
     for (rule, n) in report.counts() {
         metrics::gauge!("projector_audit_findings", "rule" => rule).set(n as f64);
     }
+    // Concluded findings only: a segment's counters are counted at merge.
+    for finding in &report.findings {
+        metrics::counter!(
+            "projector_audit_findings_total",
+            "projection" => finding.rule.clone(),
+            "kind" => finding.problem.kind()
+        )
+        .increment(1);
+    }
     tracing::info!(
+        segment = report.segment,
         scanned = report.scanned,
         findings = report.findings.len(),
         repaired = report.repaired,
         seconds = report.seconds,
         "audit finished"
     );
-    Ok(report)
 }
 
 /// Findings in spec order (projections, then invariants), by key within

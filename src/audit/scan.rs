@@ -157,6 +157,8 @@ pub(super) struct Pages {
     page_size: Option<i32>,
     start: Option<HashMap<String, Av>>,
     done: bool,
+    /// Read units of the last page read.
+    pub(super) last_units: f64,
 }
 
 impl Pages {
@@ -167,6 +169,7 @@ impl Pages {
             page_size,
             start: None,
             done: false,
+            last_units: 0.0,
         }
     }
 
@@ -206,12 +209,11 @@ impl Pages {
             table: applier.table().to_string(),
             message: format!("scan of segment {segment} failed: {e}"),
         })?;
-        if let Some(c) = page.consumed_capacity() {
-            read_micro.fetch_add(
-                (c.capacity_units().unwrap_or(0.0) * 1e6) as u64,
-                Ordering::Relaxed,
-            );
-        }
+        self.last_units = page
+            .consumed_capacity()
+            .and_then(|c| c.capacity_units())
+            .unwrap_or(0.0);
+        read_micro.fetch_add((self.last_units * 1e6) as u64, Ordering::Relaxed);
         progress.advance(page.items().len() as u64);
         let mut items = Vec::with_capacity(page.items().len());
         for raw in page.items() {

@@ -1,47 +1,80 @@
 //! `audit` and `violations list`.
 
 use std::io::Write;
+use std::path::PathBuf;
 use std::process::ExitCode;
+
+use anyhow::Context;
 
 use super::{connect, OutputFormat, Target};
 use crate::apply::{Applier, ApplyConfig};
-use crate::audit::{audit as run_audit, AuditOptions};
+use crate::audit::{audit as run_audit, merge as merge_reports, AuditOptions, AuditReport};
+use crate::spec::Spec;
 
 /// `audit`: exit 0 when clean, 1 when anything was found, 2 on error.
 pub async fn audit(
     target: Target,
     format: OutputFormat,
-    repair: bool,
-    segments: u32,
+    options: AuditOptions,
 ) -> anyhow::Result<ExitCode> {
-    let c = match connect(&target).await {
+    let Some(applier) = applier(&target).await? else {
+        return Ok(ExitCode::from(2));
+    };
+    let report = run_audit(&applier, &options).await?;
+    print(&report, applier.spec(), format)
+}
+
+/// `audit-merge`: as `audit`, for the segments' reports together.
+pub async fn merge(
+    target: Target,
+    format: OutputFormat,
+    repair: bool,
+    max_rcu: Option<f64>,
+    paths: Vec<PathBuf>,
+) -> anyhow::Result<ExitCode> {
+    let mut reports = Vec::new();
+    for path in &paths {
+        let text = std::fs::read_to_string(path)
+            .with_context(|| format!("cannot read the report {}", path.display()))?;
+        let report: AuditReport = serde_json::from_str(&text).with_context(|| {
+            format!(
+                "{} is not a segment report of `audit --format json`",
+                path.display()
+            )
+        })?;
+        reports.push(report);
+    }
+    let Some(applier) = applier(&target).await? else {
+        return Ok(ExitCode::from(2));
+    };
+    let report = merge_reports(&applier, reports, repair, max_rcu).await?;
+    print(&report, applier.spec(), format)
+}
+
+/// The applier of `target`'s spec and table; `None` when the spec has
+/// errors (printed already).
+async fn applier(target: &Target) -> anyhow::Result<Option<Applier>> {
+    let c = match connect(target).await {
         Ok(c) => c,
         // The spec's errors are printed already; any error is exit 2 here.
-        Err(Ok(_)) => return Ok(ExitCode::from(2)),
+        Err(Ok(_)) => return Ok(None),
         Err(Err(error)) => return Err(error),
     };
     crate::aws::describe_table(&c.dynamodb, &c.table).await?;
-    let applier = Applier::new(
+    Ok(Some(Applier::new(
         c.dynamodb.clone(),
         c.spec.clone(),
         &c.table,
         ApplyConfig::default(),
-    );
-    let report = run_audit(
-        &applier,
-        &AuditOptions {
-            segments: segments.max(1),
-            repair,
-            progress: true,
-            page_size: None,
-        },
-    )
-    .await?;
+    )))
+}
+
+fn print(report: &AuditReport, spec: &Spec, format: OutputFormat) -> anyhow::Result<ExitCode> {
     let stdout = std::io::stdout();
     let mut out = stdout.lock();
     match format {
-        OutputFormat::Text => write!(out, "{}", report.to_text(&c.spec))?,
-        OutputFormat::Json => writeln!(out, "{}", serde_json::to_string_pretty(&report)?)?,
+        OutputFormat::Text => write!(out, "{}", report.to_text(spec))?,
+        OutputFormat::Json => writeln!(out, "{}", serde_json::to_string_pretty(report)?)?,
     }
     Ok(if report.is_clean() {
         ExitCode::SUCCESS

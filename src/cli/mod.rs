@@ -235,8 +235,41 @@ pub enum Command {
         #[arg(long)]
         repair: bool,
         /// Parallel scan segments.
-        #[arg(long, default_value_t = 4)]
+        #[arg(long, default_value_t = 4, conflicts_with = "total_segments")]
         segments: u32,
+        /// Audit only this segment (of --total-segments); other processes
+        /// or machines audit the others, and `audit-merge` combines their
+        /// JSON reports and concludes the counters.
+        #[arg(long, requires = "total_segments")]
+        segment: Option<u32>,
+        /// The scan's segments, with --segment.
+        #[arg(long, requires = "segment")]
+        total_segments: Option<u32>,
+        /// Read capacity units per second, averaged over the run.
+        #[arg(long)]
+        max_rcu: Option<f64>,
+    },
+    /// Combine the JSON reports of `audit --segment I --total-segments N`
+    /// (every segment once): their findings, and the counters, concluded
+    /// from the segments' sketches. Exit 0 clean, 1 found, 2 error.
+    AuditMerge {
+        #[command(flatten)]
+        target: Target,
+        /// Output format.
+        #[arg(long, value_enum, default_value_t = OutputFormat::Text)]
+        format: OutputFormat,
+        /// Recount the counters found off (the segments' own --repair
+        /// fixed the rest) and clear the recorded violations no segment
+        /// found.
+        #[arg(long)]
+        repair: bool,
+        /// Read capacity units per second for the counters' second scan,
+        /// when one is needed.
+        #[arg(long)]
+        max_rcu: Option<f64>,
+        /// The segments' reports (`audit --format json` output).
+        #[arg(required = true)]
+        reports: Vec<PathBuf>,
     },
     /// Invariant violations recorded by the online check.
     Violations {
@@ -418,7 +451,28 @@ pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             format,
             repair,
             segments,
-        } => block_on(audit::audit(target, format, repair, segments)),
+            segment,
+            total_segments,
+            max_rcu,
+        } => block_on(audit::audit(
+            target,
+            format,
+            crate::audit::AuditOptions {
+                segments: total_segments.unwrap_or(segments).max(1),
+                repair,
+                progress: true,
+                page_size: None,
+                segment,
+                max_rcu,
+            },
+        )),
+        Command::AuditMerge {
+            target,
+            format,
+            repair,
+            max_rcu,
+            reports,
+        } => block_on(audit::merge(target, format, repair, max_rcu, reports)),
         Command::Violations {
             command: ViolationsCommand::List { target, format },
         } => block_on(audit::violations_list(target, format)),

@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use aws_sdk_dynamodb::types::AttributeValue as Av;
 use ddb_projector::apply::{Applier, BatchOptions};
-use ddb_projector::audit::{audit, AuditOptions, AuditReport, Problem};
+use ddb_projector::audit::{audit, merge, AuditOptions, AuditReport, Problem};
 use ddb_projector::backfill::{backfill, BackfillOptions};
 use ddb_projector::counter::read_counter;
 use ddb_projector::record::ChangeKind;
@@ -39,6 +39,7 @@ async fn run_audit(applier: &Applier, repair: bool) -> AuditReport {
             repair,
             progress: false,
             page_size: Some(7),
+            ..AuditOptions::default()
         },
     )
     .await
@@ -73,29 +74,25 @@ async fn follow(client: &aws_sdk_dynamodb::Client, table: &str, a: &str, b: &str
     .await;
 }
 
-#[tokio::test]
-async fn audit_finds_exactly_the_planted_social_drift_and_repair_makes_it_clean() {
+/// Follows a->b, c->b, d->b, b->a, derived and audited clean; then drift:
+/// a deleted inverse edge, an orphan inverse edge, a counter shard off by
+/// 3 (see the first test for what the audit finds).
+async fn drifted_social(prefix: &str) -> (Arc<Spec>, support::Fixture) {
     let spec = support::shipped_spec("social-service.toml");
-    let support::Fixture {
-        client,
-        table,
-        applier,
-        ..
-    } = support::fixture(spec.clone(), "audit-social").await;
+    let fixture = support::fixture(spec.clone(), prefix).await;
+    let (client, table, applier) = (&fixture.client, &fixture.table, &fixture.applier);
     for (a, b) in [("a", "b"), ("c", "b"), ("d", "b"), ("b", "a")] {
-        follow(&client, &table, a, b).await;
+        follow(client, table, a, b).await;
     }
-    derive_everything(&applier).await;
-    let clean = run_audit(&applier, false).await;
+    derive_everything(applier).await;
+    let clean = run_audit(applier, false).await;
     assert!(clean.is_clean(), "{}", clean.to_text(&spec));
     assert!(clean.scanned > 4);
 
-    // Drift: a deleted inverse edge, an orphan inverse edge, a counter
-    // shard off by 3.
-    delete(&client, &table, "USER#b", "FOLLOWED_BY#c").await;
+    delete(client, table, "USER#b", "FOLLOWED_BY#c").await;
     put(
-        &client,
-        &table,
+        client,
+        table,
         &[
             ("PK", s("USER#a")),
             ("SK", s("FOLLOWED_BY#z")),
@@ -106,7 +103,7 @@ async fn audit_finds_exactly_the_planted_social_drift_and_repair_makes_it_clean(
     let shard = spec.counter_shard_key("followers", &["b".to_string()], 5);
     client
         .update_item()
-        .table_name(&table)
+        .table_name(table)
         .key("PK", s(&shard.pk))
         .key("SK", s(shard.sk.as_deref().unwrap()))
         .update_expression("ADD #c :d")
@@ -115,7 +112,20 @@ async fn audit_finds_exactly_the_planted_social_drift_and_repair_makes_it_clean(
         .send()
         .await
         .unwrap();
+    (spec, fixture)
+}
 
+#[tokio::test]
+async fn audit_finds_exactly_the_planted_social_drift_and_repair_makes_it_clean() {
+    let (
+        spec,
+        support::Fixture {
+            client,
+            table,
+            applier,
+            ..
+        },
+    ) = drifted_social("audit-social").await;
     let report = run_audit(&applier, false).await;
     assert_eq!(
         found(&report),
@@ -685,4 +695,186 @@ async fn repairing_a_counter_loses_no_follow_counted_meanwhile() {
     .unwrap();
     assert_eq!(followers, 3, "the repair lost the follow counted meanwhile");
     assert!(run_audit(&applier, false).await.is_clean());
+}
+
+/// A report as a file carries it.
+fn through_json(report: AuditReport) -> AuditReport {
+    serde_json::from_str(&serde_json::to_string(&report).unwrap()).unwrap()
+}
+
+#[tokio::test]
+async fn segments_audited_apart_and_merged_find_what_one_audit_finds() {
+    let (spec, fixture) = drifted_social("audit-merge").await;
+    let applier = &fixture.applier;
+    let whole = run_audit(applier, false).await;
+    assert!(!whole.is_clean());
+    let segment = |segment: u32, repair: bool| async move {
+        let options = AuditOptions {
+            segments: 3,
+            segment: Some(segment),
+            repair,
+            page_size: Some(4),
+            ..AuditOptions::default()
+        };
+        through_json(audit(applier, &options).await.expect("audit a segment"))
+    };
+    let mut reports = Vec::new();
+    for i in 0..3 {
+        let report = segment(i, false).await;
+        assert_eq!(report.segment, Some(i));
+        assert!(report.sketch.is_some());
+        reports.push(report);
+    }
+    // The counters are off by facts that lie in other segments: no
+    // segment concludes them alone.
+    assert!(reports.iter().all(|r| r
+        .findings
+        .iter()
+        .all(|f| f.rule != "followers" && f.rule != "following")));
+    let merged = merge(applier, reports.clone(), false, None)
+        .await
+        .expect("merge");
+    assert_eq!(found(&merged), found(&whole), "{}", merged.to_text(&spec));
+    assert_eq!(merged.scanned, whole.scanned);
+
+    // Every segment once.
+    let refused = |reports: Vec<AuditReport>| async move {
+        merge(applier, reports, false, None)
+            .await
+            .expect_err("refused")
+            .to_string()
+    };
+    let missing = refused(reports[..2].to_vec()).await;
+    assert!(missing.contains("segments 2 of 3 are missing"), "{missing}");
+    let twice = refused(vec![
+        reports[0].clone(),
+        reports[0].clone(),
+        reports[2].clone(),
+    ])
+    .await;
+    assert!(twice.contains("segment 0 is given twice"), "{twice}");
+    let whole_report = refused(vec![through_json(whole.clone())]).await;
+    assert!(whole_report.contains("not one segment"), "{whole_report}");
+
+    // Each segment repairs what it found; the merge recounts the counters.
+    let mut repaired = Vec::new();
+    for i in 0..3 {
+        repaired.push(segment(i, true).await);
+    }
+    let merged = merge(applier, repaired, true, None)
+        .await
+        .expect("merge --repair");
+    assert!(
+        merged.repair_failures.is_empty(),
+        "{:?}",
+        merged.repair_failures
+    );
+    let after = run_audit(applier, false).await;
+    assert!(after.is_clean(), "{}", after.to_text(&spec));
+}
+
+#[tokio::test]
+async fn audit_merge_combines_segment_reports_from_files() {
+    let (_spec, fixture) = drifted_social("audit-merge-cli").await;
+    let spec_path = support::repo().join("projections/social-service.toml");
+    let spec_arg = spec_path.to_str().unwrap();
+    let table = fixture.table.as_str();
+    let dir = std::env::temp_dir().join(format!("audit-merge-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let mut files = Vec::new();
+    for i in ["0", "1"] {
+        let out = cli(&[
+            "audit",
+            "--spec",
+            spec_arg,
+            "--table",
+            table,
+            "--segment",
+            i,
+            "--total-segments",
+            "2",
+            "--format",
+            "json",
+        ]);
+        assert!(
+            matches!(out.status.code(), Some(0 | 1)),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let file = dir.join(format!("segment-{i}.json"));
+        std::fs::write(&file, &out.stdout).unwrap();
+        files.push(file.to_str().unwrap().to_string());
+    }
+    let merged = cli(&[
+        "audit-merge",
+        "--spec",
+        spec_arg,
+        "--table",
+        table,
+        &files[0],
+        &files[1],
+    ]);
+    let text = String::from_utf8_lossy(&merged.stdout);
+    assert_eq!(merged.status.code(), Some(1), "{text}");
+    assert!(text.contains("off by +3 (is 6, should be 3)"), "{text}");
+    assert!(text.contains("orphaned"), "{text}");
+
+    let one = cli(&[
+        "audit-merge",
+        "--spec",
+        spec_arg,
+        "--table",
+        table,
+        &files[1],
+    ]);
+    assert_eq!(one.status.code(), Some(2));
+    let error = String::from_utf8_lossy(&one.stderr);
+    assert!(error.contains("segments 0 of 2 are missing"), "{error}");
+    std::fs::write(dir.join("bad.json"), "{ not json").unwrap();
+    let bad = dir.join("bad.json");
+    let bad = cli(&[
+        "audit-merge",
+        "--spec",
+        spec_arg,
+        "--table",
+        table,
+        bad.to_str().unwrap(),
+    ]);
+    assert_eq!(bad.status.code(), Some(2));
+    let error = String::from_utf8_lossy(&bad.stderr);
+    assert!(
+        error.contains("bad.json is not a segment report"),
+        "{error}"
+    );
+    std::fs::remove_dir_all(&dir).ok();
+}
+
+#[tokio::test]
+async fn max_rcu_bounds_the_read_rate() {
+    let (spec, fixture) = drifted_social("audit-rcu").await;
+    let applier = &fixture.applier;
+    let options = AuditOptions {
+        segments: 3,
+        page_size: Some(4),
+        ..AuditOptions::default()
+    };
+    let free = audit(applier, &options).await.expect("audit");
+    // The limit lets the scan take about two seconds.
+    let limit = free.read_units / 2.0;
+    let paced = audit(
+        applier,
+        &AuditOptions {
+            max_rcu: Some(limit),
+            ..options
+        },
+    )
+    .await
+    .expect("audit");
+    assert_eq!(found(&paced), found(&free), "{}", paced.to_text(&spec));
+    assert!(
+        paced.seconds >= 1.5,
+        "{:.1} RCU at most {limit:.1}/s took {:.2} s",
+        paced.read_units,
+        paced.seconds
+    );
 }

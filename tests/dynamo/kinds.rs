@@ -415,6 +415,7 @@ async fn backfill_derives_totals_and_audit_finds_and_repairs_drift() {
             repair: false,
             progress: false,
             page_size: Some(3),
+            ..AuditOptions::default()
         };
         let clean = audit(&applier, &options).await.expect("audit");
         assert!(clean.is_clean(), "{file}: {}", clean.to_text(&spec));

@@ -526,6 +526,7 @@ sk = "FOLLOWS#{{followeeId}}"
         repair,
         progress: false,
         page_size: None,
+        ..ddb_projector::audit::AuditOptions::default()
     };
     let report = ddb_projector::audit::audit(&live.applier(&v2), &options(true))
         .await
