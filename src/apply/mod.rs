@@ -457,19 +457,7 @@ impl Applier {
         let (leased, holds, ()) = tokio::join!(lease, holds, ctx.read_targets_ahead(targets));
         if lease_until.is_some() {
             if let Err(message) = leased {
-                let statuses = vec![RecordStatus::Failed(message); n];
-                let stats = BatchStats {
-                    records: n,
-                    effects: n_effects,
-                    requests: ctx.requests(),
-                    ..BatchStats::default()
-                };
-                record_metrics(&statuses, &stats);
-                return Ok(BatchOutcome {
-                    statuses,
-                    stats,
-                    ..BatchOutcome::default()
-                });
+                return Ok(all_failed(message, n, n_effects, &ctx));
             }
             *written = ids.clone();
         }
@@ -481,19 +469,7 @@ impl Applier {
                 // wrong configuration fails the batch as a whole.
                 Err(retry::WriteError::Transient(message)) => {
                     let reason = format!("reading the holds failed: {message}");
-                    let statuses = vec![RecordStatus::Failed(reason); n];
-                    let stats = BatchStats {
-                        records: n,
-                        effects: n_effects,
-                        requests: ctx.requests(),
-                        ..BatchStats::default()
-                    };
-                    record_metrics(&statuses, &stats);
-                    return Ok(BatchOutcome {
-                        statuses,
-                        stats,
-                        letters: Vec::new(),
-                    });
+                    return Ok(all_failed(reason, n, n_effects, &ctx));
                 }
                 Err(error) => return Err(fatal(error.to_string())),
             }
@@ -962,6 +938,25 @@ fn effect_projections(effect: &crate::plan::Effect) -> Vec<ProjectionId> {
         ids.extend(counters.iter().map(|c| c.counter));
     }
     ids
+}
+
+/// A batch none of whose `n` records could be applied (its lease was
+/// refused, its holds could not be read): every record fails, to be
+/// delivered again, and nothing was written.
+fn all_failed(reason: String, n: usize, effects: usize, ctx: &ctx::Ctx<'_>) -> BatchOutcome {
+    let statuses = vec![RecordStatus::Failed(reason); n];
+    let stats = BatchStats {
+        records: n,
+        effects,
+        requests: ctx.requests(),
+        ..BatchStats::default()
+    };
+    record_metrics(&statuses, &stats);
+    BatchOutcome {
+        statuses,
+        stats,
+        letters: Vec::new(),
+    }
 }
 
 fn record_metrics(statuses: &[RecordStatus], stats: &BatchStats) {

@@ -1097,22 +1097,7 @@ async fn a_rollup_target_read_ahead_of_a_concurrent_recompute_is_only_a_first_gu
 
     // A: its read-ahead answers what it read before B.
     write(client, table, &ab).await;
-    let ahead = support::Answer {
-        operation: "BatchGetItem",
-        needle: r#""PROFILE""#,
-        body: serde_json::json!({
-            "Responses": { table.as_str(): [json_item(&early)] },
-            "UnprocessedKeys": {},
-        }),
-    }
-    .client()
-    .await;
-    let a = Applier::new(
-        ahead,
-        fixture.spec.clone(),
-        table,
-        ddb_projector::apply::ApplyConfig::default(),
-    );
+    let a = reading_profiles_ahead_as(&fixture, vec![json_item(&early)]).await;
     let outcome = a
         .apply_batch(
             &[change(5, ChangeKind::Insert, None, Some(&ab))],
@@ -1121,8 +1106,38 @@ async fn a_rollup_target_read_ahead_of_a_concurrent_recompute_is_only_a_first_gu
         .await
         .unwrap();
     assert_eq!(outcome.statuses, vec![RecordStatus::Applied]);
-    let (total, counted) = total_and_counter(&fixture, "b", "followersCount", "followers").await;
-    assert_eq!(counted, 2);
+    assert_followers_total_follows_the_counter(&fixture, 2).await;
+}
+
+/// An applier on `fixture`'s table whose read ahead of profiles (the
+/// batch's first `BatchGetItem` naming one) answers `profiles`: what
+/// another worker may have read before a concurrent recompute.
+async fn reading_profiles_ahead_as(
+    fixture: &support::Fixture,
+    profiles: Vec<serde_json::Value>,
+) -> Applier {
+    let client = support::Answer {
+        operation: "BatchGetItem",
+        needle: r#""PROFILE""#,
+        body: serde_json::json!({
+            "Responses": { fixture.table.as_str(): profiles },
+            "UnprocessedKeys": {},
+        }),
+    }
+    .client()
+    .await;
+    Applier::new(
+        client,
+        fixture.spec.clone(),
+        &fixture.table,
+        ddb_projector::apply::ApplyConfig::default(),
+    )
+}
+
+/// b's `followersCount` equals its `followers` counter, which is `want`.
+async fn assert_followers_total_follows_the_counter(fixture: &support::Fixture, want: i64) {
+    let (total, counted) = total_and_counter(fixture, "b", "followersCount", "followers").await;
+    assert_eq!(counted, want);
     assert_eq!(
         total,
         Some(counted.to_string()),
@@ -1156,30 +1171,12 @@ async fn a_rollup_target_absent_when_read_ahead_is_read_again() {
         )
         .await
         .unwrap();
-    let absent = support::Answer {
-        operation: "BatchGetItem",
-        needle: r#""PROFILE""#,
-        body: serde_json::json!({ "Responses": { table.as_str(): [] }, "UnprocessedKeys": {} }),
-    }
-    .client()
-    .await;
-    let a = Applier::new(
-        absent,
-        fixture.spec.clone(),
-        table,
-        ddb_projector::apply::ApplyConfig::default(),
-    );
+    let a = reading_profiles_ahead_as(&fixture, Vec::new()).await;
     a.apply_batch(
         &[change(3, ChangeKind::Insert, None, Some(&ab))],
         &BatchOptions::default(),
     )
     .await
     .unwrap();
-    let (total, counted) = total_and_counter(&fixture, "b", "followersCount", "followers").await;
-    assert_eq!(counted, 2);
-    assert_eq!(
-        total,
-        Some(counted.to_string()),
-        "the total follows the counter"
-    );
+    assert_followers_total_follows_the_counter(&fixture, 2).await;
 }
