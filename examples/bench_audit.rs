@@ -156,7 +156,7 @@ async fn main() {
     } else {
         args.iter().filter_map(|n| n.parse().ok()).collect()
     };
-    println!("| items | audited | seconds | items/s | RCU per item | peak RSS |");
+    println!("| items | audited | seconds | items/s | RCU per item | peak RSS (pages of 1,000) |");
     println!("|---|---|---|---|---|---|");
     let spec = spec();
     for size in sizes {

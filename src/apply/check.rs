@@ -964,13 +964,14 @@ pub(crate) async fn recorded(ctx: &Ctx<'_>) -> Result<Vec<RecordedViolation>, Wr
 pub(crate) async fn replace_all(
     ctx: &Ctx<'_>,
     found: &[Violation],
+    seen_before_ms: u64,
 ) -> Result<(usize, usize), WriteError> {
     let recorded_n = record_all(ctx, found).await?;
     let wanted: Vec<(String, String)> = found
         .iter()
         .map(|v| (v.invariant.clone(), v.record_sk()))
         .collect();
-    let cleared = clear_except(ctx, &wanted).await?;
+    let cleared = clear_except(ctx, &wanted, seen_before_ms).await?;
     Ok((recorded_n, cleared))
 }
 
@@ -999,21 +1000,31 @@ pub(crate) async fn record_all(ctx: &Ctx<'_>, found: &[Violation]) -> Result<usi
 }
 
 /// Deletes every recorded violation but `wanted` ((invariant, recorded
-/// key) pairs); returns how many went.
+/// key) pairs) that was last seen before `seen_before_ms` (when the audit
+/// that found `wanted` began: one recorded or confirmed since is newer
+/// than what the audit read); returns how many went.
 pub(crate) async fn clear_except(
     ctx: &Ctx<'_>,
     wanted: &[(String, String)],
+    seen_before_ms: u64,
 ) -> Result<usize, WriteError> {
     let wanted: HashSet<(&str, &str)> = wanted
         .iter()
         .map(|(i, k)| (i.as_str(), k.as_str()))
         .collect();
+    let before = |last_seen: &str| {
+        aws_smithy_types::DateTime::from_str(
+            last_seen,
+            aws_smithy_types::date_time::Format::DateTime,
+        )
+        .ok()
+        .and_then(|at| at.to_millis().ok())
+        .is_some_and(|at| (at as u64) < seen_before_ms)
+    };
     let mut cleared = 0;
-    for stale in recorded(ctx)
-        .await?
-        .iter()
-        .filter(|s| !wanted.contains(&(s.invariant.as_str(), s.record_sk.as_str())))
-    {
+    for stale in recorded(ctx).await?.iter().filter(|s| {
+        !wanted.contains(&(s.invariant.as_str(), s.record_sk.as_str())) && before(&s.last_seen)
+    }) {
         delete_violation(ctx, &stale.invariant, &stale.record_sk).await?;
         cleared += 1;
     }

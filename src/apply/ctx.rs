@@ -33,6 +33,9 @@ pub(crate) struct Ctx<'a> {
     /// here: reading the target earlier than its sources is what its
     /// conditional write needs, so an early read only risks a retry.
     pub targets: std::sync::Mutex<HashMap<ItemKey, Option<HashMap<String, Av>>>>,
+    /// Whether recomputes' reads are kept for the invariant check (a
+    /// batch's are; an audit's, which never check from them, are not).
+    pub keep_reads: bool,
 }
 
 /// What recomputes read and wrote, for the invariant check.
@@ -142,6 +145,7 @@ impl<'a> Ctx<'a> {
             requests: std::sync::Mutex::new(Requests::default()),
             partitions: std::sync::Mutex::new(PartitionReads::default()),
             targets: std::sync::Mutex::new(HashMap::new()),
+            keep_reads: true,
         }
     }
 
@@ -170,6 +174,9 @@ impl<'a> Ctx<'a> {
     }
 
     pub(crate) fn remember_read(&self, query: &SourceQuery, items: &[Item]) {
+        if !self.keep_reads {
+            return;
+        }
         let mut partitions = self.partitions.lock().expect("not poisoned");
         partitions.read.insert(query.clone(), items.to_vec());
     }

@@ -766,14 +766,17 @@ impl Applier {
     }
 
     /// Makes the recorded violations exactly `found` (what a full audit
-    /// found): records the new ones, deletes the resolved ones. Returns
+    /// found): records the new ones, deletes the resolved ones, unless
+    /// recorded or confirmed since `seen_before_ms` (the audit's start: the
+    /// online check saw them after the audit read their scope). Returns
     /// (recorded, cleared).
     pub async fn replace_violations(
         &self,
         found: &[crate::invariant::Violation],
+        seen_before_ms: u64,
     ) -> Result<(usize, usize), ApplyError> {
         let ctx = ctx::Ctx::new(&self.client, &self.table, &self.spec, &self.config);
-        check::replace_all(&ctx, found)
+        check::replace_all(&ctx, found, seen_before_ms)
             .await
             .map_err(|e| ApplyError::Fatal {
                 table: self.table.clone(),
@@ -797,13 +800,15 @@ impl Applier {
     }
 
     /// Deletes the recorded violations not in `keep` ((invariant, recorded
-    /// key) pairs: what every segment of an audit found); returns how many.
+    /// key) pairs: what every segment of an audit found) last seen before
+    /// `seen_before_ms` (when the audit began); returns how many.
     pub async fn clear_violations_except(
         &self,
         keep: &[(String, String)],
+        seen_before_ms: u64,
     ) -> Result<usize, ApplyError> {
         let ctx = ctx::Ctx::new(&self.client, &self.table, &self.spec, &self.config);
-        check::clear_except(&ctx, keep)
+        check::clear_except(&ctx, keep, seen_before_ms)
             .await
             .map_err(|e| ApplyError::Fatal {
                 table: self.table.clone(),

@@ -25,9 +25,10 @@ pub(crate) struct Reader<'a> {
 impl Applier {
     /// A reader with the worker's retries and concurrency.
     pub(crate) fn reader(&self) -> Reader<'_> {
-        Reader {
-            ctx: Ctx::new(&self.client, &self.table, &self.spec, &self.config),
-        }
+        let mut ctx = Ctx::new(&self.client, &self.table, &self.spec, &self.config);
+        // What a page's checks read is compared, then dropped.
+        ctx.keep_reads = false;
+        Reader { ctx }
     }
 }
 
@@ -65,26 +66,28 @@ impl Reader<'_> {
 
     /// The items that hold `value` for the `unique` invariant `invariant`:
     /// the index's holders and `also`, each confirmed by a consistent read
-    /// when more than one partition holds it (the index lags the table).
+    /// when more than one partition holds it (the index lags the table),
+    /// sorted; and whether the index holds `also` (an item whose index key
+    /// drifted is out of it).
     pub(crate) async fn unique_holders(
         &self,
         invariant: usize,
         value: &str,
         also: &ItemKey,
-    ) -> Result<Vec<ItemKey>, WriteError> {
+    ) -> Result<(Vec<ItemKey>, bool), WriteError> {
         let spec = self.ctx.spec;
         let checked = &spec.invariants[invariant];
         let InvariantKind::Unique {
             index, attribute, ..
         } = &checked.kind
         else {
-            return Ok(Vec::new());
+            return Ok((Vec::new(), false));
         };
         let mut holders = value_holders(&self.ctx, index, attribute, value).await?;
-        holders.insert(also.clone());
+        let indexed = !holders.insert(also.clone());
         let owners: HashSet<&str> = holders.iter().map(|k| k.pk.as_str()).collect();
         if owners.len() < 2 {
-            return Ok(holders.into_iter().collect());
+            return Ok((holders.into_iter().collect(), indexed));
         }
         let mut confirmed: Vec<ItemKey> = read_markers(&self.ctx, holders.iter().collect())
             .await?
@@ -93,7 +96,7 @@ impl Reader<'_> {
             .map(|(key, _)| key)
             .collect();
         confirmed.sort();
-        Ok(confirmed)
+        Ok((confirmed, indexed))
     }
 
     /// Read capacity units consumed so far.

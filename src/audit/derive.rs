@@ -450,10 +450,10 @@ pub(super) fn counters(spec: &Spec, sketch: &Sketch, tally: &Tally, out: &mut Ve
             if want == have {
                 continue;
             }
-            let values: Vec<String> = if counter.of.len() == 1 {
-                vec![joined.clone()]
-            } else {
-                joined.split('#').map(str::to_string).collect()
+            let values: Vec<String> = match counter.of.len() {
+                0 => Vec::new(),
+                1 => vec![joined.clone()],
+                _ => joined.split('#').map(str::to_string).collect(),
             };
             let shards = (0..counter.shards)
                 .map(|shard| spec.counter_shard_key(&counter.storage, &values, shard).pk)
@@ -465,7 +465,11 @@ pub(super) fn counters(spec: &Spec, sketch: &Sketch, tally: &Tally, out: &mut Ve
                     expected: want,
                     actual: have,
                 },
-                key: format!("COUNTER#{}#{joined}", counter.storage),
+                key: if values.is_empty() {
+                    format!("COUNTER#{}", counter.storage)
+                } else {
+                    format!("COUNTER#{}#{joined}", counter.storage)
+                },
                 items: Vec::new(),
                 detail: counter
                     .of

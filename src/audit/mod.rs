@@ -62,7 +62,9 @@ pub struct AuditOptions {
     pub repair: bool,
     /// Show a progress bar (terminal) or log lines.
     pub progress: bool,
-    /// Items per scan page (`None`: DynamoDB's 1 MB pages).
+    /// Items per scan page (`None`: DynamoDB's 1 MB pages). A page and
+    /// what its checks read is what a segment holds: the default, 1,000,
+    /// keeps that to a few MB whatever the items' size.
     pub page_size: Option<i32>,
     /// Audit only this segment of `segments` (another process, or another
     /// machine, audits the others): the report carries the counters'
@@ -78,7 +80,7 @@ impl Default for AuditOptions {
             segments: 4,
             repair: false,
             progress: false,
-            page_size: None,
+            page_size: Some(1000),
             segment: None,
             max_rcu: None,
         }
@@ -186,6 +188,13 @@ enum Fix {
 /// The result of an audit.
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
 pub struct AuditReport {
+    /// The table audited.
+    #[serde(default)]
+    pub table: String,
+    /// When the audit began (ms since the epoch): a violation recorded
+    /// since is newer than what it read.
+    #[serde(default)]
+    pub started_ms: u64,
     /// The segment audited, when one was (of `total_segments`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub segment: Option<u32>,
@@ -377,6 +386,7 @@ async fn locate_counters(
 /// `options.segments` in this process, or only `options.segment`.
 pub async fn audit(applier: &Applier, options: &AuditOptions) -> Result<AuditReport, ApplyError> {
     let started = Instant::now();
+    let started_ms = crate::lifecycle::now_ms();
     let spec = applier.spec();
     let read_micro = AtomicU64::new(0);
     let segments = options.segments.max(1);
@@ -412,6 +422,8 @@ pub async fn audit(applier: &Applier, options: &AuditOptions) -> Result<AuditRep
     let parts = futures::future::try_join_all(scans).await?;
     progress.finish();
     let mut report = AuditReport {
+        table: applier.table().to_string(),
+        started_ms,
         segment: options.segment,
         total_segments: segments,
         ..AuditReport::default()
@@ -439,7 +451,7 @@ pub async fn audit(applier: &Applier, options: &AuditOptions) -> Result<AuditRep
             .await?,
         );
     }
-    violations.sort_by_key(|(id, v)| (*id, v.record_sk()));
+    let violations = one_per_scope(spec, violations);
     report.findings.extend(
         violations
             .iter()
@@ -460,7 +472,7 @@ pub async fn audit(applier: &Applier, options: &AuditOptions) -> Result<AuditRep
             // this segment's, and leave clearing to `merge --repair`.
             report.violations_recorded = applier.record_violations(&violations).await?;
         } else {
-            let (recorded, cleared) = applier.replace_violations(&violations).await?;
+            let (recorded, cleared) = applier.replace_violations(&violations, started_ms).await?;
             report.violations_recorded = recorded;
             report.violations_cleared = cleared;
         }
@@ -488,9 +500,11 @@ pub async fn merge(
         table: applier.table().to_string(),
         message,
     };
-    let total = covered(&reports).map_err(fatal)?;
+    let total = covered(&reports, applier.table()).map_err(fatal)?;
     let read_micro = AtomicU64::new(0);
     let mut report = AuditReport {
+        table: applier.table().to_string(),
+        started_ms: reports.iter().map(|r| r.started_ms).min().unwrap_or(0),
         total_segments: total,
         ..AuditReport::default()
     };
@@ -506,34 +520,112 @@ pub async fn merge(
         report.violation_keys.extend(part.violation_keys);
         sketch.merge(&part.sketch.unwrap_or_default());
     }
-    let counted = if sketch.is_zero() {
-        Vec::new()
-    } else {
+    let mut counted = AuditReport::default();
+    if !sketch.is_zero() {
         let pacer = crate::backfill::Pacer::new(max_rcu);
-        locate_counters(applier, &sketch, total, None, &read_micro, &pacer).await?
-    };
-    let spec = applier.spec();
-    report.findings.extend(counted);
-    sort_findings(spec, &mut report.findings);
+        counted.findings =
+            locate_counters(applier, &sketch, total, None, &read_micro, &pacer).await?;
+    }
     report.read_units += read_micro.load(Ordering::Relaxed) as f64 / 1e6;
     if repair_counters {
-        // The segments' findings carry no fix (it is not reported): what
-        // is repaired here is what this merge found, the counters.
-        let written = report.write_units;
-        repair(applier, &mut report).await?;
-        report.write_units += written;
+        // What is repaired here is what this merge found, the counters:
+        // the segments repaired the rest, and their findings carry no fix.
+        repair::repair_beside(
+            applier,
+            &mut counted,
+            repair::memberships_left(&report.findings),
+        )
+        .await?;
+        report.repair_failures.extend(counted.repair_failures);
+        report.repaired += counted.repaired;
+        report.write_units += counted.write_units;
+        report.read_units += counted.read_units;
         report.violations_cleared = applier
-            .clear_violations_except(&report.violation_keys)
+            .clear_violations_except(&report.violation_keys, report.started_ms)
             .await?;
     }
+    let spec = applier.spec();
+    report.findings = one_per_key(report.findings);
+    report.violation_keys.sort();
+    report.violation_keys.dedup();
+    report.findings.extend(counted.findings);
+    sort_findings(spec, &mut report.findings);
     report.seconds = started.elapsed().as_secs_f64();
     finished(&report);
     Ok(report)
 }
 
+/// Violations of one scope several pages reported (a `unique` value seen
+/// from holders its index lost) as one, naming every item any of them
+/// named; in spec order, by scope.
+fn one_per_scope(
+    spec: &Spec,
+    violations: Vec<(usize, crate::invariant::Violation)>,
+) -> Vec<(usize, crate::invariant::Violation)> {
+    let mut by_scope: BTreeMap<(usize, String), crate::invariant::Violation> = BTreeMap::new();
+    for (id, violation) in violations {
+        match by_scope.entry((id, violation.record_sk())) {
+            std::collections::btree_map::Entry::Vacant(slot) => {
+                slot.insert(violation);
+            }
+            std::collections::btree_map::Entry::Occupied(mut slot) => {
+                let kept = slot.get_mut();
+                let mut keys = std::mem::take(&mut kept.keys);
+                keys.extend(violation.keys);
+                keys.sort();
+                keys.dedup();
+                let invariant = &spec.invariants[id];
+                match invariant.is_partition_scoped() {
+                    false => match crate::invariant::check_unique(invariant, &kept.scope, &keys) {
+                        Some(merged) => *kept = merged,
+                        None => kept.keys = keys,
+                    },
+                    true => kept.keys = keys,
+                }
+            }
+        }
+    }
+    by_scope
+        .into_iter()
+        .map(|((id, _), violation)| (id, violation))
+        .collect()
+}
+
+/// Findings of one rule, problem and key that several segments reported
+/// (a `unique` value seen from holders its index lost) as one, naming
+/// every item any of them named.
+fn one_per_key(findings: Vec<Finding>) -> Vec<Finding> {
+    let mut out: Vec<Finding> = Vec::with_capacity(findings.len());
+    let mut at: HashMap<(String, String, String), usize> = HashMap::new();
+    for finding in findings {
+        let id = (
+            finding.rule.clone(),
+            finding.key.clone(),
+            finding.problem.label(),
+        );
+        match at.get(&id) {
+            Some(&i) => {
+                let kept = &mut out[i];
+                if finding.items.len() > kept.items.len() {
+                    kept.detail = finding.detail;
+                }
+                kept.items.extend(finding.items);
+                kept.items.sort();
+                kept.items.dedup();
+                kept.repaired |= finding.repaired;
+            }
+            None => {
+                at.insert(id, out.len());
+                out.push(finding);
+            }
+        }
+    }
+    out
+}
+
 /// The number of segments `reports` cover, when they are every segment of
 /// one scan exactly once.
-fn covered(reports: &[AuditReport]) -> Result<u32, String> {
+fn covered(reports: &[AuditReport], table: &str) -> Result<u32, String> {
     let Some(first) = reports.first() else {
         return Err("no segment reports to merge".to_string());
     };
@@ -543,6 +635,12 @@ fn covered(reports: &[AuditReport]) -> Result<u32, String> {
         let Some(segment) = report.segment else {
             return Err("a report of a whole audit (not one segment) cannot be merged".to_string());
         };
+        if report.table != table {
+            return Err(format!(
+                "the report of segment {segment} is of the table `{}`, not `{table}`",
+                report.table
+            ));
+        }
         if report.total_segments != total {
             return Err(format!(
                 "the reports are of different scans: {} and {total} segments",

@@ -9,7 +9,8 @@
 //! - partition invariants: the partition, queried consistently, checked
 //!   from the page holding its first item of the entity;
 //! - `unique`: the value's holders (the index, confirmed by consistent
-//!   reads), checked from the page holding the first of them;
+//!   reads), checked from the page holding the first of them, and from
+//!   the page of any holder out of the index (merged by the audit);
 //! - counters: facts added to the segment's sketch (see
 //!   [`super::sketch`]).
 
@@ -161,8 +162,12 @@ pub(super) async fn check(
         .map(|(id, value, key)| {
             let reader = &reader;
             async move {
-                let holders = reader.unique_holders(id, &value, key).await?;
-                let violation = (holders.first() == Some(key))
+                // Reported from its first holder, which every holder's
+                // page sees through the index; and from a holder the
+                // index lost (its key drifted), which no other page sees.
+                // The audit merges what several holders report.
+                let (holders, indexed) = reader.unique_holders(id, &value, key).await?;
+                let violation = (holders.first() == Some(key) || !indexed)
                     .then(|| check_unique(&spec.invariants[id], &value, &holders))
                     .flatten();
                 Ok::<_, WriteError>(violation.map(|v| (id, v)))

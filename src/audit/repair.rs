@@ -6,7 +6,7 @@ use std::sync::atomic::AtomicU64;
 
 use aws_sdk_dynamodb::types::{AttributeValue as Av, ReturnConsumedCapacity};
 
-use super::{AuditReport, Fix};
+use super::{AuditReport, Fix, Problem};
 use crate::apply::{Applier, ApplyError, BatchStats, CHANGES_ATTRIBUTE, COUNT_ATTRIBUTE};
 use crate::plan::Effect;
 
@@ -15,6 +15,16 @@ use crate::plan::Effect;
 /// the scan saw, so nothing newer is undone), then counter shards that do
 /// not hold the number of records naming them (see [`recount`]).
 pub async fn repair(applier: &Applier, report: &mut AuditReport) -> Result<(), ApplyError> {
+    repair_beside(applier, report, 0).await
+}
+
+/// As [`repair`], with `memberships_elsewhere` membership findings left
+/// unrepaired outside `report` (the segments' of a merge).
+pub(super) async fn repair_beside(
+    applier: &Applier,
+    report: &mut AuditReport,
+    memberships_elsewhere: usize,
+) -> Result<(), ApplyError> {
     let mut effects: Vec<Effect> = Vec::new();
     let mut owners: Vec<Vec<usize>> = Vec::new();
     for (index, finding) in report.findings.iter().enumerate() {
@@ -66,6 +76,7 @@ pub async fn repair(applier: &Applier, report: &mut AuditReport) -> Result<(), A
         }
     }
     if !shards.is_empty() {
+        let memberships_left = memberships_left(&report.findings) + memberships_elsewhere;
         let outcome = recount(applier, &shards, &mut total).await?;
         for index in 0..report.findings.len() {
             let Some(Fix::Recount(list)) = &report.findings[index].fix else {
@@ -78,8 +89,25 @@ pub async fn repair(applier: &Applier, report: &mut AuditReport) -> Result<(), A
                     _ => None,
                 })
                 .collect();
-            if errors.is_empty() {
+            // The records a recount counts are the counter's members only
+            // once every membership is in place: while one is left (its
+            // repair failed, or was not asked for: `audit-merge --repair`
+            // after segments audited without `--repair`), the counter is
+            // not right yet.
+            let short = match report.findings[index].problem {
+                Problem::CounterOff { .. } if errors.is_empty() && memberships_left > 0 => Some(format!(
+                    "{memberships_left} reverse edge or counter marker findings are not repaired, so the records the recount counted are not all its members: repair them (audit --repair), then audit again"
+                )),
+                _ => None,
+            };
+            if errors.is_empty() && short.is_none() {
                 report.findings[index].repaired = true;
+            }
+            if let Some(short) = short {
+                report.repair_failures.push(format!(
+                    "{} {}: {short}",
+                    report.findings[index].rule, report.findings[index].key
+                ));
             }
             for error in errors {
                 report.repair_failures.push(format!(
@@ -268,4 +296,20 @@ pub(super) async fn count_records(
             _ => return Ok(counts),
         }
     }
+}
+
+/// Reverse edge and counter marker findings not repaired: while one is
+/// left, the records a recount counts are not all the counter's members.
+pub(super) fn memberships_left(findings: &[super::Finding]) -> usize {
+    findings
+        .iter()
+        .filter(|f| {
+            !f.repaired
+                && matches!(
+                    f.problem,
+                    Problem::Missing | Problem::Stale | Problem::Orphaned
+                )
+                && matches!(f.rule_kind.as_str(), "inverse-edge" | "counter")
+        })
+        .count()
 }

@@ -14,7 +14,8 @@ use crate::record::{Item, ItemKey};
 use crate::spec::{ProjectionId, ProjectionKind, Spec, RESERVED_PREFIX};
 
 /// The counter a shard partition key belongs to, and its values joined by
-/// `#` (`COUNTER#followers#b#3` -> followers, `b`).
+/// `#` (`COUNTER#followers#b#3` -> followers, `b`; `COUNTER#total#3` ->
+/// total, nothing, for a counter without `of`).
 pub(super) fn parse_shard(spec: &Spec, pk: &str) -> Option<(ProjectionId, String)> {
     let rest = pk.strip_prefix("COUNTER#")?;
     spec.projections
@@ -27,7 +28,13 @@ pub(super) fn parse_shard(spec: &Spec, pk: &str) -> Option<(ProjectionId, String
             let rest = rest
                 .strip_prefix(counter.storage.as_str())?
                 .strip_prefix('#')?;
-            let (values, shard) = rest.rsplit_once('#')?;
+            // A counter without `of` (one count for the table) has its
+            // shard number right after its storage.
+            let (values, shard) = match (counter.of.is_empty(), rest.rsplit_once('#')) {
+                (true, None) => ("", rest),
+                (false, Some(split)) => split,
+                _ => return None,
+            };
             shard.parse::<u32>().ok()?;
             Some((id, values.to_string()))
         })

@@ -248,6 +248,9 @@ pub enum Command {
         /// Read capacity units per second, averaged over the run.
         #[arg(long)]
         max_rcu: Option<f64>,
+        /// Items per scan page: what each segment holds at a time.
+        #[arg(long, default_value_t = 1000)]
+        page_size: i32,
     },
     /// Combine the JSON reports of `audit --segment I --total-segments N`
     /// (every segment once): their findings, and the counters, concluded
@@ -454,6 +457,7 @@ pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             segment,
             total_segments,
             max_rcu,
+            page_size,
         } => block_on(audit::audit(
             target,
             format,
@@ -461,7 +465,7 @@ pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 segments: total_segments.unwrap_or(segments).max(1),
                 repair,
                 progress: true,
-                page_size: None,
+                page_size: Some(page_size.max(1)),
                 segment,
                 max_rcu,
             },

@@ -755,6 +755,33 @@ async fn segments_audited_apart_and_merged_find_what_one_audit_finds() {
     assert!(twice.contains("segment 0 is given twice"), "{twice}");
     let whole_report = refused(vec![through_json(whole.clone())]).await;
     assert!(whole_report.contains("not one segment"), "{whole_report}");
+    let mut elsewhere = reports.clone();
+    elsewhere[1].table = "another-table".to_string();
+    let elsewhere = refused(elsewhere).await;
+    assert!(
+        elsewhere.contains("segment 1 is of the table `another-table`"),
+        "{elsewhere}"
+    );
+
+    // Recounting alone cannot make a counter right while a membership it
+    // counts is missing (the segments did not repair): not claimed fixed.
+    let recounted = merge(applier, reports.clone(), true, None)
+        .await
+        .expect("merge --repair");
+    let off = recounted
+        .findings
+        .iter()
+        .find(|f| f.key == "COUNTER#followers#b")
+        .expect("the counter off");
+    assert!(!off.repaired, "{}", recounted.to_text(&spec));
+    assert!(
+        recounted
+            .repair_failures
+            .iter()
+            .any(|f| f.contains("counter marker findings are not repaired")),
+        "{:?}",
+        recounted.repair_failures
+    );
 
     // Each segment repairs what it found; the merge recounts the counters.
     let mut repaired = Vec::new();
@@ -876,5 +903,213 @@ async fn max_rcu_bounds_the_read_rate() {
         "{:.1} RCU at most {limit:.1}/s took {:.2} s",
         paced.read_units,
         paced.seconds
+    );
+}
+
+/// Removes the index keys `email-gsi1-keys` wrote on an email: drift that
+/// takes the item out of the index the `unique` check queries.
+async fn drop_index_keys(client: &aws_sdk_dynamodb::Client, table: &str, user: &str, id: &str) {
+    client
+        .update_item()
+        .table_name(table)
+        .key("PK", s(&format!("USER#{user}")))
+        .key("SK", s(&format!("EMAIL#{id}")))
+        .update_expression("REMOVE GSI1PK, GSI1SK")
+        .send()
+        .await
+        .unwrap();
+}
+
+#[tokio::test]
+async fn a_unique_violation_is_found_once_when_a_holder_lost_its_index_key() {
+    let spec = support::shipped_spec("user-service.toml");
+    let support::Fixture {
+        client,
+        table,
+        applier,
+        ..
+    } = support::fixture(spec.clone(), "audit-unique").await;
+    for user in ["u0", "u1", "u2"] {
+        put_profile(&client, &table, user).await;
+        let id = user.replace('u', "e");
+        put_item(&client, &table, &email(user, &id, "dup@x.org", true, true)).await;
+    }
+    derive_everything(&applier).await;
+    let violation = triple("unique-email-address", "violation", "EMAIL#dup@x.org");
+    let holders = |report: &AuditReport| -> Vec<Vec<String>> {
+        report
+            .findings
+            .iter()
+            .filter(|f| f.rule == "unique-email-address")
+            .map(|f| f.items.clone())
+            .collect()
+    };
+
+    // The first holder is out of the index: the others' pages see it only
+    // through their own item, and must not report the value twice.
+    drop_index_keys(&client, &table, "u0", "e0").await;
+    let report = run_audit(&applier, false).await;
+    assert_eq!(
+        found(&report),
+        [
+            triple("email-gsi1-keys", "missing", "USER#u0 / EMAIL#e0"),
+            violation.clone(),
+        ],
+        "{}",
+        report.to_text(&spec)
+    );
+    assert_eq!(
+        holders(&report),
+        [[
+            "USER#u0 / EMAIL#e0",
+            "USER#u1 / EMAIL#e1",
+            "USER#u2 / EMAIL#e2"
+        ]]
+    );
+
+    // Two holders, one of them out of the index: the index alone shows
+    // one owner, yet the value is held twice.
+    put_item(
+        &client,
+        &table,
+        &email("u2", "e2", "solo@x.org", true, true),
+    )
+    .await;
+    derive_everything(&applier).await;
+    drop_index_keys(&client, &table, "u0", "e0").await;
+    let report = run_audit(&applier, false).await;
+    assert_eq!(
+        found(&report),
+        [
+            triple("email-gsi1-keys", "missing", "USER#u0 / EMAIL#e0"),
+            violation,
+        ],
+        "{}",
+        report.to_text(&spec)
+    );
+    assert_eq!(
+        holders(&report),
+        [["USER#u0 / EMAIL#e0", "USER#u1 / EMAIL#e1"]]
+    );
+}
+
+#[tokio::test]
+async fn a_global_counter_is_audited_exactly() {
+    let toml = std::fs::read_to_string(support::repo().join("projections/social-service.toml"))
+        .unwrap()
+        .replace(
+            "of = { userId = \"{followeeId}\" }\nshards = 8",
+            "of = {}\nshards = 8",
+        )
+        // A total per profile cannot count a table-wide counter.
+        .replace(
+            "[[projections]]\nname = \"followers-count\"\nkind = \"rollup\"\ncounter = \"followers\"\ntarget = \"profile\"\nattribute = \"followersCount\"\n",
+            "",
+        );
+    let spec = Arc::new(Spec::from_toml(&toml, "global.toml").expect("compiles"));
+    let support::Fixture {
+        client,
+        table,
+        applier,
+        ..
+    } = support::fixture(spec.clone(), "audit-global").await;
+    for (a, b) in [("a", "b"), ("c", "b"), ("d", "e")] {
+        follow(&client, &table, a, b).await;
+    }
+    derive_everything(&applier).await;
+    let clean = run_audit(&applier, false).await;
+    assert!(clean.is_clean(), "{}", clean.to_text(&spec));
+
+    let shard = support::scan_all(&client, &table)
+        .await
+        .into_iter()
+        .filter_map(|item| text(&item, "PK"))
+        .find(|pk| pk.starts_with("COUNTER#followers#"))
+        .expect("a shard of the global counter");
+    client
+        .update_item()
+        .table_name(&table)
+        .key("PK", s(&shard))
+        .key("SK", s("COUNTER"))
+        .update_expression("ADD #c :d")
+        .expression_attribute_names("#c", "count")
+        .expression_attribute_values(":d", Av::N("2".into()))
+        .send()
+        .await
+        .unwrap();
+    let report = run_audit(&applier, false).await;
+    let shard_off = report
+        .findings
+        .iter()
+        .find(|f| f.rule == "followers" && f.key == format!("{shard} / COUNTER"))
+        .map(|f| f.problem.label());
+    assert!(
+        shard_off.is_some_and(|label| label.ends_with("but 1 records name it")
+            || label.ends_with("but 2 records name it")
+            || label.ends_with("but 3 records name it")),
+        "{}",
+        report.to_text(&spec)
+    );
+    assert!(
+        found(&report).contains(&triple(
+            "followers",
+            "off by +2 (is 5, should be 3)",
+            "COUNTER#followers"
+        )),
+        "{}",
+        report.to_text(&spec)
+    );
+    let repaired = run_audit(&applier, true).await;
+    assert!(
+        repaired.repair_failures.is_empty(),
+        "{:?}",
+        repaired.repair_failures
+    );
+    let after = run_audit(&applier, false).await;
+    assert!(after.is_clean(), "{}", after.to_text(&spec));
+    let total = read_counter(&client, &table, &spec, "followers", &[])
+        .await
+        .unwrap();
+    assert_eq!(total, 3);
+}
+
+#[tokio::test]
+async fn a_merge_keeps_the_violations_recorded_after_its_segments_began() {
+    let spec = support::shipped_spec("user-service.toml");
+    let support::Fixture {
+        client,
+        table,
+        applier,
+        ..
+    } = support::fixture(spec.clone(), "audit-merge-late").await;
+    put_profile(&client, &table, "u1").await;
+    put_item(&client, &table, &email("u1", "e1", "a@x.org", true, true)).await;
+    derive_everything(&applier).await;
+    let mut reports = Vec::new();
+    for segment in 0..2 {
+        let options = AuditOptions {
+            segments: 2,
+            segment: Some(segment),
+            ..AuditOptions::default()
+        };
+        reports.push(through_json(
+            audit(&applier, &options).await.expect("audit"),
+        ));
+    }
+    // After the segments read the table, a writer breaks an invariant and
+    // the worker records it.
+    let second = email("u1", "e2", "b@x.org", true, true);
+    write_and_apply(&applier, &client, &table, 10, None, Some(&second)).await;
+    assert_eq!(
+        recorded(&applier).await,
+        [pair("one-primary-email", "USER#u1")]
+    );
+    let merged = merge(&applier, reports, true, None).await.expect("merge");
+    assert!(merged.is_clean(), "{}", merged.to_text(&spec));
+    assert_eq!(merged.violations_cleared, 0);
+    assert_eq!(
+        recorded(&applier).await,
+        [pair("one-primary-email", "USER#u1")],
+        "a violation newer than the audit's read stays recorded"
     );
 }
