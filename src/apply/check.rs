@@ -960,21 +960,6 @@ pub(crate) async fn recorded(ctx: &Ctx<'_>) -> Result<Vec<RecordedViolation>, Wr
     Ok(out)
 }
 
-/// Makes the recorded violations exactly `found`.
-pub(crate) async fn replace_all(
-    ctx: &Ctx<'_>,
-    found: &[Violation],
-    seen_before_ms: u64,
-) -> Result<(usize, usize), WriteError> {
-    let recorded_n = record_all(ctx, found).await?;
-    let wanted: Vec<(String, String)> = found
-        .iter()
-        .map(|v| (v.invariant.clone(), v.record_sk()))
-        .collect();
-    let cleared = clear_except(ctx, &wanted, seen_before_ms).await?;
-    Ok((recorded_n, cleared))
-}
-
 /// Records each of `found` not recorded as it is; returns how many were
 /// new.
 pub(crate) async fn record_all(ctx: &Ctx<'_>, found: &[Violation]) -> Result<usize, WriteError> {

@@ -765,27 +765,8 @@ impl Applier {
         })
     }
 
-    /// Makes the recorded violations exactly `found` (what a full audit
-    /// found): records the new ones, deletes the resolved ones, unless
-    /// recorded or confirmed since `seen_before_ms` (the audit's start: the
-    /// online check saw them after the audit read their scope). Returns
-    /// (recorded, cleared).
-    pub async fn replace_violations(
-        &self,
-        found: &[crate::invariant::Violation],
-        seen_before_ms: u64,
-    ) -> Result<(usize, usize), ApplyError> {
-        let ctx = ctx::Ctx::new(&self.client, &self.table, &self.spec, &self.config);
-        check::replace_all(&ctx, found, seen_before_ms)
-            .await
-            .map_err(|e| ApplyError::Fatal {
-                table: self.table.clone(),
-                message: e.to_string(),
-            })
-    }
-
-    /// Records `found` in the violation store, clearing nothing (an
-    /// audit of one segment); returns how many were new.
+    /// Records `found` in the violation store (what an audit found), the
+    /// ones not recorded as they are; returns how many were new.
     pub async fn record_violations(
         &self,
         found: &[crate::invariant::Violation],

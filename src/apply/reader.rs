@@ -73,7 +73,7 @@ impl Reader<'_> {
         &self,
         invariant: usize,
         value: &str,
-        also: &ItemKey,
+        also: Option<&ItemKey>,
     ) -> Result<(Vec<ItemKey>, bool), WriteError> {
         let spec = self.ctx.spec;
         let checked = &spec.invariants[invariant];
@@ -84,7 +84,7 @@ impl Reader<'_> {
             return Ok((Vec::new(), false));
         };
         let mut holders = value_holders(&self.ctx, index, attribute, value).await?;
-        let indexed = !holders.insert(also.clone());
+        let indexed = also.is_none_or(|also| !holders.insert(also.clone()));
         let owners: HashSet<&str> = holders.iter().map(|k| k.pk.as_str()).collect();
         if owners.len() < 2 {
             return Ok((holders.into_iter().collect(), indexed));

@@ -22,6 +22,7 @@ pub(super) fn finding(spec: &Spec, id: ProjectionId, problem: Problem, key: &Ite
         items: Vec::new(),
         detail: String::new(),
         repaired: false,
+        counters: Vec::new(),
         fix: None,
     }
 }
@@ -257,6 +258,7 @@ pub(super) fn check_marker(
             f.detail = format!(
                 "a record of the counter in shard {shard}, on an item where the counter no longer keeps its members"
             );
+            f.counters = vec![spec.projections[*counter].name.clone()];
             found.push(f);
         }
         (
@@ -285,6 +287,11 @@ pub(super) fn check_marker(
                 f.detail
                     .push_str(&format!("; it counts in {}", records.join(", ")));
             }
+            f.counters = crate::apply::records_of(old)
+                .keys()
+                .filter_map(|storage| spec.counter_by_storage(storage))
+                .map(|id| spec.projections[id].name.clone())
+                .collect();
             found.push(f);
         }
         (
@@ -307,6 +314,10 @@ pub(super) fn check_marker(
                 f.detail
                     .push_str(&format!(", counted in {}", names.join(", ")));
             }
+            f.counters = counters
+                .iter()
+                .map(|c| spec.projections[c.counter].name.clone())
+                .collect();
             found.push(f);
         }
         (
@@ -368,6 +379,7 @@ pub(super) fn check_marker(
                     marker,
                 );
                 f.items = vec![source.to_string()];
+                f.counters = vec![spec.projections[counter.counter].name.clone()];
                 f.detail = format!(
                     "the record of {source}: is {}, should be {:?}",
                     have.map(|v| crate::record::value_to_json(v).to_string())
@@ -479,6 +491,7 @@ pub(super) fn counters(spec: &Spec, sketch: &Sketch, tally: &Tally, out: &mut Ve
                     .collect::<Vec<_>>()
                     .join(" "),
                 repaired: false,
+                counters: Vec::new(),
                 fix: Some(Fix::Recount(shards)),
             });
         }
@@ -520,6 +533,7 @@ pub(super) fn violation(spec: &Spec, invariant: usize, violation: &Violation) ->
         items: violation.keys.iter().map(|k| k.to_string()).collect(),
         detail: violation.message.clone(),
         repaired: false,
+        counters: Vec::new(),
         fix: None,
     }
 }

@@ -172,6 +172,11 @@ pub struct Finding {
     pub detail: String,
     /// Whether `--repair` fixed it.
     pub repaired: bool,
+    /// The counters whose members it changes (a reverse edge or marker
+    /// missing or orphaned, a record missing or wrong): until it is
+    /// repaired, recounting them cannot make them right.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub counters: Vec<String>,
     #[serde(skip, default)]
     fix: Option<Fix>,
 }
@@ -472,9 +477,9 @@ pub async fn audit(applier: &Applier, options: &AuditOptions) -> Result<AuditRep
             // this segment's, and leave clearing to `merge --repair`.
             report.violations_recorded = applier.record_violations(&violations).await?;
         } else {
-            let (recorded, cleared) = applier.replace_violations(&violations, started_ms).await?;
-            report.violations_recorded = recorded;
-            report.violations_cleared = cleared;
+            report.violations_recorded = applier.record_violations(&violations).await?;
+            report.violations_cleared =
+                clear_resolved(applier, &report.violation_keys, started_ms).await?;
         }
     }
     report.seconds = started.elapsed().as_secs_f64();
@@ -530,19 +535,13 @@ pub async fn merge(
     if repair_counters {
         // What is repaired here is what this merge found, the counters:
         // the segments repaired the rest, and their findings carry no fix.
-        repair::repair_beside(
-            applier,
-            &mut counted,
-            repair::memberships_left(&report.findings),
-        )
-        .await?;
+        repair::repair_beside(applier, &mut counted, &report.findings).await?;
         report.repair_failures.extend(counted.repair_failures);
         report.repaired += counted.repaired;
         report.write_units += counted.write_units;
         report.read_units += counted.read_units;
-        report.violations_cleared = applier
-            .clear_violations_except(&report.violation_keys, report.started_ms)
-            .await?;
+        report.violations_cleared =
+            clear_resolved(applier, &report.violation_keys, report.started_ms).await?;
     }
     let spec = applier.spec();
     report.findings = one_per_key(report.findings);
@@ -553,6 +552,63 @@ pub async fn merge(
     report.seconds = started.elapsed().as_secs_f64();
     finished(&report);
     Ok(report)
+}
+
+/// Deletes the recorded violations the audit that began at `started_ms`
+/// did not find (`found`: (invariant, recorded key) pairs), unless one
+/// holds again now, re-checked with consistent reads as the online check
+/// reads it, or was recorded since the audit began (less the clock skew
+/// allowed between machines): a scope can break again after the audit
+/// read it, and the worker, finding its record as it is, writes nothing.
+/// Returns how many went.
+async fn clear_resolved(
+    applier: &Applier,
+    found: &[(String, String)],
+    started_ms: u64,
+) -> Result<usize, ApplyError> {
+    let spec = applier.spec();
+    let reader = applier.reader();
+    let fatal = |error: crate::apply::retry::WriteError| ApplyError::Fatal {
+        table: applier.table().to_string(),
+        message: format!("re-checking a recorded violation failed: {error}"),
+    };
+    let mut keep = found.to_vec();
+    for stored in applier.recorded_violations().await? {
+        let pair = (stored.invariant.clone(), stored.record_sk.clone());
+        if found.contains(&pair) {
+            continue;
+        }
+        let Some(id) = spec
+            .invariants
+            .iter()
+            .position(|i| i.name == stored.invariant)
+        else {
+            continue;
+        };
+        let invariant = &spec.invariants[id];
+        let now: Vec<crate::invariant::Violation> = if invariant.is_partition_scoped() {
+            let items = reader
+                .partition(invariant.entity, &stored.scope)
+                .await
+                .map_err(fatal)?;
+            crate::invariant::check_partition(spec, invariant, &stored.scope, &items)
+        } else {
+            let (holders, _) = reader
+                .unique_holders(id, &stored.scope, None)
+                .await
+                .map_err(fatal)?;
+            crate::invariant::check_unique(invariant, &stored.scope, &holders)
+                .into_iter()
+                .collect()
+        };
+        if now.iter().any(|v| v.record_sk() == stored.record_sk) {
+            keep.push(pair);
+        }
+    }
+    let skew = applier.config().clock_skew.as_millis() as u64;
+    applier
+        .clear_violations_except(&keep, started_ms.saturating_sub(skew))
+        .await
 }
 
 /// Violations of one scope several pages reported (a `unique` value seen

@@ -166,7 +166,7 @@ pub(super) async fn check(
                 // page sees through the index; and from a holder the
                 // index lost (its key drifted), which no other page sees.
                 // The audit merges what several holders report.
-                let (holders, indexed) = reader.unique_holders(id, &value, key).await?;
+                let (holders, indexed) = reader.unique_holders(id, &value, Some(key)).await?;
                 let violation = (holders.first() == Some(key) || !indexed)
                     .then(|| check_unique(&spec.invariants[id], &value, &holders))
                     .flatten();

@@ -15,15 +15,15 @@ use crate::plan::Effect;
 /// the scan saw, so nothing newer is undone), then counter shards that do
 /// not hold the number of records naming them (see [`recount`]).
 pub async fn repair(applier: &Applier, report: &mut AuditReport) -> Result<(), ApplyError> {
-    repair_beside(applier, report, 0).await
+    repair_beside(applier, report, &[]).await
 }
 
-/// As [`repair`], with `memberships_elsewhere` membership findings left
-/// unrepaired outside `report` (the segments' of a merge).
+/// As [`repair`], with the findings `beside` it (the segments' of a
+/// merge, repaired or not by then).
 pub(super) async fn repair_beside(
     applier: &Applier,
     report: &mut AuditReport,
-    memberships_elsewhere: usize,
+    beside: &[super::Finding],
 ) -> Result<(), ApplyError> {
     let mut effects: Vec<Effect> = Vec::new();
     let mut owners: Vec<Vec<usize>> = Vec::new();
@@ -76,7 +76,6 @@ pub(super) async fn repair_beside(
         }
     }
     if !shards.is_empty() {
-        let memberships_left = memberships_left(&report.findings) + memberships_elsewhere;
         let outcome = recount(applier, &shards, &mut total).await?;
         for index in 0..report.findings.len() {
             let Some(Fix::Recount(list)) = &report.findings[index].fix else {
@@ -94,9 +93,12 @@ pub(super) async fn repair_beside(
             // repair failed, or was not asked for: `audit-merge --repair`
             // after segments audited without `--repair`), the counter is
             // not right yet.
+            let counter = report.findings[index].rule.clone();
+            let memberships_left =
+                memberships_left(&report.findings, &counter) + memberships_left(beside, &counter);
             let short = match report.findings[index].problem {
                 Problem::CounterOff { .. } if errors.is_empty() && memberships_left > 0 => Some(format!(
-                    "{memberships_left} reverse edge or counter marker findings are not repaired, so the records the recount counted are not all its members: repair them (audit --repair), then audit again"
+                    "{memberships_left} findings that change its members are not repaired, so the records the recount counted are not all its members: repair them, then audit again"
                 )),
                 _ => None,
             };
@@ -298,18 +300,12 @@ pub(super) async fn count_records(
     }
 }
 
-/// Reverse edge and counter marker findings not repaired: while one is
-/// left, the records a recount counts are not all the counter's members.
-pub(super) fn memberships_left(findings: &[super::Finding]) -> usize {
+/// Findings not repaired that change `counter`'s members (see
+/// [`super::Finding::counters`]): while one is left, the records a recount
+/// counts are not all the counter's members.
+pub(super) fn memberships_left(findings: &[super::Finding], counter: &str) -> usize {
     findings
         .iter()
-        .filter(|f| {
-            !f.repaired
-                && matches!(
-                    f.problem,
-                    Problem::Missing | Problem::Stale | Problem::Orphaned
-                )
-                && matches!(f.rule_kind.as_str(), "inverse-edge" | "counter")
-        })
+        .filter(|f| !f.repaired && f.counters.iter().any(|c| c == counter))
         .count()
 }

@@ -778,7 +778,7 @@ async fn segments_audited_apart_and_merged_find_what_one_audit_finds() {
         recounted
             .repair_failures
             .iter()
-            .any(|f| f.contains("counter marker findings are not repaired")),
+            .any(|f| f.contains("findings that change its members are not repaired")),
         "{:?}",
         recounted.repair_failures
     );
@@ -1111,5 +1111,59 @@ async fn a_merge_keeps_the_violations_recorded_after_its_segments_began() {
         recorded(&applier).await,
         [pair("one-primary-email", "USER#u1")],
         "a violation newer than the audit's read stays recorded"
+    );
+}
+
+#[tokio::test]
+async fn a_violation_broken_again_after_the_audit_read_it_stays_recorded() {
+    let spec = support::shipped_spec("user-service.toml");
+    let support::Fixture {
+        client,
+        table,
+        applier,
+        ..
+    } = support::fixture(spec.clone(), "audit-again").await;
+    put_profile(&client, &table, "u1").await;
+    let first = email("u1", "e1", "a@x.org", true, true);
+    write_and_apply(&applier, &client, &table, 1, None, Some(&first)).await;
+    let second = email("u1", "e2", "b@x.org", true, true);
+    write_and_apply(&applier, &client, &table, 2, None, Some(&second)).await;
+    let broken = [pair("one-primary-email", "USER#u1")];
+    assert_eq!(recorded(&applier).await, broken);
+
+    // Resolved while the segments read the table (the worker has not seen
+    // it yet), broken again the same way before the merge. No clock skew
+    // is allowed: the record is older than the audit, and only reading
+    // the scope again tells it holds.
+    let applier = Applier::new(
+        client.clone(),
+        spec.clone(),
+        &table,
+        ddb_projector::apply::ApplyConfig {
+            clock_skew: std::time::Duration::ZERO,
+            ..ddb_projector::apply::ApplyConfig::default()
+        },
+    );
+    tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    put_item(&client, &table, &email("u1", "e2", "b@x.org", false, true)).await;
+    let mut reports = Vec::new();
+    for segment in 0..2 {
+        let options = AuditOptions {
+            segments: 2,
+            segment: Some(segment),
+            ..AuditOptions::default()
+        };
+        reports.push(through_json(
+            audit(&applier, &options).await.expect("audit"),
+        ));
+    }
+    assert!(reports.iter().all(|r| r.violation_keys.is_empty()));
+    put_item(&client, &table, &second).await;
+    let merged = merge(&applier, reports, true, None).await.expect("merge");
+    assert_eq!(merged.violations_cleared, 0);
+    assert_eq!(
+        recorded(&applier).await,
+        broken,
+        "what holds again when the audit clears stays recorded"
     );
 }
