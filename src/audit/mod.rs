@@ -40,6 +40,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::apply::{Applier, ApplyError};
 use crate::plan::Effect;
+use crate::record::ItemKey;
 use crate::spec::Spec;
 
 mod derive;
@@ -544,9 +545,14 @@ pub async fn merge(
             clear_resolved(applier, &report.violation_keys, report.started_ms).await?;
     }
     let spec = applier.spec();
-    report.findings = one_per_key(report.findings);
+    let (findings, unique) = one_per_key(spec, std::mem::take(&mut report.findings));
+    report.findings = findings;
     report.violation_keys.sort();
     report.violation_keys.dedup();
+    if repair_counters {
+        // Each segment recorded the holders it saw: the store gets them all.
+        report.violations_recorded += applier.record_violations(&unique).await?;
+    }
     report.findings.extend(counted.findings);
     sort_findings(spec, &mut report.findings);
     report.seconds = started.elapsed().as_secs_f64();
@@ -647,28 +653,33 @@ fn one_per_scope(
         .collect()
 }
 
-/// Findings of one rule, problem and key that several segments reported
-/// (a `unique` value seen from holders its index lost) as one, naming
-/// every item any of them named.
-fn one_per_key(findings: Vec<Finding>) -> Vec<Finding> {
+/// The violations of one scope that several segments reported (a
+/// `unique` value seen from holders its index lost) as one finding naming
+/// every item any of them named, its message made again from them; and
+/// those `unique` violations, for the violation store.
+fn one_per_key(
+    spec: &Spec,
+    findings: Vec<Finding>,
+) -> (Vec<Finding>, Vec<crate::invariant::Violation>) {
     let mut out: Vec<Finding> = Vec::with_capacity(findings.len());
-    let mut at: HashMap<(String, String, String), usize> = HashMap::new();
+    let mut at: HashMap<(String, String), usize> = HashMap::new();
+    let mut merged: Vec<usize> = Vec::new();
     for finding in findings {
-        let id = (
-            finding.rule.clone(),
-            finding.key.clone(),
-            finding.problem.label(),
-        );
+        if finding.problem != Problem::Violation {
+            out.push(finding);
+            continue;
+        }
+        let id = (finding.rule.clone(), finding.key.clone());
         match at.get(&id) {
             Some(&i) => {
                 let kept = &mut out[i];
-                if finding.items.len() > kept.items.len() {
-                    kept.detail = finding.detail;
-                }
                 kept.items.extend(finding.items);
                 kept.items.sort();
                 kept.items.dedup();
                 kept.repaired |= finding.repaired;
+                if !merged.contains(&i) {
+                    merged.push(i);
+                }
             }
             None => {
                 at.insert(id, out.len());
@@ -676,7 +687,36 @@ fn one_per_key(findings: Vec<Finding>) -> Vec<Finding> {
             }
         }
     }
-    out
+    let mut unique = Vec::new();
+    for i in merged {
+        let finding = &mut out[i];
+        let Some(invariant) = spec
+            .invariants
+            .iter()
+            .find(|i| i.name == finding.rule && !i.is_partition_scoped())
+        else {
+            continue;
+        };
+        let keys: Vec<ItemKey> = finding
+            .items
+            .iter()
+            .map(|text| match text.split_once(" / ") {
+                Some((pk, sk)) => ItemKey {
+                    pk: pk.to_string(),
+                    sk: Some(sk.to_string()),
+                },
+                None => ItemKey {
+                    pk: text.clone(),
+                    sk: None,
+                },
+            })
+            .collect();
+        if let Some(violation) = crate::invariant::check_unique(invariant, &finding.key, &keys) {
+            finding.detail = violation.message.clone();
+            unique.push(violation);
+        }
+    }
+    (out, unique)
 }
 
 /// The number of segments `reports` cover, when they are every segment of

@@ -1167,3 +1167,79 @@ async fn a_violation_broken_again_after_the_audit_read_it_stays_recorded() {
         "what holds again when the audit clears stays recorded"
     );
 }
+
+#[tokio::test]
+async fn segments_merge_a_unique_violation_whose_holders_each_saw_part() {
+    let spec = support::shipped_spec("user-service.toml");
+    let support::Fixture {
+        client,
+        table,
+        applier,
+        ..
+    } = support::fixture(spec.clone(), "audit-unique-merge").await;
+    for user in ["u0", "u1", "u2"] {
+        put_profile(&client, &table, user).await;
+        let id = user.replace('u', "e");
+        put_item(&client, &table, &email(user, &id, "dup@x.org", true, true)).await;
+    }
+    derive_everything(&applier).await;
+    // Two holders out of the index: each one's page sees itself and u1.
+    drop_index_keys(&client, &table, "u0", "e0").await;
+    drop_index_keys(&client, &table, "u2", "e2").await;
+    let unique = |report: &AuditReport| -> Vec<(Vec<String>, String)> {
+        report
+            .findings
+            .iter()
+            .filter(|f| f.rule == "unique-email-address")
+            .map(|f| (f.items.clone(), f.detail.clone()))
+            .collect()
+    };
+    let all = vec![
+        "USER#u0 / EMAIL#e0".to_string(),
+        "USER#u1 / EMAIL#e1".to_string(),
+        "USER#u2 / EMAIL#e2".to_string(),
+    ];
+    let three = "EMAIL#dup@x.org belongs to 3 owners: USER#u0, USER#u1, USER#u2".to_string();
+    let whole = run_audit(&applier, false).await;
+    assert_eq!(unique(&whole), [(all.clone(), three.clone())]);
+
+    let segments = |repair: bool| {
+        let applier = &applier;
+        async move {
+            let mut reports = Vec::new();
+            for segment in 0..3 {
+                let options = AuditOptions {
+                    segments: 3,
+                    segment: Some(segment),
+                    repair,
+                    page_size: Some(2),
+                    ..AuditOptions::default()
+                };
+                reports.push(through_json(audit(applier, &options).await.expect("audit")));
+            }
+            reports
+        }
+    };
+    let merged = merge(&applier, segments(false).await, false, None)
+        .await
+        .expect("merge");
+    assert_eq!(found(&merged), found(&whole), "{}", merged.to_text(&spec));
+    assert_eq!(unique(&merged), [(all.clone(), three)]);
+
+    // Repaired by segments, the store holds every holder once merged.
+    let merged = merge(&applier, segments(true).await, true, None)
+        .await
+        .expect("merge --repair");
+    assert!(
+        merged.repair_failures.is_empty(),
+        "{:?}",
+        merged.repair_failures
+    );
+    let stored = applier.recorded_violations().await.unwrap();
+    let keys: Vec<Vec<String>> = stored
+        .iter()
+        .filter(|v| v.invariant == "unique-email-address")
+        .map(|v| v.keys.clone())
+        .collect();
+    assert_eq!(keys, [all]);
+}
