@@ -43,6 +43,7 @@ use crate::plan::Effect;
 use crate::record::ItemKey;
 use crate::spec::Spec;
 
+pub mod checkpoint;
 mod derive;
 mod page;
 mod repair;
@@ -73,6 +74,12 @@ pub struct AuditOptions {
     pub segment: Option<u32>,
     /// Read capacity units per second, averaged over the run.
     pub max_rcu: Option<f64>,
+    /// With `segment`: the file the segment's progress and findings are
+    /// kept in after every page, and resumed from (see [`checkpoint`]).
+    pub checkpoint: Option<std::path::PathBuf>,
+    /// With `checkpoint`: stop after this many pages (a slice), the
+    /// report not `complete`.
+    pub max_pages: Option<u64>,
 }
 
 impl Default for AuditOptions {
@@ -84,6 +91,8 @@ impl Default for AuditOptions {
             page_size: Some(1000),
             segment: None,
             max_rcu: None,
+            checkpoint: None,
+            max_pages: None,
         }
     }
 }
@@ -225,6 +234,9 @@ pub struct AuditReport {
     pub write_units: f64,
     /// Wall time.
     pub seconds: f64,
+    /// Whether the scan ended (a checkpointed slice may stop before).
+    #[serde(default = "ended")]
+    pub complete: bool,
     /// A segment's counter facts, until [`merge`] concludes them with the
     /// other segments' (see [`sketch`]). `None` once concluded.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -391,6 +403,20 @@ async fn locate_counters(
 /// Runs an audit (see the module docs): every segment of
 /// `options.segments` in this process, or only `options.segment`.
 pub async fn audit(applier: &Applier, options: &AuditOptions) -> Result<AuditReport, ApplyError> {
+    if let (Some(segment), Some(path)) = (options.segment, &options.checkpoint) {
+        if segment >= options.segments.max(1) {
+            return Err(ApplyError::Fatal {
+                table: applier.table().to_string(),
+                message: format!(
+                    "segment {segment} is not one of the {} segments",
+                    options.segments.max(1)
+                ),
+            });
+        }
+        let report = checkpoint::audit_segment_from(applier, options, segment, path).await?;
+        finished(&report);
+        return Ok(report);
+    }
     let started = Instant::now();
     let started_ms = crate::lifecycle::now_ms();
     let spec = applier.spec();
@@ -430,6 +456,7 @@ pub async fn audit(applier: &Applier, options: &AuditOptions) -> Result<AuditRep
     let mut report = AuditReport {
         table: applier.table().to_string(),
         started_ms,
+        complete: true,
         segment: options.segment,
         total_segments: segments,
         ..AuditReport::default()
@@ -510,6 +537,7 @@ pub async fn merge(
     let read_micro = AtomicU64::new(0);
     let mut report = AuditReport {
         table: applier.table().to_string(),
+        complete: true,
         started_ms: reports.iter().map(|r| r.started_ms).min().unwrap_or(0),
         total_segments: total,
         ..AuditReport::default()
@@ -748,6 +776,11 @@ fn covered(reports: &[AuditReport], table: &str) -> Result<u32, String> {
                 "the report of segment {segment} has no counter sketch"
             ));
         }
+        if !report.complete {
+            return Err(format!(
+                "the audit of segment {segment} did not finish: resume it from its checkpoint"
+            ));
+        }
         match seen.get_mut(segment as usize) {
             Some(true) => return Err(format!("segment {segment} is given twice")),
             Some(slot) => *slot = true,
@@ -773,8 +806,8 @@ fn finished(report: &AuditReport) {
     for (rule, n) in report.counts() {
         metrics::gauge!("projector_audit_findings", "rule" => rule).set(n as f64);
     }
-    // Concluded findings only: a segment's counters are counted at merge.
-    for finding in &report.findings {
+    // Concluded findings only: a segment's are counted by its merge.
+    for finding in report.findings.iter().filter(|_| report.segment.is_none()) {
         metrics::counter!(
             "projector_audit_findings_total",
             "projection" => finding.rule.clone(),
@@ -790,6 +823,10 @@ fn finished(report: &AuditReport) {
         seconds = report.seconds,
         "audit finished"
     );
+}
+
+fn ended() -> bool {
+    true
 }
 
 /// Findings in spec order (projections, then invariants), by key within

@@ -180,6 +180,22 @@ impl Pages {
         }
     }
 
+    /// Resumes after `key`, the last key a page read.
+    pub(super) fn resume_at(&mut self, key: HashMap<String, Av>) {
+        self.start = Some(key);
+    }
+
+    /// Whether the segment's last page was read.
+    pub(super) fn is_done(&self) -> bool {
+        self.done
+    }
+
+    /// Where the scan resumes (`None`: at the start, or at the end once
+    /// done).
+    pub(super) fn resume_key(&self) -> Option<&HashMap<String, Av>> {
+        self.start.as_ref().filter(|_| !self.done)
+    }
+
     /// The next page's items, or `None` at the segment's end.
     pub(super) async fn next(
         &mut self,

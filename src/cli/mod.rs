@@ -251,6 +251,11 @@ pub enum Command {
         /// Items per scan page: what each segment holds at a time.
         #[arg(long, default_value_t = 1000)]
         page_size: i32,
+        /// With --segment: keep the segment's progress and findings in
+        /// this file after every page, and resume from it when run again
+        /// (after a crash or a kill).
+        #[arg(long, requires = "segment")]
+        checkpoint: Option<PathBuf>,
     },
     /// Combine the JSON reports of `audit --segment I --total-segments N`
     /// (every segment once): their findings, and the counters, concluded
@@ -458,6 +463,7 @@ pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             total_segments,
             max_rcu,
             page_size,
+            checkpoint,
         } => block_on(audit::audit(
             target,
             format,
@@ -468,6 +474,8 @@ pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 page_size: Some(page_size.max(1)),
                 segment,
                 max_rcu,
+                checkpoint,
+                max_pages: None,
             },
         )),
         Command::AuditMerge {

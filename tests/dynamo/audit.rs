@@ -1243,3 +1243,58 @@ async fn segments_merge_a_unique_violation_whose_holders_each_saw_part() {
         .collect();
     assert_eq!(keys, [all]);
 }
+
+#[tokio::test]
+async fn a_segment_audited_in_slices_from_a_checkpoint_equals_one_run() {
+    let (_spec, fixture) = drifted_social("audit-slices").await;
+    let applier = &fixture.applier;
+    let dir = tempfile::tempdir().unwrap();
+    for segment in 0..2 {
+        let base = AuditOptions {
+            segments: 2,
+            segment: Some(segment),
+            page_size: Some(2),
+            ..AuditOptions::default()
+        };
+        let whole = audit(applier, &base).await.expect("audit");
+        let path = dir.path().join(format!("segment-{segment}.json"));
+        let sliced_options = AuditOptions {
+            checkpoint: Some(path.clone()),
+            max_pages: Some(1),
+            ..base.clone()
+        };
+        let mut slices = 0;
+        let sliced = loop {
+            let report = audit(applier, &sliced_options).await.expect("a slice");
+            slices += 1;
+            if report.complete {
+                break report;
+            }
+            assert!(!report.complete && slices < 100);
+        };
+        assert!(slices > 2, "{slices} slices");
+        assert_eq!(found(&sliced), found(&whole), "segment {segment}");
+        assert_eq!(sliced.scanned, whole.scanned);
+        assert_eq!(sliced.sketch, whole.sketch);
+        // Run again, the checkpoint answers: nothing is read twice.
+        let again = audit(applier, &sliced_options).await.expect("again");
+        assert!(again.complete);
+        assert_eq!(again.scanned, whole.scanned);
+    }
+    let elsewhere = audit(
+        applier,
+        &AuditOptions {
+            segments: 2,
+            segment: Some(1),
+            checkpoint: Some(dir.path().join("segment-0.json")),
+            ..AuditOptions::default()
+        },
+    )
+    .await
+    .expect_err("another segment's checkpoint")
+    .to_string();
+    assert!(
+        elsewhere.contains("is the checkpoint of segment 0 of 2"),
+        "{elsewhere}"
+    );
+}
