@@ -27,6 +27,15 @@ pub(super) fn finding(spec: &Spec, id: ProjectionId, problem: Problem, key: &Ite
     }
 }
 
+/// A derived value absent altogether, or there and wrong.
+fn missing_or_stale(missing: bool) -> Problem {
+    if missing {
+        Problem::Missing
+    } else {
+        Problem::Stale
+    }
+}
+
 pub(super) fn show(item: Option<&Item>) -> String {
     match item {
         Some(item) => item_to_json(item).to_string(),
@@ -61,16 +70,7 @@ pub(super) fn index_keys(spec: &Spec, items: &[(usize, ItemKey, Item)], out: &mu
                     continue;
                 };
                 let missing = set.iter().all(|(attr, _)| !item.contains_key(attr));
-                let mut f = finding(
-                    spec,
-                    id,
-                    if missing {
-                        Problem::Missing
-                    } else {
-                        Problem::Stale
-                    },
-                    key,
-                );
+                let mut f = finding(spec, id, missing_or_stale(missing), key);
                 f.detail = set
                     .iter()
                     .map(|(attr, want)| {
@@ -155,16 +155,7 @@ pub(super) fn target(
         && want
             .iter()
             .all(|(attr, want)| want.is_some() && !item.contains_key(attr));
-    let mut f = finding(
-        spec,
-        id,
-        if missing {
-            Problem::Missing
-        } else {
-            Problem::Stale
-        },
-        key,
-    );
+    let mut f = finding(spec, id, missing_or_stale(missing), key);
     f.detail = wrong.join("; ");
     f.items = keys;
     f.fix = crate::kinds::recompute_op(spec, id, key)

@@ -702,29 +702,36 @@ fn through_json(report: AuditReport) -> AuditReport {
     serde_json::from_str(&serde_json::to_string(&report).unwrap()).unwrap()
 }
 
+/// Each segment of `options.segments` audited apart, its report as a file
+/// carries it.
+async fn segment_reports(applier: &Applier, options: AuditOptions) -> Vec<AuditReport> {
+    let mut reports = Vec::new();
+    for segment in 0..options.segments {
+        let options = AuditOptions {
+            segment: Some(segment),
+            ..options.clone()
+        };
+        let report = audit(applier, &options).await.expect("audit a segment");
+        assert_eq!(report.segment, Some(segment));
+        assert!(report.sketch.is_some());
+        reports.push(through_json(report));
+    }
+    reports
+}
+
 #[tokio::test]
 async fn segments_audited_apart_and_merged_find_what_one_audit_finds() {
     let (spec, fixture) = drifted_social("audit-merge").await;
     let applier = &fixture.applier;
     let whole = run_audit(applier, false).await;
     assert!(!whole.is_clean());
-    let segment = |segment: u32, repair: bool| async move {
-        let options = AuditOptions {
-            segments: 3,
-            segment: Some(segment),
-            repair,
-            page_size: Some(4),
-            ..AuditOptions::default()
-        };
-        through_json(audit(applier, &options).await.expect("audit a segment"))
+    let options = |repair| AuditOptions {
+        segments: 3,
+        repair,
+        page_size: Some(4),
+        ..AuditOptions::default()
     };
-    let mut reports = Vec::new();
-    for i in 0..3 {
-        let report = segment(i, false).await;
-        assert_eq!(report.segment, Some(i));
-        assert!(report.sketch.is_some());
-        reports.push(report);
-    }
+    let reports = segment_reports(applier, options(false)).await;
     // The counters are off by facts that lie in other segments: no
     // segment concludes them alone.
     assert!(reports.iter().all(|r| r
@@ -784,10 +791,7 @@ async fn segments_audited_apart_and_merged_find_what_one_audit_finds() {
     );
 
     // Each segment repairs what it found; the merge recounts the counters.
-    let mut repaired = Vec::new();
-    for i in 0..3 {
-        repaired.push(segment(i, true).await);
-    }
+    let repaired = segment_reports(applier, options(true)).await;
     let merged = merge(applier, repaired, true, None)
         .await
         .expect("merge --repair");
@@ -906,6 +910,21 @@ async fn max_rcu_bounds_the_read_rate() {
     );
 }
 
+/// u0, u1 and u2, each with a profile and a primary email `dup@x.org`,
+/// derived: one `unique` violation with three holders.
+async fn three_users_sharing_an_address(
+    client: &aws_sdk_dynamodb::Client,
+    table: &str,
+    applier: &Applier,
+) {
+    for user in ["u0", "u1", "u2"] {
+        put_profile(client, table, user).await;
+        let id = user.replace('u', "e");
+        put_item(client, table, &email(user, &id, "dup@x.org", true, true)).await;
+    }
+    derive_everything(applier).await;
+}
+
 /// Removes the index keys `email-gsi1-keys` wrote on an email: drift that
 /// takes the item out of the index the `unique` check queries.
 async fn drop_index_keys(client: &aws_sdk_dynamodb::Client, table: &str, user: &str, id: &str) {
@@ -929,12 +948,7 @@ async fn a_unique_violation_is_found_once_when_a_holder_lost_its_index_key() {
         applier,
         ..
     } = support::fixture(spec.clone(), "audit-unique").await;
-    for user in ["u0", "u1", "u2"] {
-        put_profile(&client, &table, user).await;
-        let id = user.replace('u', "e");
-        put_item(&client, &table, &email(user, &id, "dup@x.org", true, true)).await;
-    }
-    derive_everything(&applier).await;
+    three_users_sharing_an_address(&client, &table, &applier).await;
     let violation = triple("unique-email-address", "violation", "EMAIL#dup@x.org");
     let holders = |report: &AuditReport| -> Vec<Vec<String>> {
         report
@@ -1085,17 +1099,11 @@ async fn a_merge_keeps_the_violations_recorded_after_its_segments_began() {
     put_profile(&client, &table, "u1").await;
     put_item(&client, &table, &email("u1", "e1", "a@x.org", true, true)).await;
     derive_everything(&applier).await;
-    let mut reports = Vec::new();
-    for segment in 0..2 {
-        let options = AuditOptions {
-            segments: 2,
-            segment: Some(segment),
-            ..AuditOptions::default()
-        };
-        reports.push(through_json(
-            audit(&applier, &options).await.expect("audit"),
-        ));
-    }
+    let two = AuditOptions {
+        segments: 2,
+        ..AuditOptions::default()
+    };
+    let reports = segment_reports(&applier, two).await;
     // After the segments read the table, a writer breaks an invariant and
     // the worker records it.
     let second = email("u1", "e2", "b@x.org", true, true);
@@ -1146,17 +1154,11 @@ async fn a_violation_broken_again_after_the_audit_read_it_stays_recorded() {
     );
     tokio::time::sleep(std::time::Duration::from_millis(20)).await;
     put_item(&client, &table, &email("u1", "e2", "b@x.org", false, true)).await;
-    let mut reports = Vec::new();
-    for segment in 0..2 {
-        let options = AuditOptions {
-            segments: 2,
-            segment: Some(segment),
-            ..AuditOptions::default()
-        };
-        reports.push(through_json(
-            audit(&applier, &options).await.expect("audit"),
-        ));
-    }
+    let two = AuditOptions {
+        segments: 2,
+        ..AuditOptions::default()
+    };
+    let reports = segment_reports(&applier, two).await;
     assert!(reports.iter().all(|r| r.violation_keys.is_empty()));
     put_item(&client, &table, &second).await;
     let merged = merge(&applier, reports, true, None).await.expect("merge");
@@ -1177,12 +1179,7 @@ async fn segments_merge_a_unique_violation_whose_holders_each_saw_part() {
         applier,
         ..
     } = support::fixture(spec.clone(), "audit-unique-merge").await;
-    for user in ["u0", "u1", "u2"] {
-        put_profile(&client, &table, user).await;
-        let id = user.replace('u', "e");
-        put_item(&client, &table, &email(user, &id, "dup@x.org", true, true)).await;
-    }
-    derive_everything(&applier).await;
+    three_users_sharing_an_address(&client, &table, &applier).await;
     // Two holders out of the index: each one's page sees itself and u1.
     drop_index_keys(&client, &table, "u0", "e0").await;
     drop_index_keys(&client, &table, "u2", "e2").await;
@@ -1203,33 +1200,32 @@ async fn segments_merge_a_unique_violation_whose_holders_each_saw_part() {
     let whole = run_audit(&applier, false).await;
     assert_eq!(unique(&whole), [(all.clone(), three.clone())]);
 
-    let segments = |repair: bool| {
-        let applier = &applier;
-        async move {
-            let mut reports = Vec::new();
-            for segment in 0..3 {
-                let options = AuditOptions {
-                    segments: 3,
-                    segment: Some(segment),
-                    repair,
-                    page_size: Some(2),
-                    ..AuditOptions::default()
-                };
-                reports.push(through_json(audit(applier, &options).await.expect("audit")));
-            }
-            reports
-        }
+    let segments = |repair| AuditOptions {
+        segments: 3,
+        repair,
+        page_size: Some(2),
+        ..AuditOptions::default()
     };
-    let merged = merge(&applier, segments(false).await, false, None)
-        .await
-        .expect("merge");
+    let merged = merge(
+        &applier,
+        segment_reports(&applier, segments(false)).await,
+        false,
+        None,
+    )
+    .await
+    .expect("merge");
     assert_eq!(found(&merged), found(&whole), "{}", merged.to_text(&spec));
     assert_eq!(unique(&merged), [(all.clone(), three)]);
 
     // Repaired by segments, the store holds every holder once merged.
-    let merged = merge(&applier, segments(true).await, true, None)
-        .await
-        .expect("merge --repair");
+    let merged = merge(
+        &applier,
+        segment_reports(&applier, segments(true)).await,
+        true,
+        None,
+    )
+    .await
+    .expect("merge --repair");
     assert!(
         merged.repair_failures.is_empty(),
         "{:?}",
