@@ -27,6 +27,19 @@ pub(super) fn finding(spec: &Spec, id: ProjectionId, problem: Problem, key: &Ite
     }
 }
 
+/// `attr: is <have>, should be <want>`, each as JSON or `(none)`.
+fn is_should(
+    attr: &str,
+    have: Option<&crate::record::AttributeValue>,
+    want: Option<&crate::record::AttributeValue>,
+) -> String {
+    let json = |v: Option<&crate::record::AttributeValue>| {
+        v.map(|v| crate::record::value_to_json(v).to_string())
+            .unwrap_or_else(|| "(none)".to_string())
+    };
+    format!("{attr}: is {}, should be {}", json(have), json(want))
+}
+
 /// A derived value absent altogether, or there and wrong.
 fn missing_or_stale(missing: bool) -> Problem {
     if missing {
@@ -73,15 +86,7 @@ pub(super) fn index_keys(spec: &Spec, items: &[(usize, ItemKey, Item)], out: &mu
                 let mut f = finding(spec, id, missing_or_stale(missing), key);
                 f.detail = set
                     .iter()
-                    .map(|(attr, want)| {
-                        format!(
-                            "{attr}: is {}, should be {}",
-                            item.get(attr)
-                                .map(|v| crate::record::value_to_json(v).to_string())
-                                .unwrap_or_else(|| "(none)".to_string()),
-                            crate::record::value_to_json(want)
-                        )
-                    })
+                    .map(|(attr, want)| is_should(attr, item.get(attr), Some(want)))
                     .collect::<Vec<_>>()
                     .join("; ");
                 f.fix = Some(Fix::Effect(Box::new(effect)));
@@ -128,10 +133,6 @@ pub(super) fn target(
             return Some(f);
         }
     };
-    let json = |v: Option<&crate::record::AttributeValue>| {
-        v.map(|v| crate::record::value_to_json(v).to_string())
-            .unwrap_or_else(|| "(none)".to_string())
-    };
     let wrong: Vec<String> = want
         .iter()
         .filter(|(attr, want)| match (item.get(attr), want) {
@@ -139,13 +140,7 @@ pub(super) fn target(
             (Some(have), Some(want)) => !crate::spec::values_equal(have, want),
             _ => true,
         })
-        .map(|(attr, want)| {
-            format!(
-                "{attr}: is {}, should be {}",
-                json(item.get(attr)),
-                json(want.as_ref())
-            )
-        })
+        .map(|(attr, want)| is_should(attr, item.get(attr), want.as_ref()))
         .collect();
     if wrong.is_empty() {
         return None;
@@ -327,15 +322,7 @@ pub(super) fn check_marker(
                     !old.get(*name)
                         .is_some_and(|have| crate::spec::values_equal(have, value))
                 })
-                .map(|(name, value)| {
-                    format!(
-                        "{name}: is {}, should be {}",
-                        old.get(name)
-                            .map(|v| crate::record::value_to_json(v).to_string())
-                            .unwrap_or_else(|| "(none)".to_string()),
-                        crate::record::value_to_json(value)
-                    )
-                })
+                .map(|(name, value)| is_should(name, old.get(name), Some(value)))
                 .chain(
                     old.iter()
                         .filter(|(name, _)| {

@@ -403,16 +403,17 @@ async fn locate_counters(
 /// Runs an audit (see the module docs): every segment of
 /// `options.segments` in this process, or only `options.segment`.
 pub async fn audit(applier: &Applier, options: &AuditOptions) -> Result<AuditReport, ApplyError> {
+    let segments = options.segments.max(1);
+    if let Some(segment) = options.segment.filter(|&s| s >= segments) {
+        return Err(ApplyError::Fatal {
+            table: applier.table().to_string(),
+            message: format!(
+                "segment {segment} is not one of the {segments} segments (0 to {})",
+                segments - 1
+            ),
+        });
+    }
     if let (Some(segment), Some(path)) = (options.segment, &options.checkpoint) {
-        if segment >= options.segments.max(1) {
-            return Err(ApplyError::Fatal {
-                table: applier.table().to_string(),
-                message: format!(
-                    "segment {segment} is not one of the {} segments",
-                    options.segments.max(1)
-                ),
-            });
-        }
         let report = checkpoint::audit_segment_from(applier, options, segment, path).await?;
         finished(&report);
         return Ok(report);
@@ -421,17 +422,7 @@ pub async fn audit(applier: &Applier, options: &AuditOptions) -> Result<AuditRep
     let started_ms = crate::lifecycle::now_ms();
     let spec = applier.spec();
     let read_micro = AtomicU64::new(0);
-    let segments = options.segments.max(1);
     let mine: Vec<u32> = match options.segment {
-        Some(segment) if segment >= segments => {
-            return Err(ApplyError::Fatal {
-                table: applier.table().to_string(),
-                message: format!(
-                    "segment {segment} is not one of the {segments} segments (0 to {})",
-                    segments - 1
-                ),
-            })
-        }
         Some(segment) => vec![segment],
         None => (0..segments).collect(),
     };
@@ -500,12 +491,10 @@ pub async fn audit(applier: &Applier, options: &AuditOptions) -> Result<AuditRep
     report.read_units = read_micro.load(Ordering::Relaxed) as f64 / 1e6;
     if options.repair {
         repair(applier, &mut report).await?;
-        if options.segment.is_some() {
-            // The other segments' violations are unknown here: record
-            // this segment's, and leave clearing to `merge --repair`.
-            report.violations_recorded = applier.record_violations(&violations).await?;
-        } else {
-            report.violations_recorded = applier.record_violations(&violations).await?;
+        report.violations_recorded = applier.record_violations(&violations).await?;
+        // A segment does not know the others' violations: clearing is
+        // left to `merge --repair`.
+        if options.segment.is_none() {
             report.violations_cleared =
                 clear_resolved(applier, &report.violation_keys, started_ms).await?;
         }
