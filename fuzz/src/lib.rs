@@ -112,6 +112,9 @@ pub fn lambda_event(bytes: &[u8]) -> Outcome {
                 let _ = request.plan(spec).map_err(|error| error.to_string());
             }
         }
+        Ok(Payload::Audit(request)) => {
+            let _ = request.check().map_err(|error| error.to_string());
+        }
         Err(error) => {
             let _ = error.to_string();
         }

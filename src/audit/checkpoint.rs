@@ -1,11 +1,33 @@
 //! A segment audited in slices: after each page, what the segment found
-//! so far and where its scan stands go to a checkpoint file, so that a
-//! run stopped anywhere (a crash, a kill, a slice's page budget) resumes
-//! at the next page. The repairs of a checkpointed segment are made page
-//! by page, as its findings are stored without their fixes.
+//! so far and where its scan stands are checkpointed, so that a run
+//! stopped anywhere (a crash, a kill, a slice's page budget or deadline)
+//! resumes at the next page. The repairs of a checkpointed segment are
+//! made page by page, as its findings are stored without their fixes.
+//!
+//! A checkpoint is kept in one of two places ([`CheckpointStore`]):
+//!
+//! - a **file** (`audit --checkpoint FILE`), written whole after each page
+//!   (a temporary file renamed over it);
+//! - the **audited table** (the Lambda's audit slices, which have no
+//!   durable disk), under `PK = _ddbp#audit` (tables without a sort key:
+//!   `_ddbp#audit#<sort key>`), named by the audit's run:
+//!
+//!   | sort key | holds |
+//!   | --- | --- |
+//!   | `<run>#<segment>/<total>` | the segment's state: where the scan resumes, its counts, its counter sketch, how many pages it has stored |
+//!   | `<run>#<segment>/<total>#p<page>#<part>` | one page's findings and violations (`parts` items when they are over [`PART_BYTES`]) |
+//!   | `<run>#merged` | the merged summary ([`crate::lambda::audit`]) |
+//!
+//!   Each page's items are written before the state that counts them: a
+//!   slice cut short between the two redoes the page and writes its items
+//!   again under the same keys (part 0 always, so a page that found
+//!   something the first time and nothing the second is overwritten), and
+//!   the loader reads only the pages and parts the state counts. So the
+//!   findings are held by the table, not by the worker, and a segment of
+//!   any size is audited in a page's memory.
 
 use std::collections::{BTreeMap, HashMap};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::AtomicU64;
 use std::time::Instant;
 
@@ -14,17 +36,107 @@ use serde::{Deserialize, Serialize};
 
 use super::scan::{Pages, Progress};
 use super::sketch::Sketch;
-use super::{page, repair, AuditOptions, AuditReport};
+use super::{page, repair, AuditOptions, AuditReport, Finding};
 use crate::apply::{Applier, ApplyError};
+use crate::record::ItemKey;
 
-/// What a checkpoint file holds.
+/// The partition key of the audit's items in the table.
+pub const AUDIT_PK: &str = "_ddbp#audit";
+
+/// The most bytes of findings one page item holds (DynamoDB's limit is
+/// 400 KB an item, names included).
+pub const PART_BYTES: usize = 300_000;
+
+/// Where a checkpointed segment keeps its progress and findings.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum CheckpointStore {
+    /// A JSON file.
+    File(PathBuf),
+    /// Items in the audited table, named by the audit's run (see the
+    /// module documentation).
+    Table {
+        /// The run: the same for every segment and slice of one audit.
+        run: String,
+    },
+}
+
+/// What a checkpoint holds.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct Checkpoint {
-    /// The report so far (`complete` once the segment's scan ended).
+    /// The report so far (`complete` once the segment's scan ended). In
+    /// the table its findings, violations and repair failures are the
+    /// page items', not the state's.
     pub report: AuditReport,
     /// Where the scan resumes (DynamoDB JSON of the last key read).
     #[serde(default)]
     pub resume_at: Option<BTreeMap<String, serde_json::Value>>,
+    /// Pages checked (in the table: page items stored).
+    #[serde(default)]
+    pub pages: u64,
+    /// Findings so far, counted before merging.
+    #[serde(default)]
+    pub found: u64,
+}
+
+/// What one page found, stored apart from the segment's state in the table.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+struct PageFindings {
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    findings: Vec<Finding>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    violation_keys: Vec<(String, String)>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    repair_failures: Vec<String>,
+}
+
+impl PageFindings {
+    fn is_empty(&self) -> bool {
+        self.findings.is_empty()
+            && self.violation_keys.is_empty()
+            && self.repair_failures.is_empty()
+    }
+
+    /// Split into parts of at most [`PART_BYTES`] of JSON each (one part,
+    /// empty or not, at least; a single finding larger than that is a part
+    /// of its own).
+    fn parts(self) -> Vec<String> {
+        let mut parts = Vec::new();
+        let mut part = PageFindings::default();
+        let mut bytes = 0;
+        let mut push = |part: &mut PageFindings, bytes: &mut usize, size: usize| {
+            if *bytes + size > PART_BYTES && !part.is_empty() {
+                parts.push(serde_json::to_string(&std::mem::take(part)).unwrap_or_default());
+                *bytes = 0;
+            }
+            *bytes += size;
+        };
+        for finding in self.findings {
+            let size = serde_json::to_string(&finding).map_or(0, |s| s.len());
+            push(&mut part, &mut bytes, size);
+            part.findings.push(finding);
+        }
+        for key in self.violation_keys {
+            push(&mut part, &mut bytes, key.0.len() + key.1.len() + 8);
+            part.violation_keys.push(key);
+        }
+        for failure in self.repair_failures {
+            push(&mut part, &mut bytes, failure.len() + 4);
+            part.repair_failures.push(failure);
+        }
+        parts.push(serde_json::to_string(&part).unwrap_or_default());
+        parts
+    }
+
+    fn append_to(self, report: &mut AuditReport) {
+        let PageFindings {
+            mut findings,
+            violation_keys,
+            mut repair_failures,
+        } = self;
+        report.findings.append(&mut findings);
+        report.violation_keys.extend(violation_keys);
+        report.repair_failures.append(&mut repair_failures);
+    }
 }
 
 fn key_to_json(key: &HashMap<String, Av>) -> BTreeMap<String, serde_json::Value> {
@@ -61,29 +173,26 @@ fn key_from_json(key: &BTreeMap<String, serde_json::Value>) -> Option<HashMap<St
         .collect()
 }
 
-/// Audits `segment` from `path`'s checkpoint (a fresh one when the file
-/// does not exist), writing it after every page; stops after
-/// `options.max_pages` pages, with `complete` false.
-pub(super) async fn audit_segment_from(
+/// Audits `segment` from its checkpoint in `store` (a fresh one when there
+/// is none), saving it after every page; stops after `options.max_pages`
+/// pages or at `options.deadline`, with `complete` false. From the table,
+/// the report's findings are only counted (`Checkpoint::found`): they stay
+/// in the table until [`load_run`] reads them.
+pub async fn audit_segment_from(
     applier: &Applier,
     options: &AuditOptions,
     segment: u32,
-    path: &Path,
-) -> Result<AuditReport, ApplyError> {
+    store: &CheckpointStore,
+) -> Result<(AuditReport, u64), ApplyError> {
     let started = Instant::now();
     let fatal = |message: String| ApplyError::Fatal {
         table: applier.table().to_string(),
         message,
     };
     let total = options.segments.max(1);
-    let mut state = match std::fs::read_to_string(path) {
-        Ok(text) => serde_json::from_str::<Checkpoint>(&text).map_err(|error| {
-            fatal(format!(
-                "{} is not an audit checkpoint: {error}",
-                path.display()
-            ))
-        })?,
-        Err(error) if error.kind() == std::io::ErrorKind::NotFound => Checkpoint {
+    let mut state = match load(applier, store, segment, total).await? {
+        Some(state) => state,
+        None => Checkpoint {
             report: AuditReport {
                 table: applier.table().to_string(),
                 started_ms: crate::lifecycle::now_ms(),
@@ -94,8 +203,9 @@ pub(super) async fn audit_segment_from(
                 ..AuditReport::default()
             },
             resume_at: None,
+            pages: 0,
+            found: 0,
         },
-        Err(error) => return Err(fatal(format!("cannot read {}: {error}", path.display()))),
     };
     {
         let report = &state.report;
@@ -105,7 +215,7 @@ pub(super) async fn audit_segment_from(
         {
             return Err(fatal(format!(
                 "{} is the checkpoint of segment {} of {} of `{}`, not of segment {segment} of {total} of `{}`",
-                path.display(),
+                store.describe(),
                 report.segment.map_or("-".to_string(), |s| s.to_string()),
                 report.total_segments,
                 report.table,
@@ -113,13 +223,14 @@ pub(super) async fn audit_segment_from(
             )));
         }
         if report.complete {
-            return Ok(state.report);
+            let found = state.found;
+            return Ok((finish(applier, state.report), found));
         }
     }
     let mut pages = Pages::new(segment, total, options.page_size);
     if let Some(key) = &state.resume_at {
         let key = key_from_json(key)
-            .ok_or_else(|| fatal(format!("{}: a resume key is unreadable", path.display())))?;
+            .ok_or_else(|| fatal(format!("{}: a resume key is unreadable", store.describe())))?;
         pages.resume_at(key);
     }
     let read_micro = AtomicU64::new(0);
@@ -131,7 +242,12 @@ pub(super) async fn audit_segment_from(
     let pacer = crate::backfill::Pacer::new(options.max_rcu);
     let mut sketch = state.report.sketch.take().unwrap_or_default();
     let mut read = 0;
-    while options.max_pages.is_none_or(|max| read < max) {
+    let in_time = || {
+        options
+            .deadline
+            .is_none_or(|deadline| tokio::time::Instant::now() < deadline)
+    };
+    while options.max_pages.is_none_or(|max| read < max) && in_time() {
         let Some(items) = pages.next(applier, &read_micro, &progress).await? else {
             state.report.complete = true;
             break;
@@ -152,26 +268,30 @@ pub(super) async fn audit_segment_from(
                 .iter()
                 .map(|(id, v)| super::derive::violation(applier.spec(), *id, v)),
         );
-        report.violation_keys.extend(
-            found
-                .violations
-                .iter()
-                .map(|(_, v)| (v.invariant.clone(), v.record_sk())),
-        );
+        let violation_keys = found
+            .violations
+            .iter()
+            .map(|(_, v)| (v.invariant.clone(), v.record_sk()))
+            .collect();
         if options.repair {
             repair(applier, &mut part).await?;
             report.repaired += part.repaired;
-            report.repair_failures.append(&mut part.repair_failures);
             report.write_units += part.write_units;
             report.read_units += part.read_units;
             let violations: Vec<_> = found.violations.into_iter().map(|(_, v)| v).collect();
             report.violations_recorded += applier.record_violations(&violations).await?;
         }
-        report.findings.append(&mut part.findings);
-        report.complete = pages.is_done();
-        report.sketch = Some(sketch.clone());
+        state.found += part.findings.len() as u64;
+        let found = PageFindings {
+            findings: part.findings,
+            violation_keys,
+            repair_failures: part.repair_failures,
+        };
+        save_page(applier, store, &mut state, found).await?;
+        state.report.complete = pages.is_done();
+        state.report.sketch = Some(sketch.clone());
         state.resume_at = pages.resume_key().map(key_to_json);
-        save(path, &state).map_err(fatal)?;
+        save(applier, store, &state).await?;
         if state.report.complete {
             break;
         }
@@ -180,22 +300,474 @@ pub(super) async fn audit_segment_from(
     state.report.sketch = Some(sketch);
     state.report.seconds += started.elapsed().as_secs_f64();
     state.resume_at = pages.resume_key().map(key_to_json);
-    save(path, &state).map_err(fatal)?;
-    let mut report = state.report;
+    save(applier, store, &state).await?;
+    let found = state.found;
+    Ok((finish(applier, state.report), found))
+}
+
+/// The report as a segment's: its findings one per key, in spec order.
+fn finish(applier: &Applier, mut report: AuditReport) -> AuditReport {
     let (findings, _) = super::one_per_key(applier.spec(), report.findings);
     report.findings = findings;
     super::sort_findings(applier.spec(), &mut report.findings);
     report.violation_keys.sort();
     report.violation_keys.dedup();
-    Ok(report)
+    report
 }
 
-/// Writes `state` to `path` whole or not at all (a temporary file renamed
+impl CheckpointStore {
+    /// How an error names it.
+    pub fn describe(&self) -> String {
+        match self {
+            CheckpointStore::File(path) => path.display().to_string(),
+            CheckpointStore::Table { run } => format!("the audit checkpoint of run `{run}`"),
+        }
+    }
+}
+
+/// The sort key of the state of `segment` of `total` in `run`.
+fn state_sk(run: &str, segment: u32, total: u32) -> String {
+    format!("{run}#{segment}/{total}")
+}
+
+fn page_sk(run: &str, segment: u32, total: u32, page: u64, part: u32) -> String {
+    format!("{}#p{page:08}#{part:03}", state_sk(run, segment, total))
+}
+
+/// The sort key of a run's merged summary.
+pub(crate) fn merged_sk(run: &str) -> String {
+    format!("{run}#merged")
+}
+
+/// The key of the audit item with sort key `sk`, in `applier`'s table.
+pub(crate) fn item_key(applier: &Applier, sk: String) -> ItemKey {
+    match applier.spec().table.sort_key {
+        Some(_) => ItemKey {
+            pk: AUDIT_PK.to_string(),
+            sk: Some(sk),
+        },
+        None => ItemKey {
+            pk: format!("{AUDIT_PK}#{sk}"),
+            sk: None,
+        },
+    }
+}
+
+fn key_map(applier: &Applier, key: &ItemKey) -> HashMap<String, Av> {
+    let table = &applier.spec().table;
+    let mut map = HashMap::from([(table.partition_key.clone(), Av::S(key.pk.clone()))]);
+    if let (Some(name), Some(sk)) = (&table.sort_key, &key.sk) {
+        map.insert(name.clone(), Av::S(sk.clone()));
+    }
+    map
+}
+
+fn table_error(applier: &Applier, what: &str, error: impl std::fmt::Display) -> ApplyError {
+    ApplyError::Fatal {
+        table: applier.table().to_string(),
+        message: format!("{what}: {error}"),
+    }
+}
+
+/// Writes `attributes` under `sk` (a whole-item put: writing it again is
+/// harmless).
+pub(crate) async fn put(
+    applier: &Applier,
+    sk: String,
+    attributes: Vec<(&str, Av)>,
+) -> Result<(), ApplyError> {
+    let mut item = key_map(applier, &item_key(applier, sk));
+    for (name, value) in attributes {
+        item.insert(name.to_string(), value);
+    }
+    item.insert(
+        "updatedAt".to_string(),
+        Av::S(crate::lifecycle::iso(crate::lifecycle::now_ms())),
+    );
+    applier
+        .client()
+        .put_item()
+        .table_name(applier.table())
+        .set_item(Some(item))
+        .send()
+        .await
+        .map_err(|e| {
+            table_error(
+                applier,
+                "writing the audit checkpoint",
+                crate::apply::retry_describe(&e),
+            )
+        })?;
+    Ok(())
+}
+
+/// Reads the audit item under `sk` (consistently).
+pub(crate) async fn get(
+    applier: &Applier,
+    sk: String,
+) -> Result<Option<HashMap<String, Av>>, ApplyError> {
+    let output = applier
+        .client()
+        .get_item()
+        .table_name(applier.table())
+        .set_key(Some(key_map(applier, &item_key(applier, sk))))
+        .consistent_read(true)
+        .send()
+        .await
+        .map_err(|e| {
+            table_error(
+                applier,
+                "reading the audit checkpoint",
+                crate::apply::retry_describe(&e),
+            )
+        })?;
+    Ok(output.item)
+}
+
+fn text<'a>(item: &'a HashMap<String, Av>, name: &str) -> Option<&'a str> {
+    item.get(name)?.as_s().ok().map(String::as_str)
+}
+
+fn number(item: &HashMap<String, Av>, name: &str) -> Option<u64> {
+    item.get(name)?.as_n().ok()?.parse().ok()
+}
+
+async fn load(
+    applier: &Applier,
+    store: &CheckpointStore,
+    segment: u32,
+    total: u32,
+) -> Result<Option<Checkpoint>, ApplyError> {
+    let fatal = |message: String| ApplyError::Fatal {
+        table: applier.table().to_string(),
+        message,
+    };
+    match store {
+        CheckpointStore::File(path) => match std::fs::read_to_string(path) {
+            Ok(text) => serde_json::from_str::<Checkpoint>(&text)
+                .map(Some)
+                .map_err(|error| {
+                    fatal(format!(
+                        "{} is not an audit checkpoint: {error}",
+                        path.display()
+                    ))
+                }),
+            Err(error) if error.kind() == std::io::ErrorKind::NotFound => Ok(None),
+            Err(error) => Err(fatal(format!("cannot read {}: {error}", path.display()))),
+        },
+        CheckpointStore::Table { run } => {
+            let sk = state_sk(run, segment, total);
+            let Some(item) = get(applier, sk.clone()).await? else {
+                return Ok(None);
+            };
+            let state = text(&item, "state").unwrap_or_default();
+            serde_json::from_str::<Checkpoint>(state)
+                .map(Some)
+                .map_err(|error| {
+                    fatal(format!(
+                        "the audit item `{sk}` does not hold an audit checkpoint: {error}"
+                    ))
+                })
+        }
+    }
+}
+
+/// Keeps what one page found: in the file's report, or in the table as
+/// the page's items.
+async fn save_page(
+    applier: &Applier,
+    store: &CheckpointStore,
+    state: &mut Checkpoint,
+    found: PageFindings,
+) -> Result<(), ApplyError> {
+    let page = state.pages;
+    state.pages += 1;
+    let CheckpointStore::Table { run } = store else {
+        found.append_to(&mut state.report);
+        return Ok(());
+    };
+    let segment = state.report.segment.unwrap_or(0);
+    let total = state.report.total_segments;
+    let parts = found.parts();
+    let count = parts.len() as u32;
+    for (part, json) in parts.into_iter().enumerate() {
+        put(
+            applier,
+            page_sk(run, segment, total, page, part as u32),
+            vec![
+                ("parts", Av::N(count.to_string())),
+                ("findings", Av::S(json)),
+            ],
+        )
+        .await?;
+    }
+    Ok(())
+}
+
+/// Saves the segment's state: the whole file, or the state item.
+async fn save(
+    applier: &Applier,
+    store: &CheckpointStore,
+    state: &Checkpoint,
+) -> Result<(), ApplyError> {
+    let text = serde_json::to_string(state).map_err(|e| table_error(applier, "checkpoint", e))?;
+    match store {
+        CheckpointStore::File(path) => {
+            save_file(path, &text).map_err(|message| ApplyError::Fatal {
+                table: applier.table().to_string(),
+                message,
+            })
+        }
+        CheckpointStore::Table { run } => {
+            let segment = state.report.segment.unwrap_or(0);
+            let sk = state_sk(run, segment, state.report.total_segments);
+            put(
+                applier,
+                sk,
+                vec![
+                    ("state", Av::S(text)),
+                    ("pages", Av::N(state.pages.to_string())),
+                    ("complete", Av::Bool(state.report.complete)),
+                ],
+            )
+            .await
+        }
+    }
+}
+
+/// Writes `text` to `path` whole or not at all (a temporary file renamed
 /// over it).
-fn save(path: &Path, state: &Checkpoint) -> Result<(), String> {
-    let text = serde_json::to_string(state).map_err(|e| e.to_string())?;
+fn save_file(path: &Path, text: &str) -> Result<(), String> {
     let temporary = path.with_extension("tmp");
     std::fs::write(&temporary, text)
         .and_then(|()| std::fs::rename(&temporary, path))
         .map_err(|error| format!("cannot write the checkpoint {}: {error}", path.display()))
+}
+
+/// A run read from the table.
+#[derive(Debug)]
+pub enum LoadedRun {
+    /// Every segment, with the findings its pages stored: the reports
+    /// [`super::merge`] takes, and the keys of the items read.
+    Ready(Vec<AuditReport>, Vec<ItemKey>),
+    /// Segments have not started or not finished: why it cannot be merged.
+    Incomplete(String),
+}
+
+/// Reads every segment of `run` (of `total`) from the table.
+pub async fn load_run(applier: &Applier, run: &str, total: u32) -> Result<LoadedRun, ApplyError> {
+    let store = CheckpointStore::Table {
+        run: run.to_string(),
+    };
+    let mut states = Vec::with_capacity(total as usize);
+    let mut missing = Vec::new();
+    let mut unfinished = Vec::new();
+    for segment in 0..total {
+        match load(applier, &store, segment, total).await? {
+            None => missing.push(segment),
+            Some(state) if !state.report.complete => unfinished.push(segment),
+            Some(state) => states.push(state),
+        }
+    }
+    if !missing.is_empty() || !unfinished.is_empty() {
+        let list = |segments: &[u32]| {
+            segments
+                .iter()
+                .map(u32::to_string)
+                .collect::<Vec<_>>()
+                .join(", ")
+        };
+        let mut parts = Vec::new();
+        if !missing.is_empty() {
+            parts.push(format!("segments {} have not started", list(&missing)));
+        }
+        if !unfinished.is_empty() {
+            parts.push(format!("segments {} have not finished", list(&unfinished)));
+        }
+        return Ok(LoadedRun::Incomplete(format!(
+            "the audit run `{run}` of {total} segments cannot be merged: {}; run their slices until each answers done",
+            parts.join(" and ")
+        )));
+    }
+    let mut reports = Vec::with_capacity(states.len());
+    let mut stored = Vec::new();
+    for state in states {
+        let mut report = state.report;
+        let segment = report.segment.unwrap_or(0);
+        stored.push(item_key(applier, state_sk(run, segment, total)));
+        for (key, item) in read_pages(applier, run, segment, total, state.pages).await? {
+            let found: PageFindings = serde_json::from_str(text(&item, "findings").unwrap_or("{}"))
+                .map_err(|error| {
+                    table_error(
+                        applier,
+                        &format!(
+                            "the audit run `{run}`: segment {segment}'s findings are unreadable"
+                        ),
+                        error,
+                    )
+                })?;
+            found.append_to(&mut report);
+            stored.push(key);
+        }
+        reports.push(finish(applier, report));
+    }
+    Ok(LoadedRun::Ready(reports, stored))
+}
+
+/// The page items of `segment`'s first `pages` pages, in order, every part
+/// each page's part 0 counts.
+async fn read_pages(
+    applier: &Applier,
+    run: &str,
+    segment: u32,
+    total: u32,
+    pages: u64,
+) -> Result<Vec<(ItemKey, HashMap<String, Av>)>, ApplyError> {
+    let gone = |what: String| ApplyError::Fatal {
+        table: applier.table().to_string(),
+        message: format!(
+            "the audit run `{run}`: segment {segment} stored {pages} pages, but {what} is gone"
+        ),
+    };
+    let firsts: Vec<ItemKey> = (0..pages)
+        .map(|page| item_key(applier, page_sk(run, segment, total, page, 0)))
+        .collect();
+    let mut found = read_items(applier, &firsts).await?;
+    let mut keys = Vec::new();
+    for (page, key) in firsts.into_iter().enumerate() {
+        let item = found
+            .get(&key)
+            .ok_or_else(|| gone(format!("page {page}'s findings item")))?;
+        let parts = number(item, "parts").unwrap_or(1).max(1) as u32;
+        keys.push(key);
+        for part in 1..parts {
+            keys.push(item_key(
+                applier,
+                page_sk(run, segment, total, page as u64, part),
+            ));
+        }
+    }
+    let more: Vec<ItemKey> = keys
+        .iter()
+        .filter(|key| !found.contains_key(*key))
+        .cloned()
+        .collect();
+    found.extend(read_items(applier, &more).await?);
+    keys.into_iter()
+        .map(|key| match found.remove(&key) {
+            Some(item) => Ok((key, item)),
+            None => Err(gone(format!(
+                "its findings item `{}`",
+                key.sk.as_deref().unwrap_or(&key.pk)
+            ))),
+        })
+        .collect()
+}
+
+async fn read_items(
+    applier: &Applier,
+    keys: &[ItemKey],
+) -> Result<HashMap<ItemKey, HashMap<String, Av>>, ApplyError> {
+    let found = applier
+        .reader()
+        .items(keys.iter().collect())
+        .await
+        .map_err(|error| table_error(applier, "reading the audit's findings", error))?;
+    Ok(found
+        .into_iter()
+        .map(|(key, item)| (key, HashMap::from(item)))
+        .collect())
+}
+
+/// Deletes the items of `keys` (a run's, once merged).
+pub(crate) async fn delete(applier: &Applier, keys: &[ItemKey]) -> Result<(), ApplyError> {
+    use aws_sdk_dynamodb::types::{DeleteRequest, WriteRequest};
+    for chunk in keys.chunks(25) {
+        let mut pending: Vec<WriteRequest> = chunk
+            .iter()
+            .map(|key| {
+                WriteRequest::builder()
+                    .delete_request(
+                        DeleteRequest::builder()
+                            .set_key(Some(key_map(applier, key)))
+                            .build()
+                            .expect("the key is set"),
+                    )
+                    .build()
+            })
+            .collect();
+        while !pending.is_empty() {
+            let output = applier
+                .client()
+                .batch_write_item()
+                .request_items(applier.table(), std::mem::take(&mut pending))
+                .send()
+                .await
+                .map_err(|e| {
+                    table_error(
+                        applier,
+                        "deleting the audit's items",
+                        crate::apply::retry_describe(&e),
+                    )
+                })?;
+            if let Some(left) = output
+                .unprocessed_items()
+                .and_then(|u| u.get(applier.table()))
+            {
+                pending = left.clone();
+                tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+            }
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::audit::Problem;
+
+    fn finding(i: usize, detail_bytes: usize) -> Finding {
+        Finding {
+            rule: "followers".to_string(),
+            rule_kind: "counter".to_string(),
+            problem: Problem::Missing,
+            key: format!("USER#{i}"),
+            items: Vec::new(),
+            detail: "x".repeat(detail_bytes),
+            repaired: false,
+            counters: Vec::new(),
+            fix: None,
+        }
+    }
+
+    #[test]
+    fn a_page_with_nothing_found_is_still_one_part() {
+        let parts = PageFindings::default().parts();
+        assert_eq!(parts.len(), 1);
+        let back: PageFindings = serde_json::from_str(&parts[0]).unwrap();
+        assert!(back.is_empty());
+    }
+
+    #[test]
+    fn a_page_over_the_item_limit_is_split_into_parts_that_fit_and_lose_nothing() {
+        let page = PageFindings {
+            findings: (0..30).map(|i| finding(i, 40_000)).collect(),
+            violation_keys: vec![("unique-email".to_string(), "EMAIL#a".to_string())],
+            repair_failures: vec!["USER#3: condition failed".to_string()],
+        };
+        let parts = page.clone().parts();
+        assert!(parts.len() >= 4, "{} parts", parts.len());
+        let mut report = AuditReport::default();
+        for part in &parts {
+            assert!(part.len() <= PART_BYTES + 1_000, "{} bytes", part.len());
+            let found: PageFindings = serde_json::from_str(part).unwrap();
+            found.append_to(&mut report);
+        }
+        let keys: Vec<&str> = report.findings.iter().map(|f| f.key.as_str()).collect();
+        let sent: Vec<&str> = page.findings.iter().map(|f| f.key.as_str()).collect();
+        assert_eq!(keys, sent);
+        assert_eq!(report.violation_keys, page.violation_keys);
+        assert_eq!(report.repair_failures, page.repair_failures);
+    }
 }

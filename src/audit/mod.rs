@@ -50,6 +50,7 @@ mod repair;
 mod scan;
 pub mod sketch;
 
+pub use checkpoint::CheckpointStore;
 use derive::{counters, Tally};
 pub use repair::repair;
 use scan::{classify, Pages, Progress};
@@ -74,12 +75,15 @@ pub struct AuditOptions {
     pub segment: Option<u32>,
     /// Read capacity units per second, averaged over the run.
     pub max_rcu: Option<f64>,
-    /// With `segment`: the file the segment's progress and findings are
-    /// kept in after every page, and resumed from (see [`checkpoint`]).
-    pub checkpoint: Option<std::path::PathBuf>,
+    /// With `segment`: where the segment's progress and findings are
+    /// kept after every page, and resumed from (see [`checkpoint`]).
+    pub checkpoint: Option<CheckpointStore>,
     /// With `checkpoint`: stop after this many pages (a slice), the
     /// report not `complete`.
     pub max_pages: Option<u64>,
+    /// With `checkpoint`: start no page after this instant (a Lambda
+    /// invocation's budget), the report not `complete`.
+    pub deadline: Option<tokio::time::Instant>,
 }
 
 impl Default for AuditOptions {
@@ -93,6 +97,7 @@ impl Default for AuditOptions {
             max_rcu: None,
             checkpoint: None,
             max_pages: None,
+            deadline: None,
         }
     }
 }
@@ -413,8 +418,8 @@ pub async fn audit(applier: &Applier, options: &AuditOptions) -> Result<AuditRep
             ),
         });
     }
-    if let (Some(segment), Some(path)) = (options.segment, &options.checkpoint) {
-        let report = checkpoint::audit_segment_from(applier, options, segment, path).await?;
+    if let (Some(segment), Some(store)) = (options.segment, &options.checkpoint) {
+        let (report, _) = checkpoint::audit_segment_from(applier, options, segment, store).await?;
         finished(&report);
         return Ok(report);
     }
@@ -790,7 +795,7 @@ fn covered(reports: &[AuditReport], table: &str) -> Result<u32, String> {
 }
 
 /// Metrics and the closing log line of an audit or a merge.
-fn finished(report: &AuditReport) {
+pub(crate) fn finished(report: &AuditReport) {
     metrics::counter!("projector_audit_items_scanned_total").increment(report.scanned);
     for (rule, n) in report.counts() {
         metrics::gauge!("projector_audit_findings", "rule" => rule).set(n as f64);

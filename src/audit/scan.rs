@@ -239,7 +239,15 @@ impl Pages {
         read_micro.fetch_add((self.last_units * 1e6) as u64, Ordering::Relaxed);
         progress.advance(page.items().len() as u64);
         let mut items = Vec::with_capacity(page.items().len());
+        let pk = &applier.spec().table.partition_key;
         for raw in page.items() {
+            // The audit's own checkpoint and findings, written while it
+            // scans, are neither audited nor counted.
+            if let Some(Av::S(value)) = raw.get(pk) {
+                if value.starts_with(super::checkpoint::AUDIT_PK) {
+                    continue;
+                }
+            }
             let item = crate::decode::item_from_sdk(raw.clone()).map_err(|error| {
                 let key = applier.spec().table.key_attributes(raw);
                 ApplyError::Fatal {

@@ -474,8 +474,9 @@ pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 page_size: Some(page_size.max(1)),
                 segment,
                 max_rcu,
-                checkpoint,
+                checkpoint: checkpoint.map(crate::audit::CheckpointStore::File),
                 max_pages: None,
+                deadline: None,
             },
         )),
         Command::AuditMerge {

@@ -3,8 +3,9 @@
 //!
 //! [`Payload`] tells the two apart by shape while reading: an object with a
 //! `Records` array is a stream event, an object with a `backfill` object is
-//! a backfill request ([`BackfillRequest`]); anything else is refused with a
-//! message naming both.
+//! a backfill request ([`BackfillRequest`]), an object with an `audit`
+//! object an audit request ([`AuditRequest`]); anything else is refused
+//! with a message naming all three.
 //!
 //! Each record is kept as its JSON text and decoded on its own, a chunk at
 //! a time, with [`decode_lambda_record_json`], so one malformed record
@@ -21,6 +22,7 @@ use serde::de::{self, DeserializeSeed, Deserializer, IgnoredAny, MapAccess, SeqA
 use serde::Deserialize;
 use serde_json::value::RawValue;
 
+use super::audit::AuditRequest;
 use super::backfill::BackfillRequest;
 use crate::decode::{decode_lambda_record_json, Decoded, LambdaEventError};
 
@@ -31,6 +33,8 @@ pub enum Payload {
     Stream(StreamsEvent),
     /// A backfill slice (`{"backfill": {...}}`).
     Backfill(BackfillRequest),
+    /// An audit slice or merge (`{"audit": {...}}`).
+    Audit(AuditRequest),
 }
 
 impl<'de> Deserialize<'de> for Payload {
@@ -45,31 +49,46 @@ impl<'de> Visitor<'de> for PayloadVisitor {
     type Value = Payload;
 
     fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("a DynamoDB Streams event (an object with a `Records` array) or a backfill request (an object with a `backfill` object)")
+        f.write_str("a DynamoDB Streams event (an object with a `Records` array), a backfill request (an object with a `backfill` object) or an audit request (an object with an `audit` object)")
     }
 
     fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Payload, A::Error> {
         let mut stream = None;
         let mut backfill = None;
+        let mut audit = None;
         while let Some(key) = map.next_key::<String>()? {
             if key == "Records" && stream.is_none() {
                 // Decoded record by record, as a plain stream event is.
                 stream = Some(map.next_value_seed(RecordsSeed)?);
             } else if key == "backfill" && backfill.is_none() {
                 backfill = Some(map.next_value_seed(BackfillSeed)?);
+            } else if key == "audit" && audit.is_none() {
+                audit = Some(map.next_value_seed(AuditSeed)?);
             } else {
                 map.next_value::<IgnoredAny>()?;
             }
         }
-        match (stream, backfill) {
-            (Some(event), None) => Ok(Payload::Stream(event)),
-            (None, Some(request)) => Ok(Payload::Backfill(request)),
-            (Some(_), Some(_)) => Err(de::Error::custom(
-                "the payload has both a `Records` array and a `backfill` object: send a DynamoDB Streams event or a backfill request, not both",
+        match (stream, backfill, audit) {
+            (Some(event), None, None) => Ok(Payload::Stream(event)),
+            (None, Some(request), None) => Ok(Payload::Backfill(request)),
+            (None, None, Some(request)) => Ok(Payload::Audit(request)),
+            (None, None, None) => Err(de::Error::custom(
+                "the payload has no `Records` array, no `backfill` object and no `audit` object: it is neither a DynamoDB Streams event nor a backfill request ({\"backfill\": {\"segment\": 0, \"totalSegments\": 1}}) nor an audit request ({\"audit\": {\"run\": \"nightly\", \"segment\": 0, \"totalSegments\": 1}})",
             )),
-            (None, None) => Err(de::Error::custom(
-                "the payload has no `Records` array and no `backfill` object: it is neither a DynamoDB Streams event nor a backfill request ({\"backfill\": {\"segment\": 0, \"totalSegments\": 1}})",
-            )),
+            (stream, backfill, audit) => {
+                let named: Vec<&str> = [
+                    stream.map(|_| "a `Records` array"),
+                    backfill.map(|_| "a `backfill` object"),
+                    audit.map(|_| "an `audit` object"),
+                ]
+                .into_iter()
+                .flatten()
+                .collect();
+                Err(de::Error::custom(format!(
+                    "the payload has both {}: send a DynamoDB Streams event, a backfill request or an audit request, one at a time",
+                    named.join(" and ")
+                )))
+            }
         }
     }
 }
@@ -146,6 +165,30 @@ impl<'de> Deserialize<'de> for StreamsEvent {
 
 /// Reads the `backfill` object, and only an object: a derived struct would
 /// also take an array of its fields in order, whose errors mislead.
+struct AuditSeed;
+
+impl<'de> DeserializeSeed<'de> for AuditSeed {
+    type Value = AuditRequest;
+
+    fn deserialize<D: Deserializer<'de>>(self, deserializer: D) -> Result<AuditRequest, D::Error> {
+        deserializer.deserialize_map(self)
+    }
+}
+
+impl<'de> Visitor<'de> for AuditSeed {
+    type Value = AuditRequest;
+
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(
+            "an `audit` object such as {\"run\": \"nightly\", \"segment\": 0, \"totalSegments\": 4}",
+        )
+    }
+
+    fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<AuditRequest, A::Error> {
+        AuditRequest::deserialize(de::value::MapAccessDeserializer::new(map))
+    }
+}
+
 struct BackfillSeed;
 
 impl<'de> DeserializeSeed<'de> for BackfillSeed {
@@ -339,7 +382,22 @@ mod tests {
     }
 
     #[test]
-    fn a_payload_of_another_shape_is_refused_naming_both_kinds() {
+    fn a_payload_with_audit_is_an_audit_request() {
+        let payload: Payload = serde_json::from_str(
+            r#"{"audit": {"run": "nightly", "segment": 2, "totalSegments": 4, "repair": true}}"#,
+        )
+        .unwrap();
+        let Payload::Audit(request) = payload else {
+            panic!("not read as an audit request");
+        };
+        assert_eq!(request.run, "nightly");
+        assert_eq!((request.segment, request.total_segments), (2, 4));
+        assert_eq!(request.repair, Some(true));
+        assert_eq!(request.merge, None);
+    }
+
+    #[test]
+    fn a_payload_of_another_shape_is_refused_naming_every_kind() {
         let message = |body: &str| {
             serde_json::from_str::<Payload>(body)
                 .unwrap_err()
@@ -348,14 +406,16 @@ mod tests {
         for body in [r#"{"Items": []}"#, "{}", r#"{"Backfill": {}}"#] {
             let text = message(body);
             assert!(
-                text.contains("no `Records` array and no `backfill` object"),
+                text.contains("no `Records` array, no `backfill` object and no `audit` object"),
                 "{body}: {text}"
             );
         }
         for body in ["[1, 2]", "3", r#""backfill""#, "null"] {
             let text = message(body);
             assert!(
-                text.contains("a DynamoDB Streams event") && text.contains("a backfill request"),
+                text.contains("a DynamoDB Streams event")
+                    && text.contains("a backfill request")
+                    && text.contains("an audit request"),
                 "{body}: {text}"
             );
         }
@@ -364,6 +424,13 @@ mod tests {
             both.contains("both a `Records` array and a `backfill` object"),
             "{both}"
         );
+        let three = message(r#"{"Records": [], "audit": {"run": "r"}, "backfill": {}}"#);
+        assert!(
+            three.contains("both a `Records` array and a `backfill` object and an `audit` object"),
+            "{three}"
+        );
+        let audit = message(r#"{"audit": {"run": "r", "segmnet": 1}}"#);
+        assert!(audit.contains("unknown field `segmnet`"), "{audit}");
         let records = message(r#"{"Records": 3}"#);
         assert!(records.contains("`Records` array"), "{records}");
         let backfill = message(r#"{"backfill": [0, 4]}"#);

@@ -70,6 +70,22 @@ pub enum InvocationError {
         /// The number of segments.
         total: u32,
     },
+    /// An audit request that cannot run as sent.
+    #[error("{0}")]
+    Audit(#[from] super::audit::AuditRequestError),
+    /// An audit invocation with less time left than the margin.
+    #[error("audit: the invocation has less time left than PROJECTOR_DEADLINE_MARGIN_MS ({margin_ms} ms), so no scan page can start; give the function a longer timeout")]
+    AuditNoTime {
+        /// The margin.
+        margin_ms: u64,
+    },
+    /// An audit page, or the merge, was still running when the invocation
+    /// had to answer.
+    #[error("audit: the invocation's deadline came during {what}; what it was doing is not checkpointed and the next invocation does it again (harmless); if this repeats, give the function a longer timeout or send a smaller pageSize")]
+    AuditAbandoned {
+        /// The segment, or the merge.
+        what: String,
+    },
     /// A backfill claim while a writer of another definition may write.
     #[error("backfill: a writer of another definition ({other}) of `{projection}` holds a lease until {until}: a backfill started now could be undone by it; try again after then (the state machine does), or deploy the spec first if the old definition is still running")]
     OtherDefinitionRunning {
@@ -93,6 +109,13 @@ impl From<InvocationError> for Diagnostic {
                 "Projector.BackfillTimeout"
             }
             InvocationError::OtherDefinitionRunning { .. } => "Projector.OtherDefinitionRunning",
+            InvocationError::Audit(super::audit::AuditRequestError::Incomplete(_)) => {
+                "Projector.AuditIncomplete"
+            }
+            InvocationError::Audit(_) => "Projector.InvalidAuditRequest",
+            InvocationError::AuditNoTime { .. } | InvocationError::AuditAbandoned { .. } => {
+                "Projector.AuditTimeout"
+            }
         };
         Diagnostic {
             error_type: error_type.to_string(),
@@ -226,6 +249,8 @@ pub enum Response {
     Stream(DynamoDbEventResponse),
     /// To a backfill request: whether the segment is done, and what was done.
     Backfill(BackfillResponse),
+    /// To an audit request: a slice's progress, or the merged conclusion.
+    Audit(super::audit::AuditResponse),
 }
 
 /// What every invocation shares: built once at init.
@@ -280,6 +305,7 @@ impl Handler {
                 .backfill(request, &context)
                 .await
                 .map(Response::Backfill),
+            Payload::Audit(request) => self.audit(request, &context).await.map(Response::Audit),
         };
         if let Err(error) = &result {
             tracing::error!(request_id = %context.request_id, %error, "invocation failed");

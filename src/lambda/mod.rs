@@ -26,6 +26,7 @@
 //! applier says so; a batch that could not finish before the deadline is
 //! reported failed from its first unfinished record, never left half-known.
 
+pub mod audit;
 pub mod backfill;
 pub mod event;
 pub mod filters;

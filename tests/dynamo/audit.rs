@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use aws_sdk_dynamodb::types::AttributeValue as Av;
 use ddb_projector::apply::{Applier, BatchOptions};
-use ddb_projector::audit::{audit, merge, AuditOptions, AuditReport, Problem};
+use ddb_projector::audit::{audit, merge, AuditOptions, AuditReport, CheckpointStore, Problem};
 use ddb_projector::backfill::{backfill, BackfillOptions};
 use ddb_projector::counter::read_counter;
 use ddb_projector::record::ChangeKind;
@@ -1255,7 +1255,7 @@ async fn a_segment_audited_in_slices_from_a_checkpoint_equals_one_run() {
         let whole = audit(applier, &base).await.expect("audit");
         let path = dir.path().join(format!("segment-{segment}.json"));
         let sliced_options = AuditOptions {
-            checkpoint: Some(path.clone()),
+            checkpoint: Some(CheckpointStore::File(path.clone())),
             max_pages: Some(1),
             ..base.clone()
         };
@@ -1282,7 +1282,7 @@ async fn a_segment_audited_in_slices_from_a_checkpoint_equals_one_run() {
         &AuditOptions {
             segments: 2,
             segment: Some(1),
-            checkpoint: Some(dir.path().join("segment-0.json")),
+            checkpoint: Some(CheckpointStore::File(dir.path().join("segment-0.json"))),
             ..AuditOptions::default()
         },
     )
@@ -1293,4 +1293,91 @@ async fn a_segment_audited_in_slices_from_a_checkpoint_equals_one_run() {
         elsewhere.contains("is the checkpoint of segment 0 of 2"),
         "{elsewhere}"
     );
+}
+
+/// What the Lambda's slices do: each segment in slices of one page,
+/// checkpointed in the table itself; the run read back and merged finds
+/// what one audit finds, and a stale page item beyond what a segment's
+/// state counts (a slice cut short after writing it) is not read.
+#[tokio::test]
+async fn segments_checkpointed_in_the_table_merge_to_what_one_audit_finds() {
+    use ddb_projector::audit::checkpoint::{load_run, LoadedRun};
+    let (spec, fixture) = drifted_social("audit-table-slices").await;
+    let applier = &fixture.applier;
+    let whole = run_audit(applier, false).await;
+    assert!(!whole.is_clean());
+    const TOTAL: u32 = 2;
+    let store = CheckpointStore::Table {
+        run: "nightly-1".to_string(),
+    };
+    let not_yet = load_run(applier, "nightly-1", TOTAL).await.unwrap();
+    let LoadedRun::Incomplete(why) = not_yet else {
+        panic!("a run not started merged: {not_yet:?}");
+    };
+    assert!(why.contains("segments 0, 1 have not started"), "{why}");
+    let mut slices = 0;
+    for segment in 0..TOTAL {
+        let options = AuditOptions {
+            segments: TOTAL,
+            segment: Some(segment),
+            page_size: Some(2),
+            checkpoint: Some(store.clone()),
+            max_pages: Some(1),
+            ..AuditOptions::default()
+        };
+        loop {
+            let report = audit(applier, &options).await.expect("a slice");
+            slices += 1;
+            // The findings stay in the table, not in the worker.
+            assert!(report.findings.is_empty(), "{:?}", report.findings);
+            if report.complete {
+                break;
+            }
+            assert!(slices < 200);
+        }
+        if segment == 0 {
+            let half = load_run(applier, "nightly-1", TOTAL).await.unwrap();
+            let LoadedRun::Incomplete(why) = half else {
+                panic!("a run with a segment not started merged");
+            };
+            assert!(why.contains("segments 1 have not started"), "{why}");
+        }
+    }
+    assert!(slices > 4, "{slices} slices");
+    // A page item past the state's count, as a slice cut short between
+    // writing a page's findings and its state leaves.
+    let table = &fixture.table;
+    let stale = serde_json::json!({
+        "findings": [{
+            "rule": "followers", "rule_kind": "counter",
+            "problem": "Orphaned", "counters": [],
+            "key": "USER#nobody", "items": [], "detail": "stale", "repaired": false
+        }]
+    });
+    put(
+        &fixture.client,
+        table,
+        &[
+            ("PK", s("_ddbp#audit")),
+            ("SK", s("nightly-1#0/2#p09999999#000")),
+            ("parts", Av::N("1".into())),
+            ("findings", s(&stale.to_string())),
+        ],
+    )
+    .await;
+    let LoadedRun::Ready(reports, keys) = load_run(applier, "nightly-1", TOTAL).await.unwrap()
+    else {
+        panic!("a finished run did not load");
+    };
+    assert!(
+        keys.len() > slices,
+        "{} items for {slices} slices",
+        keys.len()
+    );
+    assert!(keys
+        .iter()
+        .all(|k| k.sk.as_deref() != Some("nightly-1#0/2#p09999999#000")));
+    let merged = merge(applier, reports, false, None).await.expect("merge");
+    assert_eq!(found(&merged), found(&whole), "{}", merged.to_text(&spec));
+    assert_eq!(merged.scanned, whole.scanned);
 }
