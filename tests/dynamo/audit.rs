@@ -77,7 +77,7 @@ async fn follow(client: &aws_sdk_dynamodb::Client, table: &str, a: &str, b: &str
 /// Follows a->b, c->b, d->b, b->a, derived and audited clean; then drift:
 /// a deleted inverse edge, an orphan inverse edge, a counter shard off by
 /// 3 (see the first test for what the audit finds).
-async fn drifted_social(prefix: &str) -> (Arc<Spec>, support::Fixture) {
+pub(super) async fn drifted_social(prefix: &str) -> (Arc<Spec>, support::Fixture) {
     let spec = support::shipped_spec("social-service.toml");
     let fixture = support::fixture(spec.clone(), prefix).await;
     let (client, table, applier) = (&fixture.client, &fixture.table, &fixture.applier);

@@ -1492,3 +1492,187 @@ async fn check_user_bench(client: &aws_sdk_dynamodb::Client, table: &str) {
         );
     }
 }
+
+// ------------------------------------------------------------------ audit ---
+
+fn audit_payload(run: &str, segment: u32, total: u32, extra: Value) -> Value {
+    let mut request = json!({
+        "run": run, "segment": segment, "totalSegments": total,
+        "pageSize": 2, "maxPages": 1,
+    });
+    if let (Some(request), Some(extra)) = (request.as_object_mut(), extra.as_object()) {
+        request.extend(extra.clone());
+    }
+    json!({ "audit": request })
+}
+
+/// The state machine's way: every segment in slices until done, then one
+/// merge; answers what it found. Each segment takes several slices.
+async fn audit_run(api: &RuntimeApi, function: &Function, run: &str, extra: Value) -> Value {
+    const TOTAL: u32 = 2;
+    for segment in 0..TOTAL {
+        let mut slices = 0;
+        loop {
+            slices += 1;
+            assert!(slices <= 100, "segment {segment} not done after 100 slices");
+            let outcome = api
+                .invoke_event(&audit_payload(run, segment, TOTAL, extra.clone()), GENEROUS)
+                .await;
+            let Outcome::Response(body) = outcome else {
+                panic!("{:?}\n{}", invocation_error(&outcome), function.stderr());
+            };
+            assert_eq!(body["segment"], segment, "{body}");
+            assert_eq!(body["run"], run, "{body}");
+            if body["done"] == true {
+                break;
+            }
+        }
+        assert!(slices > 2, "segment {segment}: {slices} slices");
+        if segment == 0 {
+            // Merging before every segment is done is refused, naming it.
+            let merge = json!({ "audit": { "run": run, "totalSegments": TOTAL, "merge": true } });
+            let outcome = api.invoke_event(&merge, GENEROUS).await;
+            let (error_type, message) = invocation_error(&outcome);
+            assert_eq!(error_type, "Projector.AuditIncomplete", "{message}");
+            assert!(message.contains("segments 1 have not started"), "{message}");
+        }
+    }
+    let mut merge = json!({ "run": run, "totalSegments": TOTAL, "merge": true });
+    if let (Some(request), Some(extra)) = (merge.as_object_mut(), extra.as_object()) {
+        request.extend(extra.clone());
+    }
+    let Outcome::Response(body) = api.invoke_event(&json!({ "audit": merge }), GENEROUS).await
+    else {
+        panic!("{}", function.stderr());
+    };
+    body
+}
+
+/// The audit on Step Functions, driven as its state machine drives it:
+/// the findings merged from sliced segments are the CLI audit's, each is
+/// logged, the run is counted for the alarm, a merge invoked again counts
+/// nothing twice, the run's items are cleaned up, and a repairing run
+/// leaves the table clean.
+#[tokio::test]
+async fn lambda_audits_segments_in_slices_and_merges_them_once() {
+    let started = Instant::now();
+    let (_spec, fixture) = super::audit::drifted_social("lambda-audit").await;
+    let (client, table, applier) = (&fixture.client, &fixture.table, &fixture.applier);
+    let whole =
+        ddb_projector::audit::audit(applier, &ddb_projector::audit::AuditOptions::default())
+            .await
+            .expect("audit");
+    assert!(whole.findings.len() >= 3, "{:?}", whole.findings);
+    let api = RuntimeApi::start().await;
+    let function = Function::start(
+        support::binary(),
+        &api,
+        &function_env("social-service.toml", Some(table)),
+    );
+    api.ready().await;
+
+    for (audit, error_type, says) in [
+        (
+            json!({ "run": "a#b" }),
+            "Projector.InvalidAuditRequest",
+            "is not a name",
+        ),
+        (
+            json!({ "run": "r", "segment": 2, "totalSegments": 2 }),
+            "Projector.InvalidAuditRequest",
+            "out of range",
+        ),
+        (json!({ "segment": 0 }), "", "missing field `run`"),
+    ] {
+        let outcome = api.invoke_event(&json!({ "audit": audit }), GENEROUS).await;
+        let (found_type, message) = invocation_error(&outcome);
+        if !error_type.is_empty() {
+            assert_eq!(found_type, error_type, "{message}");
+        }
+        assert!(message.contains(says), "{message}");
+    }
+
+    let body = audit_run(&api, &function, "nightly-1", json!({})).await;
+    assert_eq!(body["clean"], false, "{body}");
+    assert_eq!(body["findings"], whole.findings.len(), "{body}");
+    assert_eq!(body["unrepaired"], whole.findings.len(), "{body}");
+    assert_eq!(body["scanned"], whole.scanned, "{body}");
+    let mut listed: Vec<(String, String)> = body["first"]
+        .as_array()
+        .expect("first")
+        .iter()
+        .map(|f| {
+            (
+                f["projection"].as_str().unwrap().to_string(),
+                f["key"].as_str().unwrap().to_string(),
+            )
+        })
+        .collect();
+    let mut expected: Vec<(String, String)> = whole
+        .findings
+        .iter()
+        .map(|f| (f.rule.clone(), f.key.clone()))
+        .collect();
+    listed.sort();
+    expected.sort();
+    assert_eq!(listed, expected);
+    let counted: u64 = body["counts"]
+        .as_array()
+        .expect("counts")
+        .iter()
+        .map(|c| c["count"].as_u64().unwrap())
+        .sum();
+    assert_eq!(counted, whole.findings.len() as u64, "{body}");
+
+    // Invoked again (a retried merge), it answers what it stored.
+    let again = json!({ "audit": { "run": "nightly-1", "totalSegments": 2, "merge": true } });
+    let Outcome::Response(stored) = api.invoke_event(&again, GENEROUS).await else {
+        panic!("{}", function.stderr());
+    };
+    assert_eq!(stored["alreadyMerged"], true, "{stored}");
+    assert_eq!(stored["findings"], body["findings"]);
+    let audit_items: Vec<String> = support::scan_all(client, table)
+        .await
+        .iter()
+        .filter(|item| support::text(item, "PK").as_deref() == Some("_ddbp#audit"))
+        .map(|item| support::text(item, "SK").unwrap_or_default())
+        .collect();
+    assert_eq!(audit_items, ["nightly-1#merged"]);
+    let stderr = function.stderr();
+    let logged = stderr
+        .lines()
+        .filter_map(|line| serde_json::from_str::<Value>(line).ok())
+        .filter(|line| line["message"] == "audit finding")
+        .count();
+    assert_eq!(logged, whole.findings.len(), "{stderr}");
+    let emf = function.emf();
+    let runs = |outcome: &str| {
+        emf.iter()
+            .filter(|doc| {
+                doc["outcome"] == outcome && doc.get("projector_audit_runs_total").is_some()
+            })
+            .count()
+    };
+    assert_eq!(runs("findings"), 1, "{emf:#?}");
+    assert!(
+        emf.iter()
+            .any(|doc| doc.get("projector_audit_findings_total").is_some()
+                && doc["kind"].is_string()
+                && doc["projection"].is_string()),
+        "{emf:#?}"
+    );
+
+    // A repairing run fixes what it finds; the next run is clean.
+    let repaired = audit_run(&api, &function, "nightly-2", json!({ "repair": true })).await;
+    assert_eq!(repaired["unrepaired"], 0, "{repaired}");
+    assert_eq!(repaired["repairFailures"], json!([]), "{repaired}");
+    let clean = audit_run(&api, &function, "nightly-3", json!({})).await;
+    assert_eq!(clean["clean"], true, "{clean}");
+    let emf = function.emf();
+    assert!(
+        emf.iter()
+            .any(|doc| doc["outcome"] == "clean" && doc.get("projector_audit_runs_total").is_some()),
+        "{emf:#?}"
+    );
+    eprintln!("lambda_audits_segments_in_slices: {:?}", started.elapsed());
+}
