@@ -69,45 +69,53 @@ fn the_stack_allows_every_dynamodb_call_the_code_makes() {
     );
 }
 
-/// Every state the backfill state machine names (`StartAt`, `Next`,
-/// `Default`) is defined in it: Step Functions refuses the definition
-/// otherwise, and only at deploy time (a removed `InvalidInput` state once
-/// got past every check here).
+/// Every state the backfill and audit state machines name (`StartAt`,
+/// `Next`, `Default`) is defined in it: Step Functions refuses the
+/// definition otherwise, and only at deploy time (a removed `InvalidInput`
+/// state once got past every check here).
 #[test]
-fn the_backfill_state_machine_defines_every_state_it_names() {
+fn each_state_machine_defines_every_state_it_names() {
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));
     let template = std::fs::read_to_string(root.join("infra/template.yaml")).expect("template");
-    let start = template
-        .find("  BackfillStateMachine:")
-        .expect("the state machine");
-    let end = start
-        + template[start..]
-            .find("\nOutputs:")
-            .expect("the outputs after it");
-    let definition = &template[start..end];
-    let defined: std::collections::BTreeSet<&str> = definition
-        .lines()
-        .filter_map(|line| {
-            let name = line.trim().strip_suffix(':')?;
-            (!name.is_empty()
-                && name.chars().all(|c| c.is_ascii_alphanumeric())
-                && name.starts_with(|c: char| c.is_ascii_uppercase()))
-            .then_some(name)
-        })
-        .collect();
-    let mut named = Vec::new();
-    for line in definition.lines() {
-        let line = line.trim();
-        for key in ["StartAt: ", "Next: ", "Default: "] {
-            if let Some(name) = line.strip_prefix(key) {
-                named.push(name.trim());
+    for machine in ["BackfillStateMachine", "AuditStateMachine"] {
+        let start = template
+            .find(&format!("  {machine}:"))
+            .unwrap_or_else(|| panic!("the state machine {machine}"));
+        let end = start
+            + template[start..]
+                .find("\n  # ")
+                .into_iter()
+                .chain(template[start..].find("\nOutputs:"))
+                .min()
+                .expect("what follows it");
+        let definition = &template[start..end];
+        let defined: std::collections::BTreeSet<&str> = definition
+            .lines()
+            .filter_map(|line| {
+                let name = line.trim().strip_suffix(':')?;
+                (!name.is_empty()
+                    && name.chars().all(|c| c.is_ascii_alphanumeric())
+                    && name.starts_with(|c: char| c.is_ascii_uppercase()))
+                .then_some(name)
+            })
+            .collect();
+        let mut named = Vec::new();
+        for line in definition.lines() {
+            let line = line.trim();
+            for key in ["StartAt: ", "Next: ", "Default: "] {
+                if let Some(name) = line.strip_prefix(key) {
+                    named.push(name.trim());
+                }
             }
         }
+        assert!(
+            named.len() >= 8,
+            "{machine}: the names were found: {named:?}"
+        );
+        let missing: Vec<&&str> = named.iter().filter(|n| !defined.contains(**n)).collect();
+        assert!(
+            missing.is_empty(),
+            "{machine}: states named but not defined: {missing:?} (defined: {defined:?})"
+        );
     }
-    assert!(named.len() >= 8, "the names were found: {named:?}");
-    let missing: Vec<&&str> = named.iter().filter(|n| !defined.contains(**n)).collect();
-    assert!(
-        missing.is_empty(),
-        "states named but not defined: {missing:?} (defined: {defined:?})"
-    );
 }
