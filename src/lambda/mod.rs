@@ -12,7 +12,8 @@
 //! `DynamoDbEventResponse` naming the first record that is not handled
 //! (`ReportBatchItemFailures`). A payload `{"backfill": {...}}` instead runs
 //! one slice of a backfill scan segment ([`backfill`]) and answers whether
-//! the segment is done, for a Step Functions loop.
+//! the segment is done, for a Step Functions loop; `{"audit": {...}}` runs
+//! one slice of an audit segment, or the audit's merge ([`audit`]).
 //!
 //! | variable | meaning |
 //! | --- | --- |
