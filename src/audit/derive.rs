@@ -23,6 +23,7 @@ pub(super) fn finding(spec: &Spec, id: ProjectionId, problem: Problem, key: &Ite
         detail: String::new(),
         repaired: false,
         counters: Vec::new(),
+        shards: Vec::new(),
         fix: None,
     }
 }
@@ -372,8 +373,10 @@ pub(super) fn check_marker(
         }
         _ => {}
     }
-    // One repair fixes them all: the first finding carries it.
+    // One repair fixes them all: the first finding carries it, and the
+    // shards it moves.
     if let Some(first) = found.first_mut() {
+        first.shards = moved_shards(spec, &effect.op, old);
         first.fix = Some(Fix::Effect(Box::new(effect)));
     }
     out.extend(found);
@@ -470,6 +473,7 @@ pub(super) fn counters(spec: &Spec, sketch: &Sketch, tally: &Tally, out: &mut Ve
                     .join(" "),
                 repaired: false,
                 counters: Vec::new(),
+                shards: Vec::new(),
                 fix: Some(Fix::Recount(shards)),
             });
         }
@@ -512,6 +516,31 @@ pub(super) fn violation(spec: &Spec, invariant: usize, violation: &Violation) ->
         detail: violation.message.clone(),
         repaired: false,
         counters: Vec::new(),
+        shards: Vec::new(),
         fix: None,
     }
+}
+
+/// The shards a membership repair moves: those it records the source in,
+/// and those the marker recorded it in before.
+fn moved_shards(spec: &Spec, op: &Op, old: Option<&Item>) -> Vec<String> {
+    let mut shards: Vec<String> = match op {
+        Op::DropRecord { shard, .. } => vec![shard.clone()],
+        Op::Membership { counters, .. } => counters.iter().map(|c| c.key.pk.clone()).collect(),
+        _ => Vec::new(),
+    };
+    if let Some(old) = old {
+        shards.extend(
+            crate::apply::records_of(old)
+                .iter()
+                .filter(|(storage, _)| spec.counter_by_storage(storage).is_some())
+                .filter_map(|(_, value)| match value {
+                    crate::record::AttributeValue::S(shard) => Some(shard.clone()),
+                    _ => None,
+                }),
+        );
+    }
+    shards.sort();
+    shards.dedup();
+    shards
 }

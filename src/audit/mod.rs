@@ -192,6 +192,12 @@ pub struct Finding {
     /// repaired, recounting them cannot make them right.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub counters: Vec<String>,
+    /// The counter shards its repair moves (a record added or dropped with
+    /// its shard's count): once repaired, they are counted again, whether
+    /// or not the audit found them off (a segment repaired page by page
+    /// changes what the rest of the scan reads).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub shards: Vec<String>,
     #[serde(skip, default)]
     fix: Option<Fix>,
 }
@@ -419,9 +425,9 @@ pub async fn audit(applier: &Applier, options: &AuditOptions) -> Result<AuditRep
         });
     }
     if let (Some(segment), Some(store)) = (options.segment, &options.checkpoint) {
-        let (report, _) = checkpoint::audit_segment_from(applier, options, segment, store).await?;
-        finished(&report);
-        return Ok(report);
+        let slice = checkpoint::audit_segment_from(applier, options, segment, store).await?;
+        finished(&slice.report, slice.scanned_now);
+        return Ok(slice.report);
     }
     let started = Instant::now();
     let started_ms = crate::lifecycle::now_ms();
@@ -505,7 +511,7 @@ pub async fn audit(applier: &Applier, options: &AuditOptions) -> Result<AuditRep
         }
     }
     report.seconds = started.elapsed().as_secs_f64();
-    finished(&report);
+    finished(&report, report.scanned);
     Ok(report)
 }
 
@@ -517,6 +523,19 @@ pub async fn audit(applier: &Applier, options: &AuditOptions) -> Result<AuditRep
 /// violations no segment found. The second scan reads at most `max_rcu`
 /// units per second.
 pub async fn merge(
+    applier: &Applier,
+    reports: Vec<AuditReport>,
+    repair_counters: bool,
+    max_rcu: Option<f64>,
+) -> Result<AuditReport, ApplyError> {
+    let report = merge_uncounted(applier, reports, repair_counters, max_rcu).await?;
+    finished(&report, 0);
+    Ok(report)
+}
+
+/// [`merge`] without counting its findings in the metrics: for a caller
+/// that counts them once it has stored the conclusion.
+pub async fn merge_uncounted(
     applier: &Applier,
     reports: Vec<AuditReport>,
     repair_counters: bool,
@@ -558,7 +577,7 @@ pub async fn merge(
     if repair_counters {
         // What is repaired here is what this merge found, the counters:
         // the segments repaired the rest, and their findings carry no fix.
-        repair::repair_beside(applier, &mut counted, &report.findings).await?;
+        repair::repair_beside(applier, &mut counted, &report.findings, true).await?;
         report.repair_failures.extend(counted.repair_failures);
         report.repaired += counted.repaired;
         report.write_units += counted.write_units;
@@ -578,7 +597,6 @@ pub async fn merge(
     report.findings.extend(counted.findings);
     sort_findings(spec, &mut report.findings);
     report.seconds = started.elapsed().as_secs_f64();
-    finished(&report);
     Ok(report)
 }
 
@@ -795,8 +813,10 @@ fn covered(reports: &[AuditReport], table: &str) -> Result<u32, String> {
 }
 
 /// Metrics and the closing log line of an audit or a merge.
-pub(crate) fn finished(report: &AuditReport) {
-    metrics::counter!("projector_audit_items_scanned_total").increment(report.scanned);
+/// Counts what an audit concluded, and `scanned_now`, the items scanned
+/// by this call (a resumed slice or a merge counts only its own).
+pub(crate) fn finished(report: &AuditReport, scanned_now: u64) {
+    metrics::counter!("projector_audit_items_scanned_total").increment(scanned_now);
     for (rule, n) in report.counts() {
         metrics::gauge!("projector_audit_findings", "rule" => rule).set(n as f64);
     }

@@ -15,15 +15,27 @@ use crate::plan::Effect;
 /// the scan saw, so nothing newer is undone), then counter shards that do
 /// not hold the number of records naming them (see [`recount`]).
 pub async fn repair(applier: &Applier, report: &mut AuditReport) -> Result<(), ApplyError> {
-    repair_beside(applier, report, &[]).await
+    repair_beside(applier, report, &[], true).await
+}
+
+/// As [`repair`] for one page of a segment: the shards its repairs move
+/// are left for the merge to count again, once for the whole run
+/// ([`super::Finding::shards`]).
+pub(super) async fn repair_page(
+    applier: &Applier,
+    report: &mut AuditReport,
+) -> Result<(), ApplyError> {
+    repair_beside(applier, report, &[], false).await
 }
 
 /// As [`repair`], with the findings `beside` it (the segments' of a
-/// merge, repaired or not by then).
+/// merge, repaired or not by then); with `recount_moved`, the shards that
+/// the repairs of either moved are counted again too.
 pub(super) async fn repair_beside(
     applier: &Applier,
     report: &mut AuditReport,
     beside: &[super::Finding],
+    recount_moved: bool,
 ) -> Result<(), ApplyError> {
     let mut effects: Vec<Effect> = Vec::new();
     let mut owners: Vec<Vec<usize>> = Vec::new();
@@ -69,6 +81,18 @@ pub(super) async fn repair_beside(
     for finding in &report.findings {
         if let Some(Fix::Recount(list)) = &finding.fix {
             for shard in list {
+                if !shards.contains(shard) {
+                    shards.push(shard.clone());
+                }
+            }
+        }
+    }
+    if recount_moved {
+        // A repaired membership moved its shards by one, on purpose: a
+        // source counted without its record is counted again with it, and
+        // the count is then set from the records.
+        for finding in report.findings.iter().chain(beside).filter(|f| f.repaired) {
+            for shard in &finding.shards {
                 if !shards.contains(shard) {
                     shards.push(shard.clone());
                 }

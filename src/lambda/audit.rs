@@ -24,7 +24,7 @@
 //!
 //! | field | meaning |
 //! | --- | --- |
-//! | `run` | the audit's name, the same in every slice and the merge (the state machine sends its execution name); letters, digits, `-`, `_` and `.` |
+//! | `run` | the audit's name, the same in every slice and the merge (the state machine sends its execution name); 1 to 80 characters without spaces, `#` or `/`; a run merged once cannot be audited again |
 //! | `segment` | the scan segment, from 0 (default 0) |
 //! | `totalSegments` | how many segments the table is scanned in (default 1) |
 //! | `repair` | write derived state back through the worker's guarded writes: each slice its page's findings, the merge the counters, and it clears the recorded violations no segment found |
@@ -81,7 +81,7 @@ fn one() -> u32 {
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
 pub enum AuditRequestError {
     /// `run` is empty or has characters the checkpoint's keys use.
-    #[error("audit: run `{0}` is not a name: use 1 to 80 letters, digits, `-`, `_` or `.` (the state machine sends its execution name)")]
+    #[error("audit: run `{0}` is not a name: use 1 to 80 characters without spaces, `#` or `/` (the state machine sends its execution name)")]
     BadRun(String),
     /// `totalSegments` is 0.
     #[error(
@@ -108,17 +108,32 @@ pub enum AuditRequestError {
     /// A merge of segments that have not all finished.
     #[error("{0}")]
     Incomplete(String),
+    /// A slice of a run that was merged already.
+    #[error("audit: run `{0}` was merged already: its conclusion stands; start a new execution (or send a new run) to audit again")]
+    RunMerged(String),
+    /// A merge of a run merged before with another number of segments.
+    #[error("audit: run `{run}` was merged with {merged} segments, not {sent}: start a new execution (or send a new run) to audit again")]
+    OtherTotal {
+        /// The run.
+        run: String,
+        /// The segments it was merged with.
+        merged: u32,
+        /// The segments sent.
+        sent: u32,
+    },
 }
 
 impl AuditRequest {
     /// Checks the request; every check that fails is named.
     pub fn check(&self) -> Result<(), AuditRequestError> {
+        // What a Step Functions execution name may hold; never `#` or `/`,
+        // which the checkpoint's keys use.
         let name_ok = !self.run.is_empty()
-            && self.run.len() <= 80
+            && self.run.chars().count() <= 80
             && self
                 .run
                 .chars()
-                .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'));
+                .all(|c| !c.is_whitespace() && !c.is_control() && !matches!(c, '#' | '/'));
         if !name_ok {
             return Err(AuditRequestError::BadRun(self.run.clone()));
         }
@@ -250,8 +265,11 @@ pub struct AuditMergeResponse {
     pub first: Vec<FindingLine>,
     /// Findings repaired.
     pub repaired: usize,
-    /// Repairs that failed, with the reason.
+    /// The first [`LISTED_FINDINGS`] repairs that failed, with the reason.
     pub repair_failures: Vec<String>,
+    /// Repairs that failed in all.
+    #[serde(default)]
+    pub repair_failure_count: usize,
     /// Violations recorded in the violation store.
     pub violations_recorded: usize,
     /// Recorded violations cleared because no segment found them.
@@ -298,7 +316,13 @@ impl AuditMergeResponse {
                 .map(line)
                 .collect(),
             repaired: report.repaired,
-            repair_failures: report.repair_failures.clone(),
+            repair_failures: report
+                .repair_failures
+                .iter()
+                .take(LISTED_FINDINGS)
+                .map(|failure| short(failure.clone()))
+                .collect(),
+            repair_failure_count: report.repair_failures.len(),
             violations_recorded: report.violations_recorded,
             violations_cleared: report.violations_cleared,
             read_units: report.read_units,
@@ -308,12 +332,21 @@ impl AuditMergeResponse {
     }
 }
 
+/// The longest detail the merge's answer shows (all of it is in the log):
+/// the answer is the execution's output, at most 256 KB.
+const ANSWER_DETAIL: usize = 1_000;
+
+fn short(mut text: String) -> String {
+    checkpoint::truncate(&mut text, ANSWER_DETAIL);
+    text
+}
+
 fn line(finding: &crate::audit::Finding) -> FindingLine {
     FindingLine {
         projection: finding.rule.clone(),
         kind: finding.problem.kind().to_string(),
-        key: finding.key.clone(),
-        detail: finding.detail.clone(),
+        key: short(finding.key.clone()),
+        detail: short(finding.detail.clone()),
         repaired: finding.repaired,
     }
 }
@@ -345,6 +378,7 @@ impl Handler {
         let (deadlines, config) = self.budget(context, started);
         if deadlines.stop_writes <= started {
             return Err(InvocationError::AuditNoTime {
+                run: request.run.clone(),
                 margin_ms: self.margin.as_millis() as u64,
             });
         }
@@ -354,11 +388,17 @@ impl Handler {
             return match tokio::time::timeout_at(deadlines.abandon, merge).await {
                 Ok(result) => result.map(|r| AuditResponse::Merge(Box::new(r))),
                 Err(_) => Err(InvocationError::AuditAbandoned {
-                    what: "the merge".to_string(),
+                    what: format!("the merge of run `{}`", request.run),
                 }),
             };
         }
         let (segment, total) = (request.segment, request.total_segments);
+        if checkpoint::get(&applier, checkpoint::merged_sk(&request.run))
+            .await?
+            .is_some()
+        {
+            return Err(AuditRequestError::RunMerged(request.run.clone()).into());
+        }
         tracing::info!(
             request_id = %context.request_id,
             table,
@@ -375,17 +415,22 @@ impl Handler {
                 .as_ref()
                 .expect("an audit slice is checkpointed")
         });
-        let (report, found) = match tokio::time::timeout_at(deadlines.abandon, slice).await {
+        let checkpoint::Slice {
+            report,
+            found,
+            scanned_now,
+            overtaken,
+        } = match tokio::time::timeout_at(deadlines.abandon, slice).await {
             Ok(result) => result?,
             Err(_) => {
                 // The page in flight is not checkpointed; the next slice
                 // checks it again.
                 return Err(InvocationError::AuditAbandoned {
-                    what: format!("segment {segment} of {total}"),
+                    what: format!("segment {segment} of {total} of run `{}`", request.run),
                 });
             }
         };
-        crate::audit::finished(&report);
+        crate::audit::finished(&report, scanned_now);
         let response = AuditSliceResponse {
             run: request.run.clone(),
             done: report.complete,
@@ -407,6 +452,7 @@ impl Handler {
             done = response.done,
             scanned = response.scanned,
             findings = response.findings,
+            overtaken,
             elapsed_ms = started.elapsed().as_millis() as u64,
             "audit slice done"
         );
@@ -422,17 +468,12 @@ impl Handler {
     ) -> Result<AuditMergeResponse, InvocationError> {
         let run = &request.run;
         let total = request.total_segments;
-        let merged_sk = checkpoint::merged_sk(run);
-        if let Some(item) = checkpoint::get(applier, merged_sk.clone()).await? {
-            let stored = item
-                .get("summary")
-                .and_then(|v| v.as_s().ok())
-                .and_then(|text| serde_json::from_str::<AuditMergeResponse>(text).ok());
-            if let Some(mut response) = stored {
-                response.already_merged = true;
-                tracing::info!(request_id = %context.request_id, run, "audit merged before: answering its summary");
-                return Ok(response);
-            }
+        if let Some(response) = stored_summary(applier, run, total).await? {
+            // A merge retried after it stored its conclusion: what it had
+            // not deleted yet goes now; nothing is logged or counted again.
+            checkpoint::delete_rest(applier, run, total).await?;
+            tracing::info!(request_id = %context.request_id, run, "audit merged before: answering its summary");
+            return Ok(response);
         }
         let (reports, stored) = match checkpoint::load_run(applier, run, total).await? {
             LoadedRun::Ready(reports, stored) => (reports, stored),
@@ -441,8 +482,28 @@ impl Handler {
             }
         };
         let repair = request.repair == Some(true);
-        // `merge` counts the findings (`projector_audit_findings_total`).
-        let report = crate::audit::merge(applier, reports, repair, request.max_rcu).await?;
+        let report =
+            crate::audit::merge_uncounted(applier, reports, repair, request.max_rcu).await?;
+        let response = AuditMergeResponse::new(run, &report);
+        let summary = serde_json::to_string(&response).unwrap_or_default();
+        // Stored before anything is logged or counted, and only once: a
+        // merge running twice at once logs and counts in one of them.
+        let first = checkpoint::put(
+            applier,
+            checkpoint::merged_sk(run),
+            vec![
+                ("summary", Av::S(summary)),
+                ("totalSegments", Av::N(total.to_string())),
+            ],
+            Some(None),
+        )
+        .await?;
+        if !first {
+            if let Some(response) = stored_summary(applier, run, total).await? {
+                return Ok(response);
+            }
+        }
+        crate::audit::finished(&report, 0);
         for finding in &report.findings {
             tracing::warn!(
                 request_id = %context.request_id,
@@ -455,11 +516,8 @@ impl Handler {
                 "audit finding"
             );
         }
-        let response = AuditMergeResponse::new(run, &report);
         let outcome = if response.clean { "clean" } else { "findings" };
         metrics::counter!("projector_audit_runs_total", "outcome" => outcome).increment(1);
-        let summary = serde_json::to_string(&response).unwrap_or_default();
-        checkpoint::put(applier, merged_sk, vec![("summary", Av::S(summary))]).await?;
         checkpoint::delete(applier, &stored).await?;
         tracing::info!(
             request_id = %context.request_id,
@@ -475,6 +533,41 @@ impl Handler {
         );
         Ok(response)
     }
+}
+
+/// The summary a merge of `run` stored, if one did; refused when it was
+/// merged with another number of segments.
+async fn stored_summary(
+    applier: &Applier,
+    run: &str,
+    total: u32,
+) -> Result<Option<AuditMergeResponse>, InvocationError> {
+    let Some(item) = checkpoint::get(applier, checkpoint::merged_sk(run)).await? else {
+        return Ok(None);
+    };
+    let stored = item
+        .get("summary")
+        .and_then(|v| v.as_s().ok())
+        .and_then(|text| serde_json::from_str::<AuditMergeResponse>(text).ok());
+    let Some(mut response) = stored else {
+        return Err(InvocationError::Apply(crate::apply::ApplyError::Fatal {
+            table: applier.table().to_string(),
+            message: format!(
+                "the audit item `{}` holds no merge summary",
+                checkpoint::merged_sk(run)
+            ),
+        }));
+    };
+    if response.total_segments != total {
+        return Err(AuditRequestError::OtherTotal {
+            run: run.to_string(),
+            merged: response.total_segments,
+            sent: total,
+        }
+        .into());
+    }
+    response.already_merged = true;
+    Ok(Some(response))
 }
 
 #[cfg(test)]

@@ -74,8 +74,10 @@ pub enum InvocationError {
     #[error("{0}")]
     Audit(#[from] super::audit::AuditRequestError),
     /// An audit invocation with less time left than the margin.
-    #[error("audit: the invocation has less time left than PROJECTOR_DEADLINE_MARGIN_MS ({margin_ms} ms), so no scan page can start; give the function a longer timeout")]
+    #[error("audit run `{run}`: the invocation has less time left than PROJECTOR_DEADLINE_MARGIN_MS ({margin_ms} ms), so no scan page can start; give the function a longer timeout")]
     AuditNoTime {
+        /// The run.
+        run: String,
         /// The margin.
         margin_ms: u64,
     },
@@ -112,6 +114,10 @@ impl From<InvocationError> for Diagnostic {
             InvocationError::Audit(super::audit::AuditRequestError::Incomplete(_)) => {
                 "Projector.AuditIncomplete"
             }
+            InvocationError::Audit(
+                super::audit::AuditRequestError::RunMerged(_)
+                | super::audit::AuditRequestError::OtherTotal { .. },
+            ) => "Projector.AuditRunDone",
             InvocationError::Audit(_) => "Projector.InvalidAuditRequest",
             InvocationError::AuditNoTime { .. } | InvocationError::AuditAbandoned { .. } => {
                 "Projector.AuditTimeout"

@@ -1631,6 +1631,17 @@ async fn lambda_audits_segments_in_slices_and_merges_them_once() {
     };
     assert_eq!(stored["alreadyMerged"], true, "{stored}");
     assert_eq!(stored["findings"], body["findings"]);
+    // A run merged once is done: reused, it is refused, never answered
+    // with the old conclusion.
+    for reused in [
+        audit_payload("nightly-1", 0, 2, json!({})),
+        json!({ "audit": { "run": "nightly-1", "totalSegments": 3, "merge": true } }),
+    ] {
+        let outcome = api.invoke_event(&reused, GENEROUS).await;
+        let (error_type, message) = invocation_error(&outcome);
+        assert_eq!(error_type, "Projector.AuditRunDone", "{message}");
+        assert!(message.contains("run `nightly-1` was merged"), "{message}");
+    }
     let audit_items: Vec<String> = support::scan_all(client, table)
         .await
         .iter()
