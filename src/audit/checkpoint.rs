@@ -102,6 +102,23 @@ pub struct Checkpoint {
     /// on the count the saver last read or wrote.
     #[serde(default)]
     pub saves: u64,
+    /// Which invocation stored each page: (first page, writer), a run of
+    /// pages per slice. A page's items are keyed by their writer, so a
+    /// duplicate slice that stored a page under the same number, and lost
+    /// the race to save the state, is never read.
+    #[serde(default)]
+    pub writers: Vec<(u64, u64)>,
+}
+
+impl Checkpoint {
+    /// The invocation that stored `page`.
+    fn writer_of(&self, page: u64) -> u64 {
+        self.writers
+            .iter()
+            .rev()
+            .find(|&&(first, _)| first <= page)
+            .map_or(0, |&(_, writer)| writer)
+    }
 }
 
 /// What one page found, stored apart from the segment's state in the table.
@@ -251,6 +268,7 @@ pub async fn audit_segment_from(
             pages: 0,
             found: 0,
             saves: 0,
+            writers: Vec::new(),
         },
     };
     {
@@ -330,26 +348,40 @@ pub async fn audit_segment_from(
             .iter()
             .map(|(_, v)| (v.invariant.clone(), v.record_sk()))
             .collect();
-        if options.repair {
-            super::repair::repair_page(applier, &mut part).await?;
-            report.repaired += part.repaired;
-            report.write_units += part.write_units;
-            report.read_units += part.read_units;
-            let violations: Vec<_> = found.violations.into_iter().map(|(_, v)| v).collect();
-            report.violations_recorded += applier.record_violations(&violations).await?;
-        }
-        state.found += part.findings.len() as u64;
-        let found = PageFindings {
-            findings: part.findings,
+        // Stored and saved before it is repaired: a slice cut short after
+        // repairing a page does not redo it (the redo would find nothing
+        // where the repair moved a shard, and the merge would not count
+        // that shard again); its findings stay marked unrepaired, and the
+        // merge counts every shard a stored finding names.
+        let stored = PageFindings {
+            findings: part.findings.clone(),
             violation_keys,
-            repair_failures: part.repair_failures,
+            repair_failures: Vec::new(),
         };
-        save_page(applier, store, &mut state, found, writer).await?;
+        state.found += stored.findings.len() as u64;
+        let at = save_page(applier, store, &mut state, stored.clone(), writer).await?;
         state.report.complete = pages.is_done();
         state.report.sketch = Some(sketch.clone());
         state.resume_at = pages.resume_key().map(key_to_json);
         if !save(applier, store, &mut state, saved).await? {
             return overtaken(applier, options, store, segment, total, scanned_now).await;
+        }
+        if options.repair && !stored.is_empty() {
+            super::repair::repair_page(applier, &mut part).await?;
+            let report = &mut state.report;
+            report.repaired += part.repaired;
+            report.write_units += part.write_units;
+            report.read_units += part.read_units;
+            let violations: Vec<_> = found.violations.into_iter().map(|(_, v)| v).collect();
+            report.violations_recorded += applier.record_violations(&violations).await?;
+            let repaired = PageFindings {
+                findings: part.findings,
+                repair_failures: part.repair_failures,
+                ..stored
+            };
+            if let Some(at) = at {
+                restore_page(applier, store, &mut state, at, repaired).await?;
+            }
         }
         saved = Some(state.saves);
         if state.report.complete {
@@ -452,8 +484,11 @@ fn state_sk(run: &str, segment: u32, total: u32) -> String {
     format!("{run}#{segment}/{total}")
 }
 
-fn page_sk(run: &str, segment: u32, total: u32, page: u64, part: u32) -> String {
-    format!("{}#p{page:08}#{part:03}", state_sk(run, segment, total))
+fn page_sk(run: &str, segment: u32, total: u32, page: u64, writer: u64, part: u32) -> String {
+    format!(
+        "{}#p{page:08}#{writer:016x}#{part:03}",
+        state_sk(run, segment, total)
+    )
 }
 
 /// The sort key of a run's merged summary.
@@ -522,8 +557,14 @@ pub(crate) async fn put(
                 .expression_attribute_names("#pk", &applier.spec().table.partition_key);
         }
         Some(Some(expected)) => {
+            // A state saved before saves were counted has none: as 0.
+            let condition = if expected == 0 {
+                "attribute_not_exists(#saves) OR #saves = :saves"
+            } else {
+                "#saves = :saves"
+            };
             request = request
-                .condition_expression("#saves = :saves")
+                .condition_expression(condition)
                 .expression_attribute_names("#saves", "saves")
                 .expression_attribute_values(":saves", Av::N(expected.to_string()));
         }
@@ -617,37 +658,73 @@ async fn load(
 }
 
 /// Keeps what one page found: in the file's report, or in the table as
-/// the page's items, stamped with `writer`.
+/// the page's items, under the next number and `writer` (see
+/// [`Checkpoint::writers`]). Returns the number, or `None` when the page
+/// found nothing (it stores nothing and takes no number: the audit's own
+/// items are scanned too, and pages of them that each stored one more
+/// ahead of the scan would never end).
 async fn save_page(
     applier: &Applier,
     store: &CheckpointStore,
     state: &mut Checkpoint,
     found: PageFindings,
     writer: u64,
-) -> Result<(), ApplyError> {
-    // A page that found nothing stores nothing and takes no number: the
-    // audit's own items are scanned too, and a scan of pages of them that
-    // each stored one more ahead of it would never end.
+) -> Result<Option<u64>, ApplyError> {
     if found.is_empty() {
-        return Ok(());
+        return Ok(None);
     }
     let page = state.pages;
     state.pages += 1;
-    let CheckpointStore::Table { run } = store else {
-        found.append_to(&mut state.report);
-        return Ok(());
-    };
+    if state.writers.last().map(|&(_, w)| w) != Some(writer) {
+        state.writers.push((page, writer));
+    }
+    match store {
+        CheckpointStore::File(_) => found.append_to(&mut state.report),
+        CheckpointStore::Table { run } => write_page(applier, run, state, page, found).await?,
+    }
+    Ok(Some(page))
+}
+
+/// Replaces what page `page` stored by `found` (its findings once
+/// repaired); saved with the next save of the state.
+async fn restore_page(
+    applier: &Applier,
+    store: &CheckpointStore,
+    state: &mut Checkpoint,
+    page: u64,
+    found: PageFindings,
+) -> Result<(), ApplyError> {
+    match store {
+        CheckpointStore::File(_) => {
+            let report = &mut state.report;
+            let kept = report.findings.len().saturating_sub(found.findings.len());
+            report.findings.truncate(kept);
+            found.append_to(report);
+            Ok(())
+        }
+        CheckpointStore::Table { run } => write_page(applier, run, state, page, found).await,
+    }
+}
+
+/// Writes page `page`'s items, under the writer the state names for it.
+async fn write_page(
+    applier: &Applier,
+    run: &str,
+    state: &Checkpoint,
+    page: u64,
+    found: PageFindings,
+) -> Result<(), ApplyError> {
     let segment = state.report.segment.unwrap_or(0);
     let total = state.report.total_segments;
+    let writer = state.writer_of(page);
     let parts = found.parts();
     let count = parts.len() as u32;
     for (part, json) in parts.into_iter().enumerate() {
         put(
             applier,
-            page_sk(run, segment, total, page, part as u32),
+            page_sk(run, segment, total, page, writer, part as u32),
             vec![
                 ("parts", Av::N(count.to_string())),
-                ("writer", Av::N(writer.to_string())),
                 ("findings", Av::S(json)),
             ],
             None,
@@ -753,10 +830,14 @@ pub async fn load_run(applier: &Applier, run: &str, total: u32) -> Result<Loaded
     let mut reports = Vec::with_capacity(states.len());
     let mut stored = Vec::new();
     for state in states {
+        let segment = state.report.segment.unwrap_or(0);
+        let pages = read_pages(applier, run, &state).await?;
         let mut report = state.report;
-        let segment = report.segment.unwrap_or(0);
-        let state_key = item_key(applier, state_sk(run, segment, total));
-        for (key, item) in read_pages(applier, run, segment, total, state.pages).await? {
+        let mut keys = Vec::with_capacity(pages.len() + 1);
+        // The state first: deleted last (the list is reversed), a run half
+        // deleted still names what is left.
+        keys.push(item_key(applier, state_sk(run, segment, total)));
+        for (key, item) in pages {
             let found: PageFindings = serde_json::from_str(text(&item, "findings").unwrap_or("{}"))
                 .map_err(|error| {
                     table_error(
@@ -768,35 +849,33 @@ pub async fn load_run(applier: &Applier, run: &str, total: u32) -> Result<Loaded
                     )
                 })?;
             found.append_to(&mut report);
-            stored.push(key);
+            keys.push(key);
         }
-        // The state last: deleted after its pages, a run half deleted
-        // still names what is left.
-        stored.push(state_key);
+        // A page's part 0, which counts its parts, after the others.
+        stored.extend(keys.into_iter().rev());
         // Raw: `merge` makes the violations seen on several pages one.
         reports.push(report);
     }
     Ok(LoadedRun::Ready(reports, stored))
 }
 
-/// The page items of `segment`'s first `pages` pages, in order, every part
-/// each page's part 0 counts.
+/// The page items `state` counts, in order: each page's part 0, then the
+/// other parts it counts, under the writer the state names for the page.
 async fn read_pages(
     applier: &Applier,
     run: &str,
-    segment: u32,
-    total: u32,
-    pages: u64,
+    state: &Checkpoint,
 ) -> Result<Vec<(ItemKey, HashMap<String, Av>)>, ApplyError> {
+    let segment = state.report.segment.unwrap_or(0);
+    let total = state.report.total_segments;
+    let pages = state.pages;
     let gone = |what: String| ApplyError::Fatal {
         table: applier.table().to_string(),
         message: format!(
             "the audit run `{run}`: segment {segment} stored {pages} pages, but {what} is gone"
         ),
     };
-    let firsts: Vec<ItemKey> = (0..pages)
-        .map(|page| item_key(applier, page_sk(run, segment, total, page, 0)))
-        .collect();
+    let firsts = first_parts(applier, run, state);
     let mut found = read_items(applier, &firsts).await?;
     let mut keys = Vec::new();
     for (page, key) in firsts.into_iter().enumerate() {
@@ -805,10 +884,11 @@ async fn read_pages(
             .ok_or_else(|| gone(format!("page {page}'s findings item")))?;
         let parts = number(item, "parts").unwrap_or(1).max(1) as u32;
         keys.push(key);
+        let writer = state.writer_of(page as u64);
         for part in 1..parts {
             keys.push(item_key(
                 applier,
-                page_sk(run, segment, total, page as u64, part),
+                page_sk(run, segment, total, page as u64, writer, part),
             ));
         }
     }
@@ -818,29 +898,29 @@ async fn read_pages(
         .cloned()
         .collect();
     found.extend(read_items(applier, &more).await?);
-    let mut out = Vec::with_capacity(keys.len());
-    let mut writer = None;
-    for key in keys {
-        let sk = key.sk.clone().unwrap_or_else(|| key.pk.clone());
-        let Some(item) = found.remove(&key) else {
-            return Err(gone(format!("its findings item `{sk}`")));
-        };
-        // Part 0 names the invocation the page's parts are from: parts of
-        // two invocations that wrote the page at once do not mix.
-        let this = number(&item, "writer");
-        if sk.ends_with("#000") {
-            writer = this;
-        } else if this != writer {
-            return Err(ApplyError::Fatal {
-                table: applier.table().to_string(),
-                message: format!(
-                    "the audit run `{run}`: the parts of `{sk}` were written by two invocations of segment {segment} at once; start a new run"
-                ),
-            });
-        }
-        out.push((key, item));
-    }
-    Ok(out)
+    keys.into_iter()
+        .map(|key| match found.remove(&key) {
+            Some(item) => Ok((key, item)),
+            None => Err(gone(format!(
+                "its findings item `{}`",
+                key.sk.as_deref().unwrap_or(&key.pk)
+            ))),
+        })
+        .collect()
+}
+
+/// The key of part 0 of every page `state` counts.
+fn first_parts(applier: &Applier, run: &str, state: &Checkpoint) -> Vec<ItemKey> {
+    let segment = state.report.segment.unwrap_or(0);
+    let total = state.report.total_segments;
+    (0..state.pages)
+        .map(|page| {
+            item_key(
+                applier,
+                page_sk(run, segment, total, page, state.writer_of(page), 0),
+            )
+        })
+        .collect()
 }
 
 /// Deletes what is left of the segments of `run` (of `total`): the pages
@@ -854,9 +934,7 @@ pub async fn delete_rest(applier: &Applier, run: &str, total: u32) -> Result<(),
         let Some(state) = load(applier, &store, segment, total).await? else {
             continue;
         };
-        let firsts: Vec<ItemKey> = (0..state.pages)
-            .map(|page| item_key(applier, page_sk(run, segment, total, page, 0)))
-            .collect();
+        let firsts = first_parts(applier, run, &state);
         let found = read_items(applier, &firsts).await?;
         let mut keys = Vec::new();
         for (page, first) in firsts.into_iter().enumerate() {
@@ -865,10 +943,13 @@ pub async fn delete_rest(applier: &Applier, run: &str, total: u32) -> Result<(),
                 .get(&first)
                 .and_then(|item| number(item, "parts"))
                 .unwrap_or(1) as u32;
-            keys.extend(
-                (1..parts)
-                    .map(|part| item_key(applier, page_sk(run, segment, total, page as u64, part))),
-            );
+            let writer = state.writer_of(page as u64);
+            keys.extend((1..parts).map(|part| {
+                item_key(
+                    applier,
+                    page_sk(run, segment, total, page as u64, writer, part),
+                )
+            }));
             keys.push(first);
         }
         keys.push(item_key(applier, state_sk(run, segment, total)));

@@ -91,7 +91,9 @@ pub(super) async fn repair_beside(
         // A repaired membership moved its shards by one, on purpose: a
         // source counted without its record is counted again with it, and
         // the count is then set from the records.
-        for finding in report.findings.iter().chain(beside).filter(|f| f.repaired) {
+        // Repaired or not as stored: a slice cut short after repairing a
+        // page keeps it marked unrepaired.
+        for finding in report.findings.iter().chain(beside) {
             for shard in &finding.shards {
                 if !shards.contains(shard) {
                     shards.push(shard.clone());
@@ -101,6 +103,26 @@ pub(super) async fn repair_beside(
     }
     if !shards.is_empty() {
         let outcome = recount(applier, &shards, &mut total).await?;
+        // A shard counted again only because a repair moved it answers
+        // for itself.
+        let claimed: HashSet<&String> = report
+            .findings
+            .iter()
+            .filter_map(|f| match &f.fix {
+                Some(Fix::Recount(list)) => Some(list),
+                _ => None,
+            })
+            .flatten()
+            .collect();
+        let mut unclaimed: Vec<String> = shards
+            .iter()
+            .filter(|shard| !claimed.contains(shard))
+            .filter_map(|shard| match outcome.get(shard) {
+                Some(Err(error)) => Some(format!("{shard}: {error}")),
+                _ => None,
+            })
+            .collect();
+        report.repair_failures.append(&mut unclaimed);
         for index in 0..report.findings.len() {
             let Some(Fix::Recount(list)) = &report.findings[index].fix else {
                 continue;

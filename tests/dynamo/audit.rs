@@ -1359,7 +1359,7 @@ async fn segments_checkpointed_in_the_table_merge_to_what_one_audit_finds() {
         table,
         &[
             ("PK", s("_ddbp#audit")),
-            ("SK", s("nightly-1#0/2#p09999999#000")),
+            ("SK", s("nightly-1#0/2#p09999999#0000000000000000#000")),
             ("parts", Av::N("1".into())),
             ("findings", s(&stale.to_string())),
         ],
@@ -1378,7 +1378,7 @@ async fn segments_checkpointed_in_the_table_merge_to_what_one_audit_finds() {
     );
     assert!(keys
         .iter()
-        .all(|k| k.sk.as_deref() != Some("nightly-1#0/2#p09999999#000")));
+        .all(|k| k.sk.as_deref() != Some("nightly-1#0/2#p09999999#0000000000000000#000")));
     let merged = merge(applier, reports, false, None).await.expect("merge");
     assert_eq!(found(&merged), found(&whole), "{}", merged.to_text(&spec));
     assert_eq!(merged.scanned, whole.scanned);
@@ -1493,6 +1493,38 @@ async fn duplicate_slices_of_one_segment_at_once_merge_to_what_one_audit_finds()
     let merged = merge(applier, reports, false, None).await.expect("merge");
     assert_eq!(found(&merged), found(&whole), "{}", merged.to_text(&spec));
     assert_eq!(merged.scanned, whole.scanned);
+
+    // Repairing at once too: one invocation's repair changes what the
+    // others read, and the one that loses the race to save a page must
+    // not replace what the winner stored for it.
+    let repairing = AuditOptions {
+        repair: true,
+        checkpoint: Some(CheckpointStore::Table {
+            run: "twice-repair".to_string(),
+        }),
+        ..options.clone()
+    };
+    let invocation = || async {
+        let mut slices = 0;
+        while !audit(applier, &repairing).await.expect("a slice").complete {
+            slices += 1;
+            assert!(slices < 500);
+        }
+    };
+    futures::future::join_all((0..4).map(|_| invocation())).await;
+    let LoadedRun::Ready(reports, _) = load_run(applier, "twice-repair", 1).await.unwrap() else {
+        panic!("the run did not load");
+    };
+    let merged = merge(applier, reports, true, None)
+        .await
+        .expect("merge --repair");
+    assert!(
+        merged.repair_failures.is_empty(),
+        "{:?}",
+        merged.repair_failures
+    );
+    let after = run_audit(applier, false).await;
+    assert!(after.is_clean(), "{}", after.to_text(&spec));
 }
 
 /// A segment repaired page by page changes what the rest of its scan
