@@ -586,6 +586,29 @@ pub(crate) async fn put(
     }
 }
 
+/// Marks the merged summary of `run` logged and counted.
+pub(crate) async fn set_logged(applier: &Applier, run: &str) -> Result<(), ApplyError> {
+    let sk = merged_sk(run);
+    applier
+        .client()
+        .update_item()
+        .table_name(applier.table())
+        .set_key(Some(key_map(applier, &item_key(applier, sk.clone()))))
+        .update_expression("SET #logged = :logged")
+        .expression_attribute_names("#logged", "logged")
+        .expression_attribute_values(":logged", Av::Bool(true))
+        .send()
+        .await
+        .map_err(|e| {
+            table_error(
+                applier,
+                &format!("writing the audit item `{sk}`"),
+                crate::apply::retry_describe(&e),
+            )
+        })?;
+    Ok(())
+}
+
 /// Reads the audit item under `sk` (consistently).
 pub(crate) async fn get(
     applier: &Applier,

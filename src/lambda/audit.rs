@@ -468,9 +468,13 @@ impl Handler {
     ) -> Result<AuditMergeResponse, InvocationError> {
         let run = &request.run;
         let total = request.total_segments;
-        if let Some(response) = stored_summary(applier, run, total).await? {
+        if let Some((response, logged)) = stored_summary(applier, run, total).await? {
             // A merge retried after it stored its conclusion: what it had
-            // not deleted yet goes now; nothing is logged or counted again.
+            // not deleted yet goes now. If it was cut off before it logged
+            // and counted, the summary is logged and counted now.
+            if !logged {
+                log_summary(applier, &response, context).await?;
+            }
             checkpoint::delete_rest(applier, run, total).await?;
             tracing::info!(request_id = %context.request_id, run, "audit merged before: answering its summary");
             return Ok(response);
@@ -494,12 +498,13 @@ impl Handler {
             vec![
                 ("summary", Av::S(summary)),
                 ("totalSegments", Av::N(total.to_string())),
+                ("logged", Av::Bool(false)),
             ],
             Some(None),
         )
         .await?;
         if !first {
-            if let Some(response) = stored_summary(applier, run, total).await? {
+            if let Some((response, _)) = stored_summary(applier, run, total).await? {
                 return Ok(response);
             }
         }
@@ -518,6 +523,7 @@ impl Handler {
         }
         let outcome = if response.clean { "clean" } else { "findings" };
         metrics::counter!("projector_audit_runs_total", "outcome" => outcome).increment(1);
+        checkpoint::set_logged(applier, run).await?;
         checkpoint::delete(applier, &stored).await?;
         tracing::info!(
             request_id = %context.request_id,
@@ -535,13 +541,14 @@ impl Handler {
     }
 }
 
-/// The summary a merge of `run` stored, if one did; refused when it was
-/// merged with another number of segments.
+/// The summary a merge of `run` stored, if one did, and whether it was
+/// logged and counted; refused when it was merged with another number of
+/// segments.
 async fn stored_summary(
     applier: &Applier,
     run: &str,
     total: u32,
-) -> Result<Option<AuditMergeResponse>, InvocationError> {
+) -> Result<Option<(AuditMergeResponse, bool)>, InvocationError> {
     let Some(item) = checkpoint::get(applier, checkpoint::merged_sk(run)).await? else {
         return Ok(None);
     };
@@ -567,7 +574,52 @@ async fn stored_summary(
         .into());
     }
     response.already_merged = true;
-    Ok(Some(response))
+    // A summary stored before `logged` existed was logged.
+    let logged = !matches!(item.get("logged"), Some(Av::Bool(false)));
+    Ok(Some((response, logged)))
+}
+
+/// Logs and counts a stored summary whose merge was cut off before it
+/// did: its counts by projection and kind, and the findings it lists (the
+/// others were in the merge that was cut off).
+async fn log_summary(
+    applier: &Applier,
+    response: &AuditMergeResponse,
+    context: &Context,
+) -> Result<(), InvocationError> {
+    for count in &response.counts {
+        metrics::counter!(
+            "projector_audit_findings_total",
+            "projection" => count.projection.clone(),
+            "kind" => count.kind.clone()
+        )
+        .increment(count.count as u64);
+    }
+    for finding in &response.first {
+        tracing::warn!(
+            request_id = %context.request_id,
+            run = response.run,
+            projection = finding.projection,
+            kind = finding.kind,
+            key = finding.key,
+            detail = finding.detail,
+            repaired = finding.repaired,
+            "audit finding"
+        );
+    }
+    if response.findings > response.first.len() {
+        tracing::warn!(
+            request_id = %context.request_id,
+            run = response.run,
+            findings = response.findings,
+            listed = response.first.len(),
+            "audit findings: the merge that found them was cut off before it logged them; the summary lists the first, run the audit again to log them all"
+        );
+    }
+    let outcome = if response.clean { "clean" } else { "findings" };
+    metrics::counter!("projector_audit_runs_total", "outcome" => outcome).increment(1);
+    checkpoint::set_logged(applier, &response.run).await?;
+    Ok(())
 }
 
 #[cfg(test)]

@@ -47,7 +47,7 @@ async fn run_audit(applier: &Applier, repair: bool) -> AuditReport {
 }
 
 /// (rule, problem, key) of every finding, sorted.
-fn found(report: &AuditReport) -> Vec<(String, String, String)> {
+pub(super) fn found(report: &AuditReport) -> Vec<(String, String, String)> {
     let mut out: Vec<(String, String, String)> = report
         .findings
         .iter()
@@ -1460,12 +1460,29 @@ async fn a_unique_violation_on_several_pages_of_a_sliced_segment_is_recorded_who
     }
 }
 
+/// Four invocations of one checkpointed segment at once, each sliced
+/// until it answers complete; the run read back.
+async fn four_at_once(applier: &Applier, options: &AuditOptions, run: &str) -> Vec<AuditReport> {
+    use ddb_projector::audit::checkpoint::{load_run, LoadedRun};
+    let invocation = || async {
+        let mut slices = 0;
+        while !audit(applier, options).await.expect("a slice").complete {
+            slices += 1;
+            assert!(slices < 500);
+        }
+    };
+    futures::future::join_all((0..4).map(|_| invocation())).await;
+    let LoadedRun::Ready(reports, _) = load_run(applier, run, 1).await.unwrap() else {
+        panic!("the run did not load");
+    };
+    reports
+}
+
 /// Duplicate invocations of one segment at once (a retry while the first
 /// still runs): none moves the checkpoint back, and the merge finds what
 /// one audit finds.
 #[tokio::test]
 async fn duplicate_slices_of_one_segment_at_once_merge_to_what_one_audit_finds() {
-    use ddb_projector::audit::checkpoint::{load_run, LoadedRun};
     let (spec, fixture) = drifted_social("audit-duplicate-slices").await;
     let applier = &fixture.applier;
     let whole = run_audit(applier, false).await;
@@ -1479,17 +1496,7 @@ async fn duplicate_slices_of_one_segment_at_once_merge_to_what_one_audit_finds()
         max_pages: Some(2),
         ..AuditOptions::default()
     };
-    let invocation = || async {
-        let mut slices = 0;
-        while !audit(applier, &options).await.expect("a slice").complete {
-            slices += 1;
-            assert!(slices < 500);
-        }
-    };
-    futures::future::join_all((0..4).map(|_| invocation())).await;
-    let LoadedRun::Ready(reports, _) = load_run(applier, "twice", 1).await.unwrap() else {
-        panic!("the run did not load");
-    };
+    let reports = four_at_once(applier, &options, "twice").await;
     let merged = merge(applier, reports, false, None).await.expect("merge");
     assert_eq!(found(&merged), found(&whole), "{}", merged.to_text(&spec));
     assert_eq!(merged.scanned, whole.scanned);
@@ -1504,17 +1511,7 @@ async fn duplicate_slices_of_one_segment_at_once_merge_to_what_one_audit_finds()
         }),
         ..options.clone()
     };
-    let invocation = || async {
-        let mut slices = 0;
-        while !audit(applier, &repairing).await.expect("a slice").complete {
-            slices += 1;
-            assert!(slices < 500);
-        }
-    };
-    futures::future::join_all((0..4).map(|_| invocation())).await;
-    let LoadedRun::Ready(reports, _) = load_run(applier, "twice-repair", 1).await.unwrap() else {
-        panic!("the run did not load");
-    };
+    let reports = four_at_once(applier, &repairing, "twice-repair").await;
     let merged = merge(applier, reports, true, None)
         .await
         .expect("merge --repair");

@@ -1665,6 +1665,41 @@ async fn lambda_audits_segments_in_slices_and_merges_them_once() {
             .count()
     };
     assert_eq!(runs("findings"), 1, "{emf:#?}");
+
+    // A merge cut off after it stored its summary, before it logged and
+    // counted: invoked again, it logs and counts from the summary, once.
+    client
+        .update_item()
+        .table_name(table)
+        .key("PK", s("_ddbp#audit"))
+        .key("SK", s("nightly-1#merged"))
+        .update_expression("SET logged = :f")
+        .expression_attribute_values(":f", Av::Bool(false))
+        .send()
+        .await
+        .unwrap();
+    for _ in 0..2 {
+        let Outcome::Response(stored) = api.invoke_event(&again, GENEROUS).await else {
+            panic!("{}", function.stderr());
+        };
+        assert_eq!(stored["alreadyMerged"], true, "{stored}");
+    }
+    let stderr = function.stderr();
+    let relogged = stderr
+        .lines()
+        .filter_map(|line| serde_json::from_str::<Value>(line).ok())
+        .filter(|line| line["message"] == "audit finding")
+        .count();
+    assert_eq!(relogged, 2 * whole.findings.len(), "{stderr}");
+    let emf = function.emf();
+    let runs = |outcome: &str| {
+        emf.iter()
+            .filter(|doc| {
+                doc["outcome"] == outcome && doc.get("projector_audit_runs_total").is_some()
+            })
+            .count()
+    };
+    assert_eq!(runs("findings"), 2, "{emf:#?}");
     assert!(
         emf.iter()
             .any(|doc| doc.get("projector_audit_findings_total").is_some()

@@ -1379,8 +1379,8 @@ async fn case(specs: &Specs, plan: &Plan) -> Result<(), TestCaseError> {
             // table and merged, finds the same.
             let sliced = sliced_audit(&worker2, &format!("find-{seed:x}"), false).await?;
             prop_assert_eq!(
-                findings(&sliced),
-                findings(&found),
+                super::audit::found(&sliced),
+                super::audit::found(&found),
                 "sliced and merged against one audit, {}",
                 planted
             );
@@ -1603,17 +1603,6 @@ fn generated_specs_stay_exact_through_changes_backfills_replays_and_redrives() {
             "no generated case rebuilt a rollup with its counter, or drew an aggregate onto a group"
         );
     }
-}
-
-/// (rule, problem, key) of every finding, sorted.
-fn findings(report: &ddb_projector::audit::AuditReport) -> Vec<(String, String, String)> {
-    let mut out: Vec<_> = report
-        .findings
-        .iter()
-        .map(|f| (f.rule.clone(), f.problem.label(), f.key.clone()))
-        .collect();
-    out.sort();
-    out
 }
 
 /// An audit as the Lambda runs it: two segments, each in slices of one
