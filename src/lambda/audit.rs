@@ -341,14 +341,40 @@ fn short(mut text: String) -> String {
     text
 }
 
-fn line(finding: &crate::audit::Finding) -> FindingLine {
-    FindingLine {
-        projection: finding.rule.clone(),
-        kind: finding.problem.kind().to_string(),
-        key: short(finding.key.clone()),
-        detail: short(finding.detail.clone()),
-        repaired: finding.repaired,
+impl From<&crate::audit::Finding> for FindingLine {
+    fn from(finding: &crate::audit::Finding) -> FindingLine {
+        FindingLine {
+            projection: finding.rule.clone(),
+            kind: finding.problem.kind().to_string(),
+            key: finding.key.clone(),
+            detail: finding.detail.clone(),
+            repaired: finding.repaired,
+        }
     }
+}
+
+/// A finding as the answer lists it, its key and detail cut short.
+fn line(finding: &crate::audit::Finding) -> FindingLine {
+    let line = FindingLine::from(finding);
+    FindingLine {
+        key: short(line.key),
+        detail: short(line.detail),
+        ..line
+    }
+}
+
+/// One `audit finding` log line.
+fn log_finding(request_id: &str, run: &str, finding: &FindingLine) {
+    tracing::warn!(
+        request_id,
+        run,
+        projection = finding.projection,
+        kind = finding.kind,
+        key = finding.key,
+        detail = finding.detail,
+        repaired = finding.repaired,
+        "audit finding"
+    );
 }
 
 /// What an audit invocation answers.
@@ -510,16 +536,7 @@ impl Handler {
         }
         crate::audit::finished(&report, 0);
         for finding in &report.findings {
-            tracing::warn!(
-                request_id = %context.request_id,
-                run,
-                projection = finding.rule,
-                kind = finding.problem.kind(),
-                key = finding.key,
-                detail = finding.detail,
-                repaired = finding.repaired,
-                "audit finding"
-            );
+            log_finding(&context.request_id, run, &FindingLine::from(finding));
         }
         let outcome = if response.clean { "clean" } else { "findings" };
         metrics::counter!("projector_audit_runs_total", "outcome" => outcome).increment(1);
@@ -596,16 +613,7 @@ async fn log_summary(
         .increment(count.count as u64);
     }
     for finding in &response.first {
-        tracing::warn!(
-            request_id = %context.request_id,
-            run = response.run,
-            projection = finding.projection,
-            kind = finding.kind,
-            key = finding.key,
-            detail = finding.detail,
-            repaired = finding.repaired,
-            "audit finding"
-        );
+        log_finding(&context.request_id, &response.run, finding);
     }
     if response.findings > response.first.len() {
         tracing::warn!(

@@ -697,6 +697,21 @@ async fn repairing_a_counter_loses_no_follow_counted_meanwhile() {
     assert!(run_audit(&applier, false).await.is_clean());
 }
 
+/// Merges `reports` with `--repair`: no repair fails, and an audit then
+/// finds the table clean.
+async fn merge_repairs_to_clean(applier: &Applier, spec: &Spec, reports: Vec<AuditReport>) {
+    let merged = merge(applier, reports, true, None)
+        .await
+        .expect("merge --repair");
+    assert!(
+        merged.repair_failures.is_empty(),
+        "{:?}",
+        merged.repair_failures
+    );
+    let after = run_audit(applier, false).await;
+    assert!(after.is_clean(), "{}", after.to_text(spec));
+}
+
 /// A report as a file carries it.
 fn through_json(report: AuditReport) -> AuditReport {
     serde_json::from_str(&serde_json::to_string(&report).unwrap()).unwrap()
@@ -792,16 +807,7 @@ async fn segments_audited_apart_and_merged_find_what_one_audit_finds() {
 
     // Each segment repairs what it found; the merge recounts the counters.
     let repaired = segment_reports(applier, options(true)).await;
-    let merged = merge(applier, repaired, true, None)
-        .await
-        .expect("merge --repair");
-    assert!(
-        merged.repair_failures.is_empty(),
-        "{:?}",
-        merged.repair_failures
-    );
-    let after = run_audit(applier, false).await;
-    assert!(after.is_clean(), "{}", after.to_text(&spec));
+    merge_repairs_to_clean(applier, &spec, repaired).await;
 }
 
 #[tokio::test]
@@ -1512,16 +1518,7 @@ async fn duplicate_slices_of_one_segment_at_once_merge_to_what_one_audit_finds()
         ..options.clone()
     };
     let reports = four_at_once(applier, &repairing, "twice-repair").await;
-    let merged = merge(applier, reports, true, None)
-        .await
-        .expect("merge --repair");
-    assert!(
-        merged.repair_failures.is_empty(),
-        "{:?}",
-        merged.repair_failures
-    );
-    let after = run_audit(applier, false).await;
-    assert!(after.is_clean(), "{}", after.to_text(&spec));
+    merge_repairs_to_clean(applier, &spec, reports).await;
 }
 
 /// A segment repaired page by page changes what the rest of its scan
@@ -1568,16 +1565,7 @@ async fn a_segment_repaired_page_by_page_leaves_no_shard_it_moved_off() {
     let LoadedRun::Ready(reports, _) = load_run(applier, "page-repair", 1).await.unwrap() else {
         panic!("the run did not load");
     };
-    let merged = merge(applier, reports, true, None)
-        .await
-        .expect("merge --repair");
-    assert!(
-        merged.repair_failures.is_empty(),
-        "{:?}",
-        merged.repair_failures
-    );
-    let after = run_audit(applier, false).await;
-    assert!(after.is_clean(), "{}", after.to_text(&spec));
+    merge_repairs_to_clean(applier, &spec, reports).await;
     for (_, y) in &pairs {
         let followers = read_counter(
             client,
