@@ -518,7 +518,7 @@ fn rate() -> f64 {
 const MAX_RETRY: Duration = Duration::from_millis(800);
 
 /// Passes over one batch before the test calls the retries unbounded.
-const MAX_PASSES: usize = 40;
+const MAX_PASSES: usize = 200;
 
 /// Records per delivered batch.
 const BATCH: usize = 100;
@@ -542,6 +542,10 @@ fn apply_config() -> ApplyConfig {
 struct Delivery {
     batches: usize,
     passes: usize,
+    /// The most passes one batch took.
+    most_passes: usize,
+    /// The most passes in a row that failed on the same record.
+    most_stalled: usize,
     stats: BatchStats,
 }
 
@@ -552,10 +556,13 @@ async fn deliver(applier: &Applier, records: &[Record], seed: u64) -> Delivery {
     for batch in records.chunks(BATCH) {
         delivery.batches += 1;
         let mut start = 0;
+        let mut last_failure = String::new();
+        let mut stalled = 0;
         for pass in 1.. {
             assert!(
                 pass <= MAX_PASSES,
-                "seed {seed}: a batch was still not handled after {MAX_PASSES} passes"
+                "seed {seed}: a batch was still not handled after {MAX_PASSES} passes; \
+                 the last failed on: {last_failure}"
             );
             delivery.passes += 1;
             let outcome = applier
@@ -565,8 +572,14 @@ async fn deliver(applier: &Applier, records: &[Record], seed: u64) -> Delivery {
                     panic!("seed {seed}: the batch failed as a whole: {error}")
                 });
             delivery.stats.add(&outcome.stats);
+            delivery.most_passes = delivery.most_passes.max(pass);
             match outcome.first_failure() {
-                Some(index) => start += index,
+                Some(index) => {
+                    stalled = if index == 0 { stalled + 1 } else { 1 };
+                    delivery.most_stalled = delivery.most_stalled.max(stalled);
+                    last_failure = format!("{:?}", outcome.statuses[index]);
+                    start += index;
+                }
                 None => break,
             }
         }
