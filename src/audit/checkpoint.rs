@@ -183,7 +183,7 @@ impl PageFindings {
     }
 }
 
-fn key_to_json(key: &HashMap<String, Av>) -> BTreeMap<String, serde_json::Value> {
+pub(super) fn key_to_json(key: &HashMap<String, Av>) -> BTreeMap<String, serde_json::Value> {
     key.iter()
         .filter_map(|(name, value)| {
             let json = match value {
@@ -199,7 +199,9 @@ fn key_to_json(key: &HashMap<String, Av>) -> BTreeMap<String, serde_json::Value>
         .collect()
 }
 
-fn key_from_json(key: &BTreeMap<String, serde_json::Value>) -> Option<HashMap<String, Av>> {
+pub(super) fn key_from_json(
+    key: &BTreeMap<String, serde_json::Value>,
+) -> Option<HashMap<String, Av>> {
     key.iter()
         .map(|(name, value)| {
             let value = if let Some(s) = value.get("S").and_then(|v| v.as_str()) {
@@ -438,7 +440,7 @@ async fn overtaken(
 /// A number naming this invocation on the page items it writes, so that
 /// the parts of one page written by two invocations at once are told
 /// apart.
-fn writer_id() -> u64 {
+pub(super) fn writer_id() -> u64 {
     use std::hash::{BuildHasher, Hasher};
     let mut hasher = std::collections::hash_map::RandomState::new().build_hasher();
     hasher.write_u128(
@@ -632,11 +634,11 @@ pub(crate) async fn get(
     Ok(output.item)
 }
 
-fn text<'a>(item: &'a HashMap<String, Av>, name: &str) -> Option<&'a str> {
+pub(super) fn text<'a>(item: &'a HashMap<String, Av>, name: &str) -> Option<&'a str> {
     item.get(name)?.as_s().ok().map(String::as_str)
 }
 
-fn number(item: &HashMap<String, Av>, name: &str) -> Option<u64> {
+pub(super) fn number(item: &HashMap<String, Av>, name: &str) -> Option<u64> {
     item.get(name)?.as_n().ok()?.parse().ok()
 }
 
@@ -981,7 +983,7 @@ pub async fn delete_rest(applier: &Applier, run: &str, total: u32) -> Result<(),
     Ok(())
 }
 
-async fn read_items(
+pub(super) async fn read_items(
     applier: &Applier,
     keys: &[ItemKey],
 ) -> Result<HashMap<ItemKey, HashMap<String, Av>>, ApplyError> {

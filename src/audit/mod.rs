@@ -46,6 +46,7 @@ use crate::spec::Spec;
 pub mod checkpoint;
 mod derive;
 mod page;
+pub mod passes;
 mod repair;
 mod scan;
 pub mod sketch;
@@ -542,12 +543,30 @@ pub async fn merge_uncounted(
     max_rcu: Option<f64>,
 ) -> Result<AuditReport, ApplyError> {
     let started = Instant::now();
-    let fatal = |message: String| ApplyError::Fatal {
+    let (mut report, sketch) = combine(applier, reports)?;
+    let mut counted = Vec::new();
+    if !sketch.is_zero() {
+        let read_micro = AtomicU64::new(0);
+        let pacer = crate::backfill::Pacer::new(max_rcu);
+        let total = report.total_segments;
+        counted = locate_counters(applier, &sketch, total, None, &read_micro, &pacer).await?;
+        report.read_units += read_micro.load(Ordering::Relaxed) as f64 / 1e6;
+    }
+    let mut report = conclude(applier, report, counted, repair_counters, None).await?;
+    report.seconds = started.elapsed().as_secs_f64();
+    Ok(report)
+}
+
+/// The reports of every segment of one audit (each once) as one, its
+/// counters not concluded yet, and their summed sketch.
+pub(crate) fn combine(
+    applier: &Applier,
+    reports: Vec<AuditReport>,
+) -> Result<(AuditReport, Sketch), ApplyError> {
+    let total = covered(&reports, applier.table()).map_err(|message| ApplyError::Fatal {
         table: applier.table().to_string(),
         message,
-    };
-    let total = covered(&reports, applier.table()).map_err(fatal)?;
-    let read_micro = AtomicU64::new(0);
+    })?;
     let mut report = AuditReport {
         table: applier.table().to_string(),
         complete: true,
@@ -567,17 +586,30 @@ pub async fn merge_uncounted(
         report.violation_keys.extend(part.violation_keys);
         sketch.merge(&part.sketch.unwrap_or_default());
     }
-    let mut counted = AuditReport::default();
-    if !sketch.is_zero() {
-        let pacer = crate::backfill::Pacer::new(max_rcu);
-        counted.findings =
-            locate_counters(applier, &sketch, total, None, &read_micro, &pacer).await?;
-    }
-    report.read_units += read_micro.load(Ordering::Relaxed) as f64 / 1e6;
+    Ok((report, sketch))
+}
+
+/// The end of a merge, once the counters the sketch found wrong are
+/// located (`counted`, their findings): with `repair_counters`, recounts
+/// those counters and the shards the segments' repairs moved (from
+/// `recounted` when they were counted apart, else with a scan of the
+/// table), and clears the recorded violations no segment found; then the
+/// findings one per key, in spec order.
+pub(crate) async fn conclude(
+    applier: &Applier,
+    mut report: AuditReport,
+    counted: Vec<Finding>,
+    repair_counters: bool,
+    recounted: Option<&repair::Recounted>,
+) -> Result<AuditReport, ApplyError> {
+    let mut counted = AuditReport {
+        findings: counted,
+        ..AuditReport::default()
+    };
     if repair_counters {
         // What is repaired here is what this merge found, the counters:
         // the segments repaired the rest, and their findings carry no fix.
-        repair::repair_beside(applier, &mut counted, &report.findings, true).await?;
+        repair::repair_beside(applier, &mut counted, &report.findings, true, recounted).await?;
         report.repair_failures.extend(counted.repair_failures);
         report.repaired += counted.repaired;
         report.write_units += counted.write_units;
@@ -596,7 +628,6 @@ pub async fn merge_uncounted(
     }
     report.findings.extend(counted.findings);
     sort_findings(spec, &mut report.findings);
-    report.seconds = started.elapsed().as_secs_f64();
     Ok(report)
 }
 

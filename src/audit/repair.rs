@@ -15,8 +15,12 @@ use crate::plan::Effect;
 /// the scan saw, so nothing newer is undone), then counter shards that do
 /// not hold the number of records naming them (see [`recount`]).
 pub async fn repair(applier: &Applier, report: &mut AuditReport) -> Result<(), ApplyError> {
-    repair_beside(applier, report, &[], true).await
+    repair_beside(applier, report, &[], true, None).await
 }
+
+/// What recounting shards gave: each shard's count, or why it was not
+/// set.
+pub type Recounted = HashMap<String, Result<i64, String>>;
 
 /// As [`repair`] for one page of a segment: the shards its repairs move
 /// are left for the merge to count again, once for the whole run
@@ -25,17 +29,21 @@ pub(super) async fn repair_page(
     applier: &Applier,
     report: &mut AuditReport,
 ) -> Result<(), ApplyError> {
-    repair_beside(applier, report, &[], false).await
+    repair_beside(applier, report, &[], false, None).await
 }
 
 /// As [`repair`], with the findings `beside` it (the segments' of a
 /// merge, repaired or not by then); with `recount_moved`, the shards that
-/// the repairs of either moved are counted again too.
+/// the repairs of either moved are counted again too. `recounted` is what
+/// counting those shards gave when that was done apart (the sliced
+/// merge's passes, [`super::passes`]); `None` recounts them here, with a
+/// scan of the table.
 pub(super) async fn repair_beside(
     applier: &Applier,
     report: &mut AuditReport,
     beside: &[super::Finding],
     recount_moved: bool,
+    recounted: Option<&Recounted>,
 ) -> Result<(), ApplyError> {
     let mut effects: Vec<Effect> = Vec::new();
     let mut owners: Vec<Vec<usize>> = Vec::new();
@@ -77,32 +85,22 @@ pub(super) async fn repair_beside(
         }
     }
     // Counters last, after the records are in place.
-    let mut shards: Vec<String> = Vec::new();
-    for finding in &report.findings {
-        if let Some(Fix::Recount(list)) = &finding.fix {
-            for shard in list {
-                if !shards.contains(shard) {
-                    shards.push(shard.clone());
-                }
-            }
-        }
-    }
-    if recount_moved {
-        // A repaired membership moved its shards by one, on purpose: a
-        // source counted without its record is counted again with it, and
-        // the count is then set from the records.
-        // Repaired or not as stored: a slice cut short after repairing a
-        // page keeps it marked unrepaired.
-        for finding in report.findings.iter().chain(beside) {
-            for shard in &finding.shards {
-                if !shards.contains(shard) {
-                    shards.push(shard.clone());
-                }
-            }
-        }
-    }
+    let shards = shards_to_recount(&report.findings, beside, recount_moved);
     if !shards.is_empty() {
-        let outcome = recount(applier, &shards, &mut total).await?;
+        let outcome: Recounted = match recounted {
+            Some(given) => shards
+                .iter()
+                .map(|shard| {
+                    let result = given.get(shard).cloned().unwrap_or_else(|| {
+                        Err(format!(
+                            "shard {shard} was not recounted; run the audit again"
+                        ))
+                    });
+                    (shard.clone(), result)
+                })
+                .collect(),
+            None => recount(applier, &shards, &mut total).await?,
+        };
         // A shard counted again only because a repair moved it answers
         // for itself.
         let claimed: HashSet<&String> = report
@@ -183,6 +181,37 @@ pub(super) async fn repair_beside(
     Ok(())
 }
 
+/// The shards a repair counts again: those of the counters `findings`
+/// found off and, with `recount_moved`, those the repairs of `findings`
+/// and `beside` moved (repaired or not as stored: a slice cut short after
+/// repairing a page keeps it marked unrepaired). A repaired membership
+/// moved its shards by one, on purpose: a source counted without its
+/// record is counted again with it, and the count is then set from the
+/// records.
+pub(super) fn shards_to_recount(
+    findings: &[super::Finding],
+    beside: &[super::Finding],
+    recount_moved: bool,
+) -> Vec<String> {
+    let mut shards: Vec<String> = Vec::new();
+    let mut add = |shard: &String| {
+        if !shards.contains(shard) {
+            shards.push(shard.clone());
+        }
+    };
+    for finding in findings {
+        if let Some(Fix::Recount(list)) = &finding.fix {
+            list.iter().for_each(&mut add);
+        }
+    }
+    if recount_moved {
+        for finding in findings.iter().chain(beside) {
+            finding.shards.iter().for_each(&mut add);
+        }
+    }
+    shards
+}
+
 /// A shard's count and how many transactions moved it.
 pub(super) async fn read_shards(
     applier: &Applier,
@@ -231,7 +260,7 @@ pub(super) async fn recount(
     applier: &Applier,
     shards: &[String],
     stats: &mut BatchStats,
-) -> Result<HashMap<String, Result<i64, String>>, ApplyError> {
+) -> Result<Recounted, ApplyError> {
     let fatal = |message: String| ApplyError::Fatal {
         table: applier.table().to_string(),
         message,
@@ -239,12 +268,29 @@ pub(super) async fn recount(
     let before = read_shards(applier, shards, stats).await.map_err(fatal)?;
     let wanted: HashSet<&str> = shards.iter().map(String::as_str).collect();
     let records = count_records(applier, &wanted, stats).await?;
+    settle(applier, shards, &before, &records, stats).await
+}
+
+/// The end of a recount: reads `shards` again and sets each that did not
+/// move since `before` to the number of `records` naming it, on condition
+/// that it still has not moved.
+pub(super) async fn settle(
+    applier: &Applier,
+    shards: &[String],
+    before: &HashMap<String, (i64, Option<i64>)>,
+    records: &HashMap<String, i64>,
+    stats: &mut BatchStats,
+) -> Result<Recounted, ApplyError> {
+    let fatal = |message: String| ApplyError::Fatal {
+        table: applier.table().to_string(),
+        message,
+    };
     let after = read_shards(applier, shards, stats).await.map_err(fatal)?;
     let spec = applier.spec();
     let mut outcome = HashMap::new();
     for shard in shards {
         let (count, changes) = after[shard];
-        if before[shard] != after[shard] {
+        if before.get(shard) != Some(&after[shard]) {
             outcome.insert(
                 shard.clone(),
                 Err(format!(

@@ -32,6 +32,15 @@
 //! | `pageSize` | items per scan page (default 1,000) |
 //! | `maxPages` | pages per invocation at most (default: as many as the time allows) |
 //! | `merge` | merge the run's segments instead of auditing one |
+//! | `pass` | the counting pass a slice counts, as the merge answered it (default 0: the audit's own pass) |
+//!
+//! The merge may need the table counted again: where the summed sketch
+//! is not zero, and, with `repair`, for the shards to recount
+//! ([`crate::audit::passes`]). It then answers `{"pass": 1, "purpose":
+//! "locate", ...}` ([`AuditPassResponse`]): every segment is run in
+//! slices again with `"pass": 1`, then the merge again, until it answers
+//! the summary. So no invocation reads more than its slice's pages,
+//! whatever the table's size.
 
 use lambda_runtime::Context;
 use serde::{Deserialize, Serialize};
@@ -40,7 +49,8 @@ use tokio::time::Instant;
 use super::backfill::MAX_TOTAL_SEGMENTS;
 use super::handler::{Handler, InvocationError};
 use crate::apply::Applier;
-use crate::audit::checkpoint::{self, CheckpointStore, LoadedRun};
+use crate::audit::checkpoint::{self, CheckpointStore};
+use crate::audit::passes::{self, Step};
 use crate::audit::{AuditOptions, AuditReport};
 use aws_sdk_dynamodb::types::AttributeValue as Av;
 
@@ -71,6 +81,10 @@ pub struct AuditRequest {
     /// Merge the run's segments.
     #[serde(default)]
     pub merge: Option<bool>,
+    /// The counting pass a slice belongs to (the merge plans them); 0 or
+    /// absent: the audit's own pass.
+    #[serde(default)]
+    pub pass: Option<u32>,
 }
 
 fn one() -> u32 {
@@ -377,14 +391,32 @@ fn log_finding(request_id: &str, run: &str, finding: &FindingLine) {
     );
 }
 
+/// A merge's answer when the table must be counted again first: run
+/// every segment's slices with this `pass`, then merge again.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct AuditPassResponse {
+    /// The run.
+    pub run: String,
+    /// The counting pass to run.
+    pub pass: u32,
+    /// What it counts: `locate` (the counters the sketch found wrong) or
+    /// `recount` (the shards a repair sets).
+    pub purpose: String,
+    /// The number of segments.
+    pub total_segments: u32,
+}
+
 /// What an audit invocation answers.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 #[serde(untagged)]
 pub enum AuditResponse {
     /// A slice of a segment.
     Slice(AuditSliceResponse),
-    /// The merge.
+    /// The merge, once concluded.
     Merge(Box<AuditMergeResponse>),
+    /// The merge, asking for a counting pass first.
+    Pass(AuditPassResponse),
 }
 
 impl Handler {
@@ -412,7 +444,7 @@ impl Handler {
         if request.merge == Some(true) {
             let merge = self.merge_run(&applier, &request, context);
             return match tokio::time::timeout_at(deadlines.abandon, merge).await {
-                Ok(result) => result.map(|r| AuditResponse::Merge(Box::new(r))),
+                Ok(result) => result,
                 Err(_) => Err(InvocationError::AuditAbandoned {
                     what: format!("the merge of run `{}`", request.run),
                 }),
@@ -424,6 +456,47 @@ impl Handler {
             .is_some()
         {
             return Err(AuditRequestError::RunMerged(request.run.clone()).into());
+        }
+        if let Some(pass) = request.pass.filter(|&p| p > 0) {
+            let options = request.options(deadlines.stop_writes);
+            let slice =
+                crate::audit::passes::count_slice(&applier, &request.run, pass, segment, &options);
+            let counted = match tokio::time::timeout_at(deadlines.abandon, slice).await {
+                Ok(result) => result?,
+                Err(_) => {
+                    return Err(InvocationError::AuditAbandoned {
+                        what: format!(
+                            "segment {segment} of {total} of run `{}`, pass {pass}",
+                            request.run
+                        ),
+                    })
+                }
+            };
+            tracing::info!(
+                request_id = %context.request_id,
+                table,
+                run = request.run,
+                pass,
+                segment,
+                total_segments = total,
+                done = counted.done,
+                scanned = counted.scanned,
+                overtaken = counted.overtaken,
+                elapsed_ms = started.elapsed().as_millis() as u64,
+                "audit counting slice done"
+            );
+            return Ok(AuditResponse::Slice(AuditSliceResponse {
+                run: request.run.clone(),
+                done: counted.done,
+                segment,
+                total_segments: total,
+                table,
+                scanned: counted.scanned,
+                findings: 0,
+                repaired: 0,
+                read_units: counted.read_units,
+                write_units: 0.0,
+            }));
         }
         tracing::info!(
             request_id = %context.request_id,
@@ -491,7 +564,7 @@ impl Handler {
         applier: &Applier,
         request: &AuditRequest,
         context: &Context,
-    ) -> Result<AuditMergeResponse, InvocationError> {
+    ) -> Result<AuditResponse, InvocationError> {
         let run = &request.run;
         let total = request.total_segments;
         if let Some((response, logged)) = stored_summary(applier, run, total).await? {
@@ -502,18 +575,31 @@ impl Handler {
                 log_summary(applier, &response, context).await?;
             }
             checkpoint::delete_rest(applier, run, total).await?;
+            passes::delete_rest(applier, run, total).await?;
             tracing::info!(request_id = %context.request_id, run, "audit merged before: answering its summary");
-            return Ok(response);
+            return Ok(AuditResponse::Merge(Box::new(response)));
         }
-        let (reports, stored) = match checkpoint::load_run(applier, run, total).await? {
-            LoadedRun::Ready(reports, stored) => (reports, stored),
-            LoadedRun::Incomplete(why) => {
-                return Err(AuditRequestError::Incomplete(why).into());
+        let repair = request.repair == Some(true);
+        let (report, stored) = match passes::merge_step(applier, run, total, repair).await? {
+            Step::Merged(report, stored) => (*report, stored),
+            Step::Incomplete(why) => return Err(AuditRequestError::Incomplete(why).into()),
+            Step::Pass { pass, purpose } => {
+                tracing::info!(
+                    request_id = %context.request_id,
+                    run,
+                    pass,
+                    purpose,
+                    total_segments = total,
+                    "audit merge needs a counting pass over every segment first"
+                );
+                return Ok(AuditResponse::Pass(AuditPassResponse {
+                    run: run.clone(),
+                    pass,
+                    purpose: purpose.to_string(),
+                    total_segments: total,
+                }));
             }
         };
-        let repair = request.repair == Some(true);
-        let report =
-            crate::audit::merge_uncounted(applier, reports, repair, request.max_rcu).await?;
         let response = AuditMergeResponse::new(run, &report);
         let summary = serde_json::to_string(&response).unwrap_or_default();
         // Stored before anything is logged or counted, and only once: a
@@ -531,7 +617,7 @@ impl Handler {
         .await?;
         if !first {
             if let Some((response, _)) = stored_summary(applier, run, total).await? {
-                return Ok(response);
+                return Ok(AuditResponse::Merge(Box::new(response)));
             }
         }
         crate::audit::finished(&report, 0);
@@ -554,7 +640,7 @@ impl Handler {
             outcome,
             "audit merged"
         );
-        Ok(response)
+        Ok(AuditResponse::Merge(Box::new(response)))
     }
 }
 

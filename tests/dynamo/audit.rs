@@ -1579,3 +1579,164 @@ async fn a_segment_repaired_page_by_page_leaves_no_shard_it_moved_off() {
         assert_eq!(followers, 1, "followers of {y}");
     }
 }
+
+/// Runs counting pass `pass` of `run` over its `total` segments, each by
+/// four invocations at once, in slices of `page_size` items.
+async fn count_pass_four_at_once(
+    applier: &Applier,
+    run: &str,
+    pass: u32,
+    total: u32,
+    page_size: i32,
+) {
+    use ddb_projector::audit::passes::count_slice;
+    let options = AuditOptions {
+        segments: total,
+        page_size: Some(page_size),
+        max_pages: Some(2),
+        ..AuditOptions::default()
+    };
+    for segment in 0..total {
+        let invocation = || async {
+            for slices in 1.. {
+                assert!(slices < 500, "segment {segment} of pass {pass} never ends");
+                let counted = Box::pin(count_slice(applier, run, pass, segment, &options))
+                    .await
+                    .expect("a counting slice");
+                if counted.done {
+                    break;
+                }
+            }
+        };
+        futures::future::join_all((0..4).map(|_| invocation())).await;
+    }
+}
+
+/// The merge of a sliced audit reads the table again in counting passes
+/// sliced like the audit's own (locate, then recount), each segment here
+/// by four invocations at once: it finds what one audit finds and repairs
+/// to clean. A shard the live worker moves between the recount's plan and
+/// its settling is never set from the count: it is reported, and the next
+/// run repairs it.
+#[tokio::test]
+async fn a_merge_counts_in_sliced_passes_and_never_sets_a_shard_moved_meanwhile() {
+    use ddb_projector::audit::passes::{merge_step, Step};
+    const TOTAL: u32 = 2;
+    let (spec, fixture) = drifted_social("audit-passes").await;
+    let (client, table, applier) = (&fixture.client, &fixture.table, &fixture.applier);
+    let whole = run_audit(applier, false).await;
+    let slices = |run: &str, repair: bool| {
+        let run = run.to_string();
+        async move {
+            for segment in 0..TOTAL {
+                let options = AuditOptions {
+                    segments: TOTAL,
+                    segment: Some(segment),
+                    repair,
+                    page_size: Some(2),
+                    checkpoint: Some(CheckpointStore::Table { run: run.clone() }),
+                    max_pages: Some(1),
+                    ..AuditOptions::default()
+                };
+                while !Box::pin(audit(applier, &options))
+                    .await
+                    .expect("a slice")
+                    .complete
+                {}
+            }
+        }
+    };
+    let step = |run: &'static str, repair: bool| async move {
+        Box::pin(merge_step(applier, run, TOTAL, repair))
+            .await
+            .expect("a merge step")
+    };
+
+    // Read-only: one pass that locates the counters.
+    slices("passes-1", false).await;
+    let Step::Pass { pass: 1, purpose } = step("passes-1", false).await else {
+        panic!("the counters are off: a locate pass first");
+    };
+    assert_eq!(purpose, "locate");
+    let Step::Incomplete(why) = step("passes-1", false).await else {
+        panic!("a merge before the pass is counted");
+    };
+    assert!(why.contains("counting pass 1"), "{why}");
+    count_pass_four_at_once(applier, "passes-1", 1, TOTAL, 3).await;
+    let Step::Merged(merged, _) = step("passes-1", false).await else {
+        panic!("merged after the locate pass");
+    };
+    assert_eq!(found(&merged), found(&whole), "{}", merged.to_text(&spec));
+
+    // Repairing: locate, then recount. The worker moves the planted shard
+    // after the recount is planned (a follower counted on it).
+    slices("passes-2", true).await;
+    let Step::Pass { pass: 1, .. } = step("passes-2", true).await else {
+        panic!("a locate pass first");
+    };
+    count_pass_four_at_once(applier, "passes-2", 1, TOTAL, 3).await;
+    let Step::Pass {
+        pass: 2,
+        purpose: "recount",
+    } = step("passes-2", true).await
+    else {
+        panic!("a recount pass");
+    };
+    let shard = spec.counter_shard_key("followers", &["b".to_string()], 5);
+    let moved = || async {
+        client
+            .update_item()
+            .table_name(table)
+            .key("PK", s(&shard.pk))
+            .key("SK", s(shard.sk.as_deref().unwrap()))
+            .update_expression("ADD #c :one, #n :one")
+            .expression_attribute_names("#c", "count")
+            .expression_attribute_names("#n", "changes")
+            .expression_attribute_values(":one", Av::N("1".into()))
+            .send()
+            .await
+            .unwrap()
+    };
+    let count = || async {
+        let stored = get(client, table, &shard.pk, shard.sk.as_deref().unwrap())
+            .await
+            .expect("the shard");
+        stored
+            .get("count")
+            .and_then(|v| v.as_n().ok())
+            .and_then(|n| n.parse::<i64>().ok())
+            .expect("a count")
+    };
+    let planned = count().await;
+    moved().await;
+    count_pass_four_at_once(applier, "passes-2", 2, TOTAL, 3).await;
+    let Step::Merged(repaired, _) = step("passes-2", true).await else {
+        panic!("merged after the recount pass");
+    };
+    let shard_text = format!("shard {} changed while its records were counted", shard.pk);
+    assert!(
+        repaired
+            .repair_failures
+            .iter()
+            .any(|f| f.contains(&shard_text)),
+        "{:?}",
+        repaired.repair_failures
+    );
+    // The recount left it as the worker did.
+    assert_eq!(count().await, planned + 1);
+    // Answered again (a retried merge), the settled recount is not redone.
+    let Step::Merged(again, _) = step("passes-2", true).await else {
+        panic!("merged again");
+    };
+    assert_eq!(again.repair_failures, repaired.repair_failures);
+
+    // The next run repairs what moved; then the table is clean.
+    let next = run_audit(applier, true).await;
+    assert!(
+        next.repair_failures.is_empty(),
+        "{:?}",
+        next.repair_failures
+    );
+    let after = run_audit(applier, false).await;
+    assert!(after.is_clean(), "{}", after.to_text(&spec));
+}

@@ -1527,16 +1527,26 @@ fn audit_runs(function: &Function, outcome: &str) -> usize {
 
 /// The state machine's way: every segment in slices until done, then one
 /// merge; answers what it found. Each segment takes several slices.
-async fn audit_run(api: &RuntimeApi, function: &Function, run: &str, extra: Value) -> Value {
-    const TOTAL: u32 = 2;
-    for segment in 0..TOTAL {
+/// Runs every segment of `pass` of `run` in slices until each is done;
+/// returns how many slices each took.
+async fn audit_pass(
+    api: &RuntimeApi,
+    function: &Function,
+    run: &str,
+    pass: u64,
+    extra: &Value,
+) -> Vec<usize> {
+    let mut taken = Vec::new();
+    for segment in 0..AUDIT_SEGMENTS {
         let mut slices = 0;
         loop {
             slices += 1;
             assert!(slices <= 100, "segment {segment} not done after 100 slices");
-            let outcome = api
-                .invoke_event(&audit_payload(run, segment, TOTAL, extra.clone()), GENEROUS)
-                .await;
+            let mut payload = audit_payload(run, segment, AUDIT_SEGMENTS, extra.clone());
+            if pass > 0 {
+                payload["audit"]["pass"] = json!(pass);
+            }
+            let outcome = api.invoke_event(&payload, GENEROUS).await;
             let Outcome::Response(body) = outcome else {
                 panic!("{:?}\n{}", invocation_error(&outcome), function.stderr());
             };
@@ -1546,25 +1556,65 @@ async fn audit_run(api: &RuntimeApi, function: &Function, run: &str, extra: Valu
                 break;
             }
         }
-        assert!(slices > 2, "segment {segment}: {slices} slices");
-        if segment == 0 {
+        taken.push(slices);
+        if segment == 0 && pass == 0 {
             // Merging before every segment is done is refused, naming it.
-            let merge = json!({ "audit": { "run": run, "totalSegments": TOTAL, "merge": true } });
+            let merge =
+                json!({ "audit": { "run": run, "totalSegments": AUDIT_SEGMENTS, "merge": true } });
             let outcome = api.invoke_event(&merge, GENEROUS).await;
             let (error_type, message) = invocation_error(&outcome);
             assert_eq!(error_type, "Projector.AuditIncomplete", "{message}");
             assert!(message.contains("segments 1 have not started"), "{message}");
         }
     }
-    let mut merge = json!({ "run": run, "totalSegments": TOTAL, "merge": true });
+    taken
+}
+
+const AUDIT_SEGMENTS: u32 = 2;
+
+/// An audit run as the state machine runs it: every segment in slices,
+/// then the merge, and each counting pass it answers with, then the merge
+/// again. Returns the summary and the passes' purposes.
+async fn audit_run_passes(
+    api: &RuntimeApi,
+    function: &Function,
+    run: &str,
+    extra: Value,
+) -> (Value, Vec<String>) {
+    let taken = audit_pass(api, function, run, 0, &extra).await;
+    assert!(
+        taken.iter().all(|&n| n > 2),
+        "slices per segment: {taken:?}"
+    );
+    let mut merge = json!({ "run": run, "totalSegments": AUDIT_SEGMENTS, "merge": true });
     if let (Some(request), Some(extra)) = (merge.as_object_mut(), extra.as_object()) {
         request.extend(extra.clone());
     }
-    let Outcome::Response(body) = api.invoke_event(&json!({ "audit": merge }), GENEROUS).await
-    else {
-        panic!("{}", function.stderr());
-    };
-    body
+    let mut purposes = Vec::new();
+    loop {
+        assert!(
+            purposes.len() <= 2,
+            "more than two counting passes: {purposes:?}"
+        );
+        let Outcome::Response(body) = api.invoke_event(&json!({ "audit": merge }), GENEROUS).await
+        else {
+            panic!("{}", function.stderr());
+        };
+        let Some(pass) = body["pass"].as_u64() else {
+            return (body, purposes);
+        };
+        assert_eq!(pass as usize, purposes.len() + 1, "{body}");
+        purposes.push(body["purpose"].as_str().unwrap_or_default().to_string());
+        // Merging before the pass is counted is refused, naming it.
+        let outcome = api.invoke_event(&json!({ "audit": merge }), GENEROUS).await;
+        let (error_type, message) = invocation_error(&outcome);
+        assert_eq!(error_type, "Projector.AuditIncomplete", "{message}");
+        assert!(
+            message.contains(&format!("counting pass {pass}")),
+            "{message}"
+        );
+        audit_pass(api, function, run, pass, &extra).await;
+    }
 }
 
 /// The audit on Step Functions, driven as its state machine drives it:
@@ -1611,7 +1661,10 @@ async fn lambda_audits_segments_in_slices_and_merges_them_once() {
         assert!(message.contains(says), "{message}");
     }
 
-    let body = audit_run(&api, &function, "nightly-1", json!({})).await;
+    // The planted counter drift leaves the summed sketch not zero: the
+    // merge asks for a pass that locates the counters first.
+    let (body, purposes) = audit_run_passes(&api, &function, "nightly-1", json!({})).await;
+    assert_eq!(purposes, ["locate"], "{body}");
     assert_eq!(body["clean"], false, "{body}");
     assert_eq!(body["findings"], whole.findings.len(), "{body}");
     assert_eq!(body["unrepaired"], whole.findings.len(), "{body}");
@@ -1711,10 +1764,14 @@ async fn lambda_audits_segments_in_slices_and_merges_them_once() {
     );
 
     // A repairing run fixes what it finds; the next run is clean.
-    let repaired = audit_run(&api, &function, "nightly-2", json!({ "repair": true })).await;
+    // Repairing, it recounts the shards in a pass of its own too.
+    let (repaired, purposes) =
+        audit_run_passes(&api, &function, "nightly-2", json!({ "repair": true })).await;
+    assert_eq!(purposes, ["locate", "recount"], "{repaired}");
     assert_eq!(repaired["unrepaired"], 0, "{repaired}");
     assert_eq!(repaired["repairFailures"], json!([]), "{repaired}");
-    let clean = audit_run(&api, &function, "nightly-3", json!({})).await;
+    let (clean, purposes) = audit_run_passes(&api, &function, "nightly-3", json!({})).await;
+    assert_eq!(purposes, Vec::<String>::new(), "{clean}");
     assert_eq!(clean["clean"], true, "{clean}");
     assert!(audit_runs(&function, "clean") >= 1, "{:#?}", function.emf());
     eprintln!("lambda_audits_segments_in_slices: {:?}", started.elapsed());

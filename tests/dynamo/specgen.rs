@@ -69,6 +69,8 @@ struct Coverage {
     aggregates_grouped: AtomicUsize,
     readers_checked: AtomicUsize,
     planted: AtomicUsize,
+    locate_passes: AtomicUsize,
+    recount_passes: AtomicUsize,
 }
 
 static COVERAGE: Coverage = Coverage {
@@ -88,6 +90,8 @@ static COVERAGE: Coverage = Coverage {
     aggregates_grouped: AtomicUsize::new(0),
     readers_checked: AtomicUsize::new(0),
     planted: AtomicUsize::new(0),
+    locate_passes: AtomicUsize::new(0),
+    recount_passes: AtomicUsize::new(0),
 };
 
 fn count(what: &AtomicUsize, n: usize) {
@@ -1568,7 +1572,7 @@ fn generated_specs_stay_exact_through_changes_backfills_replays_and_redrives() {
     let c = &COVERAGE;
     let n = |what: &AtomicUsize| what.load(Ordering::Relaxed);
     eprintln!(
-        "timing: generated specs: {cases} cases took {:.1} s; of {} runs (with shrinking): {} with counters riding on edges, {} moving a counter between an edge and markers of its own, {} changing what needs a backfill, {} backfilled beside the live worker, {} replaying some projections, {} pruning what v2 retired, {} counters rebuilt beside their old version, {} cases reading them before the backfill, {} with rollups ({} rebuilt with their counter), {} with aggregates ({} onto a target keyed by their sort key), {} with drift planted, found and repaired; {} records, {} dead letters redriven",
+        "timing: generated specs: {cases} cases took {:.1} s; of {} runs (with shrinking): {} with counters riding on edges, {} moving a counter between an edge and markers of its own, {} changing what needs a backfill, {} backfilled beside the live worker, {} replaying some projections, {} pruning what v2 retired, {} counters rebuilt beside their old version, {} cases reading them before the backfill, {} with rollups ({} rebuilt with their counter), {} with aggregates ({} onto a target keyed by their sort key), {} with drift planted, found and repaired ({} sliced merges located counters in a pass, {} recounted in one); {} records, {} dead letters redriven",
         started.elapsed().as_secs_f64(),
         n(&c.cases),
         n(&c.counters_on_edges),
@@ -1584,6 +1588,8 @@ fn generated_specs_stay_exact_through_changes_backfills_replays_and_redrives() {
         n(&c.aggregates),
         n(&c.aggregates_grouped),
         n(&c.planted),
+        n(&c.locate_passes),
+        n(&c.recount_passes),
         n(&c.records),
         n(&c.letters_redriven),
     );
@@ -1613,8 +1619,8 @@ async fn sliced_audit(
     run: &str,
     repair: bool,
 ) -> Result<ddb_projector::audit::AuditReport, TestCaseError> {
-    use ddb_projector::audit::checkpoint::{load_run, LoadedRun};
-    use ddb_projector::audit::{merge, CheckpointStore};
+    use ddb_projector::audit::passes::{count_slice, merge_step, Step};
+    use ddb_projector::audit::CheckpointStore;
     const TOTAL: u32 = 2;
     let fail = |what: &str, error: ddb_projector::apply::ApplyError| {
         TestCaseError::fail(format!("sliced audit {run}: {what}: {error}"))
@@ -1642,13 +1648,40 @@ async fn sliced_audit(
             prop_assert!(slices < 10_000, "segment {} never ends", segment);
         }
     }
-    match load_run(applier, run, TOTAL)
-        .await
-        .map_err(|e| fail("load", e))?
-    {
-        LoadedRun::Ready(reports, _) => merge(applier, reports, repair, None)
+    // The merge as the state machine runs it: each counting pass it asks
+    // for, over every segment in slices of one page, then merge again.
+    for merges in 1.. {
+        prop_assert!(merges <= 4, "run {} merged {} times", run, merges);
+        match merge_step(applier, run, TOTAL, repair)
             .await
-            .map_err(|e| fail("merge", e)),
-        LoadedRun::Incomplete(why) => Err(TestCaseError::fail(why)),
+            .map_err(|e| fail("merge", e))?
+        {
+            Step::Merged(report, _) => return Ok(*report),
+            Step::Incomplete(why) => return Err(TestCaseError::fail(why)),
+            Step::Pass { pass, purpose } => {
+                match purpose {
+                    "locate" => count(&COVERAGE.locate_passes, 1),
+                    _ => count(&COVERAGE.recount_passes, 1),
+                }
+                for segment in 0..TOTAL {
+                    let options = AuditOptions {
+                        segments: TOTAL,
+                        page_size: Some(5),
+                        max_pages: Some(1),
+                        ..AuditOptions::default()
+                    };
+                    for slices in 1.. {
+                        prop_assert!(slices < 10_000, "pass {} never ends", pass);
+                        let counted = count_slice(applier, run, pass, segment, &options)
+                            .await
+                            .map_err(|e| fail("a counting slice", e))?;
+                        if counted.done {
+                            break;
+                        }
+                    }
+                }
+            }
+        }
     }
+    unreachable!("the loop returns")
 }
