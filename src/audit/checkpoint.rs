@@ -318,6 +318,8 @@ pub async fn audit_segment_from(
     let mut read = 0;
     let mut scanned_now = 0;
     let writer = writer_id();
+    // Page items this invocation wrote that no saved state names yet.
+    let mut unsaved: Vec<ItemKey> = Vec::new();
     let in_time = || {
         options
             .deadline
@@ -362,12 +364,24 @@ pub async fn audit_segment_from(
         };
         state.found += stored.findings.len() as u64;
         let at = save_page(applier, store, &mut state, stored.clone(), writer).await?;
+        if let (Some(page), CheckpointStore::Table { run }) = (at, store) {
+            let parts = stored.clone().parts().len() as u32;
+            unsaved.extend(
+                (0..parts).map(|part| {
+                    item_key(applier, page_sk(run, segment, total, page, writer, part))
+                }),
+            );
+        }
         state.report.complete = pages.is_done();
         state.report.sketch = Some(sketch.clone());
         state.resume_at = pages.resume_key().map(key_to_json);
         if !save(applier, store, &mut state, saved).await? {
+            // What this invocation stored since its last save is named by
+            // no state: the other invocation's state names its own.
+            delete(applier, &unsaved).await?;
             return overtaken(applier, options, store, segment, total, scanned_now).await;
         }
+        unsaved.clear();
         if options.repair && !stored.is_empty() {
             super::repair::repair_page(applier, &mut part).await?;
             let report = &mut state.report;

@@ -1478,9 +1478,22 @@ async fn four_at_once(applier: &Applier, options: &AuditOptions, run: &str) -> V
         }
     };
     futures::future::join_all((0..4).map(|_| invocation())).await;
-    let LoadedRun::Ready(reports, _) = load_run(applier, run, 1).await.unwrap() else {
+    let LoadedRun::Ready(reports, keys) = load_run(applier, run, 1).await.unwrap() else {
         panic!("the run did not load");
     };
+    // What the losing invocations stored is gone with them: the run's
+    // items are the ones its state names.
+    let prefix = format!("{run}#");
+    let mut items: Vec<String> = support::scan_all(applier.client(), applier.table())
+        .await
+        .iter()
+        .filter(|item| text(item, "PK").as_deref() == Some("_ddbp#audit"))
+        .filter_map(|item| text(item, "SK").filter(|sk| sk.starts_with(&prefix)))
+        .collect();
+    let mut named: Vec<String> = keys.into_iter().filter_map(|key| key.sk).collect();
+    items.sort();
+    named.sort();
+    assert_eq!(items, named);
     reports
 }
 
@@ -1610,6 +1623,16 @@ async fn count_pass_four_at_once(
         };
         futures::future::join_all((0..4).map(|_| invocation())).await;
     }
+    // Each segment's state and its tally (one part): what the losing
+    // invocations saved went with them.
+    let prefix = format!("{run}#c{pass}#");
+    let items: Vec<String> = support::scan_all(applier.client(), applier.table())
+        .await
+        .iter()
+        .filter(|item| text(item, "PK").as_deref() == Some("_ddbp#audit"))
+        .filter_map(|item| text(item, "SK").filter(|sk| sk.starts_with(&prefix)))
+        .collect();
+    assert_eq!(items.len(), 2 * total as usize, "{items:#?}");
 }
 
 /// The merge of a sliced audit reads the table again in counting passes

@@ -1596,6 +1596,14 @@ fn generated_specs_stay_exact_through_changes_backfills_replays_and_redrives() {
     if let Err(error) = result {
         panic!("{error}");
     }
+    // Drift planted on counters must keep reaching the merge's counting
+    // passes (40 cases drew 28 locate and 12 recount passes).
+    if n(&c.planted) >= 20 {
+        assert!(
+            n(&c.locate_passes) > 0 && n(&c.recount_passes) > 0,
+            "no sliced merge located counters or recounted shards in a pass"
+        );
+    }
     // The generator must keep reaching the rebuild: a change to it that
     // stopped changing counters would otherwise pass unseen (asserted on
     // long runs only: some 24-case runs draw none).
