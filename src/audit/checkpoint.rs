@@ -997,6 +997,58 @@ pub async fn delete_rest(applier: &Applier, run: &str, total: u32) -> Result<(),
     Ok(())
 }
 
+/// Deletes every item of `run` but its merged summary, found by their
+/// sort key (what a slice cut off between writing its parts and its
+/// state, or a duplicate that ran after the merge, left). A table without
+/// a sort key keeps each audit item in a partition of its own, which no
+/// query lists: there only the items a state names are deleted.
+pub(crate) async fn sweep(applier: &Applier, run: &str) -> Result<usize, ApplyError> {
+    let table = &applier.spec().table;
+    let Some(sort_key) = &table.sort_key else {
+        return Ok(0);
+    };
+    let merged = merged_sk(run);
+    let mut start = None;
+    let mut swept = 0;
+    loop {
+        let page = applier
+            .client()
+            .query()
+            .table_name(applier.table())
+            .key_condition_expression("#pk = :pk AND begins_with(#sk, :run)")
+            .expression_attribute_names("#pk", &table.partition_key)
+            .expression_attribute_names("#sk", sort_key)
+            .expression_attribute_values(":pk", Av::S(AUDIT_PK.to_string()))
+            .expression_attribute_values(":run", Av::S(format!("{run}#")))
+            .projection_expression("#pk, #sk")
+            .consistent_read(true)
+            .set_exclusive_start_key(start)
+            .send()
+            .await
+            .map_err(|e| {
+                table_error(
+                    applier,
+                    &format!("listing the items of the audit run `{run}`"),
+                    crate::apply::retry_describe(&e),
+                )
+            })?;
+        let keys: Vec<ItemKey> = page
+            .items()
+            .iter()
+            .filter_map(|item| match item.get(sort_key) {
+                Some(Av::S(sk)) if *sk != merged => Some(item_key(applier, sk.clone())),
+                _ => None,
+            })
+            .collect();
+        swept += keys.len();
+        delete(applier, &keys).await?;
+        match page.last_evaluated_key() {
+            Some(key) if !key.is_empty() => start = Some(key.clone()),
+            _ => return Ok(swept),
+        }
+    }
+}
+
 pub(super) async fn read_items(
     applier: &Applier,
     keys: &[ItemKey],

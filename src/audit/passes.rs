@@ -230,22 +230,32 @@ async fn read_blob_if_there(
 /// The run's plan, if a merge made one.
 pub async fn load_plan(applier: &Applier, run: &str) -> Result<Option<Plan>, ApplyError> {
     let sk = plan_sk(run);
-    let Some(item) = checkpoint::get(applier, sk.clone()).await? else {
-        return Ok(None);
-    };
-    let pass = checkpoint::number(&item, "saves").unwrap_or(0);
-    let writer = checkpoint::number(&item, "writer").unwrap_or(0);
-    let parts = checkpoint::number(&item, "parts").unwrap_or(1) as u32;
-    let text = read_blob(applier, &sk, pass, writer, parts).await?;
-    let mut plan: Plan = serde_json::from_str(&text).map_err(|error| {
-        fatal(
-            applier,
-            format!("the audit item `{sk}` is unreadable: {error}"),
-        )
-    })?;
-    plan.writer = writer;
-    plan.parts = parts;
-    Ok(Some(plan))
+    // A merge replacing the plan deletes the parts of the one read here:
+    // read it again.
+    for _ in 0..10 {
+        let Some(item) = checkpoint::get(applier, sk.clone()).await? else {
+            return Ok(None);
+        };
+        let pass = checkpoint::number(&item, "saves").unwrap_or(0);
+        let writer = checkpoint::number(&item, "writer").unwrap_or(0);
+        let parts = checkpoint::number(&item, "parts").unwrap_or(1) as u32;
+        let Ok(text) = read_blob_if_there(applier, &sk, pass, writer, parts).await? else {
+            continue;
+        };
+        let mut plan: Plan = serde_json::from_str(&text).map_err(|error| {
+            fatal(
+                applier,
+                format!("the audit item `{sk}` is unreadable: {error}"),
+            )
+        })?;
+        plan.writer = writer;
+        plan.parts = parts;
+        return Ok(Some(plan));
+    }
+    Err(fatal(
+        applier,
+        format!("the audit item `{sk}` keeps changing while it is read"),
+    ))
 }
 
 /// Stores `plan`, if the stored one is at pass `expected` (`None`: there
@@ -298,10 +308,13 @@ async fn store_settled(applier: &Applier, run: &str, plan: &Plan) -> Result<(), 
         Some(Some(saves)),
     )
     .await?;
-    if stored && plan.parts > 0 {
-        let keys = blob_keys(applier, &sk, saves, plan.writer, plan.parts);
-        checkpoint::delete(applier, &keys).await?;
-    }
+    // The parts no item names: the old ones once replaced, or these.
+    let unnamed = if stored {
+        blob_keys(applier, &sk, saves, plan.writer, plan.parts)
+    } else {
+        blob_keys(applier, &sk, saves, writer, parts)
+    };
+    checkpoint::delete(applier, &unnamed).await?;
     Ok(())
 }
 
@@ -496,6 +509,13 @@ pub async fn count_slice(
     if old.2 > 0 {
         checkpoint::delete(applier, &blob_keys(applier, &sk, old.0, old.1, old.2)).await?;
     }
+    if expected.is_none() && checkpoint::get(applier, plan_sk(run)).await?.is_none() {
+        // The run was merged and its items deleted since this slice read
+        // its plan: what it just saved would be left behind.
+        let mut keys = mine;
+        keys.push(item_key(applier, sk.clone()));
+        checkpoint::delete(applier, &keys).await?;
+    }
     Ok(PassSlice {
         done: state.done,
         scanned: state.scanned,
@@ -599,7 +619,7 @@ pub async fn merge_step(
         };
         let tally = match load_pass(applier, run, pass, total).await? {
             Ok(tally) => tally,
-            Err(why) => return Ok(Step::Incomplete(why)),
+            Err(why) => return Ok(again(&plan, pass, "locate", why)),
         };
         counters(applier.spec(), &sketch, &tally, &mut located);
     }
@@ -623,14 +643,14 @@ pub async fn merge_step(
                         (shard.clone(), count, changes)
                     })
                     .collect();
-                return next(applier, run, plan, expected, "recount").await;
+                return next(applier, run, plan, stored.as_ref(), "recount").await;
             };
             recounted = Some(match &plan.settled {
                 Some(settled) => settled.iter().cloned().collect(),
                 None => {
                     let tally = match load_pass(applier, run, pass, total).await? {
                         Ok(tally) => tally,
-                        Err(why) => return Ok(Step::Incomplete(why)),
+                        Err(why) => return Ok(again(&plan, pass, "recount", why)),
                     };
                     let before: HashMap<String, (i64, Option<i64>)> = plan
                         .before
@@ -638,9 +658,16 @@ pub async fn merge_step(
                         .map(|(shard, count, changes)| (shard.clone(), (*count, *changes)))
                         .collect();
                     let listed: Vec<String> = before.keys().cloned().collect();
-                    let outcome =
-                        repair::settle(applier, &listed, &before, &tally.records, &mut stats)
-                            .await?;
+                    let stamp = format!("{run}#c{pass}");
+                    let outcome = repair::settle(
+                        applier,
+                        &listed,
+                        &before,
+                        &tally.records,
+                        &mut stats,
+                        Some(&stamp),
+                    )
+                    .await?;
                     plan.settled = Some(outcome.clone().into_iter().collect());
                     store_settled(applier, run, &plan).await?;
                     outcome
@@ -665,16 +692,34 @@ pub async fn merge_step(
     Ok(Step::Merged(Box::new(report), items))
 }
 
-/// Stores `plan` and answers its pass; if another merge planned first,
-/// answers the pass it planned.
+/// A merge of a pass not counted yet: the pass again if it is the plan's
+/// current one (a merge retried after its answer was lost, or a run
+/// started again under its name, goes on with it), else why not.
+fn again(plan: &Plan, pass: u32, purpose: &'static str, why: String) -> Step {
+    if pass == plan.pass {
+        Step::Pass { pass, purpose }
+    } else {
+        Step::Incomplete(why)
+    }
+}
+
+/// Stores `plan` and answers its pass (deleting the parts of the plan
+/// it replaces, `old`); if another merge planned first, answers the
+/// pass it planned.
 async fn next(
     applier: &Applier,
     run: &str,
     mut plan: Plan,
-    expected: Option<u32>,
+    old: Option<&Plan>,
     purpose: &'static str,
 ) -> Result<Step, ApplyError> {
+    let expected = old.map(|p| p.pass);
     if store_plan(applier, run, &mut plan, expected).await? {
+        if let Some(old) = old.filter(|p| p.parts > 0) {
+            let sk = plan_sk(run);
+            let keys = blob_keys(applier, &sk, old.pass as u64, old.writer, old.parts);
+            checkpoint::delete(applier, &keys).await?;
+        }
         tracing::info!(
             run,
             pass = plan.pass,

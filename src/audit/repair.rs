@@ -268,7 +268,7 @@ pub(super) async fn recount(
     let before = read_shards(applier, shards, stats).await.map_err(fatal)?;
     let wanted: HashSet<&str> = shards.iter().map(String::as_str).collect();
     let records = count_records(applier, &wanted, stats).await?;
-    settle(applier, shards, &before, &records, stats).await
+    settle(applier, shards, &before, &records, stats, None).await
 }
 
 /// The end of a recount: reads `shards` again and sets each that did not
@@ -280,6 +280,7 @@ pub(super) async fn settle(
     before: &HashMap<String, (i64, Option<i64>)>,
     records: &HashMap<String, i64>,
     stats: &mut BatchStats,
+    stamp: Option<&str>,
 ) -> Result<Recounted, ApplyError> {
     let fatal = |message: String| ApplyError::Fatal {
         table: applier.table().to_string(),
@@ -290,7 +291,21 @@ pub(super) async fn settle(
     let mut outcome = HashMap::new();
     for shard in shards {
         let (count, changes) = after[shard];
+        let named = records.get(shard.as_str()).copied().unwrap_or(0);
         if before.get(shard) != Some(&after[shard]) {
+            // Set by this very recount, settled before (a merge retried
+            // after it wrote, or two at once): one change, to the count,
+            // under its stamp.
+            let mine = match (stamp, before.get(shard)) {
+                (Some(stamp), Some((_, seen))) => settled_by(applier, shard, named, *seen, stamp)
+                    .await
+                    .map_err(fatal)?,
+                _ => false,
+            };
+            if mine {
+                outcome.insert(shard.clone(), Ok(named));
+                continue;
+            }
             outcome.insert(
                 shard.clone(),
                 Err(format!(
@@ -299,7 +314,6 @@ pub(super) async fn settle(
             );
             continue;
         }
-        let named = records.get(shard.as_str()).copied().unwrap_or(0);
         let delta = named - count;
         if delta == 0 {
             outcome.insert(shard.clone(), Ok(named));
@@ -310,12 +324,18 @@ pub(super) async fn settle(
             .update_item()
             .table_name(applier.table())
             .set_key(Some(spec.table.key_item(&spec.shard_item(shard)).into()))
-            .update_expression("ADD #c :d, #n :one")
             .expression_attribute_names("#c", COUNT_ATTRIBUTE)
             .expression_attribute_names("#n", CHANGES_ATTRIBUTE)
             .expression_attribute_values(":d", Av::N(delta.to_string()))
             .expression_attribute_values(":one", Av::N("1".to_string()))
             .return_consumed_capacity(ReturnConsumedCapacity::Total);
+        request = match stamp {
+            Some(stamp) => request
+                .update_expression("ADD #c :d, #n :one SET #by = :by")
+                .expression_attribute_names("#by", RECOUNTED_BY)
+                .expression_attribute_values(":by", Av::S(stamp.to_string())),
+            None => request.update_expression("ADD #c :d, #n :one"),
+        };
         request = match changes {
             Some(changes) => request
                 .condition_expression("#n = :seen")
@@ -329,6 +349,17 @@ pub(super) async fn settle(
                 }
                 Ok(named)
             }
+            // Another merge of this run settled it first.
+            Err(_)
+                if match stamp {
+                    Some(stamp) => settled_by(applier, shard, named, changes, stamp)
+                        .await
+                        .map_err(fatal)?,
+                    None => false,
+                } =>
+            {
+                Ok(named)
+            }
             Err(error) => Err(format!(
                 "shard {shard} changed while repairing; run the audit again ({})",
                 crate::apply::retry_describe(&error)
@@ -337,6 +368,44 @@ pub(super) async fn settle(
         outcome.insert(shard.clone(), result);
     }
     Ok(outcome)
+}
+
+/// The attribute naming the recount that last set a shard (a sliced
+/// merge's run and pass), so that settling it again knows its own write.
+pub(super) const RECOUNTED_BY: &str = "recountedBy";
+
+/// Whether `shard` holds what a recount under `stamp` set it to: `named`,
+/// one change after `seen`, under its stamp (a merge retried after it
+/// settled, or two merges of one run at once).
+async fn settled_by(
+    applier: &Applier,
+    shard: &str,
+    named: i64,
+    seen: Option<i64>,
+    stamp: &str,
+) -> Result<bool, String> {
+    let spec = applier.spec();
+    let output = applier
+        .client()
+        .get_item()
+        .table_name(applier.table())
+        .set_key(Some(spec.table.key_item(&spec.shard_item(shard)).into()))
+        .consistent_read(true)
+        .send()
+        .await
+        .map_err(|e| crate::apply::retry_describe(&e))?;
+    let item = output.item();
+    let number = |name: &str| match item.and_then(|i| i.get(name)) {
+        Some(Av::N(n)) => n.parse::<i64>().ok(),
+        _ => None,
+    };
+    let by = match item.and_then(|i| i.get(RECOUNTED_BY)) {
+        Some(Av::S(by)) => Some(by.as_str()),
+        _ => None,
+    };
+    Ok(by == Some(stamp)
+        && number(COUNT_ATTRIBUTE).unwrap_or(0) == named
+        && number(CHANGES_ATTRIBUTE) == Some(seen.unwrap_or(0) + 1))
 }
 
 /// The records naming each of `shards`, from a full scan that keeps

@@ -576,6 +576,7 @@ impl Handler {
             }
             checkpoint::delete_rest(applier, run, total).await?;
             passes::delete_rest(applier, run, total).await?;
+            checkpoint::sweep(applier, run).await?;
             tracing::info!(request_id = %context.request_id, run, "audit merged before: answering its summary");
             return Ok(AuditResponse::Merge(Box::new(response)));
         }
@@ -628,6 +629,7 @@ impl Handler {
         metrics::counter!("projector_audit_runs_total", "outcome" => outcome).increment(1);
         checkpoint::set_logged(applier, run).await?;
         checkpoint::delete(applier, &stored).await?;
+        let swept = checkpoint::sweep(applier, run).await?;
         tracing::info!(
             request_id = %context.request_id,
             table = applier.table(),
@@ -638,6 +640,7 @@ impl Handler {
             unrepaired = response.unrepaired,
             repaired = response.repaired,
             outcome,
+            swept,
             "audit merged"
         );
         Ok(AuditResponse::Merge(Box::new(response)))
