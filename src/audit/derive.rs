@@ -393,6 +393,8 @@ pub(super) struct Tally {
     pub shards: HashMap<String, (ProjectionId, String, i64)>,
     /// Records naming each wrong shard.
     pub records: HashMap<String, i64>,
+    /// How many times each shard in `shards` had moved when it was read.
+    pub changes: HashMap<String, Option<i64>>,
 }
 
 impl Tally {
@@ -404,10 +406,11 @@ impl Tally {
                     *self.records.entry(pk).or_insert(0) += 1;
                 }
             }
-            Fact::Shard(pk, id, joined, count) => {
+            Fact::Shard(pk, id, joined, count, changes) => {
                 if sketch.suspects(&Group::Shard(pk.clone()))
                     || sketch.suspects(&Group::Instance(id, joined.clone()))
                 {
+                    self.changes.insert(pk.clone(), changes);
                     self.shards.insert(pk, (id, joined, count));
                 }
             }

@@ -69,6 +69,11 @@ pub struct Plan {
     /// again answers it rather than settling again).
     #[serde(default)]
     pub settled: Option<Vec<(String, Result<i64, String>)>>,
+    /// The located counters set aside as moved while counted (decided
+    /// once, by the merge that concluded the locate pass: the shards keep
+    /// moving after).
+    #[serde(default)]
+    pub moved: Option<Vec<String>>,
     /// The invocation that wrote the plan's parts.
     #[serde(default)]
     pub writer: u64,
@@ -86,6 +91,8 @@ struct Counted {
     shards: Vec<(String, ProjectionId, String, i64)>,
     #[serde(default)]
     records: Vec<(String, i64)>,
+    #[serde(default)]
+    changes: Vec<(String, Option<i64>)>,
 }
 
 impl Counted {
@@ -102,6 +109,7 @@ impl Counted {
                 .map(|(pk, (id, joined, n))| (pk.clone(), *id, joined.clone(), *n))
                 .collect(),
             records: tally.records.iter().map(|(k, n)| (k.clone(), *n)).collect(),
+            changes: tally.changes.iter().map(|(k, n)| (k.clone(), *n)).collect(),
         }
     }
 
@@ -116,6 +124,7 @@ impl Counted {
         for (key, n) in self.records {
             *tally.records.entry(key).or_insert(0) += n;
         }
+        tally.changes.extend(self.changes);
     }
 }
 
@@ -610,6 +619,7 @@ pub async fn merge_step(
     let mut plan = stored.clone().unwrap_or_default();
     // Locate the counters the sketch found wrong.
     let mut located = Vec::new();
+    let mut moved = Vec::new();
     if !sketch.is_zero() {
         let Some(pass) = plan.locate else {
             plan.pass = 1;
@@ -622,6 +632,14 @@ pub async fn merge_step(
             Err(why) => return Ok(again(&plan, pass, "locate", why)),
         };
         counters(applier.spec(), &sketch, &tally, &mut located);
+        moved = match &plan.moved {
+            Some(moved) => {
+                located.retain(|finding| !moved.contains(&finding.key));
+                moved.clone()
+            }
+            None => super::set_aside_moved(applier, &tally, &mut located).await?,
+        };
+        plan.moved = Some(moved.clone());
     }
     // Recount the shards to recount.
     let mut recounted: Option<Recounted> = None;
@@ -677,7 +695,10 @@ pub async fn merge_step(
     }
     let mut report = super::conclude(
         applier,
-        report,
+        super::AuditReport {
+            moved_while_counted: moved,
+            ..report
+        },
         located,
         repair,
         Some(recounted.as_ref().unwrap_or(&Recounted::new())),

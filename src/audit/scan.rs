@@ -58,8 +58,8 @@ pub(super) enum Fact {
     /// A record naming this shard.
     Record(String),
     /// A shard (partition key) of counter instance (counter, values
-    /// joined by `#`), holding `count`.
-    Shard(String, ProjectionId, String, i64),
+    /// joined by `#`), holding `count`, moved `changes` times.
+    Shard(String, ProjectionId, String, i64, Option<i64>),
     /// A source item counted in this counter instance.
     Counted(ProjectionId, String),
 }
@@ -70,7 +70,7 @@ impl Fact {
     pub(super) fn add_to(&self, sketch: &mut Sketch) {
         match self {
             Fact::Record(pk) => sketch.add(&Group::Shard(pk.clone()), -1),
-            Fact::Shard(pk, id, joined, count) => {
+            Fact::Shard(pk, id, joined, count, _) => {
                 sketch.add(&Group::Shard(pk.clone()), *count);
                 sketch.add(&Group::Instance(*id, joined.clone()), *count);
             }
@@ -104,11 +104,13 @@ pub(super) fn classify(spec: &Spec, item: Item, facts: &mut impl FnMut(Fact)) ->
     }
     if spec.table.sort_key.is_none() || key.sk.as_deref() == Some("COUNTER") {
         if let Some((id, values)) = parse_shard(spec, &key.pk) {
-            let count = match item.get(COUNT_ATTRIBUTE) {
-                Some(crate::record::AttributeValue::N(n)) => n.parse::<i64>().unwrap_or(0),
-                _ => 0,
+            let number = |name: &str| match item.get(name) {
+                Some(crate::record::AttributeValue::N(n)) => n.parse::<i64>().ok(),
+                _ => None,
             };
-            facts(Fact::Shard(key.pk, id, values, count));
+            let count = number(COUNT_ATTRIBUTE).unwrap_or(0);
+            let changes = number(crate::apply::CHANGES_ATTRIBUTE);
+            facts(Fact::Shard(key.pk, id, values, count, changes));
             return Scanned::Other;
         }
     }

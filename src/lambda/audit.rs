@@ -292,6 +292,11 @@ pub struct AuditMergeResponse {
     pub read_units: f64,
     /// Write capacity consumed by repairs.
     pub write_units: f64,
+    /// Counters that looked off but moved while the audit counted them:
+    /// not findings; the next audit checks them again (the first
+    /// [`LISTED_FINDINGS`]).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub moved_while_counted: Vec<String>,
     /// The answer was stored by an earlier invocation of this merge.
     #[serde(default)]
     pub already_merged: bool,
@@ -341,6 +346,12 @@ impl AuditMergeResponse {
             violations_cleared: report.violations_cleared,
             read_units: report.read_units,
             write_units: report.write_units,
+            moved_while_counted: report
+                .moved_while_counted
+                .iter()
+                .take(LISTED_FINDINGS)
+                .map(|key| short(key.clone()))
+                .collect(),
             already_merged: false,
         }
     }
@@ -641,6 +652,7 @@ impl Handler {
             repaired = response.repaired,
             outcome,
             swept,
+            moved_while_counted = report.moved_while_counted.len(),
             "audit merged"
         );
         Ok(AuditResponse::Merge(Box::new(response)))
