@@ -140,107 +140,6 @@ pub(crate) fn values_precede_recomputes(spec: &crate::spec::Spec) -> bool {
     })
 }
 
-/// The key and entity of a record whose item the checks look at: not a
-/// backfill's scanned item (it changed nothing), an item of the spec.
-fn checked_item(spec: &crate::spec::Spec, record: &ChangeRecord) -> Option<(ItemKey, usize)> {
-    if matches!(record.origin, Origin::Scan { .. }) {
-        return None;
-    }
-    let key = spec.table.item_key(&record.keys)?;
-    let mut vars = Vec::new();
-    let entity = spec.match_entity(&key.pk, key.sk.as_deref(), &mut vars)?;
-    Some((key, entity))
-}
-
-/// The item's state after the record (`None`: removed).
-fn new_image(record: &ChangeRecord) -> Option<&Image> {
-    if record.kind == ChangeKind::Remove {
-        None
-    } else {
-        record.new_image.as_ref()
-    }
-}
-
-/// The invariants of `entity` the record may change: those whose
-/// attributes (`reads`, per invariant) it changed.
-fn checked_by<'r>(
-    spec: &'r crate::spec::Spec,
-    record: &'r ChangeRecord,
-    entity: usize,
-    reads: &'r [Vec<String>],
-) -> impl Iterator<Item = usize> + 'r {
-    spec.invariants
-        .iter()
-        .enumerate()
-        .filter(move |(id, invariant)| {
-            invariant.entity == entity
-                && (record.kind != ChangeKind::Modify || crate::plan::changed(record, &reads[*id]))
-        })
-        .map(|(id, _)| id)
-}
-
-/// The values of `unique` invariant `id` the record's item held before
-/// and after it.
-fn values_of(spec: &crate::spec::Spec, id: usize, record: &ChangeRecord) -> Vec<String> {
-    let invariant = &spec.invariants[id];
-    [record.old_image.as_ref(), new_image(record)]
-        .into_iter()
-        .flatten()
-        .filter_map(|image| unique_value(spec, invariant, image))
-        .collect()
-}
-
-/// Reads ahead, from their indexes, the holders of the `unique` values the
-/// batch touches, while its first writes run: the index lags the table
-/// anyway, so the check adds what the batch's own records hold, and
-/// confirms every holder with a consistent read (after the writes) before
-/// it accuses one. Only when no recompute writes on a `unique` entity
-/// ([`values_precede_recomputes`]): a recompute's write shows in no record.
-/// A value whose read fails is read again by the check.
-pub(crate) async fn read_holders_ahead(
-    ctx: &Ctx<'_>,
-    batch: &[Result<ChangeRecord, DecodeProblem>],
-    concurrency: usize,
-) {
-    let spec = ctx.spec;
-    if !spec
-        .invariants
-        .iter()
-        .any(|i| matches!(i.kind, InvariantKind::Unique { .. }))
-    {
-        return;
-    }
-    let reads: Vec<Vec<String>> = spec.invariants.iter().map(reads).collect();
-    let mut wanted: std::collections::BTreeSet<(usize, String)> = Default::default();
-    for record in batch.iter().flatten() {
-        let Some((_, entity)) = checked_item(spec, record) else {
-            continue;
-        };
-        for id in checked_by(spec, record, entity, &reads) {
-            if matches!(spec.invariants[id].kind, InvariantKind::Unique { .. }) {
-                wanted.extend(values_of(spec, id, record).into_iter().map(|v| (id, v)));
-            }
-        }
-    }
-    let reads = wanted.into_iter().map(|(id, value)| async move {
-        let InvariantKind::Unique {
-            index, attribute, ..
-        } = &spec.invariants[id].kind
-        else {
-            return None;
-        };
-        ctx.count(|r| &mut r.check_reads);
-        let holders = value_holders(ctx, index, attribute, &value).await.ok()?;
-        Some(((id, value), holders))
-    });
-    let found: Vec<_> = futures::stream::iter(reads)
-        .buffer_unordered(concurrency.max(1))
-        .collect()
-        .await;
-    let mut holders = ctx.holders.lock().expect("not poisoned");
-    holders.extend(found.into_iter().flatten());
-}
-
 /// Checks what the batch touched. Never fails: problems are logged,
 /// counted, and left to the next check or to `audit`.
 pub(crate) async fn check_batch(
@@ -263,12 +162,29 @@ pub(crate) async fn check_batch(
     // The last state the batch shows of each item (None: removed).
     let mut last_state: HashMap<ItemKey, Option<&Image>> = HashMap::new();
     for record in batch.iter().flatten() {
-        let Some((key, entity)) = checked_item(spec, record) else {
+        if matches!(record.origin, Origin::Scan { .. }) {
+            continue;
+        }
+        let Some(key) = spec.table.item_key(&record.keys) else {
             continue;
         };
-        let new_image = new_image(record);
-        for id in checked_by(spec, record, entity, &invariant_reads) {
-            let invariant = &spec.invariants[id];
+        let mut vars = Vec::new();
+        let Some(entity) = spec.match_entity(&key.pk, key.sk.as_deref(), &mut vars) else {
+            continue;
+        };
+        let removed = record.kind == ChangeKind::Remove;
+        let new_image = if removed {
+            None
+        } else {
+            record.new_image.as_ref()
+        };
+        for (id, invariant) in spec.invariants.iter().enumerate() {
+            if invariant.entity != entity
+                || (record.kind == ChangeKind::Modify
+                    && !crate::plan::changed(record, &invariant_reads[id]))
+            {
+                continue;
+            }
             match &invariant.kind {
                 InvariantKind::Count {
                     when,
@@ -285,8 +201,10 @@ pub(crate) async fn check_batch(
                     }
                 }
                 InvariantKind::Unique { .. } => {
-                    for value in values_of(spec, id, record) {
-                        values.insert((id, value), record);
+                    for image in [record.old_image.as_ref(), new_image].into_iter().flatten() {
+                        if let Some(value) = unique_value(spec, invariant, image) {
+                            values.insert((id, value), record);
+                        }
                     }
                 }
                 _ => {}
@@ -555,18 +473,8 @@ async fn check_value_scope<'a>(
     else {
         return Ok(Vec::new());
     };
-    let ahead = ctx
-        .holders
-        .lock()
-        .expect("not poisoned")
-        .remove(&(id, value.to_string()));
-    let mut holders = match ahead {
-        Some(holders) => holders,
-        None => {
-            ctx.count(|r| &mut r.check_reads);
-            value_holders(ctx, index, attribute, value).await?
-        }
-    };
+    ctx.count(|r| &mut r.check_reads);
+    let mut holders = value_holders(ctx, index, attribute, value).await?;
     // The GSI lags the table: add what the batch just made hold the value.
     for (key, state) in last_state {
         if state

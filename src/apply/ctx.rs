@@ -1,7 +1,7 @@
 //! The shared state of one batch's requests: the client and spec, the
 //! capacity and requests counted, the partitions recomputes read.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use aws_sdk_dynamodb::types::{AttributeValue as Av, ConsumedCapacity};
@@ -36,10 +36,6 @@ pub(crate) struct Ctx<'a> {
     /// Whether recomputes' reads are kept for the invariant check (a
     /// batch's are; an audit's, which never check from them, are not).
     pub keep_reads: bool,
-    /// The holders of `unique` values the index gave while the batch's
-    /// first writes ran, by (invariant, value) (see
-    /// [`super::check::read_holders_ahead`]).
-    pub holders: std::sync::Mutex<HashMap<(usize, String), HashSet<ItemKey>>>,
 }
 
 /// What recomputes read and wrote, for the invariant check.
@@ -150,7 +146,6 @@ impl<'a> Ctx<'a> {
             partitions: std::sync::Mutex::new(PartitionReads::default()),
             targets: std::sync::Mutex::new(HashMap::new()),
             keep_reads: true,
-            holders: std::sync::Mutex::new(HashMap::new()),
         }
     }
 

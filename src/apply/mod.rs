@@ -565,13 +565,7 @@ impl Applier {
         // checked while the recomputes run.
         let checking = self.config.check_invariants && !spec.invariants.is_empty();
         let early = checking && check::values_precede_recomputes(spec);
-        // Their holders are read from the indexes meanwhile.
-        let (mut written, ()) =
-            tokio::join!(self.write_before_deadline(&ctx, first, options), async {
-                if early {
-                    check::read_holders_ahead(&ctx, batch, self.config.concurrency).await;
-                }
-            });
+        let mut written = self.write_before_deadline(&ctx, first, options).await;
         let (recomputed, early_checks) = tokio::join!(
             self.write_before_deadline(&ctx, recomputes, options),
             async {
