@@ -157,6 +157,15 @@ impl Problem {
         }
     }
 
+    /// How far a counter or shard is off (`None`: not a count).
+    pub fn off_by(&self) -> Option<i64> {
+        match self {
+            Problem::CounterOff { expected, actual } => Some((expected - actual).abs()),
+            Problem::ShardOff { holds, records } => Some((holds - records).abs()),
+            _ => None,
+        }
+    }
+
     /// Its kind, for metrics (`missing`, `counter-off` ...).
     pub fn kind(&self) -> &'static str {
         match self {
@@ -392,6 +401,7 @@ async fn locate_counters(
     page_size: Option<i32>,
     read_micro: &AtomicU64,
     pacer: &crate::backfill::Pacer,
+    set_aside: bool,
 ) -> Result<(Vec<Finding>, Vec<String>), ApplyError> {
     let spec = applier.spec();
     let quiet = Progress::new(false, None);
@@ -422,16 +432,25 @@ async fn locate_counters(
     }
     let mut findings = Vec::new();
     counters(spec, sketch, &all, &mut findings);
-    let moved = set_aside_moved(applier, &all, &mut findings).await?;
+    let moved = if set_aside {
+        set_aside_moved(applier, &all, &mut findings).await?
+    } else {
+        Vec::new()
+    };
     Ok((findings, moved))
 }
 
-/// Takes out of `located` the counter findings whose shards moved since
-/// the scan that located them read them, and returns their keys. The
-/// live worker moved them meanwhile: the counted sources and the shards
-/// lie in different partitions, read at different times, so such a
-/// counter may look off only because a write fell in between. The next
-/// audit checks it again.
+/// Takes out of `located` the counter findings that the live worker's
+/// moves since the locate scan can explain, and returns their keys. A
+/// counter's sources and shards lie in different partitions, read at
+/// different times, so a counter may look off only because writes fell
+/// in between; each transaction that moves a record moves the count by
+/// one and its shard's `changes` by one. A counter off by more than its
+/// shards moved since the scan read them is off whatever the live writes
+/// did, and stays a finding; so does one whose scan kept no `changes`
+/// (a tally saved by an older version). Only a report that repairs
+/// nothing sets counters aside: a repair recounts them, guarded against
+/// the same moves. The next audit judges a counter set aside again.
 async fn set_aside_moved(
     applier: &Applier,
     tally: &Tally,
@@ -461,32 +480,45 @@ async fn set_aside_moved(
             message: format!("reading the counters the audit found off: {error}"),
         })?;
     let changes_now = |shard: &str| {
-        now.get(&spec.shard_item(shard)).and_then(|item| {
-            match item.get(crate::apply::CHANGES_ATTRIBUTE) {
+        now.get(&spec.shard_item(shard))
+            .and_then(|item| match item.get(crate::apply::CHANGES_ATTRIBUTE) {
                 Some(crate::record::AttributeValue::N(n)) => n.parse::<i64>().ok(),
                 _ => None,
-            }
-        })
+            })
+            .unwrap_or(0)
+    };
+    // How many times the shards moved since the scan; `None`: unknown.
+    let moves = |list: &[String]| {
+        let mut moves = 0;
+        for shard in list {
+            let seen = if tally.shards.contains_key(shard) {
+                tally.changes.get(shard)?.unwrap_or(0)
+            } else {
+                // Not there when scanned.
+                0
+            };
+            moves += (changes_now(shard) - seen).max(0);
+        }
+        Some(moves)
     };
     let mut moved = Vec::new();
     located.retain(|finding| {
-        let Some(Fix::Recount(list)) = &finding.fix else {
+        let (Some(Fix::Recount(list)), Some(off)) = (&finding.fix, finding.problem.off_by()) else {
             return true;
         };
-        let still = list
-            .iter()
-            .all(|shard| tally.changes.get(shard).copied().flatten() == changes_now(shard));
-        if !still {
+        let explained = moves(list).is_some_and(|moves| off <= moves);
+        if explained {
             moved.push(finding.key.clone());
         }
-        still
+        !explained
     });
     moved.sort();
     moved.dedup();
     if !moved.is_empty() {
+        metrics::counter!("projector_audit_counters_moved_total").increment(moved.len() as u64);
         tracing::info!(
             counters = moved.len(),
-            "counters moved while the audit counted them: left for the next audit"
+            "counters moved while the audit counted them, by as much as they looked off: left for the next audit"
         );
     }
     Ok(moved)
@@ -562,6 +594,7 @@ pub async fn audit(applier: &Applier, options: &AuditOptions) -> Result<AuditRep
             options.page_size,
             &read_micro,
             &pacer,
+            !options.repair,
         )
         .await?;
         report.findings.extend(located);
@@ -630,8 +663,16 @@ pub async fn merge_uncounted(
         let pacer = crate::backfill::Pacer::new(max_rcu);
         let total = report.total_segments;
         let moved;
-        (counted, moved) =
-            locate_counters(applier, &sketch, total, None, &read_micro, &pacer).await?;
+        (counted, moved) = locate_counters(
+            applier,
+            &sketch,
+            total,
+            None,
+            &read_micro,
+            &pacer,
+            !repair_counters,
+        )
+        .await?;
         report.moved_while_counted = moved;
         report.read_units += read_micro.load(Ordering::Relaxed) as f64 / 1e6;
     }

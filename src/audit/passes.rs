@@ -637,6 +637,7 @@ pub async fn merge_step(
                 located.retain(|finding| !moved.contains(&finding.key));
                 moved.clone()
             }
+            None if repair => Vec::new(),
             None => super::set_aside_moved(applier, &tally, &mut located).await?,
         };
         plan.moved = Some(moved.clone());
@@ -686,9 +687,17 @@ pub async fn merge_step(
                         Some(&stamp),
                     )
                     .await?;
-                    plan.settled = Some(outcome.clone().into_iter().collect());
-                    store_settled(applier, run, &plan).await?;
-                    outcome
+                    // A merge of the run that settled first (at once with
+                    // this one) answers for both: its outcome stands.
+                    let first = load_plan(applier, run).await?.and_then(|p| p.settled);
+                    match first {
+                        Some(first) => first.into_iter().collect(),
+                        None => {
+                            plan.settled = Some(outcome.clone().into_iter().collect());
+                            store_settled(applier, run, &plan).await?;
+                            outcome
+                        }
+                    }
                 }
             });
         }
