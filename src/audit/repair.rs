@@ -212,25 +212,33 @@ pub(super) fn shards_to_recount(
     shards
 }
 
+/// Reads shard `shard` (consistently).
+async fn get_shard(
+    applier: &Applier,
+    shard: &str,
+) -> Result<aws_sdk_dynamodb::operation::get_item::GetItemOutput, String> {
+    let spec = applier.spec();
+    applier
+        .client()
+        .get_item()
+        .table_name(applier.table())
+        .set_key(Some(spec.table.key_item(&spec.shard_item(shard)).into()))
+        .consistent_read(true)
+        .return_consumed_capacity(ReturnConsumedCapacity::Total)
+        .send()
+        .await
+        .map_err(|e| crate::apply::retry_describe(&e))
+}
+
 /// A shard's count and how many transactions moved it.
 pub(super) async fn read_shards(
     applier: &Applier,
     shards: &[String],
     stats: &mut BatchStats,
 ) -> Result<HashMap<String, (i64, Option<i64>)>, String> {
-    let spec = applier.spec();
     let mut out = HashMap::new();
     for shard in shards {
-        let output = applier
-            .client()
-            .get_item()
-            .table_name(applier.table())
-            .set_key(Some(spec.table.key_item(&spec.shard_item(shard)).into()))
-            .consistent_read(true)
-            .return_consumed_capacity(ReturnConsumedCapacity::Total)
-            .send()
-            .await
-            .map_err(|e| crate::apply::retry_describe(&e))?;
+        let output = get_shard(applier, shard).await?;
         if let Some(c) = output.consumed_capacity() {
             stats.read_units += c.capacity_units().unwrap_or(0.0);
         }
@@ -384,16 +392,7 @@ async fn settled_by(
     seen: Option<i64>,
     stamp: &str,
 ) -> Result<bool, String> {
-    let spec = applier.spec();
-    let output = applier
-        .client()
-        .get_item()
-        .table_name(applier.table())
-        .set_key(Some(spec.table.key_item(&spec.shard_item(shard)).into()))
-        .consistent_read(true)
-        .send()
-        .await
-        .map_err(|e| crate::apply::retry_describe(&e))?;
+    let output = get_shard(applier, shard).await?;
     let item = output.item();
     let number = |name: &str| match item.and_then(|i| i.get(name)) {
         Some(Av::N(n)) => n.parse::<i64>().ok(),
