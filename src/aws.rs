@@ -49,6 +49,12 @@ pub struct TableInfo {
     pub stream_arn: Option<String>,
     /// The stream's view type.
     pub view_type: Option<StreamViewType>,
+    /// The regions of the table's replicas (a global table), as
+    /// `DescribeTable` lists them; empty for a table of one region.
+    pub replicas: Vec<String>,
+    /// A global table in multi-region strong consistency (no
+    /// transactions).
+    pub strong_consistency: bool,
 }
 
 /// Describes a table, turning the usual mistakes into clear errors.
@@ -73,6 +79,13 @@ pub async fn describe_table(
             None
         },
         view_type: stream.and_then(|s| s.stream_view_type()).cloned(),
+        replicas: description
+            .replicas()
+            .iter()
+            .filter_map(|replica| replica.region_name().map(str::to_string))
+            .collect(),
+        strong_consistency: description.multi_region_consistency()
+            == Some(&aws_sdk_dynamodb::types::MultiRegionConsistency::Strong),
     })
 }
 

@@ -20,6 +20,7 @@
 //!   planner and applier.
 //! - [`aws`], [`table`], [`counter`]: SDK configuration, table creation,
 //!   counter reads.
+//! - [`global`]: on a global table, which region projects.
 //! - [`cli`] and `main.rs`: the `ddb-projector` command line.
 //!
 //! **Architecture Invariant:** `record`, `decode`, `spec` and `plan` do no
@@ -32,6 +33,7 @@ pub mod backfill;
 pub mod cli;
 pub mod counter;
 pub mod decode;
+pub mod global;
 pub mod invariant;
 pub mod kinds;
 pub mod lambda;

@@ -17,7 +17,7 @@ pub async fn audit(
     format: OutputFormat,
     options: AuditOptions,
 ) -> anyhow::Result<ExitCode> {
-    let Some(applier) = applier(&target).await? else {
+    let Some(applier) = applier(&target, options.repair.then_some("audit --repair")).await? else {
         return Ok(ExitCode::from(2));
     };
     let report = run_audit(&applier, &options).await?;
@@ -44,7 +44,7 @@ pub async fn merge(
         })?;
         reports.push(report);
     }
-    let Some(applier) = applier(&target).await? else {
+    let Some(applier) = applier(&target, repair.then_some("audit-merge --repair")).await? else {
         return Ok(ExitCode::from(2));
     };
     let report = merge_reports(&applier, reports, repair, max_rcu).await?;
@@ -52,15 +52,21 @@ pub async fn merge(
 }
 
 /// The applier of `target`'s spec and table; `None` when the spec has
-/// errors (printed already).
-async fn applier(target: &Target) -> anyhow::Result<Option<Applier>> {
+/// errors (printed already). `writes`: the command, when it writes
+/// derived state (it runs in a global table's home region only).
+async fn applier(target: &Target, writes: Option<&str>) -> anyhow::Result<Option<Applier>> {
     let c = match connect(target).await {
         Ok(c) => c,
         // The spec's errors are printed already; any error is exit 2 here.
         Err(Ok(_)) => return Ok(None),
         Err(Err(error)) => return Err(error),
     };
-    crate::aws::describe_table(&c.dynamodb, &c.table).await?;
+    match writes {
+        Some(verb) => super::require_home(&c, target, verb).await?,
+        None => {
+            crate::aws::describe_table(&c.dynamodb, &c.table).await?;
+        }
+    }
     Ok(Some(Applier::new(
         c.dynamodb.clone(),
         c.spec.clone(),

@@ -177,7 +177,11 @@ pub async fn backfill(target: Target, args: BackfillArgs) -> anyhow::Result<Exit
         Ok(c) => c,
         Err(result) => return result,
     };
-    crate::aws::describe_table(&c.dynamodb, &c.table).await?;
+    if args.dry_run {
+        crate::aws::describe_table(&c.dynamodb, &c.table).await?;
+    } else {
+        super::require_home(&c, &target, "backfill").await?;
+    }
     let registry = Registry::new(c.dynamodb.clone(), &c.table, &c.spec.table);
     // Counters' old versions are kept current by the worker, not backfilled.
     let all: Vec<ProjectionId> = c.spec.backfilled_projections();
@@ -360,7 +364,11 @@ pub async fn prune(
         Ok(c) => c,
         Err(result) => return result,
     };
-    crate::aws::describe_table(&c.dynamodb, &c.table).await?;
+    if options.dry_run {
+        crate::aws::describe_table(&c.dynamodb, &c.table).await?;
+    } else {
+        super::require_home(&c, &target, "prune").await?;
+    }
     let registry = Registry::new(c.dynamodb.clone(), &c.table, &c.spec.table);
     let snapshot = registry.snapshot(&c.spec).await?;
     let retired_known: Vec<&str> = snapshot

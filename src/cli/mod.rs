@@ -318,6 +318,10 @@ pub struct Target {
     /// The table (default: the spec's table name).
     #[arg(long)]
     pub table: Option<String>,
+    /// On a global table, the one region whose worker projects; commands
+    /// that write run there only (see `README.md#global-tables`).
+    #[arg(long, env = "PROJECTOR_HOME_REGION")]
+    pub home_region: Option<String>,
 }
 
 /// `table` subcommands.
@@ -546,6 +550,32 @@ pub async fn connect(target: &Target) -> Result<Connection, anyhow::Result<ExitC
         config,
         dynamodb,
     })
+}
+
+/// Where a worker of `c` in this region stands on its table (see
+/// [`crate::global`]): an error names what to set.
+pub async fn region_role(c: &Connection, target: &Target) -> anyhow::Result<crate::global::Role> {
+    let info = crate::aws::describe_table(&c.dynamodb, &c.table).await?;
+    let region = c.config.region().map(|r| r.to_string()).unwrap_or_default();
+    Ok(crate::global::role(
+        &info,
+        &c.spec,
+        &region,
+        target.home_region.as_deref(),
+    )?)
+}
+
+/// For a command that writes derived state (`verb`): refuses it outside
+/// the home region of a global table, and on one without a home region.
+pub async fn require_home(c: &Connection, target: &Target, verb: &str) -> anyhow::Result<()> {
+    if let crate::global::Role::Away { home } = region_role(c, target).await? {
+        let region = c.config.region().map(|r| r.to_string()).unwrap_or_default();
+        anyhow::bail!(
+            "table `{}` is a global table projected from its home region {home}: `{verb}` writes derived state, so it runs in {home} only, not in {region} (writes made here would be applied twice)",
+            c.table
+        );
+    }
+    Ok(())
 }
 
 /// Loads a spec, printing every problem it has.

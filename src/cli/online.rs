@@ -72,6 +72,7 @@ pub async fn dlq_list(target: Target) -> anyhow::Result<ExitCode> {
 /// `dlq redrive`.
 pub async fn dlq_redrive(target: Target, projection: Option<String>) -> anyhow::Result<ExitCode> {
     let c = connect_or_return!(target);
+    super::require_home(&c, &target, "dlq redrive").await?;
     if let Some(name) = &projection {
         if c.spec.projection_id(name).is_none() && name != "*" {
             bail!("no projection `{name}` in {}", c.spec.file);

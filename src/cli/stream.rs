@@ -27,6 +27,19 @@ pub async fn run(target: Target, drain: bool) -> anyhow::Result<ExitCode> {
         RunOptions::follow()
     };
     let verb = if drain { "run --drain" } else { "run" };
+    if let crate::global::Role::Away { home } = super::region_role(&c, &target).await? {
+        // A worker deployed in every region idles outside the home one.
+        tracing::warn!(
+            table = c.table,
+            home_region = home,
+            "the table is a global table projected from its home region: this runner writes nothing here and stops"
+        );
+        eprintln!(
+            "ddb-projector {verb}: table {} is projected from its home region {home}; nothing to do in this region",
+            c.table
+        );
+        return Ok(ExitCode::SUCCESS);
+    }
     run_stream(&c, options, verb).await
 }
 
@@ -51,6 +64,7 @@ pub async fn replay(target: Target, projections: Vec<String>) -> anyhow::Result<
         }
     }
     let selection = (!selection.is_empty()).then_some(selection);
+    super::require_home(&c, &target, "replay").await?;
     run_stream(&c, RunOptions::replay(selection), "replay").await
 }
 
@@ -66,6 +80,9 @@ pub async fn recover(
         Ok(connection) => connection,
         Err(result) => return result,
     };
+    if !dry_run {
+        super::require_home(&c, &target, "recover").await?;
+    }
     let applier = Applier::new(
         c.dynamodb.clone(),
         c.spec.clone(),

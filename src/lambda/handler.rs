@@ -98,6 +98,15 @@ pub enum InvocationError {
         /// Its lease.
         until: String,
     },
+    /// A global table without a usable home region.
+    #[error("{0}")]
+    Global(crate::global::GlobalError),
+    /// A backfill or audit invoked outside a global table's home region.
+    #[error("the table is a global table projected from its home region {home}: backfills and audits write derived state, so they run there only (start the state machine in {home})")]
+    AwayFromHome {
+        /// The home region.
+        home: String,
+    },
 }
 
 impl From<InvocationError> for Diagnostic {
@@ -122,6 +131,8 @@ impl From<InvocationError> for Diagnostic {
             InvocationError::AuditNoTime { .. } | InvocationError::AuditAbandoned { .. } => {
                 "Projector.AuditTimeout"
             }
+            InvocationError::AwayFromHome { .. } => "Projector.AwayFromHome",
+            InvocationError::Global(_) => "Projector.GlobalTable",
         };
         Diagnostic {
             error_type: error_type.to_string(),
@@ -276,6 +287,68 @@ pub struct Handler {
     /// When the execution environment started: a `Lambda-Runtime-Deadline-Ms`
     /// before it is a duration, not a time ([`Deadline::read`]).
     pub process_started: SystemTime,
+    /// Which region projects each table it serves (see [`crate::global`]).
+    pub regions: Regions,
+}
+
+/// Which region projects each table a function serves, decided from the
+/// table's description the first time the table is seen.
+#[derive(Debug, Default)]
+pub struct Regions {
+    /// The function's region.
+    pub region: String,
+    /// `PROJECTOR_HOME_REGION`.
+    pub home: Option<String>,
+    roles: std::sync::Mutex<std::collections::HashMap<String, crate::global::Role>>,
+}
+
+/// Why a table's role is not known.
+#[derive(Debug)]
+pub enum RoleError {
+    /// A global table without a usable home region: a configuration error.
+    Global(crate::global::GlobalError),
+    /// `DescribeTable` failed (maybe for now).
+    Describe(String),
+}
+
+impl Regions {
+    /// For a function in `region` given `home`.
+    pub fn new(region: String, home: Option<String>) -> Regions {
+        Regions {
+            region,
+            home,
+            roles: Default::default(),
+        }
+    }
+
+    /// The role of this function for `table`.
+    pub async fn role(
+        &self,
+        client: &aws_sdk_dynamodb::Client,
+        table: &str,
+        spec: &crate::spec::Spec,
+    ) -> Result<crate::global::Role, RoleError> {
+        if let Some(role) = self.roles.lock().expect("not poisoned").get(table) {
+            return Ok(role.clone());
+        }
+        let info = crate::aws::describe_table(client, table)
+            .await
+            .map_err(|error| RoleError::Describe(format!("{error:#}")))?;
+        let role = crate::global::role(&info, spec, &self.region, self.home.as_deref())
+            .map_err(RoleError::Global)?;
+        if let crate::global::Role::Away { home } = &role {
+            tracing::warn!(
+                table,
+                home_region = home,
+                "the table is a global table projected from its home region: this function leaves its records to it and writes nothing (its event source mapping should be disabled here)"
+            );
+        }
+        self.roles
+            .lock()
+            .expect("not poisoned")
+            .insert(table.to_string(), role.clone());
+        Ok(role)
+    }
 }
 
 impl Handler {
@@ -305,6 +378,12 @@ impl Handler {
     /// flushes its metrics.
     pub async fn handle(&self, event: LambdaEvent<Payload>) -> Result<Response, InvocationError> {
         let LambdaEvent { payload, context } = event;
+        if let Some(answer) = self.outside_home(&payload, &context).await {
+            if let Some(collector) = self.metrics {
+                super::metrics::flush(collector, &context.request_id);
+            }
+            return answer;
+        }
         let result = match payload {
             Payload::Stream(event) => self.process(event, &context).await.map(Response::Stream),
             Payload::Backfill(request) => self
@@ -320,6 +399,75 @@ impl Handler {
             super::metrics::flush(collector, &context.request_id);
         }
         result
+    }
+
+    /// The answer to an invocation that must not write here: outside a
+    /// global table's home region, a stream batch is answered handled (its
+    /// records are the home region's to apply) and a backfill or audit is
+    /// refused; on a global table without a home region, every invocation
+    /// fails. A table that cannot be described yet has its batch delivered
+    /// again. `None`: go on.
+    async fn outside_home(
+        &self,
+        payload: &Payload,
+        context: &Context,
+    ) -> Option<Result<Response, InvocationError>> {
+        let table = match payload {
+            Payload::Stream(event) => match &self.table {
+                Some(table) => table.clone(),
+                None => event
+                    .event_source_arn
+                    .as_deref()
+                    .and_then(table_from_stream_arn)?
+                    .to_string(),
+            },
+            _ => self
+                .table
+                .clone()
+                .unwrap_or_else(|| self.spec.table.name.clone()),
+        };
+        if matches!(payload, Payload::Stream(event) if event.is_empty()) {
+            return None;
+        }
+        let role = match self.regions.role(&self.client, &table, &self.spec).await {
+            Ok(role) => role,
+            Err(RoleError::Global(error)) => {
+                tracing::error!(request_id = %context.request_id, %error, "the table is a global table without a usable home region: nothing is written");
+                return Some(Err(InvocationError::Global(error)));
+            }
+            Err(RoleError::Describe(error)) => {
+                return match payload {
+                    Payload::Stream(event) => {
+                        tracing::warn!(request_id = %context.request_id, %error, "describing the table failed: the batch is delivered again");
+                        Some(
+                            batch_response(&event.decode(0..1), &[RecordStatus::Failed(error)])
+                                .map(Response::Stream),
+                        )
+                    }
+                    _ => Some(Err(InvocationError::Apply(ApplyError::Fatal {
+                        table,
+                        message: error,
+                    }))),
+                };
+            }
+        };
+        let crate::global::Role::Away { home } = role else {
+            return None;
+        };
+        Some(match payload {
+            Payload::Stream(event) => {
+                tracing::info!(
+                    request_id = %context.request_id,
+                    records = event.len(),
+                    home_region = home,
+                    "batch left to the home region"
+                );
+                metrics::counter!("projector_records_left_to_home_total")
+                    .increment(event.len() as u64);
+                Ok(Response::Stream(DynamoDbEventResponse::default()))
+            }
+            Payload::Backfill(_) | Payload::Audit(_) => Err(InvocationError::AwayFromHome { home }),
+        })
     }
 
     async fn process(

@@ -41,7 +41,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 pub use handler::{
-    batch_response, deadlines, Deadline, Deadlines, Handler, InvocationError, Response,
+    batch_response, deadlines, Deadline, Deadlines, Handler, InvocationError, Regions, Response,
+    RoleError,
 };
 
 use crate::apply::ApplyConfig;
@@ -82,6 +83,9 @@ pub enum InitError {
     /// The metrics recorder cannot be installed.
     #[error("{0}")]
     Metrics(String),
+    /// A global table, and no usable home region (see [`crate::global`]).
+    #[error("{0}")]
+    Global(crate::global::GlobalError),
 }
 
 impl InitError {
@@ -93,6 +97,7 @@ impl InitError {
             InitError::NotInLambda(_) => "Projector.NotInLambda",
             InitError::Aws(_) => "Projector.AwsConfiguration",
             InitError::Metrics(_) => "Projector.Metrics",
+            InitError::Global(_) => "Projector.GlobalTable",
         }
     }
 }
@@ -172,6 +177,24 @@ async fn init() -> Result<Handler, InitError> {
             )
             .build(),
     );
+    // On a global table, which region projects (see `crate::global`):
+    // refused here when the table is known and has no usable home region;
+    // a table named by each event is checked when first seen.
+    let region = config.region().map(|r| r.to_string()).unwrap_or_default();
+    let home = std::env::var(crate::global::HOME_REGION_VAR)
+        .ok()
+        .filter(|h| !h.trim().is_empty());
+    let regions = handler::Regions::new(region, home);
+    if let Some(table) = &table {
+        match regions.role(&client, table, &spec).await {
+            Ok(_) => {}
+            Err(handler::RoleError::Global(error)) => return Err(InitError::Global(error)),
+            // Described again by the first invocation.
+            Err(handler::RoleError::Describe(error)) => {
+                tracing::warn!(table, %error, "describing the table failed at init");
+            }
+        }
+    }
     let namespace = std::env::var(NAMESPACE_VAR).unwrap_or_else(|_| metrics::NAMESPACE.to_string());
     let function = std::env::var("AWS_LAMBDA_FUNCTION_NAME").unwrap_or_default();
     let collector = metrics::install(&namespace, &function).map_err(InitError::Metrics)?;
@@ -183,6 +206,7 @@ async fn init() -> Result<Handler, InitError> {
         config: ApplyConfig::default(),
         metrics: Some(collector),
         process_started,
+        regions,
     })
 }
 

@@ -807,6 +807,7 @@ async fn the_lambda_handler_converges_under_every_fault() {
         config: apply_config(),
         metrics: None,
         process_started: std::time::SystemTime::now(),
+        regions: Default::default(),
     };
     let users = social_users(16);
     let mut history = History::default();

@@ -7,6 +7,7 @@ mod audit;
 mod backfill;
 mod delivery;
 mod faults;
+mod global;
 mod holds;
 mod kinds;
 mod lambda;

@@ -1,0 +1,260 @@
+//! Global tables: one region projects, the others write nothing.
+//!
+//! On a global table (DynamoDB global tables, version 2019.11.21) every
+//! replica's stream carries every write, local or replicated, and nothing
+//! in a record says where it was made. Conditions are checked against the
+//! local replica, a transaction is atomic only in its own region, and a
+//! conflict is settled per item, last writer wins. A worker in each region
+//! would each apply every change: both find a marker absent and both count
+//! it, both add +1 to the same counter shard from the same value and
+//! replication keeps one. So exactly one region, the **home region**,
+//! projects everything its stream carries (its own writes and the
+//! replicated ones alike, as on a single-region table); a worker anywhere
+//! else writes nothing.
+//!
+//! [`role`] decides from the table's description (`DescribeTable`:
+//! `Replicas`, `MultiRegionConsistency`), the region the worker runs in,
+//! and the home region it was given (`--home-region`,
+//! `PROJECTOR_HOME_REGION`, the template's `HomeRegion`).
+
+use crate::aws::TableInfo;
+use crate::spec::{ProjectionKind, Spec};
+
+/// The environment variable naming the home region.
+pub const HOME_REGION_VAR: &str = "PROJECTOR_HOME_REGION";
+
+/// What a worker in this region does with the table.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Role {
+    /// A table of one region: it projects (a home region given or not).
+    Single,
+    /// The home region of a global table: it projects everything its
+    /// stream carries.
+    Home {
+        /// Every region the table is in, sorted.
+        regions: Vec<String>,
+    },
+    /// Another region of a global table: it writes nothing.
+    Away {
+        /// The home region.
+        home: String,
+    },
+}
+
+impl Role {
+    /// Whether this worker writes derived state.
+    pub fn projects(&self) -> bool {
+        !matches!(self, Role::Away { .. })
+    }
+}
+
+/// Why a worker may not run against a global table.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum GlobalError {
+    /// A global table, and no home region.
+    #[error(
+        "table `{table}` is a global table (replicas in {regions}): a worker in each region would \
+         apply every change once per region and corrupt counters and markers. Set the one region \
+         that projects: --home-region REGION, {HOME_REGION_VAR}=REGION, or the stack's \
+         HomeRegion parameter (one of {regions}); workers in the other regions then write nothing",
+        regions = .regions.join(", ")
+    )]
+    NoHome {
+        /// The table.
+        table: String,
+        /// Its regions.
+        regions: Vec<String>,
+    },
+    /// The home region is not one of the table's.
+    #[error(
+        "home region `{home}` is not a region of table `{table}` (its replicas are in {regions}): \
+         set {HOME_REGION_VAR} or --home-region to one of them",
+        regions = .regions.join(", ")
+    )]
+    HomeNotReplica {
+        /// The home region given.
+        home: String,
+        /// The table.
+        table: String,
+        /// Its regions.
+        regions: Vec<String>,
+    },
+    /// A table in multi-region strong consistency, which has no
+    /// transactions, and a spec whose projections need them.
+    #[error(
+        "table `{table}` uses multi-region strong consistency, which has no transactions, and \
+         these projections write in transactions (a counter's membership moves its shard in the \
+         same transaction): {projections}; use a global table with eventual consistency \
+         (MultiRegionConsistency=EVENTUAL), or drop them from the spec",
+        projections = .projections.join(", ")
+    )]
+    NeedsTransactions {
+        /// The table.
+        table: String,
+        /// The projections.
+        projections: Vec<String>,
+    },
+}
+
+/// The projections of `spec` that write in transactions: counters, whose
+/// memberships move their shards in the same transaction as the record.
+pub fn transactional(spec: &Spec) -> Vec<String> {
+    spec.projections
+        .iter()
+        .filter(|p| matches!(p.kind, ProjectionKind::Counter(_)))
+        .map(|p| p.name.clone())
+        .collect()
+}
+
+/// What a worker in `region` does with `table` (see the module docs);
+/// `home` is the home region it was given, if any.
+pub fn role(
+    table: &TableInfo,
+    spec: &Spec,
+    region: &str,
+    home: Option<&str>,
+) -> Result<Role, GlobalError> {
+    if table.replicas.is_empty() {
+        return Ok(Role::Single);
+    }
+    let mut regions: Vec<String> = table.replicas.clone();
+    if !regions.iter().any(|r| r == region) {
+        regions.push(region.to_string());
+    }
+    regions.sort();
+    regions.dedup();
+    if table.strong_consistency {
+        let projections = transactional(spec);
+        if !projections.is_empty() {
+            return Err(GlobalError::NeedsTransactions {
+                table: table.name.clone(),
+                projections,
+            });
+        }
+    }
+    let Some(home) = home.map(str::trim).filter(|h| !h.is_empty()) else {
+        return Err(GlobalError::NoHome {
+            table: table.name.clone(),
+            regions,
+        });
+    };
+    if !regions.iter().any(|r| r == home) {
+        return Err(GlobalError::HomeNotReplica {
+            home: home.to_string(),
+            table: table.name.clone(),
+            regions,
+        });
+    }
+    Ok(if home == region {
+        Role::Home { regions }
+    } else {
+        Role::Away {
+            home: home.to_string(),
+        }
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn spec() -> Spec {
+        let path = concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/projections/social-service.toml"
+        );
+        Spec::from_file(std::path::Path::new(path)).expect("the shipped spec")
+    }
+
+    fn table(replicas: &[&str], strong: bool) -> TableInfo {
+        TableInfo {
+            name: "Social".to_string(),
+            stream_arn: None,
+            view_type: None,
+            replicas: replicas.iter().map(|r| r.to_string()).collect(),
+            strong_consistency: strong,
+        }
+    }
+
+    #[test]
+    fn a_table_of_one_region_projects_with_or_without_a_home() {
+        for home in [None, Some("eu-west-1")] {
+            assert_eq!(
+                role(&table(&[], false), &spec(), "us-east-1", home),
+                Ok(Role::Single)
+            );
+        }
+    }
+
+    #[test]
+    fn a_global_table_needs_a_home_region_that_is_one_of_its_regions() {
+        let global = table(&["eu-west-1"], false);
+        let error = role(&global, &spec(), "us-east-1", None).unwrap_err();
+        let text = error.to_string();
+        assert!(
+            text.contains("global table (replicas in eu-west-1, us-east-1)"),
+            "{text}"
+        );
+        assert!(text.contains("PROJECTOR_HOME_REGION"), "{text}");
+        assert_eq!(role(&global, &spec(), "us-east-1", Some(" ")), Err(error));
+        let error = role(&global, &spec(), "us-east-1", Some("ap-south-1")).unwrap_err();
+        assert!(
+            error
+                .to_string()
+                .contains("home region `ap-south-1` is not a region"),
+            "{error}"
+        );
+    }
+
+    #[test]
+    fn the_home_region_projects_and_the_others_write_nothing() {
+        // Replicas listed with or without the region asking.
+        for (seen_home, seen_away) in [
+            (&["eu-west-1"][..], &["us-east-1"][..]),
+            (
+                &["eu-west-1", "us-east-1"][..],
+                &["eu-west-1", "us-east-1"][..],
+            ),
+        ] {
+            let home = role(
+                &table(seen_home, false),
+                &spec(),
+                "us-east-1",
+                Some("us-east-1"),
+            )
+            .unwrap();
+            assert!(home.projects());
+            assert_eq!(
+                home,
+                Role::Home {
+                    regions: vec!["eu-west-1".to_string(), "us-east-1".to_string()]
+                }
+            );
+            let away = role(
+                &table(seen_away, false),
+                &spec(),
+                "eu-west-1",
+                Some("us-east-1"),
+            )
+            .unwrap();
+            assert!(!away.projects());
+            assert_eq!(
+                away,
+                Role::Away {
+                    home: "us-east-1".to_string()
+                }
+            );
+        }
+    }
+
+    #[test]
+    fn strong_consistency_is_refused_naming_the_projections_that_need_transactions() {
+        let strong = table(&["eu-west-1", "us-west-2"], true);
+        let error = role(&strong, &spec(), "us-east-1", Some("us-east-1")).unwrap_err();
+        let GlobalError::NeedsTransactions { projections, .. } = &error else {
+            panic!("{error}");
+        };
+        assert!(projections.contains(&"followers".to_string()), "{error}");
+        assert!(error.to_string().contains("followers"), "{error}");
+    }
+}
