@@ -55,6 +55,9 @@ pub struct TableInfo {
     /// A global table in multi-region strong consistency (no
     /// transactions).
     pub strong_consistency: bool,
+    /// The global tables version, when the table is one
+    /// (`2019.11.21`, or the legacy `2017.11.29`).
+    pub global_version: Option<String>,
 }
 
 /// Describes a table, turning the usual mistakes into clear errors.
@@ -86,6 +89,7 @@ pub async fn describe_table(
             .collect(),
         strong_consistency: description.multi_region_consistency()
             == Some(&aws_sdk_dynamodb::types::MultiRegionConsistency::Strong),
+        global_version: description.global_table_version().map(str::to_string),
     })
 }
 

@@ -68,7 +68,7 @@ pub enum GlobalError {
     /// The home region is not one of the table's.
     #[error(
         "home region `{home}` is not a region of table `{table}` (its replicas are in {regions}): \
-         set {HOME_REGION_VAR} or --home-region to one of them",
+         set {HOME_REGION_VAR}, --home-region or the stack's HomeRegion parameter to one of them",
         regions = .regions.join(", ")
     )]
     HomeNotReplica {
@@ -80,19 +80,33 @@ pub enum GlobalError {
         regions: Vec<String>,
     },
     /// A table in multi-region strong consistency, which has no
-    /// transactions, and a spec whose projections need them.
+    /// transactions: the worker's guarded writes need them.
     #[error(
         "table `{table}` uses multi-region strong consistency, which has no transactions, and \
-         these projections write in transactions (a counter's membership moves its shard in the \
-         same transaction): {projections}; use a global table with eventual consistency \
-         (MultiRegionConsistency=EVENTUAL), or drop them from the spec",
-        projections = .projections.join(", ")
+         the projector writes in transactions (counters move their shards with the record; \
+         backfills, audits and prunes guard their writes with the source; the lifecycle registry \
+         records a backfill): {projections}. The consistency mode is set when the global table \
+         is created: project a global table created with eventual consistency (the default)",
+        projections = if .projections.is_empty() { "every spec".to_string() } else { format!("counters {}", .projections.join(", ")) }
     )]
     NeedsTransactions {
         /// The table.
         table: String,
-        /// The projections.
+        /// The counters, which write in transactions on every change.
         projections: Vec<String>,
+    },
+    /// A global table of the legacy version, whose records this does not
+    /// tell apart.
+    #[error(
+        "table `{table}` is a global table of version {version}, whose replicas DescribeTable \
+         does not list: a worker per region cannot be told apart from a home region here. \
+         Upgrade it to version 2019.11.21 (the current one), then set the home region"
+    )]
+    LegacyVersion {
+        /// The table.
+        table: String,
+        /// Its global tables version.
+        version: String,
     },
 }
 
@@ -115,7 +129,13 @@ pub fn role(
     home: Option<&str>,
 ) -> Result<Role, GlobalError> {
     if table.replicas.is_empty() {
-        return Ok(Role::Single);
+        return match &table.global_version {
+            Some(version) if version.starts_with("2017") => Err(GlobalError::LegacyVersion {
+                table: table.name.clone(),
+                version: version.clone(),
+            }),
+            _ => Ok(Role::Single),
+        };
     }
     let mut regions: Vec<String> = table.replicas.clone();
     if !regions.iter().any(|r| r == region) {
@@ -124,13 +144,11 @@ pub fn role(
     regions.sort();
     regions.dedup();
     if table.strong_consistency {
-        let projections = transactional(spec);
-        if !projections.is_empty() {
-            return Err(GlobalError::NeedsTransactions {
-                table: table.name.clone(),
-                projections,
-            });
-        }
+        // Every spec: the registry records backfills in transactions.
+        return Err(GlobalError::NeedsTransactions {
+            table: table.name.clone(),
+            projections: transactional(spec),
+        });
     }
     let Some(home) = home.map(str::trim).filter(|h| !h.is_empty()) else {
         return Err(GlobalError::NoHome {
@@ -173,6 +191,7 @@ mod tests {
             view_type: None,
             replicas: replicas.iter().map(|r| r.to_string()).collect(),
             strong_consistency: strong,
+            global_version: (!replicas.is_empty()).then(|| "2019.11.21".to_string()),
         }
     }
 
@@ -245,6 +264,14 @@ mod tests {
                 }
             );
         }
+    }
+
+    #[test]
+    fn a_legacy_global_table_is_refused() {
+        let mut legacy = table(&[], false);
+        legacy.global_version = Some("2017.11.29".to_string());
+        let error = role(&legacy, &spec(), "us-east-1", Some("us-east-1")).unwrap_err();
+        assert!(error.to_string().contains("version 2017.11.29"), "{error}");
     }
 
     #[test]

@@ -299,8 +299,12 @@ pub struct Regions {
     pub region: String,
     /// `PROJECTOR_HOME_REGION`.
     pub home: Option<String>,
-    roles: std::sync::Mutex<std::collections::HashMap<String, crate::global::Role>>,
+    roles: std::sync::Mutex<std::collections::HashMap<String, (crate::global::Role, Instant)>>,
 }
+
+/// How long a table's role is trusted before it is described again (a
+/// replica added, the home region moved).
+const ROLE_TTL: std::time::Duration = std::time::Duration::from_secs(60);
 
 /// Why a table's role is not known.
 #[derive(Debug)]
@@ -328,15 +332,27 @@ impl Regions {
         table: &str,
         spec: &crate::spec::Spec,
     ) -> Result<crate::global::Role, RoleError> {
-        if let Some(role) = self.roles.lock().expect("not poisoned").get(table) {
-            return Ok(role.clone());
+        let cached = self.roles.lock().expect("not poisoned").get(table).cloned();
+        if let Some((role, at)) = &cached {
+            if at.elapsed() < ROLE_TTL {
+                return Ok(role.clone());
+            }
         }
-        let info = crate::aws::describe_table(client, table)
-            .await
-            .map_err(|error| RoleError::Describe(format!("{error:#}")))?;
+        let info = match crate::aws::describe_table(client, table).await {
+            Ok(info) => info,
+            // Described a minute ago: that still stands while DynamoDB
+            // does not answer.
+            Err(error) => {
+                return match cached {
+                    Some((role, _)) => Ok(role),
+                    None => Err(RoleError::Describe(format!("{error:#}"))),
+                }
+            }
+        };
         let role = crate::global::role(&info, spec, &self.region, self.home.as_deref())
             .map_err(RoleError::Global)?;
-        if let crate::global::Role::Away { home } = &role {
+        let changed = cached.as_ref().map(|(r, _)| r) != Some(&role);
+        if let (crate::global::Role::Away { home }, true) = (&role, changed) {
             tracing::warn!(
                 table,
                 home_region = home,
@@ -346,7 +362,7 @@ impl Regions {
         self.roles
             .lock()
             .expect("not poisoned")
-            .insert(table.to_string(), role.clone());
+            .insert(table.to_string(), (role.clone(), Instant::now()));
         Ok(role)
     }
 }
@@ -434,6 +450,12 @@ impl Handler {
             Err(RoleError::Global(error)) => {
                 tracing::error!(request_id = %context.request_id, %error, "the table is a global table without a usable home region: nothing is written");
                 return Some(Err(InvocationError::Global(error)));
+            }
+            Err(RoleError::Describe(error)) if error.contains("AccessDenied") => {
+                return Some(Err(InvocationError::Apply(ApplyError::Fatal {
+                    table,
+                    message: format!("the function needs dynamodb:DescribeTable on the table (to tell whether it is a global table, and which region projects it): {error}"),
+                })));
             }
             Err(RoleError::Describe(error)) => {
                 return match payload {
