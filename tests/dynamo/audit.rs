@@ -1483,18 +1483,28 @@ async fn four_at_once(applier: &Applier, options: &AuditOptions, run: &str) -> V
     };
     // What the losing invocations stored is gone with them: the run's
     // items are the ones its state names.
-    let prefix = format!("{run}#");
-    let mut items: Vec<String> = support::scan_all(applier.client(), applier.table())
-        .await
-        .iter()
-        .filter(|item| text(item, "PK").as_deref() == Some("_ddbp#audit"))
-        .filter_map(|item| text(item, "SK").filter(|sk| sk.starts_with(&prefix)))
-        .collect();
+    let items = audit_items(applier.client(), applier.table(), &format!("{run}#")).await;
     let mut named: Vec<String> = keys.into_iter().filter_map(|key| key.sk).collect();
-    items.sort();
     named.sort();
     assert_eq!(items, named);
     reports
+}
+
+/// The sort keys of the audit's own items (`_ddbp#audit`) that start
+/// with `prefix`, sorted.
+pub(super) async fn audit_items(
+    client: &aws_sdk_dynamodb::Client,
+    table: &str,
+    prefix: &str,
+) -> Vec<String> {
+    let mut items: Vec<String> = support::scan_all(client, table)
+        .await
+        .iter()
+        .filter(|item| text(item, "PK").as_deref() == Some("_ddbp#audit"))
+        .filter_map(|item| text(item, "SK").filter(|sk| sk.starts_with(prefix)))
+        .collect();
+    items.sort();
+    items
 }
 
 /// Duplicate invocations of one segment at once (a retry while the first
@@ -1625,13 +1635,12 @@ async fn count_pass_four_at_once(
     }
     // Each segment's state and its tally (one part): what the losing
     // invocations saved went with them.
-    let prefix = format!("{run}#c{pass}#");
-    let items: Vec<String> = support::scan_all(applier.client(), applier.table())
-        .await
-        .iter()
-        .filter(|item| text(item, "PK").as_deref() == Some("_ddbp#audit"))
-        .filter_map(|item| text(item, "SK").filter(|sk| sk.starts_with(&prefix)))
-        .collect();
+    let items = audit_items(
+        applier.client(),
+        applier.table(),
+        &format!("{run}#c{pass}#"),
+    )
+    .await;
     assert_eq!(items.len(), 2 * total as usize, "{items:#?}");
 }
 

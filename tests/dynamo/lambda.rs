@@ -1713,12 +1713,7 @@ async fn lambda_audits_segments_in_slices_and_merges_them_once() {
         assert_eq!(error_type, "Projector.AuditRunDone", "{message}");
         assert!(message.contains("run `nightly-1` was merged"), "{message}");
     }
-    let audit_items: Vec<String> = support::scan_all(client, table)
-        .await
-        .iter()
-        .filter(|item| support::text(item, "PK").as_deref() == Some("_ddbp#audit"))
-        .map(|item| support::text(item, "SK").unwrap_or_default())
-        .collect();
+    let audit_items = super::audit::audit_items(client, table, "").await;
     assert_eq!(audit_items, ["nightly-1#merged"]);
     assert_eq!(
         logged_findings(&function),
@@ -1772,13 +1767,7 @@ async fn lambda_audits_segments_in_slices_and_merges_them_once() {
     let (clean, purposes) = audit_run_passes(&api, &function, "nightly-3", json!({})).await;
     assert_eq!(purposes, Vec::<String>::new(), "{clean}");
     // Each run leaves its summary only.
-    let mut audit_items: Vec<String> = support::scan_all(client, table)
-        .await
-        .iter()
-        .filter(|item| support::text(item, "PK").as_deref() == Some("_ddbp#audit"))
-        .map(|item| support::text(item, "SK").unwrap_or_default())
-        .collect();
-    audit_items.sort();
+    let audit_items = super::audit::audit_items(client, table, "").await;
     assert_eq!(
         audit_items,
         ["nightly-1#merged", "nightly-2#merged", "nightly-3#merged"]
