@@ -23,6 +23,42 @@ use crate::spec::{ProjectionKind, Spec};
 /// The environment variable naming the home region.
 pub const HOME_REGION_VAR: &str = "PROJECTOR_HOME_REGION";
 
+/// The environment variable that says the writers of the items the
+/// projector writes attributes onto write them in the home region only.
+pub const WRITERS_IN_HOME_VAR: &str = "PROJECTOR_WRITERS_IN_HOME_REGION";
+
+/// Where the writers of a global table write the items that projections
+/// write attributes onto (`index-keys` onto their sources; `denormalize`,
+/// `rollup`, `aggregate` onto their targets).
+///
+/// A projection's write onto such an item in the home region replicates as
+/// the whole item, and the last writer wins: a writer's newer write made
+/// in another region and not yet replicated is replaced by the item the
+/// projection updated, and lost in every region. Only when those items are
+/// written in the home region alone are their writes ordered there.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Writers {
+    /// Anywhere (the default): projections that write onto writers' items
+    /// are refused on a global table.
+    #[default]
+    Anywhere,
+    /// In the home region only, as the deployment states
+    /// (`--writers-in-home-region`, `PROJECTOR_WRITERS_IN_HOME_REGION=true`,
+    /// the stack's `WritersInHomeRegion`).
+    HomeOnly,
+}
+
+impl Writers {
+    /// From the value of [`WRITERS_IN_HOME_VAR`]: `true`, `1` or `yes`
+    /// mean [`Writers::HomeOnly`].
+    pub fn from_flag(value: Option<&str>) -> Writers {
+        match value.map(|v| v.trim().to_ascii_lowercase()).as_deref() {
+            Some("true" | "1" | "yes") => Writers::HomeOnly,
+            _ => Writers::Anywhere,
+        }
+    }
+}
+
 /// What a worker in this region does with the table.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Role {
@@ -95,6 +131,25 @@ pub enum GlobalError {
         /// The counters, which write in transactions on every change.
         projections: Vec<String>,
     },
+    /// Projections that write attributes onto items writers write, on a
+    /// global table whose writers may write anywhere.
+    #[error(
+        "table `{table}` is a global table, and projections write attributes onto items its \
+         writers write: {projections}. Replication copies the whole item and the last writer \
+         wins, so a projection's write in the home region would replace, in every region, a \
+         newer write made elsewhere and not yet replicated: user data lost. Write those items in \
+         the home region only and say so (--writers-in-home-region, \
+         {WRITERS_IN_HOME_VAR}=true, the stack's WritersInHomeRegion parameter), or remove \
+         those projections",
+        projections = .projections.join(", ")
+    )]
+    WritesOntoWriters {
+        /// The table.
+        table: String,
+        /// Each projection and the entity it writes onto (`name (onto
+        /// entity)`).
+        projections: Vec<String>,
+    },
     /// A global table of the legacy version, whose records this does not
     /// tell apart.
     #[error(
@@ -120,13 +175,35 @@ pub fn transactional(spec: &Spec) -> Vec<String> {
         .collect()
 }
 
+/// The projections of `spec` that write attributes onto items writers
+/// write, each with that entity: `ik (onto email)`. A custom projection
+/// may write anything, so it is named too.
+pub fn onto_writers_items(spec: &Spec) -> Vec<String> {
+    let entity = |id: crate::spec::EntityId| spec.entities[id].name.as_str();
+    spec.projections
+        .iter()
+        .filter_map(|p| {
+            let onto = match &p.kind {
+                ProjectionKind::IndexKeys(k) => Some(entity(k.entity)),
+                ProjectionKind::Denormalize(d) => Some(entity(d.target)),
+                ProjectionKind::Recomputed(r) => Some(entity(r.target())),
+                ProjectionKind::InverseEdge(_) | ProjectionKind::Counter(_) => None,
+                ProjectionKind::Custom(_) => Some("items it chooses"),
+            };
+            onto.map(|onto| format!("{} (onto {onto})", p.name))
+        })
+        .collect()
+}
+
 /// What a worker in `region` does with `table` (see the module docs);
-/// `home` is the home region it was given, if any.
+/// `home` is the home region it was given, if any, and `writers` where
+/// the items projections write onto are written.
 pub fn role(
     table: &TableInfo,
     spec: &Spec,
     region: &str,
     home: Option<&str>,
+    writers: Writers,
 ) -> Result<Role, GlobalError> {
     if table.replicas.is_empty() {
         return match &table.global_version {
@@ -161,6 +238,13 @@ pub fn role(
             home: home.to_string(),
             table: table.name.clone(),
             regions,
+        });
+    }
+    let onto = onto_writers_items(spec);
+    if writers == Writers::Anywhere && !onto.is_empty() {
+        return Err(GlobalError::WritesOntoWriters {
+            table: table.name.clone(),
+            projections: onto,
         });
     }
     Ok(if home == region {
@@ -199,7 +283,13 @@ mod tests {
     fn a_table_of_one_region_projects_with_or_without_a_home() {
         for home in [None, Some("eu-west-1")] {
             assert_eq!(
-                role(&table(&[], false), &spec(), "us-east-1", home),
+                role(
+                    &table(&[], false),
+                    &spec(),
+                    "us-east-1",
+                    home,
+                    Writers::HomeOnly
+                ),
                 Ok(Role::Single)
             );
         }
@@ -208,15 +298,25 @@ mod tests {
     #[test]
     fn a_global_table_needs_a_home_region_that_is_one_of_its_regions() {
         let global = table(&["eu-west-1"], false);
-        let error = role(&global, &spec(), "us-east-1", None).unwrap_err();
+        let error = role(&global, &spec(), "us-east-1", None, Writers::HomeOnly).unwrap_err();
         let text = error.to_string();
         assert!(
             text.contains("global table (replicas in eu-west-1, us-east-1)"),
             "{text}"
         );
         assert!(text.contains("PROJECTOR_HOME_REGION"), "{text}");
-        assert_eq!(role(&global, &spec(), "us-east-1", Some(" ")), Err(error));
-        let error = role(&global, &spec(), "us-east-1", Some("ap-south-1")).unwrap_err();
+        assert_eq!(
+            role(&global, &spec(), "us-east-1", Some(" "), Writers::HomeOnly),
+            Err(error)
+        );
+        let error = role(
+            &global,
+            &spec(),
+            "us-east-1",
+            Some("ap-south-1"),
+            Writers::HomeOnly,
+        )
+        .unwrap_err();
         assert!(
             error
                 .to_string()
@@ -240,6 +340,7 @@ mod tests {
                 &spec(),
                 "us-east-1",
                 Some("us-east-1"),
+                Writers::HomeOnly,
             )
             .unwrap();
             assert!(home.projects());
@@ -254,6 +355,7 @@ mod tests {
                 &spec(),
                 "eu-west-1",
                 Some("us-east-1"),
+                Writers::HomeOnly,
             )
             .unwrap();
             assert!(!away.projects());
@@ -267,17 +369,118 @@ mod tests {
     }
 
     #[test]
+    fn projections_writing_onto_writers_items_need_writers_in_the_home_region() {
+        let global = table(&["eu-west-1"], false);
+        let error = role(
+            &global,
+            &spec(),
+            "us-east-1",
+            Some("us-east-1"),
+            Writers::Anywhere,
+        )
+        .unwrap_err();
+        let GlobalError::WritesOntoWriters { projections, .. } = &error else {
+            panic!("{error}");
+        };
+        // The rollups onto the profile and the leaderboard keys onto the
+        // achievement; not the inverse edge or the counters.
+        assert_eq!(
+            projections,
+            &[
+                "followers-count (onto profile)",
+                "following-count (onto profile)",
+                "achievement-leaderboard-keys (onto achievement)",
+            ],
+            "{error}"
+        );
+        let text = error.to_string();
+        assert!(
+            text.contains("PROJECTOR_WRITERS_IN_HOME_REGION=true"),
+            "{text}"
+        );
+        assert!(text.contains("last writer"), "{text}");
+        // Refused away from home too: every region's configuration agrees.
+        assert!(role(
+            &global,
+            &spec(),
+            "eu-west-1",
+            Some("us-east-1"),
+            Writers::Anywhere
+        )
+        .is_err());
+        // A table of one region does not care where writers write.
+        assert_eq!(
+            role(
+                &table(&[], false),
+                &spec(),
+                "us-east-1",
+                None,
+                Writers::Anywhere
+            ),
+            Ok(Role::Single)
+        );
+        // A spec of edges and counters only needs no statement.
+        let edges = Spec::from_toml(
+            &std::fs::read_to_string(concat!(
+                env!("CARGO_MANIFEST_DIR"),
+                "/projections/social-service.toml"
+            ))
+            .unwrap()
+            .split("[[projections]]")
+            .filter(|part| {
+                !part.contains("kind = \"rollup\"") && !part.contains("kind = \"index-keys\"")
+            })
+            .collect::<Vec<_>>()
+            .join("[[projections]]"),
+            "edges.toml",
+        )
+        .unwrap();
+        assert!(onto_writers_items(&edges).is_empty());
+        assert!(role(
+            &global,
+            &edges,
+            "us-east-1",
+            Some("us-east-1"),
+            Writers::Anywhere
+        )
+        .is_ok());
+        for (flag, writers) in [
+            (Some("true"), Writers::HomeOnly),
+            (Some(" YES "), Writers::HomeOnly),
+            (Some("1"), Writers::HomeOnly),
+            (Some("false"), Writers::Anywhere),
+            (None, Writers::Anywhere),
+        ] {
+            assert_eq!(Writers::from_flag(flag), writers, "{flag:?}");
+        }
+    }
+
+    #[test]
     fn a_legacy_global_table_is_refused() {
         let mut legacy = table(&[], false);
         legacy.global_version = Some("2017.11.29".to_string());
-        let error = role(&legacy, &spec(), "us-east-1", Some("us-east-1")).unwrap_err();
+        let error = role(
+            &legacy,
+            &spec(),
+            "us-east-1",
+            Some("us-east-1"),
+            Writers::HomeOnly,
+        )
+        .unwrap_err();
         assert!(error.to_string().contains("version 2017.11.29"), "{error}");
     }
 
     #[test]
     fn strong_consistency_is_refused_naming_the_projections_that_need_transactions() {
         let strong = table(&["eu-west-1", "us-west-2"], true);
-        let error = role(&strong, &spec(), "us-east-1", Some("us-east-1")).unwrap_err();
+        let error = role(
+            &strong,
+            &spec(),
+            "us-east-1",
+            Some("us-east-1"),
+            Writers::HomeOnly,
+        )
+        .unwrap_err();
         let GlobalError::NeedsTransactions { projections, .. } = &error else {
             panic!("{error}");
         };

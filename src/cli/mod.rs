@@ -322,6 +322,13 @@ pub struct Target {
     /// that write run there only (see `README.md#global-tables`).
     #[arg(long, env = "PROJECTOR_HOME_REGION")]
     pub home_region: Option<String>,
+    /// On a global table, the writers write the items projections write
+    /// attributes onto (`index-keys` sources; `denormalize`, `rollup` and
+    /// `aggregate` targets) in the home region only; without it those
+    /// projections are refused there (replication's last writer wins would
+    /// lose writes made elsewhere).
+    #[arg(long, env = "PROJECTOR_WRITERS_IN_HOME_REGION", value_parser = clap::builder::BoolishValueParser::new())]
+    pub writers_in_home_region: bool,
 }
 
 /// `table` subcommands.
@@ -562,6 +569,11 @@ pub async fn region_role(c: &Connection, target: &Target) -> anyhow::Result<crat
         &c.spec,
         &region,
         target.home_region.as_deref(),
+        if target.writers_in_home_region {
+            crate::global::Writers::HomeOnly
+        } else {
+            crate::global::Writers::Anywhere
+        },
     )?)
 }
 

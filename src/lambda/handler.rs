@@ -299,6 +299,8 @@ pub struct Regions {
     pub region: String,
     /// `PROJECTOR_HOME_REGION`.
     pub home: Option<String>,
+    /// `PROJECTOR_WRITERS_IN_HOME_REGION`.
+    pub writers: crate::global::Writers,
     roles: std::sync::Mutex<std::collections::HashMap<String, (crate::global::Role, Instant)>>,
 }
 
@@ -316,11 +318,13 @@ pub enum RoleError {
 }
 
 impl Regions {
-    /// For a function in `region` given `home`.
-    pub fn new(region: String, home: Option<String>) -> Regions {
+    /// For a function in `region` given `home`, whose writers write the
+    /// items projections write onto where `writers` says.
+    pub fn new(region: String, home: Option<String>, writers: crate::global::Writers) -> Regions {
         Regions {
             region,
             home,
+            writers,
             roles: Default::default(),
         }
     }
@@ -349,8 +353,14 @@ impl Regions {
                 }
             }
         };
-        let role = crate::global::role(&info, spec, &self.region, self.home.as_deref())
-            .map_err(RoleError::Global)?;
+        let role = crate::global::role(
+            &info,
+            spec,
+            &self.region,
+            self.home.as_deref(),
+            self.writers,
+        )
+        .map_err(RoleError::Global)?;
         let changed = cached.as_ref().map(|(r, _)| r) != Some(&role);
         if let (crate::global::Role::Away { home }, true) = (&role, changed) {
             tracing::warn!(

@@ -184,7 +184,12 @@ async fn init() -> Result<Handler, InitError> {
     let home = std::env::var(crate::global::HOME_REGION_VAR)
         .ok()
         .filter(|h| !h.trim().is_empty());
-    let regions = handler::Regions::new(region, home);
+    let writers = crate::global::Writers::from_flag(
+        std::env::var(crate::global::WRITERS_IN_HOME_VAR)
+            .ok()
+            .as_deref(),
+    );
+    let regions = handler::Regions::new(region, home, writers);
     if let Some(table) = &table {
         match regions.role(&client, table, &spec).await {
             Ok(_) => {}

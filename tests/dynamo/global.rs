@@ -83,7 +83,11 @@ async fn handler(table: &str, replicas: Replicas, region: &str, home: Option<&st
         config: ApplyConfig::default(),
         metrics: None,
         process_started: SystemTime::now(),
-        regions: Regions::new(region.to_string(), home.map(str::to_string)),
+        regions: Regions::new(
+            region.to_string(),
+            home.map(str::to_string),
+            ddb_projector::global::Writers::HomeOnly,
+        ),
     }
 }
 
@@ -170,6 +174,25 @@ async fn on_a_global_table_only_the_home_region_projects() {
         assert!(message.contains(names), "{message}");
         assert_eq!(derived(&client, &table).await, 0);
     }
+
+    // Home, but writers may write anywhere: the rollups and the keys that
+    // write onto writers' items would lose their newer remote writes.
+    let mut anywhere = handler(&table, global.clone(), "us-east-1", Some("us-east-1")).await;
+    anywhere.regions = Regions::new(
+        "us-east-1".to_string(),
+        Some("us-east-1".to_string()),
+        ddb_projector::global::Writers::Anywhere,
+    );
+    let (error_type, message) = invoke(&anywhere, follow(&client, &table).await)
+        .await
+        .unwrap_err();
+    assert_eq!(error_type, "Projector.GlobalTable", "{message}");
+    assert!(
+        message.contains("followers-count (onto profile)")
+            && message.contains("PROJECTOR_WRITERS_IN_HOME_REGION"),
+        "{message}"
+    );
+    assert_eq!(derived(&client, &table).await, 0);
 
     // Away: handled, nothing written; a backfill is refused.
     let away = handler(&table, global.clone(), "eu-west-1", Some("us-east-1")).await;
