@@ -3,7 +3,10 @@
 //! `DescribeTable` answers list them the way DynamoDB does for a global
 //! table, injected as the fault tests inject errors.
 
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use aws_sdk_dynamodb::operation::describe_table::DescribeTableOutput;
 use aws_sdk_dynamodb::types::{MultiRegionConsistency, ReplicaDescription, ReplicaStatus};
@@ -12,13 +15,22 @@ use aws_smithy_runtime_api::client::interceptors::context::FinalizerInterceptorC
 use aws_smithy_runtime_api::client::interceptors::Intercept;
 use aws_smithy_runtime_api::client::runtime_components::RuntimeComponents;
 use aws_smithy_types::config_bag::ConfigBag;
-use ddb_projector::apply::ApplyConfig;
+use ddb_projector::apply::{Applier, ApplyConfig};
+use ddb_projector::audit::{audit, AuditOptions};
 use ddb_projector::lambda::event::{Payload, StreamsEvent};
 use ddb_projector::lambda::{Handler, Regions, Response};
 use ddb_projector::record::ChangeKind;
+use ddb_projector::source::stream::{RunOptions, StreamRunner};
+use ddb_projector::spec::Spec;
 use lambda_runtime::diagnostic::Diagnostic;
+use proptest::prelude::*;
+use proptest::test_runner::{Config, FileFailurePersistence, TestCaseError, TestRunner};
 
-use super::model::{attrs, change, put_item};
+use super::delivery::runtime;
+use super::model::{attrs, change, delete_item, put_item, Attrs, History};
+use super::oracle;
+use super::replication::{GlobalTable, Region};
+use super::specgen::{play, spec_toml, specs, write, Entity, Kind, Projection, Source, Write};
 use super::support::{self, s};
 
 /// Lists `regions` as the table's replicas in every `DescribeTable`
@@ -229,4 +241,578 @@ async fn on_a_global_table_only_the_home_region_projects() {
     assert_eq!(error_type, "Projector.GlobalTable", "{message}");
     assert!(message.contains("followers"), "{message}");
     assert_eq!(support::scan_all(&client, &table).await, before);
+}
+
+// ------------------------------------------- a replicated global table ---
+
+/// A spec with an inverse edge and a counter riding on it: items of its
+/// own only, no writes onto writers' items.
+const FOLLOWERS: &str = r#"
+service = "followers"
+
+[table]
+name = "Followers"
+
+[entities.follow]
+pk = "USER#{a}"
+sk = "FOLLOWS#{b}"
+
+[entities.followed_by]
+pk = "USER#{b}"
+sk = "FOLLOWED_BY#{a}"
+
+[[projections]]
+name = "followed-by"
+kind = "inverse-edge"
+source = "follow"
+target = "followed_by"
+
+[[projections]]
+name = "followers"
+kind = "counter"
+source = "follow"
+of = { u = "{b}" }
+shards = 2
+"#;
+
+/// A runner of `spec` in `region`, with short leases and polls.
+async fn region_runner(region: &Region, spec: Arc<Spec>) -> StreamRunner {
+    let (arn, _) = ddb_projector::aws::require_stream(&region.client, &region.table)
+        .await
+        .expect("the table has a stream");
+    let config = ApplyConfig {
+        lease: Duration::from_millis(300),
+        clock_skew: Duration::ZERO,
+        ..ApplyConfig::default()
+    };
+    StreamRunner::new(
+        Applier::new(region.client.clone(), spec, &region.table, config),
+        aws_sdk_dynamodbstreams::Client::new(&region.config),
+        &arn,
+    )
+}
+
+fn quick(options: RunOptions) -> RunOptions {
+    RunOptions {
+        poll_interval: Duration::from_millis(50),
+        ..options
+    }
+}
+
+/// Drains each runner's stream, lets replication settle, and again,
+/// until a round of drains writes nothing.
+async fn project_until_quiet(table: &GlobalTable, runners: &[&StreamRunner]) {
+    for _ in 0..20 {
+        table.settle(Duration::from_secs(60)).await;
+        let mut writes = 0;
+        for runner in runners {
+            writes += runner
+                .run(quick(RunOptions::drain()), std::future::pending())
+                .await
+                .unwrap_or_else(|error| panic!("drain: {error}"))
+                .writes;
+        }
+        if writes == 0 {
+            table.settle(Duration::from_secs(60)).await;
+            return;
+        }
+    }
+    panic!("the runners kept writing after 20 rounds");
+}
+
+/// Writes `n` follows of `followee` in `region`.
+async fn follows(region: &Region, prefix: &str, followee: &str, n: usize) {
+    for i in 0..n {
+        put_item(
+            &region.client,
+            &region.table,
+            &attrs(&[
+                ("PK", s(&format!("USER#{prefix}{i}"))),
+                ("SK", s(&format!("FOLLOWS#{followee}"))),
+            ]),
+        )
+        .await;
+    }
+}
+
+/// The harness reproduces the problem: a worker in each region, writers in
+/// both, the regions cut apart for a moment. Each region counts its own
+/// follows into the same shards from the same value; replication keeps
+/// one region's shard per shard, and the markers replicated beside them
+/// say every follow is counted. The counter ends short, in both regions
+/// alike. With the home region alone projecting, the same history ends
+/// exact.
+#[tokio::test]
+async fn projecting_in_every_region_loses_counts_and_the_home_region_alone_does_not() {
+    let spec = Arc::new(Spec::from_toml(FOLLOWERS, "followers.toml").expect("compiles"));
+    for home_only in [false, true] {
+        let table = GlobalTable::new(&spec, "gt-baseline", Duration::from_millis(50), 7).await;
+        let mut runners = vec![region_runner(&table.regions[0], spec.clone()).await];
+        if !home_only {
+            runners.push(region_runner(&table.regions[1], spec.clone()).await);
+        }
+        let runners: Vec<&StreamRunner> = runners.iter().collect();
+        table.pause();
+        follows(&table.regions[0], "east", "b", 10).await;
+        follows(&table.regions[1], "west", "b", 10).await;
+        for runner in &runners {
+            runner
+                .run(quick(RunOptions::drain()), std::future::pending())
+                .await
+                .expect("drain");
+        }
+        table.resume();
+        project_until_quiet(&table, &runners).await;
+        let east = table.items(0).await;
+        assert_eq!(east, table.items(1).await, "the replicas agree");
+        let follows = east
+            .iter()
+            .filter(|i| support::text(i, "SK").is_some_and(|sk| sk.starts_with("FOLLOWS#")))
+            .count();
+        assert_eq!(follows, 20);
+        let problems = oracle::differences(FOLLOWERS, &east);
+        if home_only {
+            assert!(problems.is_empty(), "home region only: {problems:#?}");
+        } else {
+            assert!(
+                problems.iter().any(|p| p.contains("followers")),
+                "a worker per region should have lost counts: {problems:#?}"
+            );
+        }
+    }
+}
+
+/// Why writes onto writers' items are refused on a global table: a
+/// projection's write in the home region replicates as the whole item,
+/// and being the last, it replaces a writer's newer write made in another
+/// region that had not replicated yet, in both regions.
+#[tokio::test]
+async fn a_write_onto_a_source_in_the_home_region_can_erase_a_newer_remote_write() {
+    let spec = support::shipped_spec("user-service.toml");
+    let table = GlobalTable::new(&spec, "gt-lww", Duration::ZERO, 11).await;
+    let runner = region_runner(&table.regions[0], spec.clone()).await;
+    let (west, east) = (&table.regions[1], &table.regions[0]);
+    put_item(
+        &west.client,
+        &west.table,
+        &super::model::email("u1", "e1", "sam@x.org", false),
+    )
+    .await;
+    table.settle(Duration::from_secs(30)).await;
+    // Cut apart, the user changes the address in the west; the east
+    // projects the first version (its keys) meanwhile.
+    table.pause();
+    put_item(
+        &west.client,
+        &west.table,
+        &super::model::email("u1", "e1", "kim@x.org", false),
+    )
+    .await;
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    runner
+        .run(quick(RunOptions::drain()), std::future::pending())
+        .await
+        .expect("drain");
+    table.resume();
+    table.settle(Duration::from_secs(30)).await;
+    for region in [east, west] {
+        let email = support::get(&region.client, &region.table, "USER#u1", "EMAIL#e1")
+            .await
+            .expect("the email");
+        assert_eq!(
+            support::text(&email, "email").as_deref(),
+            Some("sam@x.org"),
+            "{}: the user's newer address is lost to the projection's write",
+            region.name
+        );
+    }
+}
+
+/// The entities the generated spec's projections write attributes onto,
+/// judged from the generator's own kinds (independent of `src/global`):
+/// their writers write in the home region only.
+fn written_onto(projections: &[Projection]) -> Vec<Entity> {
+    let mut onto = Vec::new();
+    for p in projections {
+        match p.kind {
+            Kind::IndexKeys {
+                source: Source::Attr,
+                ..
+            } => onto.push(Entity::Attr),
+            Kind::IndexKeys {
+                source: Source::Link,
+                ..
+            } => onto.push(Entity::Link),
+            Kind::Denormalize { .. } => onto.push(Entity::Node),
+            Kind::Rollup { .. } => onto.push(Entity::Tally),
+            Kind::Aggregate { group: true, .. } => onto.push(Entity::Group),
+            Kind::Aggregate { group: false, .. } => onto.push(Entity::Node),
+            Kind::Edge { .. } | Kind::Counter { .. } => {}
+        }
+    }
+    onto
+}
+
+/// The entity of an item the generator writes.
+fn entity_of(sk: &str, pk: &str) -> Entity {
+    match () {
+        _ if pk.starts_with("T#") => Entity::Tally,
+        _ if sk == "META" => Entity::Node,
+        _ if sk.starts_with("A#") => Entity::Attr,
+        _ if sk.starts_with("L#") => Entity::Link,
+        _ => Entity::Group,
+    }
+}
+
+/// Replicated writes of the generated cases: made, applied, dropped as
+/// older than the target's (last writer wins), put back after a
+/// replicated write replaced a newer local one.
+static REPLICATED: [AtomicU64; 4] = [const { AtomicU64::new(0) }; 4];
+
+/// What one generated case draws besides its spec.
+#[derive(Debug, Clone)]
+struct Replicated {
+    writes: Vec<Write>,
+    /// The most a replicated write waits, in ms.
+    lag_ms: u64,
+    /// For each write: in the west (if its entity allows), then a pause
+    /// of the replication around it, and a pause of the writer.
+    regions: Vec<(bool, bool, u8)>,
+    seed: u64,
+}
+
+fn replicated() -> impl Strategy<Value = Replicated> {
+    (
+        prop::collection::vec(write(), 1..40),
+        0u64..=500,
+        prop::collection::vec((any::<bool>(), prop::bool::weighted(0.1), 0u8..20), 40),
+        any::<u64>(),
+    )
+        .prop_map(|(writes, lag_ms, regions, seed)| Replicated {
+            writes,
+            lag_ms,
+            regions,
+            seed,
+        })
+}
+
+/// Generated specs on a global table, writers in both regions, the home
+/// region projecting while replication lags 0-500 ms and is cut now and
+/// then: once drained and replicated, both replicas are identical and
+/// exact against the oracle, the audit is clean, and a replay changes
+/// nothing.
+#[test]
+fn generated_specs_on_a_global_table_end_exact_in_both_regions() {
+    let cases = std::env::var("GLOBAL_CASES")
+        .ok()
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(12);
+    let config = Config {
+        cases,
+        failure_persistence: Some(Box::new(FileFailurePersistence::Direct(
+            "tests/dynamo/properties/global.txt",
+        ))),
+        max_shrink_iters: 50,
+        ..Config::default()
+    };
+    let mut runner = TestRunner::new(config);
+    let started = Instant::now();
+    let result = std::thread::Builder::new()
+        .stack_size(64 << 20)
+        .spawn(move || {
+            runner
+                .run(&(specs(), replicated()), |(specs, drawn)| {
+                    runtime().block_on(Box::pin(global_case(&specs.v2, &drawn)))
+                })
+                .map_err(|error| error.to_string())
+        })
+        .expect("a thread")
+        .join()
+        .expect("the property test thread");
+    let [local, applied, dropped, restored] =
+        REPLICATED.each_ref().map(|n| n.load(Ordering::Relaxed));
+    eprintln!(
+        "timing: generated specs on a global table: {cases} cases took {:.1} s; {local} writes \
+         replicated, {applied} applied, {dropped} dropped as older than the target's, {restored} \
+         put back",
+        started.elapsed().as_secs_f64()
+    );
+    if let Err(error) = result {
+        panic!("{error}");
+    }
+}
+
+async fn global_case(projections: &[Projection], drawn: &Replicated) -> Result<(), TestCaseError> {
+    let toml = spec_toml(projections);
+    let spec = Arc::new(Spec::from_toml(&toml, "global.toml").expect("filtered to compile"));
+    let table = GlobalTable::new(
+        &spec,
+        "gt-gen",
+        Duration::from_millis(drawn.lag_ms),
+        drawn.seed,
+    )
+    .await;
+    let home = region_runner(&table.regions[0], spec.clone()).await;
+    let onto = written_onto(projections);
+    let mut history = History::default();
+    play(&mut history, &drawn.writes);
+    // The home region projects while the writers write in both regions.
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let writers = async {
+        for (i, record) in history.records.iter().enumerate() {
+            let record = record.as_ref().expect("generated records decode");
+            let keys: Attrs = record.keys.to_item().into();
+            let (pk, sk) = (
+                support::text(&keys, "PK").unwrap_or_default(),
+                support::text(&keys, "SK").unwrap_or_default(),
+            );
+            let (west, cut, pause) = drawn.regions[i % drawn.regions.len()];
+            let region = if west && !onto.contains(&entity_of(&sk, &pk)) {
+                &table.regions[1]
+            } else {
+                &table.regions[0]
+            };
+            if cut {
+                table.pause();
+            }
+            match &record.new_image {
+                Some(image) => {
+                    put_item(&region.client, &region.table, &image.to_item().into()).await
+                }
+                None => delete_item(&region.client, &region.table, keys).await,
+            }
+            if pause > 15 {
+                tokio::time::sleep(Duration::from_millis(u64::from(pause) * 5)).await;
+            }
+            if cut {
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                table.resume();
+            }
+        }
+        table.resume();
+        table.settle(Duration::from_secs(60)).await;
+        let _ = stop.send(());
+    };
+    let (ran, ()) = tokio::join!(
+        home.run(quick(RunOptions::follow()), async {
+            let _ = stopped.await;
+        }),
+        writers
+    );
+    ran.map_err(|error| TestCaseError::fail(format!("the home runner: {error}")))?;
+    project_until_quiet(&table, &[&home]).await;
+    // Poison fixed by a later write leaves letters; the home region
+    // redrives them.
+    let applier = Applier::new(
+        table.regions[0].client.clone(),
+        spec.clone(),
+        &table.regions[0].table,
+        ApplyConfig::default(),
+    );
+    applier
+        .redrive(None)
+        .await
+        .map_err(|error| TestCaseError::fail(format!("redrive: {error}")))?;
+    project_until_quiet(&table, &[&home]).await;
+    let east = table.items(0).await;
+    let west = table.items(1).await;
+    prop_assert!(east == west, "the replicas differ:\n{}", diff(&east, &west));
+    let problems = oracle::differences(&toml, &east);
+    prop_assert!(
+        problems.is_empty(),
+        "the table differs from what the spec computes:\n  {}",
+        problems.join("\n  ")
+    );
+    let report = audit(
+        &applier,
+        &AuditOptions {
+            segments: 2,
+            progress: false,
+            ..AuditOptions::default()
+        },
+    )
+    .await
+    .map_err(|error| TestCaseError::fail(format!("audit: {error}")))?;
+    prop_assert!(report.is_clean(), "the audit found {:#?}", report.findings);
+    // A replay of the home region's whole stream changes nothing (the
+    // poison records it meets again are redriven, as after any replay).
+    home.run(quick(RunOptions::replay(None)), std::future::pending())
+        .await
+        .map_err(|error| TestCaseError::fail(format!("replay: {error}")))?;
+    applier
+        .redrive(None)
+        .await
+        .map_err(|error| TestCaseError::fail(format!("redrive after the replay: {error}")))?;
+    project_until_quiet(&table, &[&home]).await;
+    // The leases item says when the worker last ran; nothing else moves.
+    let unleased = |items: Vec<Attrs>| -> Vec<Attrs> {
+        items
+            .into_iter()
+            .filter(|i| support::text(i, "SK").as_deref() != Some("leases"))
+            .collect()
+    };
+    let east = unleased(east);
+    let replayed = unleased(table.items(0).await);
+    prop_assert!(
+        replayed == east,
+        "the replay changed the table:\n{}",
+        diff(&east, &replayed)
+    );
+    prop_assert!(
+        unleased(table.items(1).await) == east,
+        "the replay changed the west"
+    );
+    let (local, applied, dropped, restored) = table.counts();
+    for (total, n) in REPLICATED.iter().zip([local, applied, dropped, restored]) {
+        total.fetch_add(n, Ordering::Relaxed);
+    }
+    Ok(())
+}
+
+/// The items of `a` and `b` that differ, by key.
+fn diff(a: &[Attrs], b: &[Attrs]) -> String {
+    let keyed = |items: &[Attrs]| -> BTreeMap<String, Attrs> {
+        items
+            .iter()
+            .map(|i| (format!("{:?}/{:?}", i.get("PK"), i.get("SK")), i.clone()))
+            .collect()
+    };
+    let (a, b) = (keyed(a), keyed(b));
+    let keys: BTreeSet<&String> = a.keys().chain(b.keys()).collect();
+    keys.into_iter()
+        .filter(|k| a.get(*k) != b.get(*k))
+        .map(|k| format!("  {k}: {:?}\n    vs {:?}", a.get(k), b.get(k)))
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+/// Failover: the home region is lost while it projects, replication cut
+/// with some of its writes (parts of its transactions) delivered and some
+/// not, writers in both regions throughout. The other region becomes home
+/// as `ddb-projector failover` does it: a replay of everything its stream
+/// retains, then `audit --repair`. Its table ends exact against the
+/// oracle, counters included, and a second audit is clean.
+#[tokio::test]
+async fn after_the_home_region_is_lost_the_other_one_takes_over_and_ends_exact() {
+    let spec = Arc::new(Spec::from_toml(FOLLOWERS, "followers.toml").expect("compiles"));
+    let mut rng = super::model::Rng::new(super::model::seed_from_env("FAILOVER_SEED", || 21));
+    let mut before_repair = Vec::new();
+    for round in 0..3 {
+        let mut table =
+            GlobalTable::new(&spec, "gt-failover", Duration::from_millis(200), rng.next()).await;
+        let east = region_runner(&table.regions[0], spec.clone()).await;
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let cut_after = 20 + rng.below(30) as usize;
+        let mut writes = Vec::new();
+        for _ in 0..80 {
+            let (a, b) = (rng.below(6), rng.below(3));
+            let follow = attrs(&[
+                ("PK", s(&format!("USER#u{a}"))),
+                ("SK", s(&format!("FOLLOWS#f{b}"))),
+            ]);
+            writes.push((rng.chance(50), rng.chance(25), follow));
+        }
+        let writers = async {
+            for (i, (west, unfollow, follow)) in writes.iter().enumerate() {
+                if i == cut_after {
+                    // The home region is lost mid-batch: replication stops
+                    // with what it had not delivered, and its worker with it.
+                    table.cut().await;
+                    let _ = stop.send(());
+                    break;
+                }
+                let region = &table.regions[usize::from(*west)];
+                if *unfollow {
+                    delete_item(
+                        &region.client,
+                        &region.table,
+                        attrs(&[("PK", follow["PK"].clone()), ("SK", follow["SK"].clone())]),
+                    )
+                    .await;
+                } else {
+                    put_item(&region.client, &region.table, follow).await;
+                }
+                tokio::time::sleep(Duration::from_millis(rng_delay(i))).await;
+            }
+        };
+        let (ran, ()) = tokio::join!(
+            east.run(quick(RunOptions::follow()), async {
+                let _ = stopped.await;
+            }),
+            writers
+        );
+        ran.expect("the east runner");
+        // The writers fail over too: the rest is written in the west.
+        let west = &table.regions[1];
+        for (_, unfollow, follow) in &writes[cut_after..] {
+            if *unfollow {
+                delete_item(
+                    &west.client,
+                    &west.table,
+                    attrs(&[("PK", follow["PK"].clone()), ("SK", follow["SK"].clone())]),
+                )
+                .await;
+            } else {
+                put_item(&west.client, &west.table, follow).await;
+            }
+        }
+        before_repair.push(
+            oracle::differences(
+                FOLLOWERS,
+                &support::scan_all(&west.client, &west.table).await,
+            )
+            .len(),
+        );
+        // The west takes over.
+        let new_home = region_runner(west, spec.clone()).await;
+        new_home
+            .run(quick(RunOptions::replay(None)), std::future::pending())
+            .await
+            .expect("the failover's replay");
+        let applier = Applier::new(
+            west.client.clone(),
+            spec.clone(),
+            &west.table,
+            ApplyConfig::default(),
+        );
+        let options = AuditOptions {
+            segments: 2,
+            progress: false,
+            ..AuditOptions::default()
+        };
+        let repaired = audit(
+            &applier,
+            &AuditOptions {
+                repair: true,
+                ..options.clone()
+            },
+        )
+        .await
+        .expect("the failover's audit --repair");
+        // Then it runs as the home region.
+        new_home
+            .run(quick(RunOptions::drain()), std::future::pending())
+            .await
+            .expect("the new home's worker");
+        let items = support::scan_all(&west.client, &west.table).await;
+        let problems = oracle::differences(FOLLOWERS, &items);
+        assert!(
+            problems.is_empty(),
+            "round {round}: after the failover (repair found {:?}): {problems:#?}",
+            repaired.counts()
+        );
+        let clean = audit(&applier, &options).await.expect("audit");
+        assert!(clean.is_clean(), "round {round}: {:#?}", clean.findings);
+    }
+    eprintln!("failover: differences before the repair, per round: {before_repair:?}");
+}
+
+/// A writer's pause after write `i`: now and then long enough for the
+/// home worker to take a batch.
+fn rng_delay(i: usize) -> u64 {
+    if i.is_multiple_of(7) {
+        60
+    } else {
+        3
+    }
 }

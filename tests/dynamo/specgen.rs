@@ -109,13 +109,13 @@ fn rides(spec: &Spec) -> bool {
 // ---------------------------------------------------------------- specs ---
 
 #[derive(Debug, Clone, Copy, PartialEq)]
-enum Source {
+pub(super) enum Source {
     Attr,
     Link,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq)]
-enum When {
+pub(super) enum When {
     Always,
     Flag,
     KindP,
@@ -123,7 +123,7 @@ enum When {
 
 /// A projection's kind and parameters (its name comes from its id).
 #[derive(Debug, Clone, PartialEq)]
-enum Kind {
+pub(super) enum Kind {
     IndexKeys {
         source: Source,
         variant: u8,
@@ -164,9 +164,9 @@ enum Kind {
 const UNRESOLVED: u8 = u8::MAX;
 
 #[derive(Debug, Clone, PartialEq)]
-struct Projection {
-    id: u8,
-    kind: Kind,
+pub(super) struct Projection {
+    pub(super) id: u8,
+    pub(super) kind: Kind,
 }
 
 fn when() -> impl Strategy<Value = When> {
@@ -354,7 +354,7 @@ impl Projection {
     }
 }
 
-fn spec_toml(projections: &[Projection]) -> String {
+pub(super) fn spec_toml(projections: &[Projection]) -> String {
     let mut text = r#"
 service = "generated"
 
@@ -399,12 +399,12 @@ sk = "G#{b}"
 
 /// A spec and what changes between its two versions.
 #[derive(Debug, Clone)]
-struct Specs {
-    v1: Vec<Projection>,
-    v2: Vec<Projection>,
+pub(super) struct Specs {
+    pub(super) v1: Vec<Projection>,
+    pub(super) v2: Vec<Projection>,
 }
 
-fn specs() -> impl Strategy<Value = Specs> {
+pub(super) fn specs() -> impl Strategy<Value = Specs> {
     (
         prop::collection::vec(kind(), 1..5),
         prop::collection::vec(0u8..10, 5),
@@ -537,7 +537,7 @@ impl Specs {
 // ------------------------------------------------------------- histories ---
 
 #[derive(Debug, Clone, Copy, PartialEq)]
-enum Entity {
+pub(super) enum Entity {
     Node,
     Attr,
     Link,
@@ -549,7 +549,7 @@ enum Entity {
 
 /// One writer's action. Small key spaces make actions collide.
 #[derive(Debug, Clone)]
-enum Write {
+pub(super) enum Write {
     Put {
         entity: Entity,
         a: u8,
@@ -577,7 +577,7 @@ fn entity() -> impl Strategy<Value = Entity> {
     ]
 }
 
-fn write() -> impl Strategy<Value = Write> {
+pub(super) fn write() -> impl Strategy<Value = Write> {
     prop_oneof![
         4 => (
             entity(),
@@ -638,7 +638,7 @@ fn item(entity: Entity, a: u8, b: u8, x: u8, n: Option<u8>, f: Option<bool>, p: 
 /// Adds `writes` to the history; then every item left poison is fixed by
 /// a later write, so that each phase ends with a state every projection
 /// can derive.
-fn play(history: &mut History, writes: &[Write]) {
+pub(super) fn play(history: &mut History, writes: &[Write]) {
     for write in writes {
         match *write {
             Write::Put {
