@@ -95,6 +95,22 @@ pub enum Command {
         #[arg(long = "projection")]
         projections: Vec<String>,
     },
+    /// Make this region the home region of a global table whose home was
+    /// lost: replay this region's whole retained stream, then `audit
+    /// --repair` (counters moved by transactions that replicated only in
+    /// part), then print what to switch. Run it in REGION, with every
+    /// worker of the old home stopped.
+    Failover {
+        /// Spec and table.
+        #[command(flatten)]
+        target: Target,
+        /// The new home region: the region this runs in.
+        #[arg(long)]
+        to: String,
+        /// Parallel scan segments of the audit.
+        #[arg(long, default_value_t = 4)]
+        segments: u32,
+    },
     /// Apply again the batches Lambda gave up on (after MaximumRetryAttempts
     /// or MaximumRecordAgeInSeconds), named by the messages of its on-failure
     /// queue; delete each message once its records are applied. Exit 0 when
@@ -390,6 +406,11 @@ pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             target,
             projections,
         } => block_on(stream::replay(target, projections)),
+        Command::Failover {
+            target,
+            to,
+            segments,
+        } => block_on(stream::failover(target, to, segments)),
         Command::Recover {
             target,
             queue_url,

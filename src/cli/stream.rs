@@ -68,6 +68,84 @@ pub async fn replay(target: Target, projections: Vec<String>) -> anyhow::Result<
     run_stream(&c, RunOptions::replay(selection), "replay").await
 }
 
+/// `failover --to REGION`: this region becomes the home region of a
+/// global table (see `README.md#global-tables`): its whole retained
+/// stream replayed, then `audit --repair`, then the steps left to the
+/// operator printed.
+pub async fn failover(target: Target, to: String, segments: u32) -> anyhow::Result<ExitCode> {
+    let c = match connect(&target).await {
+        Ok(connection) => connection,
+        Err(result) => return result,
+    };
+    let region = c.config.region().map(|r| r.to_string()).unwrap_or_default();
+    if region != to {
+        bail!(
+            "`failover --to {to}` runs in {to}, the new home region (this runs in {}): it replays \
+             {to}'s stream and repairs {to}'s replica. Set AWS_REGION={to}",
+            if region.is_empty() {
+                "no region"
+            } else {
+                &region
+            }
+        );
+    }
+    let info = crate::aws::describe_table(&c.dynamodb, &c.table).await?;
+    if info.replicas.is_empty() {
+        bail!(
+            "table `{}` is not a global table (DescribeTable lists no replicas): there is no other \
+             region to take over from; nothing done",
+            c.table
+        );
+    }
+    let target = Target {
+        home_region: Some(to.clone()),
+        ..target
+    };
+    // The same checks as any worker there (strong consistency, writes
+    // onto writers' items), with `to` as the home.
+    super::region_role(&c, &target).await?;
+    eprintln!(
+        "ddb-projector failover: {to} becomes the home region of {}; 1/2: replaying {to}'s stream from its oldest record",
+        c.table
+    );
+    let replayed = run_stream(&c, RunOptions::replay(None), "failover (replay)").await?;
+    if replayed != ExitCode::SUCCESS {
+        eprintln!("ddb-projector failover: the replay did not finish; run the command again");
+        return Ok(replayed);
+    }
+    eprintln!("ddb-projector failover: 2/3: audit --repair (counters moved by transactions that replicated in part)");
+    let options = crate::audit::AuditOptions {
+        segments: segments.max(1),
+        progress: true,
+        ..crate::audit::AuditOptions::default()
+    };
+    // Exit 1 here means found and repaired.
+    let repaired = super::audit::audit(
+        target.clone(),
+        OutputFormat::Text,
+        crate::audit::AuditOptions {
+            repair: true,
+            ..options.clone()
+        },
+    )
+    .await?;
+    if repaired == ExitCode::from(2) {
+        return Ok(repaired);
+    }
+    eprintln!("ddb-projector failover: 3/3: audit (exit 0: clean)");
+    let audited = super::audit::audit(target, OutputFormat::Text, options).await?;
+    eprintln!(
+        "ddb-projector failover: {to}'s replica is repaired. Now:\n  \
+         1. set HomeRegion={to} in the stack of every region (infra/deploy ... \
+         --parameter-overrides HomeRegion={to}), or PROJECTOR_HOME_REGION={to} for runners; \
+         the old home's stack before that region comes back;\n  \
+         2. in {to}, the stream mapping (or `ddb-projector run`) starts projecting;\n  \
+         3. `ddb-projector status` in {to} shows every projection live; this command's exit \
+         code is the last audit's (0: clean; 1: findings left, run `audit --repair` again)."
+    );
+    Ok(audited)
+}
+
 /// `recover`: the batches Lambda gave up on, from its on-failure queue.
 pub async fn recover(
     target: Target,

@@ -816,3 +816,47 @@ fn rng_delay(i: usize) -> u64 {
         3
     }
 }
+
+/// `failover` runs in the new home region of a global table only: in
+/// another region, or on a table of one region, it says why and does
+/// nothing.
+#[tokio::test]
+async fn failover_refuses_outside_its_region_and_on_a_table_of_one_region() {
+    let client = support::client().await;
+    let spec = support::shipped_spec("social-service.toml");
+    let table = support::fresh_table(&client, &spec, "gt-cli").await;
+    put_item(
+        &client,
+        &table,
+        &attrs(&[("PK", s("USER#a")), ("SK", s("FOLLOWS#b"))]),
+    )
+    .await;
+    let spec_path = support::repo().join("projections/social-service.toml");
+    let failover = |to: &str| {
+        std::process::Command::new(support::binary())
+            .args([
+                "failover",
+                "--spec",
+                spec_path.to_str().unwrap(),
+                "--table",
+                &table,
+                "--to",
+                to,
+            ])
+            .envs(support::env())
+            .output()
+            .unwrap()
+    };
+    let output = failover("eu-west-1");
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(2), "{stderr}");
+    assert!(
+        stderr.contains("runs in eu-west-1, the new home region (this runs in us-east-1)"),
+        "{stderr}"
+    );
+    let output = failover("us-east-1");
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(2), "{stderr}");
+    assert!(stderr.contains("is not a global table"), "{stderr}");
+    assert_eq!(derived(&client, &table).await, 0, "nothing done");
+}
