@@ -195,6 +195,29 @@ pub fn onto_writers_items(spec: &Spec) -> Vec<String> {
         .collect()
 }
 
+/// The home region a worker goes by: the one `ddb-projector failover`
+/// recorded in the table (replicated to every region) over the one it was
+/// configured with, which a failover leaves behind until every stack is
+/// deployed again. A disagreement is logged.
+pub fn effective_home<'a>(
+    configured: Option<&'a str>,
+    recorded: Option<&'a str>,
+) -> Option<&'a str> {
+    let configured = configured.map(str::trim).filter(|h| !h.is_empty());
+    match (configured, recorded) {
+        (Some(configured), Some(recorded)) if configured != recorded => {
+            tracing::warn!(
+                configured_home = configured,
+                recorded_home = recorded,
+                "the table records home region {recorded} (set by `ddb-projector failover`); \
+                 going by it: set HomeRegion / {HOME_REGION_VAR} to {recorded}"
+            );
+            Some(recorded)
+        }
+        (configured, recorded) => recorded.or(configured),
+    }
+}
+
 /// What a worker in `region` does with `table` (see the module docs);
 /// `home` is the home region it was given, if any, and `writers` where
 /// the items projections write onto are written.
@@ -453,6 +476,21 @@ mod tests {
         ] {
             assert_eq!(Writers::from_flag(flag), writers, "{flag:?}");
         }
+    }
+
+    #[test]
+    fn the_home_a_failover_recorded_overrides_the_configured_one() {
+        assert_eq!(effective_home(Some("us-east-1"), None), Some("us-east-1"));
+        assert_eq!(effective_home(None, Some("eu-west-1")), Some("eu-west-1"));
+        assert_eq!(
+            effective_home(Some(" "), Some("eu-west-1")),
+            Some("eu-west-1")
+        );
+        assert_eq!(
+            effective_home(Some("us-east-1"), Some("eu-west-1")),
+            Some("eu-west-1")
+        );
+        assert_eq!(effective_home(Some(" "), None), None);
     }
 
     #[test]

@@ -58,6 +58,9 @@ pub const LEASES_VERSION: &str = "ver";
 /// The partition key of the registry items.
 pub const LIFECYCLE_PK: &str = "_ddbp#lifecycle";
 
+/// The registry's item of the home region a failover recorded.
+const HOME: &str = "home";
+
 /// The sort key of the leases item.
 const LEASES: &str = "leases";
 
@@ -1224,6 +1227,37 @@ impl Registry {
             .await
             .map_err(|e| self.fatal("reading", e))?;
         Ok(output.item().and_then(parse_read))
+    }
+
+    /// The home region `ddb-projector failover` recorded for a global
+    /// table (see [`crate::global`]), if any: it replicates to every
+    /// region, so a worker whose configured home is older stands down.
+    pub async fn recorded_home(&self) -> Result<Option<String>, ApplyError> {
+        let output = self
+            .client
+            .get_item()
+            .table_name(&self.table)
+            .set_key(Some(self.key(HOME)))
+            .consistent_read(true)
+            .send()
+            .await
+            .map_err(|e| self.fatal("reading", e))?;
+        Ok(output.item().and_then(|item| text(item, "region")))
+    }
+
+    /// Records `region` as the global table's home region.
+    pub async fn record_home(&self, region: &str) -> Result<(), ApplyError> {
+        let mut item = self.key(HOME);
+        item.insert("region".to_string(), Av::S(region.to_string()));
+        item.insert("atMs".to_string(), Av::N(now_ms().to_string()));
+        self.client
+            .put_item()
+            .table_name(&self.table)
+            .set_item(Some(item))
+            .send()
+            .await
+            .map_err(|e| self.fatal("writing", e))?;
+        Ok(())
     }
 
     /// The spec text stored under `key`.

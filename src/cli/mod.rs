@@ -585,11 +585,20 @@ pub async fn connect(target: &Target) -> Result<Connection, anyhow::Result<ExitC
 pub async fn region_role(c: &Connection, target: &Target) -> anyhow::Result<crate::global::Role> {
     let info = crate::aws::describe_table(&c.dynamodb, &c.table).await?;
     let region = c.config.region().map(|r| r.to_string()).unwrap_or_default();
+    let recorded = match info.replicas.is_empty() {
+        true => None,
+        false => {
+            crate::lifecycle::Registry::new(c.dynamodb.clone(), &c.table, &c.spec.table)
+                .recorded_home()
+                .await?
+        }
+    };
+    let home = crate::global::effective_home(target.home_region.as_deref(), recorded.as_deref());
     Ok(crate::global::role(
         &info,
         &c.spec,
         &region,
-        target.home_region.as_deref(),
+        home,
         if target.writers_in_home_region {
             crate::global::Writers::HomeOnly
         } else {

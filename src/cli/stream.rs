@@ -104,6 +104,11 @@ pub async fn failover(target: Target, to: String, segments: u32) -> anyhow::Resu
     // The same checks as any worker there (strong consistency, writes
     // onto writers' items), with `to` as the home.
     super::region_role(&c, &target).await?;
+    // Recorded first: replicated back to the old home, it makes that
+    // region's workers stand down.
+    Registry::new(c.dynamodb.clone(), &c.table, &c.spec.table)
+        .record_home(&to)
+        .await?;
     eprintln!(
         "ddb-projector failover: {to} becomes the home region of {}; 1/2: replaying {to}'s stream from its oldest record",
         c.table

@@ -353,14 +353,19 @@ impl Regions {
                 }
             }
         };
-        let role = crate::global::role(
-            &info,
-            spec,
-            &self.region,
-            self.home.as_deref(),
-            self.writers,
-        )
-        .map_err(RoleError::Global)?;
+        let recorded = match info.replicas.is_empty() {
+            true => None,
+            false => crate::lifecycle::Registry::new(client.clone(), table, &spec.table)
+                .recorded_home()
+                .await
+                .unwrap_or_else(|error| {
+                    tracing::warn!(table, %error, "could not read the recorded home region");
+                    None
+                }),
+        };
+        let home = crate::global::effective_home(self.home.as_deref(), recorded.as_deref());
+        let role = crate::global::role(&info, spec, &self.region, home, self.writers)
+            .map_err(RoleError::Global)?;
         let changed = cached.as_ref().map(|(r, _)| r) != Some(&role);
         if let (crate::global::Role::Away { home }, true) = (&role, changed) {
             tracing::warn!(

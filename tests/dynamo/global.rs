@@ -116,9 +116,15 @@ fn context() -> lambda_runtime::Context {
 
 /// A follow of b by a, written to the table, and its stream record.
 async fn follow(client: &aws_sdk_dynamodb::Client, table: &str) -> Payload {
+    follow_of(client, table, "b").await
+}
+
+/// A follow of `followee` by a, written to the table, and its stream
+/// record.
+async fn follow_of(client: &aws_sdk_dynamodb::Client, table: &str, followee: &str) -> Payload {
     let edge = attrs(&[
         ("PK", s("USER#a")),
-        ("SK", s("FOLLOWS#b")),
+        ("SK", s(&format!("FOLLOWS#{followee}"))),
         ("followedAt", s("2026-11-26")),
     ]);
     put_item(client, table, &edge).await;
@@ -131,10 +137,8 @@ async fn follow(client: &aws_sdk_dynamodb::Client, table: &str) -> Payload {
 /// What the handler answers: the batch's failures, or the error's type
 /// and message.
 async fn invoke(handler: &Handler, payload: Payload) -> Result<Vec<String>, (String, String)> {
-    match handler
-        .handle(lambda_runtime::LambdaEvent::new(payload, context()))
-        .await
-    {
+    let handled = Box::pin(handler.handle(lambda_runtime::LambdaEvent::new(payload, context())));
+    match handled.await {
         Ok(Response::Stream(answer)) => Ok(answer
             .batch_item_failures
             .iter()
@@ -153,7 +157,10 @@ async fn derived(client: &aws_sdk_dynamodb::Client, table: &str) -> usize {
     support::scan_all(client, table)
         .await
         .iter()
-        .filter(|item| support::text(item, "SK").as_deref() != Some("FOLLOWS#b"))
+        .filter(|item| {
+            !support::text(item, "SK").is_some_and(|sk| sk.starts_with("FOLLOWS#"))
+                && !support::text(item, "PK").is_some_and(|pk| pk.starts_with("_ddbp#lifecycle"))
+        })
         .count()
 }
 
@@ -164,6 +171,11 @@ async fn derived(client: &aws_sdk_dynamodb::Client, table: &str) -> usize {
 /// home region it projects as on a table of one region.
 #[tokio::test]
 async fn on_a_global_table_only_the_home_region_projects() {
+    // A large future: on the heap, not the test thread's stack.
+    Box::pin(only_the_home_region_projects()).await;
+}
+
+async fn only_the_home_region_projects() {
     let config = support::sdk_config().await;
     let client = aws_sdk_dynamodb::Client::new(&config);
     let spec = support::shipped_spec("social-service.toml");
@@ -226,6 +238,35 @@ async fn on_a_global_table_only_the_home_region_projects() {
     assert_eq!(failures, Ok(Vec::new()));
     let reverse = support::get(&client, &table, "USER#b", "FOLLOWED_BY#a").await;
     assert!(reverse.is_some(), "the home region writes the inverse edge");
+
+    // A failover recorded eu-west-1 as home: a worker still configured
+    // with us-east-1 stands down there, and eu-west-1 projects.
+    ddb_projector::lifecycle::Registry::new(client.clone(), &table, &spec.table)
+        .record_home("eu-west-1")
+        .await
+        .expect("record the home");
+    let before = derived(&client, &table).await;
+    let old_home = handler(&table, global.clone(), "us-east-1", Some("us-east-1")).await;
+    assert_eq!(
+        invoke(&old_home, follow_of(&client, &table, "c").await).await,
+        Ok(Vec::new())
+    );
+    assert_eq!(
+        derived(&client, &table).await,
+        before,
+        "the old home writes nothing"
+    );
+    let new_home = handler(&table, global.clone(), "eu-west-1", Some("us-east-1")).await;
+    assert_eq!(
+        invoke(&new_home, follow_of(&client, &table, "c").await).await,
+        Ok(Vec::new())
+    );
+    assert!(
+        support::get(&client, &table, "USER#c", "FOLLOWED_BY#a")
+            .await
+            .is_some(),
+        "the recorded home projects"
+    );
 
     // Strong consistency has no transactions: a spec with counters is
     // refused, naming them.
