@@ -945,8 +945,12 @@ impl Applier {
             // whose later records planned nothing to hold (a poison item
             // deleted since). It is a probe: a batch of its own, and it
             // writes no letter when it fails (the item's letters keep
-            // their records).
-            if let (true, Some(key)) = (cut < records.len(), &group[0].source_key) {
+            // their records). It runs even when every letter applied:
+            // letters sort by sequence number, which orders one stream
+            // only, and a global table's failover leaves letters of two
+            // (the old home's, replicated, and the new home's replay), so
+            // the letter applied last may not be the item's last change.
+            if let Some(key) = &group[0].source_key {
                 let last = &group[group.len() - 1];
                 let now = self.current_state(0, last, key).await.map_err(fatal)?;
                 let outcome = self.without_letters().apply_batch(&[now], &options).await?;
