@@ -110,7 +110,7 @@ pub async fn failover(target: Target, to: String, segments: u32) -> anyhow::Resu
         .record_home(&to)
         .await?;
     eprintln!(
-        "ddb-projector failover: {to} becomes the home region of {}; 1/2: replaying {to}'s stream from its oldest record",
+        "ddb-projector failover: {to} becomes the home region of {}; 1/4: replaying {to}'s stream from its oldest record",
         c.table
     );
     let replayed = run_stream(&c, RunOptions::replay(None), "failover (replay)").await?;
@@ -118,7 +118,22 @@ pub async fn failover(target: Target, to: String, segments: u32) -> anyhow::Resu
         eprintln!("ddb-projector failover: the replay did not finish; run the command again");
         return Ok(replayed);
     }
-    eprintln!("ddb-projector failover: 2/3: audit --repair (counters moved by transactions that replicated in part)");
+    // Letters of both streams (the old home's, replicated, and the
+    // replay's), each item ending at its current state.
+    eprintln!("ddb-projector failover: 2/4: redriving the dead letters");
+    let redriven = Applier::new(
+        c.dynamodb.clone(),
+        c.spec.clone(),
+        &c.table,
+        ApplyConfig::default(),
+    )
+    .redrive(None)
+    .await?;
+    eprintln!(
+        "ddb-projector failover: redriven {}, superseded {}, still failing {} (see `dlq list`)",
+        redriven.redriven, redriven.superseded, redriven.still_failing
+    );
+    eprintln!("ddb-projector failover: 3/4: audit --repair (counters moved by transactions that replicated in part)");
     let options = crate::audit::AuditOptions {
         segments: segments.max(1),
         progress: true,
@@ -137,7 +152,7 @@ pub async fn failover(target: Target, to: String, segments: u32) -> anyhow::Resu
     if repaired == ExitCode::from(2) {
         return Ok(repaired);
     }
-    eprintln!("ddb-projector failover: 3/3: audit (exit 0: clean)");
+    eprintln!("ddb-projector failover: 4/4: audit (exit 0: clean)");
     let audited = super::audit::audit(target, OutputFormat::Text, options).await?;
     eprintln!(
         "ddb-projector failover: {to}'s replica is repaired. Now:\n  \

@@ -353,15 +353,25 @@ impl Regions {
                 }
             }
         };
+        // On a global table, the home a failover recorded. Unread, the
+        // role is not known: a worker that went by its configured home
+        // could project beside the recorded one.
         let recorded = match info.replicas.is_empty() {
             true => None,
-            false => crate::lifecycle::Registry::new(client.clone(), table, &spec.table)
+            false => match crate::lifecycle::Registry::new(client.clone(), table, &spec.table)
                 .recorded_home()
                 .await
-                .unwrap_or_else(|error| {
-                    tracing::warn!(table, %error, "could not read the recorded home region");
-                    None
-                }),
+            {
+                Ok(recorded) => recorded,
+                Err(error) => {
+                    return match cached {
+                        Some((role, _)) => Ok(role),
+                        None => Err(RoleError::Describe(format!(
+                            "reading the recorded home region: {error}"
+                        ))),
+                    }
+                }
+            },
         };
         let home = crate::global::effective_home(self.home.as_deref(), recorded.as_deref());
         let role = crate::global::role(&info, spec, &self.region, home, self.writers)

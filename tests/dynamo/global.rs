@@ -731,15 +731,19 @@ fn diff(a: &[Attrs], b: &[Attrs]) -> String {
 /// with some of its writes (parts of its transactions) delivered and some
 /// not, writers in both regions throughout. The other region becomes home
 /// as `ddb-projector failover` does it: a replay of everything its stream
-/// retains, then `audit --repair`. Its table ends exact against the
-/// oracle, counters included, and a second audit is clean.
+/// retains, a redrive, then `audit --repair`; its table is exact against
+/// the oracle, counters included. Then the old home comes back, its worker
+/// stood down: its backlog replicates (older writes than the new home's,
+/// some of them winning), the new home projects what arrives, and the
+/// `audit --repair` the runbook asks for then ends exact in both regions.
 #[tokio::test]
 async fn after_the_home_region_is_lost_the_other_one_takes_over_and_ends_exact() {
     let spec = Arc::new(Spec::from_toml(FOLLOWERS, "followers.toml").expect("compiles"));
     let mut rng = super::model::Rng::new(super::model::seed_from_env("FAILOVER_SEED", || 21));
     let mut before_repair = Vec::new();
+    let mut after_return = Vec::new();
     for round in 0..3 {
-        let mut table =
+        let table =
             GlobalTable::new(&spec, "gt-failover", Duration::from_millis(200), rng.next()).await;
         let east = region_runner(&table.regions[0], spec.clone()).await;
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
@@ -758,7 +762,7 @@ async fn after_the_home_region_is_lost_the_other_one_takes_over_and_ends_exact()
                 if i == cut_after {
                     // The home region is lost mid-batch: replication stops
                     // with what it had not delivered, and its worker with it.
-                    table.cut().await;
+                    table.pause();
                     let _ = stop.send(());
                     break;
                 }
@@ -821,15 +825,14 @@ async fn after_the_home_region_is_lost_the_other_one_takes_over_and_ends_exact()
             progress: false,
             ..AuditOptions::default()
         };
-        let repaired = audit(
-            &applier,
-            &AuditOptions {
-                repair: true,
-                ..options.clone()
-            },
-        )
-        .await
-        .expect("the failover's audit --repair");
+        applier.redrive(None).await.expect("the failover's redrive");
+        let repair = AuditOptions {
+            repair: true,
+            ..options.clone()
+        };
+        let repaired = audit(&applier, &repair)
+            .await
+            .expect("the failover's audit --repair");
         // Then it runs as the home region.
         new_home
             .run(quick(RunOptions::drain()), std::future::pending())
@@ -844,8 +847,31 @@ async fn after_the_home_region_is_lost_the_other_one_takes_over_and_ends_exact()
         );
         let clean = audit(&applier, &options).await.expect("audit");
         assert!(clean.is_clean(), "round {round}: {:#?}", clean.findings);
+        // The old home comes back, its worker stood down: its backlog
+        // replicates both ways.
+        table.resume();
+        project_until_quiet(&table, &[&new_home]).await;
+        after_return.push(oracle::differences(FOLLOWERS, &table.items(1).await).len());
+        let repaired = audit(&applier, &repair)
+            .await
+            .expect("audit --repair after the return");
+        project_until_quiet(&table, &[&new_home]).await;
+        let west_items = table.items(1).await;
+        assert_eq!(
+            west_items,
+            table.items(0).await,
+            "round {round}: the replicas agree"
+        );
+        let problems = oracle::differences(FOLLOWERS, &west_items);
+        assert!(
+            problems.is_empty(),
+            "round {round}: after the old home's return (repair found {:?}): {problems:#?}",
+            repaired.counts()
+        );
     }
-    eprintln!("failover: differences before the repair, per round: {before_repair:?}");
+    eprintln!(
+        "failover: differences before the repair, per round: {before_repair:?}; after the old home's backlog arrived: {after_return:?}"
+    );
 }
 
 /// A writer's pause after write `i`: now and then long enough for the

@@ -9,8 +9,8 @@
 //! seen partly applied in the other, and a region's stream carries the
 //! replicated writes as DynamoDB's does. A conflict is settled per item,
 //! last writer wins by stamp: a replicated write older than what the
-//! target holds is dropped. `pause` cuts the regions apart (a partition);
-//! `resume` delivers what waited.
+//! target holds is dropped. `pause` cuts the regions apart (a partition,
+//! or a region lost); `resume` delivers what waited (the region back).
 //!
 //! A replicated write is recognized on the target's stream (its echo) by
 //! its image, in order. A put can replace a local write the replicator had
@@ -96,6 +96,8 @@ struct State {
     counts: Counts,
     /// Rounds ended.
     rounds: u64,
+    /// Times both streams' shards were listed.
+    listings: u64,
     /// Consecutive rounds in which nothing was read, delivered or waiting.
     quiet_rounds: u64,
 }
@@ -150,6 +152,7 @@ impl GlobalTable {
                 rng: Rng::new(seed),
                 counts: Counts::default(),
                 rounds: 0,
+                listings: 0,
                 quiet_rounds: 0,
             }),
             paused: AtomicBool::new(false),
@@ -173,15 +176,6 @@ impl GlobalTable {
     /// Delivers what waited, and replicates again.
     pub fn resume(&self) {
         self.shared.paused.store(false, Ordering::SeqCst);
-    }
-
-    /// Stops replicating for good (a region lost): what waits is dropped.
-    pub async fn cut(&mut self) {
-        self.shared.stop.store(true, Ordering::SeqCst);
-        if let Some(task) = self.task.take() {
-            task.await.expect("the replicator");
-        }
-        self.check();
     }
 
     /// Replicated writes made so far, and how many were dropped as older
@@ -208,12 +202,17 @@ impl GlobalTable {
             "settle a replicated table, not a paused one"
         );
         let started = Instant::now();
-        let first = self.shared.state.lock().unwrap().rounds + 1;
+        let (first, listed) = {
+            let state = self.shared.state.lock().unwrap();
+            (state.rounds + 1, state.listings + 1)
+        };
         loop {
             self.check();
             {
                 let state = self.shared.state.lock().unwrap();
-                if state.quiet_rounds >= 3 && state.rounds >= first + 3 {
+                // And the shards listed since the call: a new shard's
+                // records are read only once it is listed.
+                if state.quiet_rounds >= 3 && state.rounds >= first + 3 && state.listings > listed {
                     return;
                 }
                 assert!(
@@ -239,6 +238,9 @@ impl GlobalTable {
 impl Drop for GlobalTable {
     fn drop(&mut self) {
         self.shared.stop.store(true, Ordering::SeqCst);
+        if let Some(task) = self.task.take() {
+            task.abort();
+        }
     }
 }
 
@@ -296,9 +298,12 @@ async fn replicate_until_stopped(regions: &[Region; 2], shared: &Shared) -> Resu
     while !shared.stop.load(Ordering::SeqCst) {
         let mut busy = false;
         for r in 0..2 {
-            if listed[r].elapsed() > Duration::from_millis(500) {
+            if listed[r].elapsed() > Duration::from_millis(100) {
                 list_shards(&streams[r], &arns[r], &mut readers[r]).await?;
                 listed[r] = Instant::now();
+                if r == 1 {
+                    shared.state.lock().unwrap().listings += 1;
+                }
             }
             let mut ids: Vec<String> = readers[r].keys().cloned().collect();
             ids.sort();
@@ -377,16 +382,25 @@ async fn list_shards(
     arn: &str,
     readers: &mut HashMap<String, Reader>,
 ) -> Result<(), String> {
-    let described = streams
-        .describe_stream()
-        .stream_arn(arn)
-        .send()
-        .await
-        .map_err(|e| format!("describe stream: {e:?}"))?;
-    let shards = described
-        .stream_description()
-        .map(|d| d.shards().to_vec())
-        .unwrap_or_default();
+    let mut shards = Vec::new();
+    let mut after: Option<String> = None;
+    loop {
+        let described = streams
+            .describe_stream()
+            .stream_arn(arn)
+            .set_exclusive_start_shard_id(after.clone())
+            .send()
+            .await
+            .map_err(|e| format!("describe stream: {e:?}"))?;
+        let description = described.stream_description();
+        shards.extend(description.map(|d| d.shards().to_vec()).unwrap_or_default());
+        after = description
+            .and_then(|d| d.last_evaluated_shard_id())
+            .map(str::to_string);
+        if after.is_none() {
+            break;
+        }
+    }
     for shard in shards {
         let Some(id) = shard.shard_id() else {
             continue;
