@@ -56,10 +56,15 @@ impl Cli {
 #[derive(Debug, Subcommand)]
 pub enum Command {
     /// Validate a spec file and summarize its entities and projections.
+    /// With `--table` or `--home-region`, also where a worker in this
+    /// region stands on the table: a table of one region, or a global
+    /// table's home region or another one (exit 2, saying what to set,
+    /// when a worker would refuse it: a home region the table is not in,
+    /// none on a global table, ...).
     Check {
-        /// The spec file.
-        #[arg(long)]
-        spec: PathBuf,
+        /// Spec, and the table to check against.
+        #[command(flatten)]
+        target: Target,
     },
     /// Print the effects a Lambda DynamoDB Streams event would have, as JSON lines.
     Plan {
@@ -396,7 +401,10 @@ pub enum DlqCommand {
 /// Runs a parsed command.
 pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     match cli.command {
-        Command::Check { spec } => Ok(offline::check(&spec)),
+        Command::Check { target } => match (&target.table, &target.home_region) {
+            (None, None) => Ok(offline::check(&target.spec)),
+            _ => block_on(online::check_table(target)),
+        },
         Command::Plan { spec, event } => offline::plan(&spec, &event),
         Command::Table {
             command: TableCommand::Create { target },

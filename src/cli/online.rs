@@ -96,6 +96,36 @@ pub async fn dlq_redrive(target: Target, projection: Option<String>) -> anyhow::
     })
 }
 
+/// `check --table`: the spec, then where a worker in this region stands
+/// on the table (see [`crate::global`]).
+pub async fn check_table(target: Target) -> anyhow::Result<ExitCode> {
+    let code = super::offline::check(&target.spec);
+    if code != ExitCode::SUCCESS {
+        return Ok(code);
+    }
+    let c = connect_or_return!(target);
+    let region = c.config.region().map(|r| r.to_string()).unwrap_or_default();
+    match super::region_role(&c, &target).await {
+        Ok(crate::global::Role::Single) => {
+            println!("table {}: a table of one region; this worker projects it", c.table)
+        }
+        Ok(crate::global::Role::Home { regions }) => println!(
+            "table {}: a global table in {}; {region} is its home region and projects it",
+            c.table,
+            regions.join(", ")
+        ),
+        Ok(crate::global::Role::Away { home }) => println!(
+            "table {}: a global table projected from its home region {home}; a worker in {region} writes nothing",
+            c.table
+        ),
+        Err(error) => {
+            eprintln!("error: {error:#}");
+            return Ok(ExitCode::from(2));
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
 /// Which scan segments `backfill` runs.
 pub struct Segments {
     /// Segments in parallel in this process (when `segment` is not given).

@@ -886,7 +886,7 @@ fn rng_delay(i: usize) -> u64 {
 
 /// `failover` runs in the new home region of a global table only: in
 /// another region, or on a table of one region, it says why and does
-/// nothing.
+/// nothing. `check --table` says where a worker stands.
 #[tokio::test]
 async fn failover_refuses_outside_its_region_and_on_a_table_of_one_region() {
     let client = support::client().await;
@@ -926,4 +926,22 @@ async fn failover_refuses_outside_its_region_and_on_a_table_of_one_region() {
     assert_eq!(output.status.code(), Some(2), "{stderr}");
     assert!(stderr.contains("is not a global table"), "{stderr}");
     assert_eq!(derived(&client, &table).await, 0, "nothing done");
+    // `check --table` says where a worker here stands.
+    let output = std::process::Command::new(support::binary())
+        .args([
+            "check",
+            "--spec",
+            spec_path.to_str().unwrap(),
+            "--table",
+            &table,
+        ])
+        .envs(support::env())
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(output.status.success(), "{stdout}");
+    assert!(
+        stdout.contains(&format!("table {table}: a table of one region")),
+        "{stdout}"
+    );
 }
