@@ -279,6 +279,46 @@ pub fn role(
     })
 }
 
+/// Why a running worker stopped projecting (see [`stand_down`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum StandDown {
+    /// Another region is now the home region.
+    Away {
+        /// The home region.
+        home: String,
+    },
+    /// The table would now be refused (a replica added to a table with no
+    /// home region, the consistency mode changed, ...).
+    Refused(GlobalError),
+}
+
+/// How often a running worker asks again where it stands: the Lambda's
+/// cache of a table's role lasts as long.
+pub const ROLE_CHECK: std::time::Duration = std::time::Duration::from_secs(60);
+
+/// Asks `check` for this worker's role every `interval` and completes
+/// when it should stop projecting: another region became home (a
+/// failover recorded it, a replica was added and the home is elsewhere),
+/// or the table is refused now. A check that fails (DynamoDB did not
+/// answer: the `Err` of the outer result) is logged and asked again.
+pub async fn stand_down<F, Fut>(interval: std::time::Duration, mut check: F) -> StandDown
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<Result<Role, GlobalError>, String>>,
+{
+    loop {
+        tokio::time::sleep(interval).await;
+        match check().await {
+            Ok(Ok(Role::Away { home })) => return StandDown::Away { home },
+            Ok(Err(refused)) => return StandDown::Refused(refused),
+            Ok(Ok(_)) => {}
+            Err(error) => {
+                tracing::warn!(%error, "checking the table's home region failed: projecting on, asking again");
+            }
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -491,6 +531,47 @@ mod tests {
             Some("eu-west-1")
         );
         assert_eq!(effective_home(Some(" "), None), None);
+    }
+
+    #[tokio::test]
+    async fn a_running_worker_stands_down_when_its_region_is_no_longer_home() {
+        let home = || Role::Home {
+            regions: vec!["eu-west-1".to_string(), "us-east-1".to_string()],
+        };
+        let mut answers = vec![
+            Ok(Ok(home())),
+            Err("throttled".to_string()),
+            Ok(Ok(Role::Single)),
+            Ok(Ok(Role::Away {
+                home: "eu-west-1".to_string(),
+            })),
+            Ok(Ok(home())),
+        ]
+        .into_iter();
+        let mut asked = 0;
+        let why = stand_down(std::time::Duration::from_millis(1), || {
+            asked += 1;
+            let answer = answers.next().expect("asked no more than needed");
+            async move { answer }
+        })
+        .await;
+        assert_eq!(
+            why,
+            StandDown::Away {
+                home: "eu-west-1".to_string()
+            }
+        );
+        assert_eq!(asked, 4);
+        let refused = GlobalError::NoHome {
+            table: "T".to_string(),
+            regions: vec!["eu-west-1".to_string()],
+        };
+        let why = stand_down(std::time::Duration::from_millis(1), || {
+            let answer = Ok(Err(refused.clone()));
+            async move { answer }
+        })
+        .await;
+        assert_eq!(why, StandDown::Refused(refused));
     }
 
     #[test]

@@ -40,7 +40,7 @@ pub async fn run(target: Target, drain: bool) -> anyhow::Result<ExitCode> {
         );
         return Ok(ExitCode::SUCCESS);
     }
-    run_stream(&c, options, verb).await
+    run_stream(&c, &target, options, verb).await
 }
 
 /// `replay`: process the retained stream again from its start.
@@ -65,7 +65,7 @@ pub async fn replay(target: Target, projections: Vec<String>) -> anyhow::Result<
     }
     let selection = (!selection.is_empty()).then_some(selection);
     super::require_home(&c, &target, "replay").await?;
-    run_stream(&c, RunOptions::replay(selection), "replay").await
+    run_stream(&c, &target, RunOptions::replay(selection), "replay").await
 }
 
 /// `failover --to REGION`: this region becomes the home region of a
@@ -113,7 +113,7 @@ pub async fn failover(target: Target, to: String, segments: u32) -> anyhow::Resu
         "ddb-projector failover: {to} becomes the home region of {}; 1/4: replaying {to}'s stream from its oldest record",
         c.table
     );
-    let replayed = run_stream(&c, RunOptions::replay(None), "failover (replay)").await?;
+    let replayed = run_stream(&c, &target, RunOptions::replay(None), "failover (replay)").await?;
     if replayed != ExitCode::SUCCESS {
         eprintln!("ddb-projector failover: the replay did not finish; run the command again");
         return Ok(replayed);
@@ -240,6 +240,7 @@ pub async fn recover(
 
 async fn run_stream(
     c: &Connection,
+    target: &Target,
     mut options: RunOptions,
     verb: &str,
 ) -> anyhow::Result<ExitCode> {
@@ -307,14 +308,54 @@ async fn run_stream(
                 }
             }
         };
+        // Where this worker stands is asked again as the Lambda does: a
+        // failover elsewhere, or a replica added, stops it.
+        let stood_down = std::sync::Mutex::new(None);
+        let roles = async {
+            let why = crate::global::stand_down(crate::global::ROLE_CHECK, || async {
+                match super::region_role(c, target).await {
+                    Ok(role) => Ok(Ok(role)),
+                    Err(error) => match error.downcast::<crate::global::GlobalError>() {
+                        Ok(refused) => Ok(Err(refused)),
+                        Err(error) => Err(format!("{error:#}")),
+                    },
+                }
+            })
+            .await;
+            *stood_down.lock().expect("role lock") = Some(why);
+        };
         let stop = async {
             tokio::select! {
                 _ = shutdown() => {}
                 _ = watch => {}
+                _ = roles => {}
             }
         };
         match runner.run(options.clone(), stop).await {
             Ok(summary) => {
+                match stood_down.lock().expect("role lock").take() {
+                    Some(crate::global::StandDown::Away { home }) => {
+                        tracing::warn!(
+                            table = c.table,
+                            home_region = home,
+                            "the table is now projected from another region: stopping"
+                        );
+                        print_summary(
+                            verb,
+                            &c.table,
+                            &summary,
+                            &format!(
+                                "stopped: the table is now projected from its home region {home}"
+                            ),
+                        );
+                        return Ok(ExitCode::SUCCESS);
+                    }
+                    Some(crate::global::StandDown::Refused(refused)) => {
+                        print_summary(verb, &c.table, &summary, "stopped");
+                        return Err(refused.into());
+                    }
+                    None => {}
+                }
                 if let Some(laid) = relaid.lock().expect("layout lock").take() {
                     tracing::info!(
                         records = summary.records,
