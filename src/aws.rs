@@ -58,6 +58,8 @@ pub struct TableInfo {
     /// The global tables version, when the table is one
     /// (`2019.11.21`, or the legacy `2017.11.29`).
     pub global_version: Option<String>,
+    /// Replicas whose status is not `ACTIVE`: (region, status).
+    pub inactive: Vec<(String, String)>,
 }
 
 /// Describes a table, turning the usual mistakes into clear errors.
@@ -90,6 +92,20 @@ pub async fn describe_table(
         strong_consistency: description.multi_region_consistency()
             == Some(&aws_sdk_dynamodb::types::MultiRegionConsistency::Strong),
         global_version: description.global_table_version().map(str::to_string),
+        inactive: description
+            .replicas()
+            .iter()
+            .filter_map(
+                |replica| match (replica.region_name(), replica.replica_status()) {
+                    (Some(region), Some(status))
+                        if *status != aws_sdk_dynamodb::types::ReplicaStatus::Active =>
+                    {
+                        Some((region.to_string(), status.as_str().to_string()))
+                    }
+                    _ => None,
+                },
+            )
+            .collect(),
     })
 }
 

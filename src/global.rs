@@ -279,6 +279,20 @@ pub fn role(
     })
 }
 
+/// A warning when the home region's replica is not `ACTIVE` (being
+/// created or updated, its region disabled, its KMS key inaccessible):
+/// records may not reach it, and the other regions' derived data waits.
+/// `None` when it is active, or the table is not global.
+pub fn home_unavailable(table: &TableInfo, home: &str) -> Option<String> {
+    let (_, status) = table.inactive.iter().find(|(region, _)| region == home)?;
+    Some(format!(
+        "the home region {home}'s replica of table `{}` is {status}, not ACTIVE: derived data \
+         in every region waits for it. If the region is lost, fail over: `ddb-projector \
+         failover --to REGION` in another region (see README.md#global-tables)",
+        table.name
+    ))
+}
+
 /// Why a running worker stopped projecting (see [`stand_down`]).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum StandDown {
@@ -339,6 +353,7 @@ mod tests {
             replicas: replicas.iter().map(|r| r.to_string()).collect(),
             strong_consistency: strong,
             global_version: (!replicas.is_empty()).then(|| "2019.11.21".to_string()),
+            inactive: Vec::new(),
         }
     }
 
@@ -572,6 +587,20 @@ mod tests {
         })
         .await;
         assert_eq!(why, StandDown::Refused(refused));
+    }
+
+    #[test]
+    fn a_home_replica_that_is_not_active_is_warned_about() {
+        let mut global = table(&["eu-west-1", "us-east-1"], false);
+        assert_eq!(home_unavailable(&global, "us-east-1"), None);
+        global.inactive = vec![("us-east-1".to_string(), "REGION_DISABLED".to_string())];
+        let warning = home_unavailable(&global, "us-east-1").expect("a warning");
+        assert!(
+            warning.contains("us-east-1's replica of table `Social` is REGION_DISABLED")
+                && warning.contains("failover --to"),
+            "{warning}"
+        );
+        assert_eq!(home_unavailable(&global, "eu-west-1"), None);
     }
 
     #[test]

@@ -602,6 +602,10 @@ pub async fn region_role(c: &Connection, target: &Target) -> anyhow::Result<crat
         }
     };
     let home = crate::global::effective_home(target.home_region.as_deref(), recorded.as_deref());
+    if let Some(warning) = home.and_then(|home| crate::global::home_unavailable(&info, home)) {
+        tracing::warn!(table = c.table, "{warning}");
+        eprintln!("warning: {warning}");
+    }
     Ok(crate::global::role(
         &info,
         &c.spec,

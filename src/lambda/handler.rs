@@ -376,6 +376,11 @@ impl Regions {
         let home = crate::global::effective_home(self.home.as_deref(), recorded.as_deref());
         let role = crate::global::role(&info, spec, &self.region, home, self.writers)
             .map_err(RoleError::Global)?;
+        if let Some(warning) = home.and_then(|home| crate::global::home_unavailable(&info, home)) {
+            tracing::warn!(table, "{warning}");
+            metrics::counter!("projector_home_replica_inactive_total", "table" => table.to_string())
+                .increment(1);
+        }
         let changed = cached.as_ref().map(|(r, _)| r) != Some(&role);
         if let (crate::global::Role::Away { home }, true) = (&role, changed) {
             tracing::warn!(
