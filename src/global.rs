@@ -195,26 +195,43 @@ pub fn onto_writers_items(spec: &Spec) -> Vec<String> {
         .collect()
 }
 
-/// The home region a worker goes by: the one `ddb-projector failover`
-/// recorded in the table (replicated to every region) over the one it was
-/// configured with, which a failover leaves behind until every stack is
-/// deployed again. A disagreement is logged.
-pub fn effective_home<'a>(
-    configured: Option<&'a str>,
-    recorded: Option<&'a str>,
-) -> Option<&'a str> {
+/// What a worker in `region` does with `table`, from the home region it
+/// was configured with and the one `ddb-projector failover` recorded in
+/// the table (replicated to every region). A recorded home that is not
+/// one of the table's regions (its replica removed since) is ignored.
+/// When both are given and disagree, the worker writes nothing until they
+/// agree, whichever is newer: a failover's record may not have reached
+/// this region yet, or may be an older failover's, so neither can be
+/// trusted alone (two regions projecting would count twice).
+pub fn role_with_record(
+    table: &TableInfo,
+    spec: &Spec,
+    region: &str,
+    configured: Option<&str>,
+    recorded: Option<&str>,
+    writers: Writers,
+) -> Result<Role, GlobalError> {
     let configured = configured.map(str::trim).filter(|h| !h.is_empty());
+    let recorded = recorded.filter(|r| *r == region || table.replicas.iter().any(|x| x == r));
     match (configured, recorded) {
         (Some(configured), Some(recorded)) if configured != recorded => {
+            let role = role(table, spec, region, Some(recorded), writers)?;
+            if role == Role::Single {
+                return Ok(role);
+            }
             tracing::warn!(
+                table = table.name,
                 configured_home = configured,
                 recorded_home = recorded,
-                "the table records home region {recorded} (set by `ddb-projector failover`); \
-                 going by it: set HomeRegion / {HOME_REGION_VAR} to {recorded}"
+                "the configured home region ({configured}) and the one the table records \
+                 (set by `ddb-projector failover`: {recorded}) disagree: this worker writes \
+                 nothing until they agree; set HomeRegion / {HOME_REGION_VAR} to {recorded}"
             );
-            Some(recorded)
+            Ok(Role::Away {
+                home: recorded.to_string(),
+            })
         }
-        (configured, recorded) => recorded.or(configured),
+        (configured, recorded) => role(table, spec, region, recorded.or(configured), writers),
     }
 }
 
@@ -534,18 +551,54 @@ mod tests {
     }
 
     #[test]
-    fn the_home_a_failover_recorded_overrides_the_configured_one() {
-        assert_eq!(effective_home(Some("us-east-1"), None), Some("us-east-1"));
-        assert_eq!(effective_home(None, Some("eu-west-1")), Some("eu-west-1"));
+    fn a_recorded_home_is_gone_by_only_when_the_configuration_agrees_or_is_silent() {
+        let global = table(&["eu-west-1", "us-east-1"], false);
+        let at = |region, configured, recorded| {
+            role_with_record(
+                &global,
+                &spec(),
+                region,
+                configured,
+                recorded,
+                Writers::HomeOnly,
+            )
+            .unwrap()
+        };
+        let away = |home: &str| Role::Away {
+            home: home.to_string(),
+        };
+        // Silent configuration: the record decides.
+        assert!(at("eu-west-1", None, Some("eu-west-1")).projects());
         assert_eq!(
-            effective_home(Some(" "), Some("eu-west-1")),
-            Some("eu-west-1")
+            at("us-east-1", Some(" "), Some("eu-west-1")),
+            away("eu-west-1")
+        );
+        // Agreement.
+        assert!(at("eu-west-1", Some("eu-west-1"), Some("eu-west-1")).projects());
+        // Disagreement: nobody writes, the old home nor the new one.
+        assert_eq!(
+            at("us-east-1", Some("us-east-1"), Some("eu-west-1")),
+            away("eu-west-1")
         );
         assert_eq!(
-            effective_home(Some("us-east-1"), Some("eu-west-1")),
-            Some("eu-west-1")
+            at("eu-west-1", Some("us-east-1"), Some("eu-west-1")),
+            away("eu-west-1")
         );
-        assert_eq!(effective_home(Some(" "), None), None);
+        // A record naming a region the table left is stale: ignored.
+        assert!(at("us-east-1", Some("us-east-1"), Some("ap-south-1")).projects());
+        // A table of one region projects whatever the record says.
+        let single = table(&[], false);
+        assert_eq!(
+            role_with_record(
+                &single,
+                &spec(),
+                "us-east-1",
+                Some("us-east-1"),
+                Some("eu-west-1"),
+                Writers::Anywhere
+            ),
+            Ok(Role::Single)
+        );
     }
 
     #[tokio::test]

@@ -52,6 +52,17 @@ impl Cli {
     }
 }
 
+impl Target {
+    /// Where the writers write the items projections write onto.
+    pub fn writers(&self) -> crate::global::Writers {
+        if self.writers_in_home_region {
+            crate::global::Writers::HomeOnly
+        } else {
+            crate::global::Writers::Anywhere
+        }
+    }
+}
+
 /// The commands.
 #[derive(Debug, Subcommand)]
 pub enum Command {
@@ -601,21 +612,21 @@ pub async fn region_role(c: &Connection, target: &Target) -> anyhow::Result<crat
                 .await?
         }
     };
-    let home = crate::global::effective_home(target.home_region.as_deref(), recorded.as_deref());
-    if let Some(warning) = home.and_then(|home| crate::global::home_unavailable(&info, home)) {
+    if let Some(warning) = recorded
+        .as_deref()
+        .or(target.home_region.as_deref())
+        .and_then(|home| crate::global::home_unavailable(&info, home))
+    {
         tracing::warn!(table = c.table, "{warning}");
         eprintln!("warning: {warning}");
     }
-    Ok(crate::global::role(
+    Ok(crate::global::role_with_record(
         &info,
         &c.spec,
         &region,
-        home,
-        if target.writers_in_home_region {
-            crate::global::Writers::HomeOnly
-        } else {
-            crate::global::Writers::Anywhere
-        },
+        target.home_region.as_deref(),
+        recorded.as_deref(),
+        target.writers(),
     )?)
 }
 

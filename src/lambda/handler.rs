@@ -373,10 +373,20 @@ impl Regions {
                 }
             },
         };
-        let home = crate::global::effective_home(self.home.as_deref(), recorded.as_deref());
-        let role = crate::global::role(&info, spec, &self.region, home, self.writers)
-            .map_err(RoleError::Global)?;
-        if let Some(warning) = home.and_then(|home| crate::global::home_unavailable(&info, home)) {
+        let role = crate::global::role_with_record(
+            &info,
+            spec,
+            &self.region,
+            self.home.as_deref(),
+            recorded.as_deref(),
+            self.writers,
+        )
+        .map_err(RoleError::Global)?;
+        if let Some(warning) = recorded
+            .as_deref()
+            .or(self.home.as_deref())
+            .and_then(|home| crate::global::home_unavailable(&info, home))
+        {
             tracing::warn!(table, "{warning}");
             metrics::counter!("projector_home_replica_inactive_total", "table" => table.to_string())
                 .increment(1);

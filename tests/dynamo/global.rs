@@ -240,7 +240,9 @@ async fn only_the_home_region_projects() {
     assert!(reverse.is_some(), "the home region writes the inverse edge");
 
     // A failover recorded eu-west-1 as home: a worker still configured
-    // with us-east-1 stands down there, and eu-west-1 projects.
+    // with us-east-1 writes nothing, in us-east-1 or in eu-west-1 (the
+    // record may be an older failover's); eu-west-1 projects once its
+    // configuration agrees.
     ddb_projector::lifecycle::Registry::new(client.clone(), &table, &spec.table)
         .record_home("eu-west-1")
         .await
@@ -256,7 +258,17 @@ async fn only_the_home_region_projects() {
         before,
         "the old home writes nothing"
     );
-    let new_home = handler(&table, global.clone(), "eu-west-1", Some("us-east-1")).await;
+    let not_yet = handler(&table, global.clone(), "eu-west-1", Some("us-east-1")).await;
+    assert_eq!(
+        invoke(&not_yet, follow_of(&client, &table, "c").await).await,
+        Ok(Vec::new())
+    );
+    assert_eq!(
+        derived(&client, &table).await,
+        before,
+        "until the configurations agree"
+    );
+    let new_home = handler(&table, global.clone(), "eu-west-1", Some("eu-west-1")).await;
     assert_eq!(
         invoke(&new_home, follow_of(&client, &table, "c").await).await,
         Ok(Vec::new())
