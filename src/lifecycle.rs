@@ -780,18 +780,10 @@ impl Registry {
     /// The registry, read consistently: the leases item, then the record
     /// of every projection it or `spec` names.
     pub async fn snapshot(&self, spec: &Spec) -> Result<Snapshot, ApplyError> {
-        let leases = self
-            .client
-            .get_item()
-            .table_name(&self.table)
-            .set_key(Some(self.key(LEASES)))
-            .consistent_read(true)
-            .send()
-            .await
-            .map_err(|e| self.fatal("reading", e))?;
-        let (mut records, consumers) = leases.item().map(parse_leases).unwrap_or_default();
+        let leases = self.get(self.key(LEASES)).await?;
+        let (mut records, consumers) = leases.as_ref().map(parse_leases).unwrap_or_default();
         let leases_version = leases
-            .item()
+            .as_ref()
             .and_then(|item| number(item, LEASES_VERSION))
             .unwrap_or(0);
         for projection in &spec.projections {
@@ -1217,32 +1209,39 @@ impl Registry {
     /// The version of counter `name` readers read, when a backfill of it
     /// completed (one consistent read).
     pub async fn read_version(&self, name: &str) -> Result<Option<ReadVersion>, ApplyError> {
+        Ok(self
+            .get(self.projection_key(name))
+            .await?
+            .as_ref()
+            .and_then(parse_read))
+    }
+
+    /// The registry's item at `key`, read consistently.
+    async fn get(
+        &self,
+        key: HashMap<String, Av>,
+    ) -> Result<Option<HashMap<String, Av>>, ApplyError> {
         let output = self
             .client
             .get_item()
             .table_name(&self.table)
-            .set_key(Some(self.projection_key(name)))
+            .set_key(Some(key))
             .consistent_read(true)
             .send()
             .await
             .map_err(|e| self.fatal("reading", e))?;
-        Ok(output.item().and_then(parse_read))
+        Ok(output.item)
     }
 
     /// The home region `ddb-projector failover` recorded for a global
-    /// table (see [`crate::global`]), if any: it replicates to every
-    /// region, so a worker whose configured home is older stands down.
+    /// table, if any: it replicates to every region, and a worker projects
+    /// only where it agrees with its configured home (see
+    /// [`crate::global::role_with_record`]).
     pub async fn recorded_home(&self) -> Result<Option<String>, ApplyError> {
-        let output = self
-            .client
-            .get_item()
-            .table_name(&self.table)
-            .set_key(Some(self.key(HOME)))
-            .consistent_read(true)
-            .send()
-            .await
-            .map_err(|e| self.fatal("reading", e))?;
-        Ok(output.item().and_then(|item| text(item, "region")))
+        Ok(self
+            .get(self.key(HOME))
+            .await?
+            .and_then(|item| text(&item, "region")))
     }
 
     /// Records `region` as the global table's home region.
@@ -1262,16 +1261,10 @@ impl Registry {
 
     /// The spec text stored under `key`.
     pub async fn spec_text(&self, key: &str) -> Result<Option<String>, ApplyError> {
-        let output = self
-            .client
-            .get_item()
-            .table_name(&self.table)
-            .set_key(Some(self.key(key)))
-            .consistent_read(true)
-            .send()
-            .await
-            .map_err(|e| self.fatal("reading", e))?;
-        Ok(output.item().and_then(|item| text(item, "text")))
+        Ok(self
+            .get(self.key(key))
+            .await?
+            .and_then(|item| text(&item, "text")))
     }
 
     /// Removes everything the registry holds of `name` (after a prune).
