@@ -50,6 +50,7 @@ pub mod passes;
 mod repair;
 mod scan;
 pub mod sketch;
+pub mod wait;
 
 pub use checkpoint::CheckpointStore;
 use derive::{counters, Tally};

@@ -111,6 +111,26 @@ pub enum Command {
         #[arg(long = "projection")]
         projections: Vec<String>,
     },
+    /// Wait until everything the spec derives from one source item's
+    /// current state is in place (read-your-writes), with consistent
+    /// reads; writes nothing. Exit 0 projected; 1 still pending at the
+    /// timeout (naming what) or held behind a dead letter (at once,
+    /// naming it); 2 error.
+    Wait {
+        /// Spec and table.
+        #[command(flatten)]
+        target: Target,
+        /// A key attribute of the source item, `NAME=VALUE` (the partition
+        /// key, and the sort key on a table with one).
+        #[arg(long = "key", required = true)]
+        keys: Vec<String>,
+        /// How long to wait.
+        #[arg(long, default_value = "5s", value_parser = parse_duration)]
+        timeout: std::time::Duration,
+        /// Output format.
+        #[arg(long, value_enum, default_value_t = OutputFormat::Text)]
+        format: OutputFormat,
+    },
     /// Make this region the home region of a global table whose home was
     /// lost: replay this region's whole retained stream, then `audit
     /// --repair` (counters moved by transactions that replicated only in
@@ -425,6 +445,12 @@ pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             target,
             projections,
         } => block_on(stream::replay(target, projections)),
+        Command::Wait {
+            target,
+            keys,
+            timeout,
+            format,
+        } => block_on(online::wait(target, keys, timeout, format)),
         Command::Failover {
             target,
             to,

@@ -5,8 +5,9 @@ use std::process::ExitCode;
 
 use anyhow::bail;
 
-use super::{connect, Target};
+use super::{connect, OutputFormat, Target};
 use crate::apply::{Applier, ApplyConfig};
+use crate::record::ItemKey;
 
 macro_rules! connect_or_return {
     ($target:expr) => {
@@ -124,6 +125,102 @@ pub async fn check_table(target: Target) -> anyhow::Result<ExitCode> {
         }
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// `wait`: until what the spec derives from one item's current state is
+/// in place (see [`crate::audit::wait`]).
+pub async fn wait(
+    target: Target,
+    keys: Vec<String>,
+    timeout: std::time::Duration,
+    format: OutputFormat,
+) -> anyhow::Result<ExitCode> {
+    let c = connect_or_return!(target);
+    let key = item_key(&c.spec.table, &keys)?;
+    let applier = Applier::new(
+        c.dynamodb.clone(),
+        c.spec.clone(),
+        &c.table,
+        ApplyConfig::default(),
+    );
+    let waited = crate::audit::wait::wait(
+        &applier,
+        &key,
+        &crate::audit::wait::WaitOptions {
+            timeout,
+            ..Default::default()
+        },
+    )
+    .await?;
+    use crate::audit::wait::Status;
+    match format {
+        OutputFormat::Json => println!("{}", serde_json::to_string(&waited)?),
+        OutputFormat::Text => match &waited.status {
+            Status::Projected => println!(
+                "{key}: projected ({} checks, {} ms)",
+                waited.checks, waited.waited_ms
+            ),
+            Status::Pending { pending } => {
+                println!(
+                    "{key}: still pending after {} ms ({} checks):",
+                    waited.waited_ms, waited.checks
+                );
+                for p in pending {
+                    println!("  {}: {}: {}", p.projection, p.item, p.detail);
+                }
+            }
+            Status::Held { letters } => {
+                println!("{key}: held behind dead letters, which `ddb-projector dlq redrive` applies again once fixed:");
+                for (projection, error) in letters {
+                    println!("  {projection}: {error}");
+                }
+            }
+        },
+    }
+    Ok(match waited.status {
+        Status::Projected => ExitCode::SUCCESS,
+        _ => ExitCode::from(1),
+    })
+}
+
+/// The key `NAME=VALUE` pairs name: the table's partition key, and its
+/// sort key when it has one.
+fn item_key(table: &crate::spec::TableSpec, pairs: &[String]) -> anyhow::Result<ItemKey> {
+    let mut values = std::collections::HashMap::new();
+    for pair in pairs {
+        let Some((name, value)) = pair.split_once('=') else {
+            bail!(
+                "--key {pair}: expected NAME=VALUE (for example --key {}=USER#u1)",
+                table.partition_key
+            );
+        };
+        let known = name == table.partition_key || table.sort_key.as_deref() == Some(name);
+        if !known {
+            bail!(
+                "--key {pair}: `{name}` is not a key attribute of the table (its keys: {})",
+                std::iter::once(table.partition_key.as_str())
+                    .chain(table.sort_key.as_deref())
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            );
+        }
+        if values.insert(name.to_string(), value.to_string()).is_some() {
+            bail!("--key {name} given twice");
+        }
+    }
+    let Some(pk) = values.remove(&table.partition_key) else {
+        bail!(
+            "--key {}=VALUE is needed (the partition key)",
+            table.partition_key
+        );
+    };
+    let sk = match &table.sort_key {
+        Some(name) => Some(values.remove(name).ok_or_else(|| {
+            anyhow::anyhow!("--key {name}=VALUE is needed (the table's sort key)")
+        })?),
+        None => None,
+    };
+    Ok(ItemKey { pk, sk })
 }
 
 /// Which scan segments `backfill` runs.

@@ -21,3 +21,4 @@ mod replication;
 mod runner;
 mod specgen;
 mod table;
+mod wait;
