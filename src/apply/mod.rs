@@ -349,6 +349,19 @@ impl Applier {
             })
             .collect();
         let n_effects: usize = plans.iter().flatten().map(|p| p.effects.len()).sum();
+        // The projections each record has effects in, for its lag.
+        let projected: Vec<Vec<ProjectionId>> = plans
+            .iter()
+            .map(|plan| {
+                let mut ids: Vec<ProjectionId> = plan
+                    .iter()
+                    .flat_map(|p| p.effects.iter().flat_map(effect_projections))
+                    .collect();
+                ids.sort_unstable();
+                ids.dedup();
+                ids
+            })
+            .collect();
         // The item of each record (for an undecodable one, if its keys read).
         let sources: Vec<Option<ItemKey>> = batch
             .iter()
@@ -695,6 +708,7 @@ impl Applier {
             requests: ctx.requests(),
         };
         record_metrics(&statuses, &stats);
+        record_lag(spec, batch, &projected, &statuses);
         Ok(BatchOutcome {
             statuses,
             stats,
@@ -942,6 +956,41 @@ fn all_failed(reason: String, n: usize, effects: usize, ctx: &ctx::Ctx<'_>) -> B
         statuses,
         stats,
         letters: Vec::new(),
+    }
+}
+
+/// `projector_lag_seconds{projection}`: for each record applied, the time
+/// from its change (`ApproximateCreationDateTime`) to now, once per
+/// projection it had effects in; and the batch's largest,
+/// `projector_batch_lag_seconds`. Records without a creation time (scans,
+/// redrives of letters without one) are left out.
+fn record_lag(
+    spec: &crate::spec::Spec,
+    batch: &[Result<ChangeRecord, DecodeProblem>],
+    projected: &[Vec<ProjectionId>],
+    statuses: &[RecordStatus],
+) {
+    let now_ms = crate::lifecycle::now_ms() as i64;
+    let mut most: Option<f64> = None;
+    for ((record, ids), status) in batch.iter().zip(projected).zip(statuses) {
+        let (Ok(record), RecordStatus::Applied) = (record, status) else {
+            continue;
+        };
+        let Some(created_ms) = record.approximate_creation_ms else {
+            continue;
+        };
+        let lag = (now_ms - created_ms).max(0) as f64 / 1000.0;
+        if !ids.is_empty() {
+            most = Some(most.map_or(lag, |m: f64| m.max(lag)));
+        }
+        for &id in ids {
+            metrics::histogram!("projector_lag_seconds", "projection" => spec.projections[id].name.clone())
+                .record(lag);
+        }
+    }
+    // The batch's largest, one dimension: what the stack alarms on.
+    if let Some(most) = most {
+        metrics::histogram!("projector_batch_lag_seconds").record(most);
     }
 }
 

@@ -750,6 +750,22 @@ async fn lambda_applies_a_whole_batch_and_reports_no_failure() {
             .any(|doc| doc.get("projector_iterator_age_ms").is_some()),
         "{emf:#?}"
     );
+    // The lag from each change to its effects, per projection.
+    let lagged: std::collections::BTreeSet<&str> = emf
+        .iter()
+        .filter(|doc| doc["RequestId"] == first && doc.get("projector_lag_seconds").is_some())
+        .filter_map(|doc| doc["projection"].as_str())
+        .collect();
+    assert!(
+        lagged.contains("email-gsi1-keys") && lagged.contains("profile-primary-email"),
+        "{lagged:?} {emf:#?}"
+    );
+    assert!(
+        emf.iter().any(
+            |doc| doc["RequestId"] == first && doc.get("projector_batch_lag_seconds").is_some()
+        ),
+        "{emf:#?}"
+    );
     eprintln!("lambda_applies_a_whole_batch: {:?}", started.elapsed());
 }
 
