@@ -7,29 +7,28 @@
 //!   holds its later records back, so what they derive cannot come until
 //!   the dead letter is redriven; the check answers [`Status::Held`] with
 //!   the letters at once;
-//! - the item, and the items its current state plans effects onto (the
-//!   targets of `denormalize`, `rollup`, `aggregate`);
-//! - then what the audit checks on a page of those items (see
-//!   [`super::page`]): its index keys, its memberships (inverse edges and
-//!   their copies, counter markers and records), the targets' values
-//!   against what their recomputes read now.
+//! - the item as it is now: its index keys, and its memberships (inverse
+//!   edges and their copies, counter markers and records) as a backfill
+//!   plans them, checked as the audit checks them; for a deleted item,
+//!   the memberships its key names must be gone;
+//! - the targets it may move (`denormalize`, `rollup`, `aggregate`),
+//!   whether it counts for them now or did before (a `when` just turned,
+//!   a delete): each against what its recompute reads now.
 //!
-//! A deleted item derives nothing: its memberships must be gone. Those
-//! the item's key alone names are checked (an inverse edge or a counter
-//! whose key comes from the source's key); others would need the
-//! attributes the item no longer has, and are not.
-//!
-//! Counter totals are sums over shards that many sources move; a source
-//! item's part in them is its marker and records, which the check reads.
+//! What it does not see: a custom projection's effects; records of the
+//! item still in flight whose older states the current one equals again
+//! (A, B, A: the worker may still apply B's effects, then A's again); a
+//! spec other than the worker's. Counter totals are sums over shards that
+//! many sources move; an item's part in them is its marker and records.
 
 use std::collections::{HashMap, HashSet};
 use std::time::{Duration, Instant};
 
-use super::sketch::Sketch;
 use crate::apply::{Applier, ApplyError};
 use crate::apply::{DeadLetter, WHOLE_RECORD};
 use crate::plan::{plan_record, Op};
-use crate::record::{Item, ItemKey};
+use crate::record::{ChangeKind, ChangeRecord, Item, ItemKey};
+use crate::spec::ProjectionId;
 
 /// An effect of the item's current state not in place yet.
 #[derive(Debug, Clone, PartialEq, serde::Serialize)]
@@ -126,11 +125,19 @@ pub async fn check(applier: &Applier, key: &ItemKey) -> Result<Status, ApplyErro
             .map(|l| (l.projection, l.error))
             .collect();
         if named.is_empty() {
-            // A hold whose letters a redrive is removing right now.
-            named = held
-                .into_iter()
-                .map(|(projection, _)| (projection, "held".to_string()))
-                .collect();
+            // A hold whose letters a redrive has just removed: released
+            // next, and the item projected; asked again.
+            return Ok(Status::Pending {
+                pending: held
+                    .into_iter()
+                    .map(|(projection, _)| Pending {
+                        projection,
+                        item: key.to_string(),
+                        detail: "held, its letters redriven: the hold is being released"
+                            .to_string(),
+                    })
+                    .collect(),
+            });
         }
         named.sort();
         named.dedup();
@@ -146,54 +153,77 @@ pub async fn check(applier: &Applier, key: &ItemKey) -> Result<Status, ApplyErro
             table: applier.table().to_string(),
             message: problem.reason,
         })?;
-    let plan = plan_record(spec, &record, None);
     let reader = applier.reader();
     let mut findings = Vec::new();
-    match &record.new_image {
-        Some(image) => {
-            // The item, and the targets its state plans effects onto,
-            // checked as an audit checks a page.
-            let targets: Vec<ItemKey> = plan
-                .effects
-                .iter()
-                .filter_map(|effect| match &effect.op {
-                    Op::Recompute { target, .. } => Some(target.clone()),
-                    Op::SetAttributes { key: target, .. } if target != key => Some(target.clone()),
-                    _ => None,
-                })
-                .collect::<HashSet<_>>()
-                .into_iter()
-                .collect();
-            let mut page: Vec<Item> = vec![image.to_item()];
-            let read = reader
-                .items(targets.iter().collect())
-                .await
-                .map_err(|e| fatal("reading the targets", e))?;
-            page.extend(read.into_values());
-            findings = super::page::check(applier, page, &mut Sketch::default())
-                .await?
-                .findings;
+    let image = record.new_image.as_ref().map(|image| image.to_item());
+
+    // Its index keys.
+    if let Some(item) = &image {
+        if let Some(entity) = spec.match_entity(&key.pk, key.sk.as_deref(), &mut Vec::new()) {
+            super::derive::index_keys(spec, &[(entity, key.clone(), item.clone())], &mut findings);
         }
-        None => {
-            // Gone: the memberships its key names must be gone too.
-            let effects: Vec<_> = plan
-                .effects
-                .into_iter()
-                .filter(|effect| crate::apply::marker_change(spec, effect).is_some())
-                .collect();
-            let wanted: Vec<ItemKey> = effects
+    }
+
+    // Its memberships (inverse edges and their copies, counter markers
+    // and records): for a deleted item, those its key names, gone.
+    let effects: Vec<_> = plan_record(spec, &record, None)
+        .effects
+        .into_iter()
+        .filter(|effect| crate::apply::marker_change(spec, effect).is_some())
+        .collect();
+    let wanted: Vec<ItemKey> = effects
+        .iter()
+        .flat_map(|effect| super::derive::marker_reads(spec, effect))
+        .collect();
+    let mut read = reader
+        .items(wanted.iter().collect())
+        .await
+        .map_err(|e| fatal("reading the memberships", e))?;
+    if let Some(item) = &image {
+        read.insert(key.clone(), item.clone());
+    }
+    let by_key: HashMap<&ItemKey, &Item> = read.iter().collect();
+    for effect in effects {
+        super::derive::check_marker(spec, &by_key, effect, &mut findings);
+    }
+
+    // The targets it may move (`denormalize`, `rollup`, `aggregate`),
+    // whether it counts for them now or did before: planned as a change
+    // from a state unknown, which might have counted. Each against what
+    // its recompute reads now; a target that does not exist gets nothing.
+    let unknown_before = ChangeRecord {
+        kind: if image.is_some() {
+            ChangeKind::Modify
+        } else {
+            ChangeKind::Remove
+        },
+        old_image: None,
+        ..record.clone()
+    };
+    let mut targets: Vec<(ProjectionId, ItemKey, crate::plan::Sources)> = Vec::new();
+    for effect in plan_record(spec, &unknown_before, None).effects {
+        if let Op::Recompute { target, sources } = effect.op {
+            if !targets
                 .iter()
-                .flat_map(|effect| super::derive::marker_reads(spec, effect))
-                .collect();
-            let read = reader
-                .items(wanted.iter().collect())
-                .await
-                .map_err(|e| fatal("reading the memberships", e))?;
-            let by_key: HashMap<&ItemKey, &Item> = read.iter().collect();
-            for effect in effects {
-                super::derive::check_marker(spec, &by_key, effect, &mut findings);
+                .any(|(id, t, _)| *id == effect.projection && *t == target)
+            {
+                targets.push((effect.projection, target, sources));
             }
         }
+    }
+    let items = reader
+        .items(targets.iter().map(|(_, target, _)| target).collect())
+        .await
+        .map_err(|e| fatal("reading the targets", e))?;
+    for (id, target, sources) in &targets {
+        let Some(item) = items.get(target) else {
+            continue;
+        };
+        let sources = reader
+            .recompute_sources(*id, target, sources)
+            .await
+            .map_err(|e| fatal("reading a target's sources", e))?;
+        findings.extend(super::derive::target(spec, *id, target, item, &sources));
     }
     let pending: Vec<Pending> = findings
         .into_iter()

@@ -135,7 +135,13 @@ pub async fn wait(
     timeout: std::time::Duration,
     format: OutputFormat,
 ) -> anyhow::Result<ExitCode> {
-    let c = connect_or_return!(target);
+    // Exit 1 means "not projected" here: a spec that does not load is an
+    // error (2), its problems printed.
+    let c = match connect(&target).await {
+        Ok(connection) => connection,
+        Err(Ok(_)) => return Ok(ExitCode::from(2)),
+        Err(Err(error)) => return Err(error),
+    };
     let key = item_key(&c.spec.table, &keys)?;
     let applier = Applier::new(
         c.dynamodb.clone(),
