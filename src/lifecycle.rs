@@ -61,6 +61,32 @@ pub const LIFECYCLE_PK: &str = "_ddbp#lifecycle";
 /// The registry's item of the home region a failover recorded.
 const HOME: &str = "home";
 
+/// The registry's item of the last change each projection applied: per
+/// projection, `c#<name>` the change's time and `a#<name>` when it was
+/// applied (ms), written by stream consumers at most every
+/// [`APPLIED_EVERY`].
+const APPLIED: &str = "applied";
+
+/// How often a stream consumer records the last change it applied.
+const APPLIED_EVERY: Duration = Duration::from_secs(30);
+
+/// The last change a projection applied, as `status` shows it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Applied {
+    /// When the change was made (`ApproximateCreationDateTime`, ms).
+    pub change_ms: i64,
+    /// When its effects were applied (ms).
+    pub applied_ms: u64,
+}
+
+impl Applied {
+    /// From the change to its effects, in ms.
+    pub fn lag_ms(&self) -> i64 {
+        (self.applied_ms as i64 - self.change_ms).max(0)
+    }
+}
+
 /// The sort key of the leases item.
 const LEASES: &str = "leases";
 
@@ -307,6 +333,9 @@ pub struct ProjectionStatus {
     pub note: Option<String>,
     /// Open dead letters of the projection.
     pub dead_letters: usize,
+    /// The last change a stream consumer applied, when recorded.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub applied: Option<Applied>,
 }
 
 /// How `status` spells the commands it suggests.
@@ -358,6 +387,7 @@ pub fn states(
                     "the version of `{base}` readers read, kept current while `{base}` is rebuilt beside it; they switch when its backfill completes, and this one is then pruned"
                 )),
                 dead_letters: 0,
+                applied: None,
             });
             continue;
         }
@@ -453,6 +483,7 @@ pub fn states(
             next,
             note,
             dead_letters: 0,
+            applied: None,
         });
     }
     for (name, record) in &snapshot.records {
@@ -490,6 +521,7 @@ pub fn states(
             }),
             note: None,
             dead_letters: 0,
+            applied: None,
         });
     }
     out
@@ -1244,6 +1276,29 @@ impl Registry {
             .and_then(|item| text(&item, "region")))
     }
 
+    /// The last change each projection applied, by name, as stream
+    /// consumers recorded it.
+    pub async fn applied(&self) -> Result<HashMap<String, Applied>, ApplyError> {
+        let Some(item) = self.get(self.key(APPLIED)).await? else {
+            return Ok(HashMap::new());
+        };
+        Ok(item
+            .iter()
+            .filter_map(|(attr, value)| {
+                let name = attr.strip_prefix("c#")?;
+                let change_ms = value.as_n().ok()?.parse().ok()?;
+                let applied_ms = number(&item, &format!("a#{name}"))?;
+                Some((
+                    name.to_string(),
+                    Applied {
+                        change_ms,
+                        applied_ms,
+                    },
+                ))
+            })
+            .collect())
+    }
+
     /// Records `region` as the global table's home region.
     pub async fn record_home(&self, region: &str) -> Result<(), ApplyError> {
         let mut item = self.key(HOME);
@@ -1677,6 +1732,9 @@ pub struct Leases {
     consumer: bool,
     length: Duration,
     state: tokio::sync::Mutex<LeaseState>,
+    /// The last change each projection applied, and when it was last
+    /// recorded.
+    applied: StdMutex<(HashMap<ProjectionId, Applied>, Option<std::time::Instant>)>,
 }
 
 #[derive(Debug, Default)]
@@ -1726,6 +1784,7 @@ impl Leases {
                     consumer,
                     length,
                     state: tokio::sync::Mutex::new(LeaseState::default()),
+                    applied: StdMutex::new((HashMap::new(), None)),
                 })
             })
             .clone()
@@ -1733,6 +1792,68 @@ impl Leases {
 
     fn spec_key(&self) -> String {
         format!("spec#{}", hex(self.spec.projections_fingerprint()))
+    }
+
+    /// Notes the changes a stream consumer applied (projection, change
+    /// time in ms), and records the latest of each in the registry at
+    /// most every [`APPLIED_EVERY`] (for `status`). Only a consumer
+    /// records: a backfill or replay applies old changes.
+    pub async fn note_applied(&self, changes: &[(ProjectionId, i64)]) -> Result<(), ApplyError> {
+        if !self.consumer || changes.is_empty() {
+            return Ok(());
+        }
+        let now = now_ms();
+        let due: Vec<(ProjectionId, Applied)> = {
+            let mut board = self.applied.lock().expect("applied lock");
+            for &(id, change_ms) in changes {
+                let entry = board.0.entry(id).or_insert(Applied {
+                    change_ms,
+                    applied_ms: now,
+                });
+                if change_ms >= entry.change_ms {
+                    *entry = Applied {
+                        change_ms,
+                        applied_ms: now,
+                    };
+                }
+            }
+            if board.1.is_some_and(|at| at.elapsed() < APPLIED_EVERY) {
+                return Ok(());
+            }
+            board.1 = Some(std::time::Instant::now());
+            board.0.iter().map(|(id, a)| (*id, *a)).collect()
+        };
+        // 4 KB of expression: 20 projections a request.
+        for chunk in due.chunks(20) {
+            let mut update = self
+                .registry
+                .client
+                .update_item()
+                .table_name(&self.registry.table)
+                .set_key(Some(self.registry.key(APPLIED)));
+            let mut parts = Vec::new();
+            for (i, (id, applied)) in chunk.iter().enumerate() {
+                let name = &self.spec.projections[*id].name;
+                update = update
+                    .expression_attribute_names(format!("#c{i}"), format!("c#{name}"))
+                    .expression_attribute_names(format!("#a{i}"), format!("a#{name}"))
+                    .expression_attribute_values(
+                        format!(":c{i}"),
+                        Av::N(applied.change_ms.to_string()),
+                    )
+                    .expression_attribute_values(
+                        format!(":a{i}"),
+                        Av::N(applied.applied_ms.to_string()),
+                    );
+                parts.push(format!("#c{i} = :c{i}, #a{i} = :a{i}"));
+            }
+            update
+                .update_expression(format!("SET {}", parts.join(", ")))
+                .send()
+                .await
+                .map_err(|e| self.registry.fatal("writing", e))?;
+        }
+        Ok(())
     }
 
     /// Makes sure this process may write `written` (a stream consumer:

@@ -28,7 +28,7 @@ mod reads;
 pub(crate) mod retry;
 mod writes;
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -708,7 +708,10 @@ impl Applier {
             requests: ctx.requests(),
         };
         record_metrics(&statuses, &stats);
-        record_lag(spec, batch, &projected, &statuses);
+        let applied = record_lag(spec, batch, &projected, &statuses);
+        if let Err(error) = self.leases.note_applied(&applied).await {
+            tracing::warn!(%error, "could not record the last change applied (for `status`)");
+        }
         Ok(BatchOutcome {
             statuses,
             stats,
@@ -963,15 +966,17 @@ fn all_failed(reason: String, n: usize, effects: usize, ctx: &ctx::Ctx<'_>) -> B
 /// from its change (`ApproximateCreationDateTime`) to now, once per
 /// projection it had effects in; and the batch's largest,
 /// `projector_batch_lag_seconds`. Records without a creation time (scans,
-/// redrives of letters without one) are left out.
+/// redrives of letters without one) are left out. Returns each
+/// projection's latest change applied.
 fn record_lag(
     spec: &crate::spec::Spec,
     batch: &[Result<ChangeRecord, DecodeProblem>],
     projected: &[Vec<ProjectionId>],
     statuses: &[RecordStatus],
-) {
+) -> Vec<(ProjectionId, i64)> {
     let now_ms = crate::lifecycle::now_ms() as i64;
     let mut most: Option<f64> = None;
+    let mut latest: HashMap<ProjectionId, i64> = HashMap::new();
     for ((record, ids), status) in batch.iter().zip(projected).zip(statuses) {
         let (Ok(record), RecordStatus::Applied) = (record, status) else {
             continue;
@@ -986,12 +991,15 @@ fn record_lag(
         for &id in ids {
             metrics::histogram!("projector_lag_seconds", "projection" => spec.projections[id].name.clone())
                 .record(lag);
+            let entry = latest.entry(id).or_insert(created_ms);
+            *entry = (*entry).max(created_ms);
         }
     }
     // The batch's largest, one dimension: what the stack alarms on.
     if let Some(most) = most {
         metrics::histogram!("projector_batch_lag_seconds").record(most);
     }
+    latest.into_iter().collect()
 }
 
 fn record_metrics(statuses: &[RecordStatus], stats: &BatchStats) {

@@ -60,8 +60,10 @@ pub async fn status(target: Target, format: OutputFormat) -> anyhow::Result<Exit
         &by_projection,
         &commands(&target),
     );
+    let applied = registry.applied().await?;
     for row in &mut rows {
         row.dead_letters = by_projection.get(&row.name).copied().unwrap_or(0);
+        row.applied = applied.get(&row.name).copied();
     }
     let whole = by_projection
         .get(crate::apply::WHOLE_RECORD)
@@ -98,18 +100,27 @@ pub async fn status(target: Target, format: OutputFormat) -> anyhow::Result<Exit
             let width = rows.iter().map(|r| r.name.len()).max().unwrap_or(0).max(10);
             writeln!(
                 out,
-                "  {:width$}  {:12}  {:11}  {:24}  {:>7}  next",
-                "projection", "kind", "state", "since", "letters"
+                "  {:width$}  {:12}  {:11}  {:24}  {:>7}  {:24}  {:>8}  next",
+                "projection", "kind", "state", "since", "letters", "last change applied", "lag"
             )?;
             for row in &rows {
+                let (last, lag) = match row.applied {
+                    Some(applied) => (
+                        crate::lifecycle::iso(applied.change_ms.max(0) as u64),
+                        format!("{:.1} s", applied.lag_ms() as f64 / 1000.0),
+                    ),
+                    None => ("-".to_string(), "-".to_string()),
+                };
                 writeln!(
                     out,
-                    "  {:width$}  {:12}  {:11}  {:24}  {:>7}  {}",
+                    "  {:width$}  {:12}  {:11}  {:24}  {:>7}  {:24}  {:>8}  {}",
                     row.name,
                     row.kind,
                     row.state.as_str(),
                     row.since.as_deref().unwrap_or("-"),
                     row.dead_letters,
+                    last,
+                    lag,
                     row.next.as_deref().unwrap_or("-"),
                 )?;
                 if let Some(note) = &row.note {

@@ -161,6 +161,38 @@ async fn status_follows_each_projection_from_deploy_to_live_change_and_retiremen
     );
     // Deployed: live changes are projected, the history is not.
     run_drain(&v1, &table);
+    // The last change each projection applied, and its lag.
+    let output = cli(&[
+        "status",
+        "--spec",
+        v1.to_str().unwrap(),
+        "--table",
+        &table,
+        "--format",
+        "json",
+    ]);
+    let value: Value = serde_json::from_slice(&output.stdout).expect("JSON");
+    let applied = value["projections"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|row| row["name"] == "followed-by")
+        .map(|row| row["applied"].clone())
+        .unwrap();
+    let (change, at) = (
+        applied["changeMs"].as_i64().expect("a change time"),
+        applied["appliedMs"].as_i64().expect("an applied time"),
+    );
+    let now = ddb_projector::lifecycle::now_ms() as i64;
+    assert!(
+        change > now - 600_000 && change <= at && at <= now,
+        "{applied}"
+    );
+    let text = String::from_utf8_lossy(
+        &cli(&["status", "--spec", v1.to_str().unwrap(), "--table", &table]).stdout,
+    )
+    .to_string();
+    assert!(text.contains("last change applied"), "{text}");
     let (code, rows) = status(&v1, &table);
     assert_eq!(code, 1, "running is not backfilled");
     assert_eq!(
