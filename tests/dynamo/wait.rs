@@ -46,6 +46,20 @@ async fn check(
     Box::pin(ddb_projector::audit::wait::check(applier, key)).await
 }
 
+/// A fresh table for the shipped spec `name`, its applier, and a runner
+/// of its stream.
+async fn setup(
+    name: &str,
+    prefix: &str,
+) -> (Applier, aws_sdk_dynamodb::Client, String, StreamRunner) {
+    let applier = support::fixture(support::shipped_spec(name), prefix)
+        .await
+        .applier;
+    let (client, table) = (applier.client().clone(), applier.table().to_string());
+    let runner = runner(&applier).await;
+    (applier, client, table, runner)
+}
+
 fn key(pk: &str, sk: &str) -> ItemKey {
     ItemKey {
         pk: pk.to_string(),
@@ -81,10 +95,7 @@ async fn wait_answers_pending_then_projected_and_held_behind_a_dead_letter() {
 }
 
 async fn wait_answers_pending_then_projected_and_held_behind_a_dead_letter_steps() {
-    let spec = support::shipped_spec("user-service.toml");
-    let applier = support::fixture(spec.clone(), "wait-user").await.applier;
-    let (client, table) = (applier.client().clone(), applier.table().to_string());
-    let runner = runner(&applier).await;
+    let (applier, client, table, runner) = setup("user-service.toml", "wait-user").await;
     put_item(&client, &table, &profile("u1")).await;
     put_item(&client, &table, &email("u1", "e1", "Sam@X.org", true)).await;
     let e1 = key("USER#u1", "EMAIL#e1");
@@ -173,10 +184,7 @@ async fn wait_follows_memberships_in_and_out_and_the_cli_names_what_is_pending()
 }
 
 async fn wait_follows_memberships_in_and_out_and_the_cli_names_what_is_pending_steps() {
-    let spec = support::shipped_spec("social-service.toml");
-    let applier = support::fixture(spec.clone(), "wait-social").await.applier;
-    let (client, table) = (applier.client().clone(), applier.table().to_string());
-    let runner = runner(&applier).await;
+    let (applier, client, table, runner) = setup("social-service.toml", "wait-social").await;
     let edge = key("USER#a", "FOLLOWS#b");
     put_item(&client, &table, &follow("a", "b", "2026-11-26")).await;
     // The counters ride on the inverse edge: its marker.
