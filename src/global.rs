@@ -310,6 +310,54 @@ pub fn home_unavailable(table: &TableInfo, home: &str) -> Option<String> {
     ))
 }
 
+/// Where a worker stands on a table, as DynamoDB describes it now.
+#[derive(Debug, Clone)]
+pub struct Standing {
+    /// Its role, or why the table is refused.
+    pub role: Result<Role, GlobalError>,
+    /// A warning to show (the home replica not `ACTIVE`).
+    pub warning: Option<String>,
+}
+
+/// Reads where a worker in `region` stands on `table`: the table's
+/// description and, on a global table, the home a failover recorded
+/// (see [`role_with_record`]). `Err` when either could not be read: the
+/// role is then not known.
+pub async fn standing(
+    client: &aws_sdk_dynamodb::Client,
+    table: &str,
+    spec: &Spec,
+    region: &str,
+    configured: Option<&str>,
+    writers: Writers,
+) -> Result<Standing, String> {
+    let info = crate::aws::describe_table(client, table)
+        .await
+        .map_err(|error| format!("{error:#}"))?;
+    let recorded = match info.replicas.is_empty() {
+        true => None,
+        false => crate::lifecycle::Registry::new(client.clone(), table, &spec.table)
+            .recorded_home()
+            .await
+            .map_err(|error| format!("reading the recorded home region: {error}"))?,
+    };
+    let warning = recorded
+        .as_deref()
+        .or(configured)
+        .and_then(|home| home_unavailable(&info, home));
+    Ok(Standing {
+        role: role_with_record(
+            &info,
+            spec,
+            region,
+            configured,
+            recorded.as_deref(),
+            writers,
+        ),
+        warning,
+    })
+}
+
 /// Why a running worker stopped projecting (see [`stand_down`]).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum StandDown {

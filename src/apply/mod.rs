@@ -977,6 +977,8 @@ fn record_lag(
     let now_ms = crate::lifecycle::now_ms() as i64;
     let mut most: Option<f64> = None;
     let mut latest: HashMap<ProjectionId, i64> = HashMap::new();
+    // One histogram handle per projection a batch, not a label per record.
+    let mut lags: HashMap<ProjectionId, metrics::Histogram> = HashMap::new();
     for ((record, ids), status) in batch.iter().zip(projected).zip(statuses) {
         let (Ok(record), RecordStatus::Applied) = (record, status) else {
             continue;
@@ -989,7 +991,10 @@ fn record_lag(
             most = Some(most.map_or(lag, |m: f64| m.max(lag)));
         }
         for &id in ids {
-            metrics::histogram!("projector_lag_seconds", "projection" => spec.projections[id].name.clone())
+            lags.entry(id)
+                .or_insert_with(|| {
+                    metrics::histogram!("projector_lag_seconds", "projection" => spec.projections[id].name.clone())
+                })
                 .record(lag);
             let entry = latest.entry(id).or_insert(created_ms);
             *entry = (*entry).max(created_ms);

@@ -628,32 +628,22 @@ pub async fn connect(target: &Target) -> Result<Connection, anyhow::Result<ExitC
 /// Where a worker of `c` in this region stands on its table (see
 /// [`crate::global`]): an error names what to set.
 pub async fn region_role(c: &Connection, target: &Target) -> anyhow::Result<crate::global::Role> {
-    let info = crate::aws::describe_table(&c.dynamodb, &c.table).await?;
     let region = c.config.region().map(|r| r.to_string()).unwrap_or_default();
-    let recorded = match info.replicas.is_empty() {
-        true => None,
-        false => {
-            crate::lifecycle::Registry::new(c.dynamodb.clone(), &c.table, &c.spec.table)
-                .recorded_home()
-                .await?
-        }
-    };
-    if let Some(warning) = recorded
-        .as_deref()
-        .or(target.home_region.as_deref())
-        .and_then(|home| crate::global::home_unavailable(&info, home))
-    {
-        tracing::warn!(table = c.table, "{warning}");
-        eprintln!("warning: {warning}");
-    }
-    Ok(crate::global::role_with_record(
-        &info,
+    let standing = crate::global::standing(
+        &c.dynamodb,
+        &c.table,
         &c.spec,
         &region,
         target.home_region.as_deref(),
-        recorded.as_deref(),
         target.writers(),
-    )?)
+    )
+    .await
+    .map_err(anyhow::Error::msg)?;
+    if let Some(warning) = &standing.warning {
+        tracing::warn!(table = c.table, "{warning}");
+        eprintln!("warning: {warning}");
+    }
+    Ok(standing.role?)
 }
 
 /// For a command that writes derived state (`verb`): refuses it outside

@@ -342,55 +342,34 @@ impl Regions {
                 return Ok(role.clone());
             }
         }
-        let info = match crate::aws::describe_table(client, table).await {
-            Ok(info) => info,
-            // Described a minute ago: that still stands while DynamoDB
-            // does not answer.
-            Err(error) => {
-                return match cached {
-                    Some((role, _)) => Ok(role),
-                    None => Err(RoleError::Describe(format!("{error:#}"))),
-                }
-            }
-        };
-        // On a global table, the home a failover recorded. Unread, the
-        // role is not known: a worker that went by its configured home
-        // could project beside the recorded one.
-        let recorded = match info.replicas.is_empty() {
-            true => None,
-            false => match crate::lifecycle::Registry::new(client.clone(), table, &spec.table)
-                .recorded_home()
-                .await
-            {
-                Ok(recorded) => recorded,
-                Err(error) => {
-                    return match cached {
-                        Some((role, _)) => Ok(role),
-                        None => Err(RoleError::Describe(format!(
-                            "reading the recorded home region: {error}"
-                        ))),
-                    }
-                }
-            },
-        };
-        let role = crate::global::role_with_record(
-            &info,
+        // Unread, the role is not known: the one described a minute ago
+        // still stands while DynamoDB does not answer; without one the
+        // batch fails (a worker that went by its configured home could
+        // project beside the recorded one).
+        let standing = match crate::global::standing(
+            client,
+            table,
             spec,
             &self.region,
             self.home.as_deref(),
-            recorded.as_deref(),
             self.writers,
         )
-        .map_err(RoleError::Global)?;
-        if let Some(warning) = recorded
-            .as_deref()
-            .or(self.home.as_deref())
-            .and_then(|home| crate::global::home_unavailable(&info, home))
+        .await
         {
+            Ok(standing) => standing,
+            Err(error) => {
+                return match cached {
+                    Some((role, _)) => Ok(role),
+                    None => Err(RoleError::Describe(error)),
+                }
+            }
+        };
+        if let Some(warning) = &standing.warning {
             tracing::warn!(table, "{warning}");
             metrics::counter!("projector_home_replica_inactive_total", "table" => table.to_string())
                 .increment(1);
         }
+        let role = standing.role.map_err(RoleError::Global)?;
         let changed = cached.as_ref().map(|(r, _)| r) != Some(&role);
         if let (crate::global::Role::Away { home }, true) = (&role, changed) {
             tracing::warn!(

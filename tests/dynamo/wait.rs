@@ -201,7 +201,8 @@ async fn wait_follows_memberships_in_and_out_and_the_cli_names_what_is_pending_s
         "{effects:?}"
     );
     let spec_path = support::repo().join("projections/social-service.toml");
-    let cli = |timeout: &str| {
+    // `wait` on this table with `keys` and options.
+    let cli = |args: &[&str]| {
         std::process::Command::new(support::binary())
             .args([
                 "wait",
@@ -209,18 +210,14 @@ async fn wait_follows_memberships_in_and_out_and_the_cli_names_what_is_pending_s
                 spec_path.to_str().unwrap(),
                 "--table",
                 &table,
-                "--key",
-                "PK=USER#a",
-                "--key",
-                "SK=FOLLOWS#b",
-                "--timeout",
-                timeout,
             ])
+            .args(args)
             .envs(support::env())
             .output()
             .unwrap()
     };
-    let output = cli("300ms");
+    let edge_keys = ["--key", "PK=USER#a", "--key", "SK=FOLLOWS#b"];
+    let output = cli(&[&edge_keys[..], &["--timeout", "300ms"]].concat());
     let stdout = String::from_utf8_lossy(&output.stdout);
     assert_eq!(output.status.code(), Some(1), "{stdout}");
     assert!(
@@ -229,7 +226,7 @@ async fn wait_follows_memberships_in_and_out_and_the_cli_names_what_is_pending_s
     );
     drain(&runner).await;
     assert_eq!(check(&applier, &edge).await.unwrap(), Status::Projected);
-    let output = cli("2s");
+    let output = cli(&[&edge_keys[..], &["--timeout", "2s"]].concat());
     let stdout = String::from_utf8_lossy(&output.stdout);
     assert_eq!(output.status.code(), Some(0), "{stdout}");
     assert!(stdout.contains("projected"), "{stdout}");
@@ -248,19 +245,7 @@ async fn wait_follows_memberships_in_and_out_and_the_cli_names_what_is_pending_s
     );
     drain(&runner).await;
     assert_eq!(check(&applier, &edge).await.unwrap(), Status::Projected);
-    let output = std::process::Command::new(support::binary())
-        .args([
-            "wait",
-            "--spec",
-            spec_path.to_str().unwrap(),
-            "--table",
-            &table,
-            "--key",
-            "PK=USER#a",
-        ])
-        .envs(support::env())
-        .output()
-        .unwrap();
+    let output = cli(&["--key", "PK=USER#a"]);
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert_eq!(output.status.code(), Some(2), "{stderr}");
     assert!(stderr.contains("--key SK=VALUE is needed"), "{stderr}");
