@@ -1617,6 +1617,7 @@ impl Registry {
                 }
             })?;
         compiled.frozen = frozen;
+        compiled.services = spec.services.clone();
         Ok((compiled, layouts))
     }
 }

@@ -9,8 +9,8 @@ use super::raw::{RawCondition, RawInvariant, RawProjection, RawSpec};
 use super::{
     old_version_of, storage_generation, Condition, Counter, Denormalize, Entity, EntityId, Gsi,
     IndexKeys, Invariant, InvariantKind, InverseEdge, KeyPattern, Marker, Projection, ProjectionId,
-    ProjectionKind, RepairPolicy, Spec, SpecError, SpecErrors, TableSpec, Template, MAX_SHARDS,
-    RESERVED_PREFIX,
+    ProjectionKind, RepairPolicy, Services, Spec, SpecError, SpecErrors, TableSpec, Template,
+    MAX_SHARDS, RESERVED_PREFIX,
 };
 use crate::kinds::Recomputed;
 use crate::plan::CustomProjection;
@@ -248,6 +248,7 @@ impl Compiler {
             return Err(SpecErrors(self.errors));
         }
         let interested = interested(&projections, &entities);
+        let services = Services::single(&raw, &self.file);
         Ok(Spec {
             file: self.file,
             service: raw.service,
@@ -258,6 +259,7 @@ impl Compiler {
             interested,
             raw: RawSpec::default(),
             frozen: Vec::new(),
+            services,
         })
     }
 

@@ -9,6 +9,7 @@ pub mod builder;
 mod compile;
 mod describe;
 pub mod raw;
+pub mod set;
 pub mod template;
 
 use std::collections::HashMap;
@@ -21,6 +22,7 @@ use crate::record::{AttributeValue, Attributes, Item, ItemKey, ValueRef};
 pub use builder::SpecBuilder;
 pub(crate) use compile::{fingerprint, Compiler};
 use raw::RawSpec;
+pub use set::{Services, SpecSet};
 pub use template::{Bindings, KeyPattern, RenderError, Template, TemplateError};
 
 /// Keys starting with this prefix belong to the projector itself (dead
@@ -486,6 +488,10 @@ pub struct Spec {
     /// see `lifecycle::Registry::layout`): their records stay on the items
     /// as they are, and nothing moves their shards, until the switch.
     pub frozen: Vec<String>,
+    /// The service (and file) that registered each projection and
+    /// invariant: several when specs of one table were composed
+    /// ([`SpecSet`]).
+    pub services: Services,
 }
 
 impl Spec {
@@ -524,6 +530,11 @@ impl Spec {
         let mut spec = compile::Compiler::new(label).compile(raw, custom)?;
         spec.raw = kept;
         Ok(spec)
+    }
+
+    /// The service that registered projection or invariant `name`.
+    pub fn service_of(&self, name: &str) -> &str {
+        self.services.of(name).unwrap_or(&self.service)
     }
 
     /// The entity with this name.

@@ -1,0 +1,444 @@
+//! A registry of specs: one file per service, many services per deployment.
+//!
+//! `--spec` and `PROJECTOR_SPEC` name a spec file or a directory of them.
+//! The specs are grouped by the table they describe, and the specs of one
+//! table compose into one [`Spec`]: one stream reader, one lifecycle, one
+//! set of checks over every team's projections. Composing merges the files'
+//! tables, entities, projections and invariants, and refuses what two files
+//! would mean differently, naming both: a table described with other keys,
+//! an entity name with other key patterns, a projection, counter or
+//! invariant name defined twice. The compiler then checks the composite as
+//! it checks any spec, so two specs deriving one attribute, entities of two
+//! files matching the same keys, or a loop through projections of two files
+//! are refused with each projection's and entity's file named.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::Path;
+use std::sync::Arc;
+
+use super::raw::RawSpec;
+use super::{Spec, SpecError, SpecErrors};
+
+/// The service that registered each projection and invariant of a spec.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Services {
+    /// Service name and the file it came from, in file order.
+    pub files: Vec<(String, String)>,
+    /// Projection or invariant name to the index of its service in `files`.
+    owners: BTreeMap<String, usize>,
+}
+
+impl Services {
+    /// The service of one file owning everything in `raw`.
+    pub fn single(raw: &RawSpec, file: &str) -> Services {
+        let mut services = Services::default();
+        services.add(raw, file);
+        services
+    }
+
+    fn add(&mut self, raw: &RawSpec, file: &str) {
+        let index = self.files.len();
+        self.files.push((raw.service.clone(), file.to_string()));
+        for projection in &raw.projections {
+            self.owners.insert(projection.name().to_string(), index);
+        }
+        for invariant in &raw.invariants {
+            self.owners.insert(invariant.name().to_string(), index);
+        }
+    }
+
+    /// The service that registered projection or invariant `name` (a
+    /// counter's old version `followers~0` is its counter's), if known.
+    pub fn of(&self, name: &str) -> Option<&str> {
+        let base = super::old_version_of(name).map_or(name, |(base, _)| base);
+        self.owners
+            .get(name)
+            .or_else(|| self.owners.get(base))
+            .map(|&i| self.files[i].0.as_str())
+    }
+
+    /// The file that registered `name`, if known.
+    pub fn file_of(&self, name: &str) -> Option<&str> {
+        let base = super::old_version_of(name).map_or(name, |(base, _)| base);
+        self.owners
+            .get(name)
+            .or_else(|| self.owners.get(base))
+            .map(|&i| self.files[i].1.as_str())
+    }
+
+    /// Whether more than one service registered the spec.
+    pub fn is_composite(&self) -> bool {
+        self.files.len() > 1
+    }
+}
+
+/// The specs a deployment serves, one composed [`Spec`] per table.
+#[derive(Debug, Clone)]
+pub struct SpecSet {
+    /// What was loaded (the file or directory), for messages.
+    pub source: String,
+    specs: Vec<Arc<Spec>>,
+}
+
+impl SpecSet {
+    /// Loads a spec file, or every `*.toml` file of a directory (one per
+    /// service; hidden files and other extensions are skipped).
+    pub fn load(path: &Path) -> Result<SpecSet, SpecErrors> {
+        let label = path.display().to_string();
+        let fail = |problem: String| {
+            SpecErrors(vec![SpecError {
+                file: label.clone(),
+                context: String::new(),
+                problem,
+            }])
+        };
+        if !path.is_dir() {
+            let spec = Spec::from_file(path)?;
+            return Ok(SpecSet {
+                source: label,
+                specs: vec![Arc::new(spec)],
+            });
+        }
+        let entries = std::fs::read_dir(path)
+            .map_err(|error| fail(format!("cannot read the spec directory: {error}")))?;
+        let mut files = Vec::new();
+        for entry in entries {
+            let entry =
+                entry.map_err(|error| fail(format!("cannot read the spec directory: {error}")))?;
+            let name = entry.file_name().to_string_lossy().into_owned();
+            let file = entry.path();
+            if name.starts_with('.') || file.extension().is_none_or(|e| e != "toml") {
+                continue;
+            }
+            files.push(file);
+        }
+        files.sort();
+        if files.is_empty() {
+            return Err(fail(
+                "the directory holds no spec files: add one `<service>.toml` per service".into(),
+            ));
+        }
+        let mut texts = Vec::new();
+        let mut errors = Vec::new();
+        for file in &files {
+            match std::fs::read_to_string(file) {
+                Ok(text) => texts.push((file.display().to_string(), text)),
+                Err(error) => errors.push(SpecError {
+                    file: file.display().to_string(),
+                    context: String::new(),
+                    problem: format!("cannot read the spec file: {error}"),
+                }),
+            }
+        }
+        let mut set = match SpecSet::from_texts(&texts) {
+            Ok(set) => set,
+            Err(SpecErrors(more)) => {
+                errors.extend(more);
+                return Err(SpecErrors(errors));
+            }
+        };
+        if !errors.is_empty() {
+            return Err(SpecErrors(errors));
+        }
+        set.source = label;
+        Ok(set)
+    }
+
+    /// Parses and composes spec texts, each labelled with its file name.
+    pub fn from_texts(texts: &[(String, String)]) -> Result<SpecSet, SpecErrors> {
+        let mut raws = Vec::new();
+        let mut errors = Vec::new();
+        for (label, text) in texts {
+            match toml::from_str::<RawSpec>(text) {
+                Ok(raw) => raws.push((label.clone(), raw)),
+                Err(error) => errors.push(SpecError {
+                    file: label.clone(),
+                    context: String::new(),
+                    problem: format!("invalid spec TOML: {}", error.to_string().trim_end()),
+                }),
+            }
+        }
+        match SpecSet::compose(raws) {
+            Ok(set) if errors.is_empty() => Ok(set),
+            Ok(_) => Err(SpecErrors(errors)),
+            Err(SpecErrors(more)) => {
+                errors.extend(more);
+                Err(SpecErrors(errors))
+            }
+        }
+    }
+
+    /// Composes raw specs (file label, spec): one compiled spec per table.
+    pub fn compose(raws: Vec<(String, RawSpec)>) -> Result<SpecSet, SpecErrors> {
+        let source = raws
+            .iter()
+            .map(|(label, _)| label.as_str())
+            .collect::<Vec<_>>()
+            .join(", ");
+        let mut tables: BTreeMap<String, Vec<(String, RawSpec)>> = BTreeMap::new();
+        for (label, raw) in raws {
+            tables
+                .entry(raw.table.name.clone())
+                .or_default()
+                .push((label, raw));
+        }
+        let mut specs = Vec::new();
+        let mut errors = Vec::new();
+        for (_, group) in tables {
+            match compose_table(group) {
+                Ok(spec) => specs.push(Arc::new(spec)),
+                Err(SpecErrors(more)) => errors.extend(more),
+            }
+        }
+        if !errors.is_empty() {
+            return Err(SpecErrors(errors));
+        }
+        Ok(SpecSet { source, specs })
+    }
+
+    /// One spec, as a set.
+    pub fn of(spec: Spec) -> SpecSet {
+        SpecSet {
+            source: spec.file.clone(),
+            specs: vec![Arc::new(spec)],
+        }
+    }
+
+    /// The composed specs, one per table, by table name.
+    pub fn specs(&self) -> &[Arc<Spec>] {
+        &self.specs
+    }
+
+    /// The spec that serves `table`: the one describing a table of that
+    /// name; a set of one spec serves any table (`--table` and
+    /// `PROJECTOR_TABLE` name the table a spec describes).
+    pub fn for_table(&self, table: &str) -> Option<&Arc<Spec>> {
+        if let [only] = self.specs.as_slice() {
+            return Some(only);
+        }
+        self.specs.iter().find(|spec| spec.table.name == table)
+    }
+
+    /// The spec a command on `table` (none: the only one) uses; an error
+    /// names the tables the set describes.
+    pub fn select(&self, table: Option<&str>) -> Result<&Arc<Spec>, String> {
+        let tables = || {
+            self.specs
+                .iter()
+                .map(|s| format!("`{}` ({})", s.table.name, s.service))
+                .collect::<Vec<_>>()
+                .join(", ")
+        };
+        match table {
+            None if self.specs.len() == 1 => Ok(&self.specs[0]),
+            None => Err(format!(
+                "{} describes {} tables: {}; say which with --table",
+                self.source,
+                self.specs.len(),
+                tables()
+            )),
+            Some(table) => self.for_table(table).ok_or_else(|| {
+                format!(
+                    "{} has no spec for table `{table}`; it describes {}",
+                    self.source,
+                    tables()
+                )
+            }),
+        }
+    }
+}
+
+/// Composes the specs of one table into one.
+fn compose_table(mut group: Vec<(String, RawSpec)>) -> Result<Spec, SpecErrors> {
+    if group.len() == 1 {
+        let (label, raw) = group.pop().expect("one");
+        return Spec::compile(raw, &label, Vec::new());
+    }
+    let mut errors = Vec::new();
+    let mut error = |file: &str, context: String, problem: String| {
+        errors.push(SpecError {
+            file: file.to_string(),
+            context,
+            problem,
+        })
+    };
+    let (first_label, first) = &group[0];
+    let mut merged = RawSpec {
+        service: String::new(),
+        table: first.table.clone(),
+        ..RawSpec::default()
+    };
+    let mut services = Services::default();
+    let mut service_files: BTreeMap<&str, &str> = BTreeMap::new();
+    let mut entity_files: BTreeMap<String, String> = BTreeMap::new();
+    let mut names: BTreeMap<String, String> = BTreeMap::new();
+    let mut gsi_files: BTreeMap<String, String> = BTreeMap::new();
+    for gsi in &first.table.gsis {
+        gsi_files.insert(gsi.name.clone(), first_label.clone());
+    }
+    for (label, raw) in &group {
+        let table = &raw.table;
+        if let Some(other) = service_files.insert(&raw.service, label) {
+            error(
+                label,
+                "service".into(),
+                format!(
+                    "service `{}` is also registered by {other}: one file per service",
+                    raw.service
+                ),
+            );
+        }
+        let keys = |t: &super::raw::RawTable| {
+            format!(
+                "PK `{}`, SK `{}`, TTL `{}`",
+                t.partition_key,
+                t.sort_key,
+                t.ttl_attribute.as_deref().unwrap_or("-")
+            )
+        };
+        if keys(table) != keys(&first.table) {
+            error(
+                label,
+                "table".into(),
+                format!(
+                    "table `{}` is described with {} here, but with {} in {first_label}: specs of one table must agree on its keys and TTL attribute",
+                    table.name,
+                    keys(table),
+                    keys(&first.table)
+                ),
+            );
+        }
+        if !std::ptr::eq(raw, first) {
+            for gsi in &table.gsis {
+                match merged.table.gsis.iter().find(|g| g.name == gsi.name) {
+                    None => {
+                        gsi_files.insert(gsi.name.clone(), label.clone());
+                        merged.table.gsis.push(gsi.clone());
+                    }
+                    Some(known) if known == gsi => {}
+                    Some(known) => error(
+                        label,
+                        format!("index `{}`", gsi.name),
+                        format!(
+                            "keyed by `{}`/`{}` here, but by `{}`/`{}` in {}",
+                            gsi.partition_key,
+                            gsi.sort_key.as_deref().unwrap_or("-"),
+                            known.partition_key,
+                            known.sort_key.as_deref().unwrap_or("-"),
+                            gsi_files[&gsi.name]
+                        ),
+                    ),
+                }
+            }
+        }
+        for (name, entity) in &raw.entities {
+            match merged.entities.get(name) {
+                None => {
+                    entity_files.insert(name.clone(), label.clone());
+                    merged.entities.insert(name.clone(), entity.clone());
+                }
+                Some(known) if known == entity => {}
+                Some(known) => error(
+                    label,
+                    format!("entity `{name}`"),
+                    format!(
+                        "means `{}` / `{}` here, but `{}` / `{}` in {}: an entity shared by specs of one table must have the same key patterns in each, variable names included",
+                        entity.pk,
+                        entity.sk.as_deref().unwrap_or("-"),
+                        known.pk,
+                        known.sk.as_deref().unwrap_or("-"),
+                        entity_files[name]
+                    ),
+                ),
+            }
+        }
+        let defined = raw
+            .projections
+            .iter()
+            .map(|p| ("projection", p.name()))
+            .chain(raw.invariants.iter().map(|i| ("invariant", i.name())));
+        for (what, name) in defined {
+            if let Some(other) = names.insert(name.to_string(), label.clone()) {
+                if &other != label {
+                    error(
+                        label,
+                        format!("{what} `{name}`"),
+                        format!(
+                            "the name `{name}` is also defined in {other}: projection, counter and invariant names must be unique across the specs of table `{}`",
+                            table.name
+                        ),
+                    );
+                }
+            }
+        }
+        merged.projections.extend(raw.projections.iter().cloned());
+        merged.invariants.extend(raw.invariants.iter().cloned());
+        services.add(raw, label);
+    }
+    if !errors.is_empty() {
+        return Err(SpecErrors(errors));
+    }
+    merged.service = services
+        .files
+        .iter()
+        .map(|(service, _)| service.as_str())
+        .collect::<Vec<_>>()
+        .join("+");
+    let label = services
+        .files
+        .iter()
+        .map(|(_, file)| file.as_str())
+        .collect::<Vec<_>>()
+        .join(" + ");
+    let mut spec = Spec::compile(merged, &label, Vec::new()).map_err(|SpecErrors(errors)| {
+        SpecErrors(
+            errors
+                .into_iter()
+                .map(|error| attribute(error, &services, &entity_files))
+                .collect(),
+        )
+    })?;
+    spec.services = services;
+    Ok(spec)
+}
+
+/// Names the files of the projections, invariants and entities a composed
+/// spec's error mentions (in backquotes), so that a conflict between two
+/// teams' specs names both.
+fn attribute(
+    mut error: SpecError,
+    services: &Services,
+    entity_files: &BTreeMap<String, String>,
+) -> SpecError {
+    let text = format!("{} {}", error.context, error.problem);
+    let mut files = BTreeSet::new();
+    let mut named = Vec::new();
+    for (i, piece) in text.split('`').enumerate() {
+        if i % 2 == 0 {
+            continue;
+        }
+        let file = services
+            .file_of(piece)
+            .or_else(|| entity_files.get(piece).map(String::as_str));
+        if let Some(file) = file {
+            if named.iter().all(|(n, _): &(String, String)| n != piece) {
+                named.push((piece.to_string(), file.to_string()));
+            }
+            files.insert(file.to_string());
+        }
+    }
+    if let Some((_, file)) = named.first() {
+        error.file = file.clone();
+    }
+    if files.len() > 1 || named.len() > 1 {
+        let list: Vec<String> = named
+            .iter()
+            .map(|(name, file)| format!("`{name}` in {file}"))
+            .collect();
+        error.problem = format!("{} ({})", error.problem, list.join(", "));
+    }
+    error
+}
+
+#[cfg(test)]
+mod tests;
