@@ -395,7 +395,7 @@ pub async fn prune(
         .map(|(name, _)| name.as_str())
         .collect();
     let from = match &from_spec {
-        Some(path) => match super::load_spec(path) {
+        Some(path) => match super::load_spec(path, Some(&c.table)) {
             Ok(spec) => Some(std::sync::Arc::new(spec)),
             Err(code) => return Ok(code),
         },

@@ -364,10 +364,12 @@ pub enum ViolationsCommand {
 /// The spec file and the table it applies to.
 #[derive(Debug, Clone, clap::Args)]
 pub struct Target {
-    /// The spec file.
-    #[arg(long)]
+    /// The spec file, or a directory of them (one per service; the specs
+    /// of one table compose into one).
+    #[arg(long, env = "PROJECTOR_SPEC")]
     pub spec: PathBuf,
-    /// The table (default: the spec's table name).
+    /// The table (default: the spec's table name; with a directory
+    /// describing several tables, the one to use).
     #[arg(long)]
     pub table: Option<String>,
     /// On a global table, the one region whose worker projects; commands
@@ -596,7 +598,7 @@ pub struct Connection {
 
 /// Loads the spec and connects; a spec error is printed and becomes exit 1.
 pub async fn connect(target: &Target) -> Result<Connection, anyhow::Result<ExitCode>> {
-    let spec = match load_spec(&target.spec) {
+    let spec = match load_spec(&target.spec, target.table.as_deref()) {
         Ok(spec) => spec,
         Err(code) => return Err(Ok(code)),
     };
@@ -659,12 +661,25 @@ pub async fn require_home(c: &Connection, target: &Target, verb: &str) -> anyhow
     Ok(())
 }
 
-/// Loads a spec, printing every problem it has.
-fn load_spec(path: &std::path::Path) -> Result<Spec, ExitCode> {
-    Spec::from_file(path).map_err(|errors| {
+/// Loads a spec file or directory, printing every problem it has.
+fn load_specs(path: &std::path::Path) -> Result<crate::spec::SpecSet, ExitCode> {
+    crate::spec::SpecSet::load(path).map_err(|errors| {
         eprintln!("{errors}");
         ExitCode::from(1)
     })
+}
+
+/// Loads the spec of `table` (none: the only table) from a spec file or
+/// directory, printing every problem.
+fn load_spec(path: &std::path::Path, table: Option<&str>) -> Result<Spec, ExitCode> {
+    let set = load_specs(path)?;
+    match set.select(table) {
+        Ok(spec) => Ok(Spec::clone(spec)),
+        Err(problem) => {
+            eprintln!("{problem}");
+            Err(ExitCode::from(2))
+        }
+    }
 }
 
 /// A duration as `90s`, `20m`, `1h`, `500ms` or plain seconds.

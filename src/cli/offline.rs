@@ -7,15 +7,19 @@ use std::process::ExitCode;
 use anyhow::Context;
 use serde_json::json;
 
-use super::load_spec;
+use super::{load_spec, load_specs};
 use crate::decode::decode_lambda_event;
 use crate::plan::{describe_error, plan_record};
 
-/// `check`: exit 0 and a summary when the spec is valid.
+/// `check`: exit 0 and a summary of each table's spec when the spec file,
+/// or every spec of a directory and their composition, is valid.
 pub fn check(path: &Path) -> ExitCode {
-    match load_spec(path) {
-        Ok(spec) => {
-            print!("{}: ok\n{}", path.display(), spec.summary());
+    match load_specs(path) {
+        Ok(set) => {
+            println!("{}: ok", path.display());
+            for spec in set.specs() {
+                print!("{}", spec.summary());
+            }
             ExitCode::SUCCESS
         }
         Err(code) => code,
@@ -23,19 +27,28 @@ pub fn check(path: &Path) -> ExitCode {
 }
 
 /// `filters`: the `FilterCriteria` JSON on stdout and the notes on
-/// stderr.
+/// stderr; for a directory describing several tables, an object of them
+/// by table name (each table's specs merged into one filter).
 pub fn filters(path: &Path) -> ExitCode {
-    let spec = match load_spec(path) {
-        Ok(spec) => spec,
+    let set = match load_specs(path) {
+        Ok(set) => set,
         Err(code) => return code,
     };
-    let criteria = crate::lambda::filters::filter_criteria(&spec);
-    for note in &criteria.notes {
-        eprintln!("note: {note}");
+    let mut by_table = serde_json::Map::new();
+    for spec in set.specs() {
+        let criteria = crate::lambda::filters::filter_criteria(spec);
+        for note in &criteria.notes {
+            eprintln!("note: {}: {note}", spec.table.name);
+        }
+        by_table.insert(spec.table.name.clone(), criteria.to_json());
     }
+    let json = match set.specs() {
+        [_] => by_table.into_iter().next().expect("one").1,
+        _ => serde_json::Value::Object(by_table),
+    };
     println!(
         "{}",
-        serde_json::to_string_pretty(&criteria.to_json()).expect("JSON values serialize")
+        serde_json::to_string_pretty(&json).expect("JSON values serialize")
     );
     ExitCode::SUCCESS
 }
@@ -43,7 +56,7 @@ pub fn filters(path: &Path) -> ExitCode {
 /// `plan`: one JSON line per planned effect, per skipped record and per
 /// record that cannot be planned.
 pub fn plan(spec_path: &Path, event_path: &Path) -> anyhow::Result<ExitCode> {
-    let spec = match load_spec(spec_path) {
+    let spec = match load_spec(spec_path, None) {
         Ok(spec) => spec,
         Err(code) => return Ok(code),
     };

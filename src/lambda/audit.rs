@@ -60,6 +60,10 @@ use aws_sdk_dynamodb::types::AttributeValue as Av;
 pub struct AuditRequest {
     /// The audit's name, the same in every slice and the merge.
     pub run: String,
+    /// The table (default: `PROJECTOR_TABLE`, else the table of the only
+    /// spec; required when the function serves several tables).
+    #[serde(default)]
+    pub table: Option<String>,
     /// The scan segment, from 0.
     #[serde(default)]
     pub segment: u32,
@@ -439,11 +443,8 @@ impl Handler {
     ) -> Result<AuditResponse, InvocationError> {
         let started = Instant::now();
         request.check()?;
-        let table = self
-            .table
-            .clone()
-            .unwrap_or_else(|| self.spec.table.name.clone());
-        let spec = crate::lifecycle::current_layout(&self.client, &table, &self.spec).await?;
+        let (table, file_spec) = self.payload_table(request.table.as_deref())?;
+        let spec = crate::lifecycle::current_layout(&self.client, &table, &file_spec).await?;
         let (deadlines, config) = self.budget(context, started);
         if deadlines.stop_writes <= started {
             return Err(InvocationError::AuditNoTime {

@@ -40,6 +40,10 @@ pub const MAX_TOTAL_SEGMENTS: u32 = 1_000_000;
 #[derive(Debug, Clone, PartialEq, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct BackfillRequest {
+    /// The table (default: `PROJECTOR_TABLE`, else the table of the only
+    /// spec; required when the function serves several tables).
+    #[serde(default)]
+    pub table: Option<String>,
     /// Projections by name (`None` or empty: all).
     #[serde(default)]
     pub projections: Option<Vec<String>>,
@@ -80,6 +84,7 @@ fn one() -> u32 {
 impl Default for BackfillRequest {
     fn default() -> Self {
         BackfillRequest {
+            table: None,
             projections: None,
             segment: 0,
             total_segments: 1,
@@ -364,14 +369,11 @@ impl Handler {
         context: &Context,
     ) -> Result<BackfillResponse, InvocationError> {
         let started = Instant::now();
-        // A backfill payload names no stream: the table is PROJECTOR_TABLE,
-        // else the spec's.
-        let table = self
-            .table
-            .clone()
-            .unwrap_or_else(|| self.spec.table.name.clone());
+        // A backfill payload names no stream: the table is the request's,
+        // PROJECTOR_TABLE, else the only spec's.
+        let (table, file_spec) = self.payload_table(request.table.as_deref())?;
         // A changed counter is built beside the version readers read.
-        let spec = crate::lifecycle::current_layout(&self.client, &table, &self.spec).await?;
+        let spec = crate::lifecycle::current_layout(&self.client, &table, &file_spec).await?;
         let plan = request.plan(&spec)?;
         let segment = request.segment;
         let total = request.total_segments;

@@ -16,7 +16,7 @@ use super::event::{table_from_stream_arn, Payload, StreamsEvent};
 use crate::apply::{Applier, ApplyConfig, ApplyError, BatchOptions, BatchStats, RecordStatus};
 use crate::decode::{DecodeProblem, Decoded};
 use crate::record::ChangeRecord;
-use crate::spec::Spec;
+use crate::spec::{Spec, SpecSet};
 
 /// Records planned, coalesced and written together. Larger chunks coalesce
 /// more writes of one item; smaller ones hold less in memory. A Lambda batch
@@ -39,6 +39,18 @@ fn slim(records: &mut Decoded) {
 /// again (and bisects it, when the mapping says so).
 #[derive(Debug, thiserror::Error)]
 pub enum InvocationError {
+    /// No spec of the function describes the records' table.
+    #[error("no spec registered with this function describes table `{table}` (its specs describe {tables}): add the table's spec to the spec directory, or remove the event source mapping of its stream; the batch is delivered again until then")]
+    Unregistered {
+        /// The records' table.
+        table: String,
+        /// The tables the specs describe.
+        tables: String,
+    },
+    /// A backfill or audit payload on a function serving several tables
+    /// names none.
+    #[error("the function serves the tables {0}: name one in the request's `table`")]
+    WhichTable(String),
     /// Neither `PROJECTOR_TABLE` nor the records say which table to write.
     #[error("cannot tell which table to write to: the records carry no eventSourceARN of a DynamoDB stream; set PROJECTOR_TABLE")]
     NoTable,
@@ -112,7 +124,8 @@ pub enum InvocationError {
 impl From<InvocationError> for Diagnostic {
     fn from(error: InvocationError) -> Diagnostic {
         let error_type = match &error {
-            InvocationError::NoTable => "Projector.NoTable",
+            InvocationError::NoTable | InvocationError::WhichTable(_) => "Projector.NoTable",
+            InvocationError::Unregistered { .. } => "Projector.UnregisteredTable",
             InvocationError::Apply(_) => "Projector.CannotWrite",
             InvocationError::NoIdentifier { .. } => "Projector.NoItemIdentifier",
             InvocationError::Backfill(_) => "Projector.InvalidBackfillRequest",
@@ -272,8 +285,8 @@ pub enum Response {
 
 /// What every invocation shares: built once at init.
 pub struct Handler {
-    /// The compiled spec.
-    pub spec: Arc<Spec>,
+    /// The compiled specs, one per table the function serves.
+    pub specs: SpecSet,
     /// DynamoDB.
     pub client: aws_sdk_dynamodb::Client,
     /// `PROJECTOR_TABLE`, when set.
@@ -387,6 +400,37 @@ impl Regions {
 }
 
 impl Handler {
+    /// The tables the function's specs describe, for messages.
+    fn tables(&self) -> String {
+        self.specs
+            .specs()
+            .iter()
+            .map(|s| format!("`{}`", s.table.name))
+            .collect::<Vec<_>>()
+            .join(", ")
+    }
+
+    /// The table a backfill or audit payload works on and its spec: the
+    /// one it names, `PROJECTOR_TABLE`, else the only spec's table.
+    pub(super) fn payload_table(
+        &self,
+        named: Option<&str>,
+    ) -> Result<(String, Arc<Spec>), InvocationError> {
+        let table = match (named, &self.table, self.specs.specs()) {
+            (Some(table), _, _) => table.to_string(),
+            (None, Some(table), _) => table.clone(),
+            (None, None, [only]) => only.table.name.clone(),
+            (None, None, _) => return Err(InvocationError::WhichTable(self.tables())),
+        };
+        match self.specs.for_table(&table) {
+            Some(spec) => Ok((table, spec.clone())),
+            None => Err(InvocationError::Unregistered {
+                table,
+                tables: self.tables(),
+            }),
+        }
+    }
+
     /// The invocation's deadlines, and the applier's settings under them:
     /// a write that keeps failing may retry for a third of the time left,
     /// so that the writes after it (recomputes, dead letters) still start
@@ -447,24 +491,31 @@ impl Handler {
         payload: &Payload,
         context: &Context,
     ) -> Option<Result<Response, InvocationError>> {
-        let table = match payload {
-            Payload::Stream(event) => match &self.table {
-                Some(table) => table.clone(),
-                None => event
-                    .event_source_arn
-                    .as_deref()
-                    .and_then(table_from_stream_arn)?
-                    .to_string(),
-            },
-            _ => self
-                .table
-                .clone()
-                .unwrap_or_else(|| self.spec.table.name.clone()),
+        let named = match payload {
+            Payload::Stream(_) => None,
+            Payload::Backfill(request) => request.table.as_deref(),
+            Payload::Audit(request) => request.table.as_deref(),
+        };
+        let (table, spec) = match payload {
+            Payload::Stream(event) => {
+                let table = match &self.table {
+                    Some(table) => table.clone(),
+                    None => event
+                        .event_source_arn
+                        .as_deref()
+                        .and_then(table_from_stream_arn)?
+                        .to_string(),
+                };
+                // A table no spec is registered for fails in `process`.
+                let spec = self.specs.for_table(&table)?.clone();
+                (table, spec)
+            }
+            _ => self.payload_table(named).ok()?,
         };
         if matches!(payload, Payload::Stream(event) if event.is_empty()) {
             return None;
         }
-        let role = match self.regions.role(&self.client, &table, &self.spec).await {
+        let role = match self.regions.role(&self.client, &table, &spec).await {
             Ok(role) => role,
             Err(RoleError::Global(error)) => {
                 tracing::error!(request_id = %context.request_id, %error, "the table is a global table without a usable home region: nothing is written");
@@ -547,7 +598,14 @@ impl Handler {
         // Counters being rebuilt: the new version beside the old one. Until
         // the layout can be read, nothing can be written where it belongs:
         // the whole batch is delivered again.
-        let spec = match crate::lifecycle::current_layout(&self.client, &table, &self.spec).await {
+        let Some(file_spec) = self.specs.for_table(&table) else {
+            super::metrics::record_invocation(n_records, true);
+            return Err(InvocationError::Unregistered {
+                table,
+                tables: self.tables(),
+            });
+        };
+        let spec = match crate::lifecycle::current_layout(&self.client, &table, file_spec).await {
             Ok(spec) => spec,
             Err(error) => {
                 tracing::warn!(request_id = %context.request_id, %error, "reading the counters' layout failed: the batch is delivered again");

@@ -17,8 +17,8 @@
 //!
 //! | variable | meaning |
 //! | --- | --- |
-//! | `PROJECTOR_SPEC` | the spec file, a path inside the deployment package (required) |
-//! | `PROJECTOR_TABLE` | the table to write (default: the table of the records' `eventSourceARN`) |
+//! | `PROJECTOR_SPEC` | the spec file, or a directory of them (one per service), a path inside the deployment package (required); records are routed to the specs of their stream's table |
+//! | `PROJECTOR_TABLE` | the table to write (default: the table of the records' `eventSourceARN`); with specs of several tables, unset |
 //! | `PROJECTOR_DEADLINE_MARGIN_MS` | time kept free before the invocation's deadline (default 1500) |
 //! | `PROJECTOR_METRICS_NAMESPACE` | CloudWatch namespace of the EMF metrics (default `DdbProjector`) |
 //! | `PROJECTOR_LOG_FORMAT` | `json` (the default for a bootstrap) or `text` |
@@ -46,7 +46,7 @@ pub use handler::{
 };
 
 use crate::apply::ApplyConfig;
-use crate::spec::{Spec, SpecErrors};
+use crate::spec::{SpecErrors, SpecSet};
 
 /// The spec file's path.
 pub const SPEC_VAR: &str = "PROJECTOR_SPEC";
@@ -122,7 +122,8 @@ pub fn run() -> anyhow::Result<ExitCode> {
         }
     };
     tracing::info!(
-        spec = %handler.spec.file,
+        specs = %handler.specs.source,
+        tables = handler.specs.specs().len(),
         table = handler.table.as_deref().unwrap_or("(from each event)"),
         "ready"
     );
@@ -161,7 +162,18 @@ async fn init() -> Result<Handler, InitError> {
         Err(_) => DEFAULT_MARGIN,
     };
     let table = std::env::var(TABLE_VAR).ok().filter(|t| !t.is_empty());
-    let spec = Spec::from_file(&spec_path).map_err(InitError::Spec)?;
+    let specs = SpecSet::load(&spec_path).map_err(InitError::Spec)?;
+    if let (Some(table), [_, _, ..]) = (&table, specs.specs()) {
+        if specs.for_table(table).is_none() {
+            return Err(InitError::Spec(SpecErrors(vec![crate::spec::SpecError {
+                file: specs.source.clone(),
+                context: String::new(),
+                problem: format!(
+                    "{TABLE_VAR}=`{table}` names no table the specs describe; unset it to route each batch by its stream's table"
+                ),
+            }])));
+        }
+    }
     let config = crate::aws::load_config()
         .await
         .map_err(|error| InitError::Aws(format!("{error:#}")))?;
@@ -191,7 +203,8 @@ async fn init() -> Result<Handler, InitError> {
     );
     let regions = handler::Regions::new(region, home, writers);
     if let Some(table) = &table {
-        match regions.role(&client, table, &spec).await {
+        let spec = specs.for_table(table).expect("checked above");
+        match regions.role(&client, table, spec).await {
             Ok(_) => {}
             Err(handler::RoleError::Global(error)) => return Err(InitError::Global(error)),
             // Described again by the first invocation.
@@ -204,7 +217,7 @@ async fn init() -> Result<Handler, InitError> {
     let function = std::env::var("AWS_LAMBDA_FUNCTION_NAME").unwrap_or_default();
     let collector = metrics::install(&namespace, &function).map_err(InitError::Metrics)?;
     Ok(Handler {
-        spec: Arc::new(spec),
+        specs,
         client,
         table,
         margin,

@@ -21,6 +21,11 @@ impl Spec {
                 .map(|s| format!(", SK {s}"))
                 .unwrap_or_default()
         ));
+        if self.services.is_composite() {
+            for (service, file) in &self.services.files {
+                out.push_str(&format!("  registered by {service} ({file})\n"));
+            }
+        }
         for gsi in &t.gsis {
             out.push_str(&format!(
                 "  index {} ({}{})\n",
@@ -46,8 +51,13 @@ impl Spec {
         }
         out.push_str(&format!("{} projections\n", self.projections.len()));
         for projection in &self.projections {
+            let service = if self.services.is_composite() {
+                format!(" [{}]", self.service_of(&projection.name))
+            } else {
+                String::new()
+            };
             out.push_str(&format!(
-                "  {:<28} {:<13} {}\n",
+                "  {:<28} {:<13} {}{service}\n",
                 projection.name,
                 projection.kind_name(),
                 self.describe(projection)

@@ -196,12 +196,9 @@ impl SpecSet {
         Ok(SpecSet { source, specs })
     }
 
-    /// One spec, as a set.
+    /// One spec, as a set: it serves any table.
     pub fn of(spec: Spec) -> SpecSet {
-        SpecSet {
-            source: spec.file.clone(),
-            specs: vec![Arc::new(spec)],
-        }
+        SpecSet::from(Arc::new(spec))
     }
 
     /// The composed specs, one per table, by table name.
@@ -244,6 +241,15 @@ impl SpecSet {
                     tables()
                 )
             }),
+        }
+    }
+}
+
+impl From<Arc<Spec>> for SpecSet {
+    fn from(spec: Arc<Spec>) -> SpecSet {
+        SpecSet {
+            source: spec.file.clone(),
+            specs: vec![spec],
         }
     }
 }

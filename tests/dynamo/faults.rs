@@ -800,7 +800,7 @@ async fn the_lambda_handler_converges_under_every_fault() {
     let (_, clean, spec, table) = setup("social-service.toml", "fault-lambda", &faults).await;
     let config = support::sdk_config().await;
     let handler = Handler {
-        spec: spec.clone(),
+        specs: spec.clone().into(),
         client: faults.dynamodb(&config, false),
         table: Some(table.clone()),
         margin: Duration::from_millis(1500),

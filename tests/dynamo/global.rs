@@ -88,7 +88,7 @@ async fn handler(table: &str, replicas: Replicas, region: &str, home: Option<&st
             .build(),
     );
     Handler {
-        spec: support::shipped_spec("social-service.toml"),
+        specs: support::shipped_spec("social-service.toml").into(),
         client,
         table: Some(table.to_string()),
         margin: Duration::from_millis(1500),
