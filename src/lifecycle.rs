@@ -1569,7 +1569,12 @@ impl Registry {
                     let mut trial = raw.clone();
                     set_storage(&mut trial, name, build);
                     trial.projections.push(shadow.clone());
-                    match Spec::compile(trial, &spec.file, custom_projections(spec)) {
+                    match Spec::compile_composed(
+                        trial,
+                        &spec.file,
+                        custom_projections(spec),
+                        spec.services.clone(),
+                    ) {
                         Ok(compiled) => {
                             let id = compiled.projection_id(&old_name).expect("added");
                             if hex(compiled.projections[id].fingerprint) == read_fp {
@@ -1607,17 +1612,17 @@ impl Registry {
             });
         }
         raw.projections.extend(shadows);
-        let mut compiled =
-            Spec::compile(raw, &spec.file, custom_projections(spec)).map_err(|errors| {
-                ApplyError::Fatal {
-                    table: self.table.clone(),
-                    message: format!(
-                        "the counters' versions do not compile beside the spec: {errors}"
-                    ),
-                }
-            })?;
+        let mut compiled = Spec::compile_composed(
+            raw,
+            &spec.file,
+            custom_projections(spec),
+            spec.services.clone(),
+        )
+        .map_err(|errors| ApplyError::Fatal {
+            table: self.table.clone(),
+            message: format!("the counters' versions do not compile beside the spec: {errors}"),
+        })?;
         compiled.frozen = frozen;
-        compiled.services = spec.services.clone();
         Ok((compiled, layouts))
     }
 }

@@ -121,6 +121,9 @@ fn edit_distance(a: &str, b: &str) -> usize {
 pub(crate) struct Compiler {
     file: String,
     errors: Vec<SpecError>,
+    /// Who registered each projection, when specs were composed: a
+    /// counter rides on an edge of its own service only.
+    services: Option<Services>,
 }
 
 impl Compiler {
@@ -128,6 +131,15 @@ impl Compiler {
         Compiler {
             file: label.to_string(),
             errors: Vec::new(),
+            services: None,
+        }
+    }
+
+    /// A compiler of specs composed from several services' files.
+    pub(super) fn composed(label: &str, services: Services) -> Compiler {
+        Compiler {
+            services: Some(services),
+            ..Compiler::new(label)
         }
     }
 
@@ -248,7 +260,10 @@ impl Compiler {
             return Err(SpecErrors(self.errors));
         }
         let interested = interested(&projections, &entities);
-        let services = Services::single(&raw, &self.file);
+        let services = self
+            .services
+            .take()
+            .unwrap_or_else(|| Services::single(&raw, &self.file));
         Ok(Spec {
             file: self.file,
             service: raw.service,
@@ -917,14 +932,19 @@ impl Compiler {
                 | ProjectionKind::Custom(_) => None,
             })
             .collect();
+        // A counter rides on an edge of its own service only: another
+        // team's spec joining the table must not move its records (nor
+        // change its definition), and that team may retire the edge.
+        let service = |name: &str| self.services.as_ref().and_then(|s| s.of(name));
         for projection in projections.iter_mut() {
+            let own = service(&projection.name);
             if let ProjectionKind::Counter(counter) = &mut projection.kind {
                 // Of several edges that would do, the one first by name:
                 // the order of the file must not move a counter's records.
                 if let Some((id, ..)) = edges
                     .iter()
-                    .filter(|(_, _, source, when)| {
-                        *source == counter.source && *when == counter.when
+                    .filter(|(_, name, source, when)| {
+                        *source == counter.source && *when == counter.when && service(name) == own
                     })
                     .min_by(|a, b| a.1.cmp(&b.1))
                 {

@@ -532,6 +532,23 @@ impl Spec {
         Ok(spec)
     }
 
+    /// Compiles a spec composed of several services' specs (see
+    /// [`SpecSet`]), `services` saying who registered what.
+    pub fn compile_composed(
+        raw: RawSpec,
+        label: &str,
+        custom: Vec<Arc<dyn CustomProjection>>,
+        services: Services,
+    ) -> Result<Spec, SpecErrors> {
+        if !services.is_composite() {
+            return Spec::compile(raw, label, custom);
+        }
+        let kept = raw.clone();
+        let mut spec = compile::Compiler::composed(label, services).compile(raw, custom)?;
+        spec.raw = kept;
+        Ok(spec)
+    }
+
     /// The service that registered projection or invariant `name`.
     pub fn service_of(&self, name: &str) -> &str {
         self.services.of(name).unwrap_or(&self.service)

@@ -279,6 +279,7 @@ fn compose_table(mut group: Vec<(String, RawSpec)>) -> Result<Spec, SpecErrors> 
     let mut entity_files: BTreeMap<String, String> = BTreeMap::new();
     let mut names: BTreeMap<String, String> = BTreeMap::new();
     let mut gsi_files: BTreeMap<String, String> = BTreeMap::new();
+    let mut ttl_file = first_label.clone();
     for gsi in &first.table.gsis {
         gsi_files.insert(gsi.name.clone(), first_label.clone());
     }
@@ -294,25 +295,37 @@ fn compose_table(mut group: Vec<(String, RawSpec)>) -> Result<Spec, SpecErrors> 
                 ),
             );
         }
-        let keys = |t: &super::raw::RawTable| {
-            format!(
-                "PK `{}`, SK `{}`, TTL `{}`",
-                t.partition_key,
-                t.sort_key,
-                t.ttl_attribute.as_deref().unwrap_or("-")
-            )
-        };
+        let keys =
+            |t: &super::raw::RawTable| format!("PK `{}`, SK `{}`", t.partition_key, t.sort_key);
         if keys(table) != keys(&first.table) {
             error(
                 label,
                 "table".into(),
                 format!(
-                    "table `{}` is described with {} here, but with {} in {first_label}: specs of one table must agree on its keys and TTL attribute",
+                    "table `{}` is described with {} here, but with {} in {first_label}: specs of one table must agree on its keys",
                     table.name,
                     keys(table),
                     keys(&first.table)
                 ),
             );
+        }
+        // A spec that leaves the TTL attribute out does not care which it
+        // is; two that name one must name the same.
+        match (&merged.table.ttl_attribute, &table.ttl_attribute) {
+            (_, None) => {}
+            (None, Some(ttl)) => {
+                ttl_file = label.clone();
+                merged.table.ttl_attribute = Some(ttl.clone());
+            }
+            (Some(known), Some(ttl)) if known == ttl => {}
+            (Some(known), Some(ttl)) => error(
+                label,
+                "table".into(),
+                format!(
+                    "table `{}` has the TTL attribute `{ttl}` here, but `{known}` in {ttl_file}",
+                    table.name
+                ),
+            ),
         }
         if !std::ptr::eq(raw, first) {
             for gsi in &table.gsis {
@@ -396,16 +409,16 @@ fn compose_table(mut group: Vec<(String, RawSpec)>) -> Result<Spec, SpecErrors> 
         .map(|(_, file)| file.as_str())
         .collect::<Vec<_>>()
         .join(" + ");
-    let mut spec = Spec::compile(merged, &label, Vec::new()).map_err(|SpecErrors(errors)| {
-        SpecErrors(
-            errors
-                .into_iter()
-                .map(|error| attribute(error, &services, &entity_files))
-                .collect(),
-        )
-    })?;
-    spec.services = services;
-    Ok(spec)
+    Spec::compile_composed(merged, &label, Vec::new(), services.clone()).map_err(
+        |SpecErrors(errors)| {
+            SpecErrors(
+                errors
+                    .into_iter()
+                    .map(|error| attribute(error, &services, &entity_files))
+                    .collect(),
+            )
+        },
+    )
 }
 
 /// Names the files of the projections, invariants and entities a composed

@@ -17,6 +17,7 @@ mod model;
 mod oracle;
 mod properties;
 mod recover;
+mod registry;
 mod replication;
 mod runner;
 mod specgen;

@@ -263,7 +263,7 @@ fn source_name(source: Source) -> &'static str {
 }
 
 impl Projection {
-    fn name(&self) -> String {
+    pub(super) fn name(&self) -> String {
         let prefix = match self.kind {
             Kind::IndexKeys { .. } => "ik",
             Kind::Denormalize { .. } => "dn",

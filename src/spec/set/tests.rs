@@ -142,6 +142,22 @@ fn a_table_described_twice_with_other_keys_names_both_files() {
 }
 
 #[test]
+fn a_ttl_attribute_named_by_one_spec_serves_both_and_two_must_agree() {
+    let with_ttl = SOCIAL.replace(
+        "[table]\nname = \"Shared\"",
+        "[table]\nname = \"Shared\"\nttl_attribute = \"ttl\"",
+    );
+    let set = SpecSet::from_texts(&texts(&[("p.toml", PROFILES), ("s.toml", &with_ttl)])).unwrap();
+    assert_eq!(set.specs()[0].table.ttl_attribute.as_deref(), Some("ttl"));
+    let other = PROFILES.replace(
+        "[table]\nname = \"Shared\"",
+        "[table]\nname = \"Shared\"\nttl_attribute = \"expires\"",
+    );
+    let text = errors(&[("p.toml", &other), ("s.toml", &with_ttl)]);
+    assert!(text.contains("s.toml: table: table `Shared` has the TTL attribute `ttl` here, but `expires` in p.toml"), "{text}");
+}
+
+#[test]
 fn an_entity_meaning_two_things_names_both_files() {
     let other = SOCIAL.replace(
         "[entities.profile]\npk = \"USER#{userId}\"",
@@ -289,4 +305,60 @@ fn a_directory_loads_its_toml_files_and_names_a_broken_one() {
     let text = SpecSet::load(&dir).unwrap_err().to_string();
     assert!(text.contains("broken.toml: invalid spec TOML"), "{text}");
     std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn a_counter_rides_on_an_edge_of_its_own_service_only() {
+    // The social team counts follows; another team keeps the reverse
+    // edges. Composed, the counter keeps its own markers: its definition
+    // (and where its records are) is what it is alone.
+    let counts = r#"
+service = "counts"
+[table]
+name = "Shared"
+[entities.follow]
+pk = "USER#{followerId}"
+sk = "FOLLOWS#{followeeId}"
+[[projections]]
+name = "followers"
+kind = "counter"
+source = "follow"
+of = { userId = "{followeeId}" }
+"#;
+    let edges = r#"
+service = "edges"
+[table]
+name = "Shared"
+[entities.follow]
+pk = "USER#{followerId}"
+sk = "FOLLOWS#{followeeId}"
+[entities.followed_by]
+pk = "USER#{followeeId}"
+sk = "FOLLOWED_BY#{followerId}"
+[[projections]]
+name = "followed-by"
+kind = "inverse-edge"
+source = "follow"
+target = "followed_by"
+"#;
+    let alone = Spec::from_toml(counts, "c.toml").unwrap();
+    let set = SpecSet::from_texts(&texts(&[("c.toml", counts), ("e.toml", edges)])).unwrap();
+    let composed = &set.specs()[0];
+    let id = composed.counter_id("followers").unwrap();
+    let crate::spec::ProjectionKind::Counter(counter) = &composed.projections[id].kind else {
+        panic!("a counter")
+    };
+    assert_eq!(counter.marker, crate::spec::Marker::Own);
+    assert_eq!(
+        composed.projections[id].fingerprint,
+        alone.projections[alone.counter_id("followers").unwrap()].fingerprint
+    );
+    // In one file, the same counter rides on the edge.
+    let one = format!("{edges}\n[[projections]]\nname = \"followers\"\nkind = \"counter\"\nsource = \"follow\"\nof = {{ userId = \"{{followeeId}}\" }}\n");
+    let single = Spec::from_toml(&one, "one.toml").unwrap();
+    let id = single.counter_id("followers").unwrap();
+    assert!(matches!(
+        &single.projections[id].kind,
+        crate::spec::ProjectionKind::Counter(c) if matches!(c.marker, crate::spec::Marker::Edge(_))
+    ));
 }

@@ -1,0 +1,420 @@
+//! A registry of specs on DynamoDB Local: several services' specs served
+//! by one deployment.
+//!
+//! - Generated specs split into two teams' files on one table give, composed,
+//!   exactly what each gives on its own copy of the table, and what the
+//!   oracle computes from the whole.
+//! - One Lambda handler serving two tables routes each record to its
+//!   table's spec, and fails a batch of a table no spec describes.
+//! - `check --spec DIR` refuses conflicting specs, naming both files.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::process::Command;
+use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use aws_sdk_dynamodb::types::AttributeValue as Av;
+use ddb_projector::apply::{Applier, ApplyConfig};
+use ddb_projector::lambda::event::{Payload, StreamsEvent};
+use ddb_projector::lambda::{Handler, Response};
+use ddb_projector::record::ChangeKind;
+use ddb_projector::spec::{Spec, SpecSet, RECORDS_ATTRIBUTE, RESERVED_PREFIX};
+use lambda_runtime::Diagnostic;
+use proptest::prelude::*;
+use proptest::test_runner::{Config, FileFailurePersistence, TestCaseError, TestRunner};
+
+use super::delivery::{deliver, delivery, runtime, snapshot, Delivery, Writer};
+use super::model::{change, email, follow, profile, put_item, Attrs, History};
+use super::oracle;
+use super::specgen::{play, spec_toml, specs, write, Kind, Projection, Write};
+use super::support::{self, s};
+
+/// Cases unless `REGISTRY_CASES` says otherwise.
+const CASES: u32 = 10;
+
+/// Two teams' files from one generated spec: the projections `split`
+/// marks go to team a, the rest to team b, a rollup with its counter.
+fn split(projections: &[Projection], split: &[bool]) -> (Vec<Projection>, Vec<Projection>) {
+    let team_a = |p: &Projection| -> bool {
+        let id = match p.kind {
+            Kind::Rollup { counter, .. } => projections
+                .iter()
+                .position(|q| q.id == counter)
+                .unwrap_or(0),
+            _ => projections.iter().position(|q| q.id == p.id).unwrap_or(0),
+        };
+        split[id % split.len()]
+    };
+    projections.iter().cloned().partition(team_a)
+}
+
+fn team(projections: &[Projection], service: &str) -> String {
+    spec_toml(projections).replace(
+        "service = \"generated\"",
+        &format!("service = \"{service}\""),
+    )
+}
+
+/// What a table holds for readers: every item outside the reserved
+/// partitions, keyed.
+fn visible(items: Vec<Attrs>) -> BTreeMap<(String, String), Attrs> {
+    items
+        .into_iter()
+        .filter(|i| !support::text(i, "PK").is_some_and(|pk| pk.starts_with(RESERVED_PREFIX)))
+        .map(|i| (History::key(&i), i))
+        .collect()
+}
+
+/// What two tables projected by the two teams alone hold together: each
+/// item with the attributes either derived, counter records merged.
+fn together(
+    a: &BTreeMap<(String, String), Attrs>,
+    b: &BTreeMap<(String, String), Attrs>,
+) -> BTreeMap<(String, String), Attrs> {
+    let mut out = a.clone();
+    for (key, item) in b {
+        let merged = out.entry(key.clone()).or_default();
+        for (name, value) in item {
+            match (name.as_str(), merged.get_mut(name), value) {
+                (RECORDS_ATTRIBUTE, Some(Av::M(mine)), Av::M(theirs)) => {
+                    mine.extend(theirs.clone())
+                }
+                _ => {
+                    merged.insert(name.clone(), value.clone());
+                }
+            }
+        }
+    }
+    out
+}
+
+fn differences(
+    a: &BTreeMap<(String, String), Attrs>,
+    b: &BTreeMap<(String, String), Attrs>,
+) -> String {
+    let keys: BTreeSet<&(String, String)> = a.keys().chain(b.keys()).collect();
+    keys.into_iter()
+        .filter(|k| a.get(*k) != b.get(*k))
+        .map(|k| format!("  {k:?}: {:?}\n    vs {:?}", a.get(k), b.get(k)))
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+/// Writes the history to `table` as `plan` delivers it to `spec`'s
+/// applier, then redrives what was dead-lettered while poison.
+async fn project(
+    spec: Arc<Spec>,
+    table: &str,
+    history: &History,
+    plan: &Delivery,
+) -> Result<Vec<Attrs>, TestCaseError> {
+    let client = support::client().await;
+    let applier = Applier::new(client.clone(), spec, table, ApplyConfig::default());
+    let mut writer = Writer {
+        client: &client,
+        table,
+        history,
+        written: 0,
+    };
+    deliver(&applier, &mut writer, 0, plan).await?;
+    applier
+        .redrive(None)
+        .await
+        .map_err(|error| TestCaseError::fail(format!("redrive on {table}: {error}")))?;
+    Ok(snapshot(&client, table).await)
+}
+
+async fn composed_case(
+    projections: &[Projection],
+    marks: &[bool],
+    writes: &[Write],
+    plan: &Delivery,
+) -> Result<(), TestCaseError> {
+    let (a, b) = split(projections, marks);
+    if a.is_empty() || b.is_empty() {
+        return Err(TestCaseError::reject("one team has no projection"));
+    }
+    let (text_a, text_b) = (team(&a, "team-a"), team(&b, "team-b"));
+    let (Ok(alone_a), Ok(alone_b)) = (
+        Spec::from_toml(&text_a, "a.toml"),
+        Spec::from_toml(&text_b, "b.toml"),
+    ) else {
+        return Err(TestCaseError::reject(
+            "a team's part does not compile alone",
+        ));
+    };
+    let set = SpecSet::from_texts(&[
+        ("a.toml".to_string(), text_a.clone()),
+        ("b.toml".to_string(), text_b.clone()),
+    ])
+    .map_err(|errors| TestCaseError::fail(format!("the parts do not compose: {errors}")))?;
+    prop_assert_eq!(set.specs().len(), 1, "one table, one composed spec");
+    let composed = set.specs()[0].clone();
+    let client = support::client().await;
+    let tables = [
+        support::fresh_table(&client, &composed, "reg-a").await,
+        support::fresh_table(&client, &composed, "reg-b").await,
+        support::fresh_table(&client, &composed, "reg-ab").await,
+    ];
+    let mut history = History::default();
+    play(&mut history, writes);
+    let items_a = project(Arc::new(alone_a), &tables[0], &history, plan).await?;
+    let items_b = project(Arc::new(alone_b), &tables[1], &history, plan).await?;
+    let items_ab = project(composed, &tables[2], &history, plan).await?;
+    for (toml, items, who) in [
+        (&text_a, &items_a, "team a alone"),
+        (&text_b, &items_b, "team b alone"),
+    ] {
+        let problems = oracle::differences(toml, items);
+        prop_assert!(
+            problems.is_empty(),
+            "{who}: the table differs from its spec:\n  {}",
+            problems.join("\n  ")
+        );
+    }
+    let whole: Vec<Projection> = a.iter().chain(&b).cloned().collect();
+    let problems = oracle::differences(&spec_toml(&whole), &items_ab);
+    prop_assert!(
+        problems.is_empty(),
+        "composed: the table differs from the two specs together:\n  {}",
+        problems.join("\n  ")
+    );
+    let expected = together(&visible(items_a), &visible(items_b));
+    let got = visible(items_ab);
+    prop_assert!(
+        got == expected,
+        "composed, the table is not what the two teams give alone:\n{}",
+        differences(&expected, &got)
+    );
+    for table in &tables {
+        client.delete_table().table_name(table).send().await.ok();
+    }
+    Ok(())
+}
+
+/// Generated specs split into two teams' files on one table: composed,
+/// the table is exactly what each team's spec gives on its own copy,
+/// under Lambda's deliveries (batches, crashes, bisection, redelivery).
+#[test]
+fn two_specs_on_one_table_give_what_each_gives_alone() {
+    let cases = std::env::var("REGISTRY_CASES")
+        .ok()
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(CASES);
+    let config = Config {
+        cases,
+        failure_persistence: Some(Box::new(FileFailurePersistence::Direct(
+            "tests/dynamo/properties/registry.txt",
+        ))),
+        max_shrink_iters: 50,
+        ..Config::default()
+    };
+    let mut runner = TestRunner::new(config);
+    let started = Instant::now();
+    let result = std::thread::Builder::new()
+        .stack_size(64 << 20)
+        .spawn(move || {
+            let strategy = (
+                specs(),
+                prop::collection::vec(any::<bool>(), 8),
+                prop::collection::vec(write(), 10..60),
+                delivery(),
+            );
+            runner
+                .run(&strategy, |(specs, marks, writes, plan)| {
+                    runtime().block_on(Box::pin(composed_case(&specs.v1, &marks, &writes, &plan)))
+                })
+                .map_err(|error| error.to_string())
+        })
+        .expect("a thread")
+        .join()
+        .expect("the property test thread");
+    eprintln!(
+        "timing: two specs on one table: {cases} cases took {:.1} s",
+        started.elapsed().as_secs_f64()
+    );
+    if let Err(error) = result {
+        panic!("{error}");
+    }
+}
+
+fn shipped_text(name: &str, table: &str) -> String {
+    let text = std::fs::read_to_string(support::repo().join("projections").join(name)).unwrap();
+    let start = text.find("[table]\nname = \"").expect("a table name") + "[table]\nname = \"".len();
+    let end = start + text[start..].find('"').unwrap();
+    format!("{}{table}{}", &text[..start], &text[end..])
+}
+
+fn stream_arn(table: &str) -> String {
+    format!("arn:aws:dynamodb:us-east-1:000000000000:table/{table}/stream/2026-11-26T00:00:00.000")
+}
+
+fn context() -> lambda_runtime::Context {
+    let mut context = lambda_runtime::Context::default();
+    context.request_id = "registry".to_string();
+    context.deadline = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as u64
+        + 60_000;
+    context
+}
+
+async fn invoke(handler: &Handler, payload: Payload) -> Result<usize, (String, String)> {
+    let handled = Box::pin(handler.handle(lambda_runtime::LambdaEvent::new(payload, context())));
+    match handled.await {
+        Ok(Response::Stream(answer)) => Ok(answer.batch_item_failures.len()),
+        Ok(other) => panic!("a stream answer, not {other:?}"),
+        Err(error) => {
+            let diagnostic = Diagnostic::from(error);
+            Err((diagnostic.error_type, diagnostic.error_message))
+        }
+    }
+}
+
+/// One handler, the social and user services' specs on two tables: each
+/// batch is routed by its stream's table to that table's spec; a batch of
+/// a table no spec describes fails whole, naming the tables served.
+#[tokio::test]
+async fn one_lambda_handler_routes_each_table_to_its_spec() {
+    let client = support::client().await;
+    let social_table = support::unique_table("reg-social");
+    let user_table = support::unique_table("reg-user");
+    let set = SpecSet::from_texts(&[
+        (
+            "social-service.toml".to_string(),
+            shipped_text("social-service.toml", &social_table),
+        ),
+        (
+            "user-service.toml".to_string(),
+            shipped_text("user-service.toml", &user_table),
+        ),
+    ])
+    .expect("the shipped specs compose");
+    assert_eq!(set.specs().len(), 2);
+    for spec in set.specs() {
+        ddb_projector::table::create_table(&client, spec, &spec.table.name)
+            .await
+            .expect("table created");
+    }
+    let config = support::sdk_config().await;
+    let handler = Handler {
+        specs: set,
+        client: aws_sdk_dynamodb::Client::new(&config),
+        table: None,
+        margin: Duration::from_millis(1500),
+        config: ApplyConfig::default(),
+        metrics: None,
+        process_started: SystemTime::now(),
+        regions: Default::default(),
+    };
+
+    let edge = follow("a", "b", "2026-11-26");
+    put_item(&client, &social_table, &edge).await;
+    let mail = email("u1", "e1", "sam@x.org", true);
+    put_item(&client, &user_table, &profile("u1")).await;
+    put_item(&client, &user_table, &mail).await;
+    let social = Payload::Stream(StreamsEvent::from_records(
+        vec![change(1, ChangeKind::Insert, None, Some(&edge))],
+        Some(stream_arn(&social_table)),
+    ));
+    let user = Payload::Stream(StreamsEvent::from_records(
+        vec![change(2, ChangeKind::Insert, None, Some(&mail))],
+        Some(stream_arn(&user_table)),
+    ));
+    assert_eq!(invoke(&handler, social).await, Ok(0));
+    assert_eq!(invoke(&handler, user).await, Ok(0));
+
+    let reverse = support::get(&client, &social_table, "USER#b", "FOLLOWED_BY#a").await;
+    assert!(reverse.is_some(), "the social spec projected the follow");
+    let profile_item = support::get(&client, &user_table, "USER#u1", "PROFILE")
+        .await
+        .expect("the profile");
+    assert_eq!(
+        profile_item.get("email"),
+        Some(&s("sam@x.org")),
+        "the user spec copied the primary email: {profile_item:?}"
+    );
+    // Neither spec wrote onto the other's table.
+    assert!(
+        support::get(&client, &user_table, "USER#b", "FOLLOWED_BY#a")
+            .await
+            .is_none()
+    );
+    let stray = visible(support::scan_all(&client, &social_table).await);
+    assert!(
+        stray.keys().all(|(_, sk)| !sk.starts_with("EMAIL#")),
+        "{stray:?}"
+    );
+
+    let elsewhere = Payload::Stream(StreamsEvent::from_records(
+        vec![change(3, ChangeKind::Insert, None, Some(&edge))],
+        Some(stream_arn("SomeoneElsesTable")),
+    ));
+    let (kind, message) = invoke(&handler, elsewhere).await.expect_err("refused");
+    assert_eq!(kind, "Projector.UnregisteredTable");
+    assert!(
+        message.contains("`SomeoneElsesTable`") && message.contains(&social_table),
+        "{message}"
+    );
+}
+
+/// `check --spec DIR`: a directory of compatible specs passes, listing
+/// who registered each projection; two specs deriving one attribute of one
+/// entity fail, naming both files.
+#[test]
+fn check_refuses_conflicting_specs_naming_both_files() {
+    let dir = std::env::temp_dir().join(format!("ddbp-registry-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let user = shipped_text("user-service.toml", "Shared");
+    let social = shipped_text("social-service.toml", "Shared");
+    std::fs::write(dir.join("user-service.toml"), &user).unwrap();
+    std::fs::write(dir.join("social-service.toml"), &social).unwrap();
+    let check = |dir: &std::path::Path| {
+        Command::new(support::binary())
+            .args(["check", "--spec"])
+            .arg(dir)
+            .output()
+            .expect("the binary runs")
+    };
+    let ok = check(&dir);
+    let stdout = String::from_utf8_lossy(&ok.stdout);
+    assert!(
+        ok.status.success(),
+        "{stdout}{}",
+        String::from_utf8_lossy(&ok.stderr)
+    );
+    assert!(
+        stdout.contains("registered by social-service") && stdout.contains("[user-service]"),
+        "{stdout}"
+    );
+    // A third team also copies the primary email onto the profile.
+    let rival = r#"
+service = "marketing"
+[table]
+name = "Shared"
+[entities.profile]
+pk = "USER#{userId}"
+sk = "PROFILE"
+[entities.email]
+pk = "USER#{userId}"
+sk = "EMAIL#{emailId}"
+[[projections]]
+name = "marketing-email"
+kind = "denormalize"
+source = "email"
+target = "profile"
+when = { isPrimary = true }
+copy = { email = "{email}" }
+"#;
+    std::fs::write(dir.join("marketing.toml"), rival).unwrap();
+    let refused = check(&dir);
+    let stderr = String::from_utf8_lossy(&refused.stderr);
+    assert_eq!(refused.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains("marketing.toml") && stderr.contains("user-service.toml"),
+        "{stderr}"
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
+}
