@@ -264,6 +264,19 @@ pub struct Snapshot {
 }
 
 impl Snapshot {
+    /// The consumer that last ran projection `name` (empty: the unnamed
+    /// one), if a consumer ran it.
+    pub fn owner(&self, name: &str) -> Option<&str> {
+        owner(&self.consumers, name)
+    }
+
+    /// Whether projection `name` is another consumer's than `consumer`
+    /// (none: the unnamed one): a named consumer ran it last.
+    pub fn owned_by_other(&self, name: &str, consumer: Option<&str>) -> bool {
+        self.owner(name)
+            .is_some_and(|owner| owner != consumer.unwrap_or(""))
+    }
+
     /// The record of `name` (an empty one when the registry has none).
     pub fn record(&self, name: &str) -> Record {
         self.records.get(name).cloned().unwrap_or_else(|| Record {
@@ -343,6 +356,9 @@ pub struct ProjectionStatus {
 pub struct Commands {
     /// `--spec FILE` and, when given, `--table NAME`.
     pub target: String,
+    /// The consumer asking (`--consumer`): projections another named
+    /// consumer runs are its own, not retired ones of this spec.
+    pub consumer: Option<String>,
 }
 
 impl Commands {
@@ -367,9 +383,10 @@ pub fn states(
 ) -> Vec<ProjectionStatus> {
     // Letters of undecodable records hold items of every projection.
     let whole = letters
-        .get(crate::apply::WHOLE_RECORD)
-        .copied()
-        .unwrap_or(0);
+        .iter()
+        .filter(|(name, _)| crate::apply::is_whole_record(name))
+        .map(|(_, n)| n)
+        .sum::<usize>();
     let mut out = Vec::new();
     for (id, projection) in spec.projections.iter().enumerate() {
         let f = hex(projection.fingerprint);
@@ -491,6 +508,9 @@ pub fn states(
         // of consumers that did not have it).
         let wrote = record.definitions.iter().any(|d| d.fingerprint != WITHOUT);
         if spec.projection_id(name).is_some() || !wrote {
+            continue;
+        }
+        if snapshot.owned_by_other(name, commands.consumer.as_deref()) {
             continue;
         }
         let last = record
@@ -629,6 +649,9 @@ pub struct ConsumerSpec {
     pub since: u64,
     /// Its projections.
     pub names: BTreeSet<String>,
+    /// The consumer that ran it (`--consumer`; empty: the unnamed one).
+    #[serde(skip_serializing_if = "String::is_empty")]
+    pub consumer: String,
 }
 
 /// Parses the leases item into records (without claims) and the specs
@@ -644,13 +667,14 @@ fn parse_leases(item: &HashMap<String, Av>) -> (BTreeMap<String, Record>, Vec<Co
         let Some((tag, rest)) = attribute.split_once('#') else {
             continue;
         };
-        if matches!(tag, "C" | "S" | "N") {
+        if matches!(tag, "C" | "S" | "N" | "O") {
             let consumer = consumers.entry(rest.to_string()).or_default();
             consumer.fingerprint = rest.to_string();
             match (tag, value) {
                 ("C", _) => consumer.until = number(value).unwrap_or(0),
                 ("S", _) => consumer.since = number(value).unwrap_or(0),
                 ("N", Av::Ss(names)) => consumer.names = names.iter().cloned().collect(),
+                ("O", Av::S(name)) => consumer.consumer = name.clone(),
                 _ => {}
             }
             continue;
@@ -708,17 +732,36 @@ fn parse_leases(item: &HashMap<String, Av>) -> (BTreeMap<String, Record>, Vec<Co
     (records, consumers)
 }
 
+/// The consumer whose spec that ran projection `name` ran last (empty:
+/// the unnamed consumer), if any ran it.
+fn owner<'a>(consumers: &'a [ConsumerSpec], name: &str) -> Option<&'a str> {
+    consumers
+        .iter()
+        .filter(|c| c.names.contains(name))
+        .max_by_key(|c| c.until)
+        .map(|c| c.consumer.as_str())
+}
+
 /// A consumer of a spec without a projection leaves that projection's
 /// changes unprojected while it runs: each record gets a [`WITHOUT`]
 /// definition covering the leases of the consumers whose spec lacks it.
 /// (A consumer that is deployed but runs no batch takes no lease: with an
 /// event filter, changes only the missing projection needed may then pass
 /// unseen; `ARCHITECTURE.md` says what to do about it.)
+///
+/// Consumers are named when several deployments with different specs
+/// share a table (`--consumer`): a projection belongs to the consumer that
+/// ran it last, and only that consumer's specs without it cover it (a
+/// projection another team's consumer runs is not left unprojected by
+/// this one's spec lacking it).
 fn add_without(records: &mut BTreeMap<String, Record>, consumers: &[ConsumerSpec]) {
     for consumer in consumers {
         let until = consumer.until;
         for (name, record) in records.iter_mut() {
             if consumer.names.contains(name) {
+                continue;
+            }
+            if owner(consumers, name).is_some_and(|owner| owner != consumer.consumer) {
                 continue;
             }
             let index = match record
@@ -1736,6 +1779,8 @@ pub struct Leases {
     registry: Registry,
     spec: Arc<Spec>,
     consumer: bool,
+    /// The consumer's name (`--consumer`), recorded with its spec.
+    name: Option<String>,
     length: Duration,
     state: tokio::sync::Mutex<LeaseState>,
     /// The last change each projection applied, and when it was last
@@ -1752,7 +1797,7 @@ struct LeaseState {
     started: bool,
 }
 
-type LeaseKey = (String, u64, bool);
+type LeaseKey = (String, u64, bool, Option<String>);
 
 /// One attribute a renewal sets.
 enum Set {
@@ -1774,10 +1819,16 @@ impl Leases {
         table: &str,
         spec: &Arc<Spec>,
         consumer: bool,
+        name: Option<&str>,
         length: Duration,
     ) -> Arc<Leases> {
         static ALL: OnceLock<StdMutex<HashMap<LeaseKey, Arc<Leases>>>> = OnceLock::new();
-        let key = (table.to_string(), spec.projections_fingerprint(), consumer);
+        let key = (
+            table.to_string(),
+            spec.projections_fingerprint(),
+            consumer,
+            name.map(str::to_string),
+        );
         let mut all = ALL
             .get_or_init(Default::default)
             .lock()
@@ -1788,6 +1839,7 @@ impl Leases {
                     registry: Registry::new(client.clone(), table, &spec.table),
                     spec: spec.clone(),
                     consumer,
+                    name: name.map(str::to_string),
                     length,
                     state: tokio::sync::Mutex::new(LeaseState::default()),
                     applied: StdMutex::new((HashMap::new(), None)),
@@ -2052,6 +2104,9 @@ impl Leases {
             sets.push(Set::Until(format!("C#{fingerprint}")));
             sets.push(Set::Since(format!("S#{fingerprint}")));
             sets.push(Set::Names(format!("N#{fingerprint}")));
+            if let Some(name) = &self.name {
+                sets.push(Set::Text(format!("O#{fingerprint}"), name.clone()));
+            }
         }
         // Expressions are limited to 4 KB: 20 attributes per request.
         for chunk in sets.chunks(20) {
@@ -2221,6 +2276,7 @@ mod tests {
         let f = hex(spec.projections[0].fingerprint);
         let commands = Commands {
             target: "--spec s.toml".to_string(),
+            consumer: None,
         };
         let with = |record: Record| Snapshot {
             records: [(name.clone(), record)].into_iter().collect(),
@@ -2343,6 +2399,7 @@ mod tests {
         };
         let commands = Commands {
             target: "--spec s.toml".to_string(),
+            consumer: None,
         };
         let rows = states(&spec, &snapshot, 1_000, 0, &HashMap::new(), &commands);
         let r = row(&rows, "gone");
@@ -2372,6 +2429,7 @@ mod tests {
         };
         let commands = Commands {
             target: "--spec s.toml".to_string(),
+            consumer: None,
         };
         for letters in [
             HashMap::from([(name.clone(), 2)]),
@@ -2408,6 +2466,7 @@ mod tests {
             since,
             until,
             names: names.iter().map(|n| n.to_string()).collect(),
+            consumer: String::new(),
         };
         let mut records: BTreeMap<String, Record> = ["p", "q"]
             .into_iter()
@@ -2438,6 +2497,50 @@ mod tests {
             "the last lease of a spec without q"
         );
         assert_eq!(without.consumed_since, Some(10));
+    }
+
+    #[test]
+    fn a_named_consumer_without_another_consumers_projection_leaves_it_alone() {
+        let consumer = |name: &str, fingerprint: &str, until: u64, names: &[&str]| ConsumerSpec {
+            fingerprint: fingerprint.to_string(),
+            since: 0,
+            until,
+            names: names.iter().map(|n| n.to_string()).collect(),
+            consumer: name.to_string(),
+        };
+        let mut records: BTreeMap<String, Record> = ["a1", "b1", "b2"]
+            .into_iter()
+            .map(|n| {
+                (
+                    n.to_string(),
+                    Record {
+                        name: n.to_string(),
+                        ..Record::default()
+                    },
+                )
+            })
+            .collect();
+        // Team a's consumer runs a1; team b's ran b1 and b2, and its new
+        // spec dropped b2 while the old one still runs.
+        add_without(
+            &mut records,
+            &[
+                consumer("team-a", "fa", 50, &["a1"]),
+                consumer("team-b", "fb1", 30, &["b1", "b2"]),
+                consumer("team-b", "fb2", 60, &["b1"]),
+            ],
+        );
+        assert!(records["a1"].definitions.is_empty());
+        assert!(
+            records["b1"].definitions.is_empty(),
+            "team a's spec lacking b1 leaves it to team b: {:?}",
+            records["b1"].definitions
+        );
+        let without = records["b2"].definition(WITHOUT).expect("covered");
+        assert_eq!(
+            without.writes_until, 60,
+            "team b's spec without b2 covers it"
+        );
     }
 
     #[test]

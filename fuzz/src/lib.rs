@@ -285,7 +285,7 @@ fn plan_batch(decoded: &Decoded, outcome: &mut Outcome) {
                 let _ = problem.to_string();
                 // The key of an undecodable record is read from what arrived.
                 let key = problem_key(problem, &shipped_specs()[0].table);
-                let _ = serde_json::to_string(&DeadLetter::for_problem(problem, key));
+                let _ = serde_json::to_string(&DeadLetter::for_problem(problem, key, "*"));
             }
         }
     }

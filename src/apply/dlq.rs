@@ -28,8 +28,24 @@ use crate::decode::decode_lambda_record;
 use crate::record::{ChangeRecord, ItemKey};
 use crate::spec::{ProjectionId, RESERVED_PREFIX};
 
-/// The projection name of a letter that concerns the whole record.
+/// The projection name of a letter that concerns the whole record (of
+/// the unnamed consumer; see [`whole_record`]).
 pub const WHOLE_RECORD: &str = "*";
+
+/// The projection name of consumer `consumer`'s letters that concern the
+/// whole record: `*`, or `*@<consumer>`. Each consumer decodes the stream
+/// itself, and redrives what it could not decode for its own projections.
+pub fn whole_record(consumer: Option<&str>) -> String {
+    match consumer {
+        Some(name) => format!("{WHOLE_RECORD}@{name}"),
+        None => WHOLE_RECORD.to_string(),
+    }
+}
+
+/// Whether a letter's projection name is some consumer's whole record.
+pub fn is_whole_record(projection: &str) -> bool {
+    projection.starts_with(WHOLE_RECORD)
+}
 
 /// One dead letter.
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -111,9 +127,10 @@ impl DeadLetter {
     pub fn for_problem(
         problem: &crate::decode::DecodeProblem,
         source_key: Option<ItemKey>,
+        whole_record: &str,
     ) -> DeadLetter {
         DeadLetter {
-            projection: WHOLE_RECORD.to_string(),
+            projection: whole_record.to_string(),
             source_key,
             sequence_number: problem.sequence_number.clone(),
             event_id: problem.event_id.clone(),
@@ -835,6 +852,7 @@ impl Applier {
         };
         let store = self.dead_letter_store();
         let letters = store.list().await.map_err(fatal)?;
+        let whole = self.whole_record();
         let mut summary = RedriveSummary::default();
         let mut remaining: Vec<DeadLetter> = Vec::new();
         let mut applied: Vec<DeadLetter> = Vec::new();
@@ -845,9 +863,9 @@ impl Applier {
                 remaining.push(letter);
                 continue;
             }
-            if letter.projection != WHOLE_RECORD
-                && self.spec.projection_id(&letter.projection).is_none()
-            {
+            // Another consumer's projections and undecodable records are
+            // its own to redrive.
+            if letter.projection != whole && self.spec.projection_id(&letter.projection).is_none() {
                 tracing::warn!(projection = %letter.projection, "dead letters of a projection the spec no longer has: kept");
                 summary.skipped += 1;
                 remaining.push(letter);
@@ -874,7 +892,7 @@ impl Applier {
                     _ => records.push((letter.sequence_number.clone(), vec![i])),
                 }
             }
-            let selection = if group.iter().any(|l| l.projection == WHOLE_RECORD) {
+            let selection = if group.iter().any(|l| l.projection == whole) {
                 None
             } else {
                 let mut ids: Vec<ProjectionId> = group

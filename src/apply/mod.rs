@@ -34,7 +34,10 @@ use std::time::Duration;
 
 pub use check::{CheckStats, RecordedViolation};
 pub use ctx::Requests;
-pub use dlq::{problem_key, DeadLetter, DeadLetterStore, Hold, RedriveSummary, WHOLE_RECORD};
+pub use dlq::{
+    is_whole_record, problem_key, whole_record, DeadLetter, DeadLetterStore, Hold, RedriveSummary,
+    WHOLE_RECORD,
+};
 pub use markers::CHANGES_ATTRIBUTE;
 pub(crate) use markers::{marker_change, records_of};
 pub use retry::{classify, describe as retry_describe, ErrorClass};
@@ -77,6 +80,13 @@ pub struct ApplyConfig {
     /// backfill makes when it completes (`PROJECTOR_CLOCK_SKEW_MS`,
     /// default 2 s).
     pub clock_skew: Duration,
+    /// The stream consumer this applier works for (`--consumer`,
+    /// `PROJECTOR_CONSUMER`; none: the unnamed one). Two deployments with
+    /// different specs on one table each name theirs: each keeps its own
+    /// checkpoints, its own letters and holds of records that could not be
+    /// decoded (letters of a projection are its consumer's already), and
+    /// leaves the other's projections to it ([`crate::lifecycle`]).
+    pub consumer: Option<String>,
 }
 
 impl Default for ApplyConfig {
@@ -89,6 +99,7 @@ impl Default for ApplyConfig {
             stream_consumer: false,
             lease: crate::lifecycle::lease_length(),
             clock_skew: Duration::from_millis(crate::lifecycle::clock_skew_ms()),
+            consumer: None,
         }
     }
 }
@@ -240,6 +251,7 @@ impl Applier {
             table,
             &spec,
             config.stream_consumer,
+            config.consumer.as_deref(),
             config.lease,
         );
         Applier {
@@ -299,6 +311,12 @@ impl Applier {
     /// Its settings.
     pub fn config(&self) -> &ApplyConfig {
         &self.config
+    }
+
+    /// The projection name of its consumer's letters of records that
+    /// could not be decoded ([`whole_record`]).
+    pub fn whole_record(&self) -> String {
+        whole_record(self.config.consumer.as_deref())
     }
 
     /// Applies a batch of records given in stream order (see the module docs).
@@ -422,6 +440,7 @@ impl Applier {
         // supersedes an earlier failing one.
         let store = self.dead_letter_store();
         let holding = self.config.dead_letters && !options.redrive;
+        let whole = self.whole_record();
         let mut held: HashSet<dlq::Hold> = HashSet::new();
         let mut candidates: HashSet<dlq::Hold> = HashSet::new();
         if holding && n_effects > 0 {
@@ -432,7 +451,7 @@ impl Applier {
                 if plan.effects.is_empty() {
                     continue;
                 }
-                candidates.insert((dlq::WHOLE_RECORD.to_string(), source.clone()));
+                candidates.insert((whole.clone(), source.clone()));
                 for effect in &plan.effects {
                     for id in effect_projections(effect) {
                         candidates.insert((spec.projections[id].name.clone(), source.clone()));
@@ -488,7 +507,7 @@ impl Applier {
             }
         }
         let is_held = |held: &HashSet<dlq::Hold>, name: &str, key: &ItemKey| {
-            held.contains(&(dlq::WHOLE_RECORD.to_string(), key.clone()))
+            held.contains(&(whole.clone(), key.clone()))
                 || held.contains(&(name.to_string(), key.clone()))
         };
         let mut effects = Vec::with_capacity(n_effects);
@@ -499,9 +518,9 @@ impl Applier {
                 Err(problem) => {
                     // A record that could not be decoded holds every later
                     // record of its item.
-                    letters.push((i, DeadLetter::for_problem(problem, source.clone())));
+                    letters.push((i, DeadLetter::for_problem(problem, source.clone(), &whole)));
                     if let (true, Some(key)) = (holding, source) {
-                        held.insert((dlq::WHOLE_RECORD.to_string(), key.clone()));
+                        held.insert((whole.clone(), key.clone()));
                     }
                     continue;
                 }
@@ -510,7 +529,7 @@ impl Applier {
             for error in &plan.errors {
                 let projection = error
                     .projection
-                    .map_or(dlq::WHOLE_RECORD, |id| spec.projections[id].name.as_str());
+                    .map_or(whole.as_str(), |id| spec.projections[id].name.as_str());
                 // A record that fails behind an earlier letter of its pair is
                 // also held: redrive must reach it only after that one.
                 let behind = match source {

@@ -24,8 +24,8 @@
 use std::collections::{HashMap, HashSet};
 use std::time::{Duration, Instant};
 
+use crate::apply::DeadLetter;
 use crate::apply::{Applier, ApplyError};
-use crate::apply::{DeadLetter, WHOLE_RECORD};
 use crate::plan::{plan_record, Op};
 use crate::record::{ChangeKind, ChangeRecord, Item, ItemKey};
 use crate::spec::ProjectionId;
@@ -104,9 +104,9 @@ pub async fn check(applier: &Applier, key: &ItemKey) -> Result<Status, ApplyErro
     let candidates: HashSet<(String, ItemKey)> = spec
         .projections
         .iter()
-        .map(|p| p.name.as_str())
-        .chain([WHOLE_RECORD])
-        .map(|name| (name.to_string(), key.clone()))
+        .map(|p| p.name.clone())
+        .chain([applier.whole_record()])
+        .map(|name| (name, key.clone()))
         .collect();
     let held = store
         .held(&candidates, applier.config().max_retry_time)

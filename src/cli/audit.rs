@@ -7,7 +7,7 @@ use std::process::ExitCode;
 use anyhow::Context;
 
 use super::{connect, OutputFormat, Target};
-use crate::apply::{Applier, ApplyConfig};
+use crate::apply::Applier;
 use crate::audit::{audit as run_audit, merge as merge_reports, AuditOptions, AuditReport};
 use crate::spec::Spec;
 
@@ -71,7 +71,7 @@ async fn applier(target: &Target, writes: Option<&str>) -> anyhow::Result<Option
         c.dynamodb.clone(),
         c.spec.clone(),
         &c.table,
-        ApplyConfig::default(),
+        c.apply_config(),
     )))
 }
 
@@ -99,7 +99,7 @@ pub async fn violations_list(target: Target, format: OutputFormat) -> anyhow::Re
         c.dynamodb.clone(),
         c.spec.clone(),
         &c.table,
-        ApplyConfig::default(),
+        c.apply_config(),
     );
     let violations = applier.recorded_violations().await?;
     let stdout = std::io::stdout();

@@ -11,7 +11,7 @@ use serde_json::json;
 
 use super::online::{projection_ids, Segments};
 use super::{connect, OutputFormat, Target};
-use crate::apply::{Applier, ApplyConfig};
+use crate::apply::Applier;
 use crate::lifecycle::{iso, now_ms, states, ClaimOutcome, Commands, Registry, State};
 use crate::spec::ProjectionId;
 
@@ -21,7 +21,13 @@ fn commands(target: &Target) -> Commands {
     if let Some(table) = &target.table {
         line.push_str(&format!(" --table {table}"));
     }
-    Commands { target: line }
+    if let Some(consumer) = &target.consumer {
+        line.push_str(&format!(" --consumer {consumer}"));
+    }
+    Commands {
+        target: line,
+        consumer: target.consumer.clone(),
+    }
 }
 
 /// Open dead letters by projection (`*`: whole records).
@@ -49,7 +55,7 @@ pub async fn status(target: Target, format: OutputFormat) -> anyhow::Result<Exit
         c.dynamodb.clone(),
         c.spec.clone(),
         &c.table,
-        ApplyConfig::default(),
+        c.apply_config(),
     );
     let by_projection = letters(&applier).await?;
     let mut rows = states(
@@ -66,9 +72,10 @@ pub async fn status(target: Target, format: OutputFormat) -> anyhow::Result<Exit
         row.applied = applied.get(&row.name).copied();
     }
     let whole = by_projection
-        .get(crate::apply::WHOLE_RECORD)
-        .copied()
-        .unwrap_or(0);
+        .iter()
+        .filter(|(name, _)| crate::apply::is_whole_record(name))
+        .map(|(_, n)| n)
+        .sum::<usize>();
     let violations = applier.recorded_violations().await?;
     let mut by_invariant: BTreeMap<String, usize> = c
         .spec
@@ -206,7 +213,7 @@ pub async fn backfill(target: Target, args: BackfillArgs) -> anyhow::Result<Exit
                 c.dynamodb.clone(),
                 c.spec.clone(),
                 &c.table,
-                ApplyConfig::default(),
+                c.apply_config(),
             );
             let letters = letters(&applier).await?;
             // Held projections need a redrive, not a backfill.
@@ -282,7 +289,7 @@ pub async fn backfill(target: Target, args: BackfillArgs) -> anyhow::Result<Exit
         c.dynamodb.clone(),
         c.spec.clone(),
         &c.table,
-        ApplyConfig::default(),
+        c.apply_config(),
     );
     let options = crate::backfill::BackfillOptions {
         projections: (ids.len() != c.spec.projections.len()).then_some(ids),
@@ -414,6 +421,12 @@ pub async fn prune(
             bail!(
                 "`{name}` is in {}: prune removes what a retired projection derived; remove it from the spec and deploy first",
                 target.spec.display()
+            );
+        }
+        if snapshot.owned_by_other(name, target.consumer.as_deref()) {
+            bail!(
+                "`{name}` is run by consumer `{}`, not this one: it is that deployment's to retire and prune (with its spec and --consumer)",
+                snapshot.owner(name).unwrap_or_default()
             );
         }
         let record = snapshot.record(name);

@@ -383,6 +383,30 @@ pub struct Target {
     /// lose writes made elsewhere).
     #[arg(long, env = "PROJECTOR_WRITERS_IN_HOME_REGION", value_parser = clap::builder::BoolishValueParser::new())]
     pub writers_in_home_region: bool,
+    /// The stream consumer this command works for, when several
+    /// deployments with different specs share the table: each keeps its
+    /// own runner checkpoints and letters of undecodable records, and
+    /// leaves the other's projections to it. Letters, numbers, `.`, `_`
+    /// and `-`. Unset: the unnamed consumer (one deployment per table, or
+    /// one serving every spec of the table).
+    #[arg(long, env = "PROJECTOR_CONSUMER", value_parser = parse_consumer)]
+    pub consumer: Option<String>,
+}
+
+/// A consumer name: 1 to 64 letters, digits, `.`, `_` or `-`.
+pub fn parse_consumer(text: &str) -> Result<String, String> {
+    let ok = !text.is_empty()
+        && text.len() <= 64
+        && text
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'));
+    if ok {
+        Ok(text.to_string())
+    } else {
+        Err(format!(
+            "`{text}` is not a consumer name: use 1 to 64 letters, digits, `.`, `_` or `-`"
+        ))
+    }
 }
 
 /// `table` subcommands.
@@ -594,6 +618,18 @@ pub struct Connection {
     pub config: aws_config::SdkConfig,
     /// DynamoDB.
     pub dynamodb: aws_sdk_dynamodb::Client,
+    /// `--consumer`.
+    pub consumer: Option<String>,
+}
+
+impl Connection {
+    /// The applier settings of a command: the defaults, for its consumer.
+    pub fn apply_config(&self) -> crate::apply::ApplyConfig {
+        crate::apply::ApplyConfig {
+            consumer: self.consumer.clone(),
+            ..crate::apply::ApplyConfig::default()
+        }
+    }
 }
 
 /// Loads the spec and connects; a spec error is printed and becomes exit 1.
@@ -624,6 +660,7 @@ pub async fn connect(target: &Target) -> Result<Connection, anyhow::Result<ExitC
         table,
         config,
         dynamodb,
+        consumer: target.consumer.clone(),
     })
 }
 

@@ -6,7 +6,7 @@ use std::process::ExitCode;
 use anyhow::bail;
 
 use super::{connect, OutputFormat, Target};
-use crate::apply::{Applier, ApplyConfig};
+use crate::apply::Applier;
 use crate::record::ItemKey;
 
 macro_rules! connect_or_return {
@@ -58,7 +58,7 @@ pub async fn dlq_list(target: Target) -> anyhow::Result<ExitCode> {
         c.dynamodb.clone(),
         c.spec.clone(),
         &c.table,
-        ApplyConfig::default(),
+        c.apply_config(),
     );
     let letters = applier.dead_letter_store().list().await?;
     let stdout = std::io::stdout();
@@ -83,7 +83,7 @@ pub async fn dlq_redrive(target: Target, projection: Option<String>) -> anyhow::
         c.dynamodb.clone(),
         c.spec.clone(),
         &c.table,
-        ApplyConfig::default(),
+        c.apply_config(),
     );
     let summary = applier.redrive(projection.as_deref()).await?;
     println!(
@@ -147,7 +147,7 @@ pub async fn wait(
         c.dynamodb.clone(),
         c.spec.clone(),
         &c.table,
-        ApplyConfig::default(),
+        c.apply_config(),
     );
     let waited = crate::audit::wait::wait(
         &applier,

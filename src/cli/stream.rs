@@ -126,7 +126,7 @@ pub async fn failover(target: Target, to: String, segments: u32) -> anyhow::Resu
         c.dynamodb.clone(),
         c.spec.clone(),
         &c.table,
-        ApplyConfig::default(),
+        c.apply_config(),
     )
     .redrive(None)
     .await?;
@@ -186,7 +186,7 @@ pub async fn recover(
         c.dynamodb.clone(),
         c.spec.clone(),
         &c.table,
-        ApplyConfig::default(),
+        c.apply_config(),
     );
     let recovery = Recovery::new(
         applier,
@@ -271,7 +271,7 @@ async fn run_stream(
             &c.table,
             ApplyConfig {
                 stream_consumer: consumer,
-                ..ApplyConfig::default()
+                ..c.apply_config()
             },
         );
         let runner = StreamRunner::new(applier, crate::aws::streams(&c.config), &stream_arn);

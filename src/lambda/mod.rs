@@ -19,6 +19,7 @@
 //! | --- | --- |
 //! | `PROJECTOR_SPEC` | the spec file, or a directory of them (one per service), a path inside the deployment package (required); records are routed to the specs of their stream's table |
 //! | `PROJECTOR_TABLE` | the table to write (default: the table of the records' `eventSourceARN`); with specs of several tables, unset |
+//! | `PROJECTOR_CONSUMER` | the consumer's name, when deployments with different specs share a table (each keeps its own letters of undecodable records, and leaves the other's projections to it) |
 //! | `PROJECTOR_DEADLINE_MARGIN_MS` | time kept free before the invocation's deadline (default 1500) |
 //! | `PROJECTOR_METRICS_NAMESPACE` | CloudWatch namespace of the EMF metrics (default `DdbProjector`) |
 //! | `PROJECTOR_LOG_FORMAT` | `json` (the default for a bootstrap) or `text` |
@@ -52,6 +53,9 @@ use crate::spec::{SpecErrors, SpecSet};
 pub const SPEC_VAR: &str = "PROJECTOR_SPEC";
 /// The table to write, overriding the event's.
 pub const TABLE_VAR: &str = "PROJECTOR_TABLE";
+/// The stream consumer the function is, when several deployments with
+/// different specs share a table (see [`crate::apply::ApplyConfig::consumer`]).
+pub const CONSUMER_VAR: &str = "PROJECTOR_CONSUMER";
 /// The safety margin before the invocation's deadline, in milliseconds.
 pub const MARGIN_VAR: &str = "PROJECTOR_DEADLINE_MARGIN_MS";
 /// The CloudWatch namespace of the metrics.
@@ -71,6 +75,9 @@ pub enum InitError {
     /// The spec cannot be read or compiled.
     #[error("the spec named by {SPEC_VAR} cannot be used:\n{0}")]
     Spec(SpecErrors),
+    /// `PROJECTOR_CONSUMER` is not a consumer name.
+    #[error("{CONSUMER_VAR}: {0}")]
+    Consumer(String),
     /// `PROJECTOR_DEADLINE_MARGIN_MS` is not a number.
     #[error("{MARGIN_VAR}=`{0}` is not a whole number of milliseconds")]
     Margin(String),
@@ -93,7 +100,7 @@ impl InitError {
     pub fn error_type(&self) -> &'static str {
         match self {
             InitError::NoSpec | InitError::Spec(_) => "Projector.InvalidSpec",
-            InitError::Margin(_) => "Projector.InvalidConfiguration",
+            InitError::Margin(_) | InitError::Consumer(_) => "Projector.InvalidConfiguration",
             InitError::NotInLambda(_) => "Projector.NotInLambda",
             InitError::Aws(_) => "Projector.AwsConfiguration",
             InitError::Metrics(_) => "Projector.Metrics",
@@ -162,6 +169,12 @@ async fn init() -> Result<Handler, InitError> {
         Err(_) => DEFAULT_MARGIN,
     };
     let table = std::env::var(TABLE_VAR).ok().filter(|t| !t.is_empty());
+    let consumer = match std::env::var(CONSUMER_VAR) {
+        Ok(name) if !name.is_empty() => {
+            Some(crate::cli::parse_consumer(&name).map_err(InitError::Consumer)?)
+        }
+        _ => None,
+    };
     let specs = SpecSet::load(&spec_path).map_err(InitError::Spec)?;
     if let (Some(table), [_, _, ..]) = (&table, specs.specs()) {
         if specs.for_table(table).is_none() {
@@ -221,7 +234,10 @@ async fn init() -> Result<Handler, InitError> {
         client,
         table,
         margin,
-        config: ApplyConfig::default(),
+        config: ApplyConfig {
+            consumer,
+            ..ApplyConfig::default()
+        },
         metrics: Some(collector),
         process_started,
         regions,

@@ -9,7 +9,7 @@
 //!
 //! | attribute | value |
 //! | --- | --- |
-//! | partition key | `_ddbp#checkpoint` (tables without a sort key: `_ddbp#checkpoint#<stream ARN>#<shard id>`) |
+//! | partition key | `_ddbp#checkpoint`, or `_ddbp#checkpoint@<consumer>` for a named consumer (`--consumer`); tables without a sort key: that, then `#<stream ARN>#<shard id>` |
 //! | sort key | `<stream ARN>#<shard id>` |
 //! | `streamArn`, `shardId` | the stream and shard, for people and queries |
 //! | `parentShardId` | the shard's parent, when it has one |
@@ -111,6 +111,9 @@ pub struct CheckpointStore {
     pk: String,
     sk: Option<String>,
     stream_arn: String,
+    /// `_ddbp#checkpoint`, or `_ddbp#checkpoint@<consumer>` for a named
+    /// consumer's own.
+    partition: String,
 }
 
 impl CheckpointStore {
@@ -129,7 +132,20 @@ impl CheckpointStore {
             pk: spec.table.partition_key.clone(),
             sk: spec.table.sort_key.clone(),
             stream_arn: stream_arn.to_string(),
+            partition: CHECKPOINT_PK.to_string(),
         }
+    }
+
+    /// The checkpoints of consumer `consumer` (none: the unnamed one, whose
+    /// items are where they always were): two runners of different specs
+    /// on one stream each keep their own, so neither skips what only the
+    /// other applied.
+    pub fn for_consumer(mut self, consumer: Option<&str>) -> CheckpointStore {
+        self.partition = match consumer {
+            Some(name) => format!("{CHECKPOINT_PK}@{name}"),
+            None => CHECKPOINT_PK.to_string(),
+        };
+        self
     }
 
     /// The stream whose checkpoints these are.
@@ -143,11 +159,14 @@ impl CheckpointStore {
         let mut key = HashMap::new();
         match &self.sk {
             Some(sk) => {
-                key.insert(self.pk.clone(), Av::S(CHECKPOINT_PK.to_string()));
+                key.insert(self.pk.clone(), Av::S(self.partition.clone()));
                 key.insert(sk.clone(), Av::S(member));
             }
             None => {
-                key.insert(self.pk.clone(), Av::S(format!("{CHECKPOINT_PK}#{member}")));
+                key.insert(
+                    self.pk.clone(),
+                    Av::S(format!("{}#{member}", self.partition)),
+                );
             }
         }
         key
@@ -200,7 +219,7 @@ impl CheckpointStore {
                     .key_condition_expression("#pk = :pk AND begins_with(#sk, :prefix)")
                     .expression_attribute_names("#pk", &self.pk)
                     .expression_attribute_names("#sk", sk)
-                    .expression_attribute_values(":pk", Av::S(CHECKPOINT_PK.to_string()))
+                    .expression_attribute_values(":pk", Av::S(self.partition.clone()))
                     .expression_attribute_values(":prefix", Av::S(prefix.clone()))
                     .set_exclusive_start_key(start.clone())
                     .send()

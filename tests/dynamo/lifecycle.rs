@@ -482,6 +482,7 @@ async fn a_shorter_lease_never_cuts_a_longer_one_of_the_same_definition() {
         &table,
         &spec,
         true,
+        None,
         std::time::Duration::from_secs(600),
     );
     let short = ddb_projector::lifecycle::Leases::shared(
@@ -489,6 +490,7 @@ async fn a_shorter_lease_never_cuts_a_longer_one_of_the_same_definition() {
         &table,
         &spec,
         false,
+        None,
         std::time::Duration::from_secs(1),
     );
     let long_until = long.ensure(&ids, now + 1_000).await.unwrap();

@@ -418,3 +418,157 @@ copy = { email = "{email}" }
     );
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+/// A runner of `spec` on `table` as consumer `consumer`.
+async fn consumer_runner(
+    table: &str,
+    spec: Arc<Spec>,
+    consumer: &str,
+) -> ddb_projector::source::StreamRunner {
+    let client = support::client().await;
+    let (arn, _) = ddb_projector::aws::require_stream(&client, table)
+        .await
+        .expect("the table has a stream");
+    let config = ApplyConfig {
+        stream_consumer: true,
+        consumer: Some(consumer.to_string()),
+        clock_skew: Duration::ZERO,
+        ..ApplyConfig::default()
+    };
+    ddb_projector::source::StreamRunner::new(
+        Applier::new(client, spec, table, config),
+        aws_sdk_dynamodbstreams::Client::new(&support::sdk_config().await),
+        &arn,
+    )
+}
+
+/// Two deployments with different specs on one table, each its own named
+/// consumer: each runner reads the stream from its own checkpoints, so
+/// neither skips what only the other applies; each team's backfill makes
+/// its projections live while the other team's consumer runs without
+/// them; and neither team's `status` or `prune` takes the other's
+/// projections for retired ones.
+#[tokio::test]
+async fn two_consumers_of_one_table_keep_their_own_checkpoints() {
+    use ddb_projector::backfill::{backfill, BackfillOptions};
+    use ddb_projector::lifecycle::{self, ClaimOutcome, Registry, State};
+    use ddb_projector::source::RunOptions;
+
+    let client = support::client().await;
+    let table = support::unique_table("reg-consumers");
+    let users_text = shipped_text("user-service.toml", &table);
+    let social_text = shipped_text("social-service.toml", &table);
+    let users = Arc::new(Spec::from_toml(&users_text, "user-service.toml").unwrap());
+    let social = Arc::new(Spec::from_toml(&social_text, "social-service.toml").unwrap());
+    let both = SpecSet::from_texts(&[
+        ("user-service.toml".to_string(), users_text),
+        ("social-service.toml".to_string(), social_text),
+    ])
+    .unwrap();
+    ddb_projector::table::create_table(&client, &both.specs()[0], &table)
+        .await
+        .unwrap();
+    let users_runner = consumer_runner(&table, users.clone(), "users").await;
+    let social_runner = consumer_runner(&table, social.clone(), "social").await;
+
+    put_item(&client, &table, &profile("u1")).await;
+    put_item(&client, &table, &email("u1", "e1", "sam@x.org", true)).await;
+    put_item(&client, &table, &profile("b")).await;
+    for follower in ["a", "c"] {
+        put_item(&client, &table, &follow(follower, "b", "2026-11-26")).await;
+    }
+    let drain = || RunOptions {
+        poll_interval: Duration::from_millis(50),
+        ..RunOptions::drain()
+    };
+    // The users' runner reads first and checkpoints past every record.
+    Box::pin(users_runner.run(drain(), std::future::pending()))
+        .await
+        .expect("the users' runner");
+    Box::pin(social_runner.run(drain(), std::future::pending()))
+        .await
+        .expect("the social runner");
+
+    let profile_item = support::get(&client, &table, "USER#u1", "PROFILE")
+        .await
+        .unwrap();
+    assert_eq!(profile_item.get("email"), Some(&s("sam@x.org")));
+    assert!(
+        support::get(&client, &table, "USER#b", "FOLLOWED_BY#a")
+            .await
+            .is_some(),
+        "the social runner applied what the users' runner had read past"
+    );
+    let followers = super::model::user_counter(&client, &table, &social, "followers", "b").await;
+    assert_eq!(followers, 2);
+    let partitions: BTreeSet<String> = support::scan_all(&client, &table)
+        .await
+        .iter()
+        .filter_map(|i| support::text(i, "PK"))
+        .filter(|pk| pk.starts_with("_ddbp#checkpoint"))
+        .collect();
+    assert_eq!(
+        partitions,
+        BTreeSet::from([
+            "_ddbp#checkpoint@social".to_string(),
+            "_ddbp#checkpoint@users".to_string()
+        ])
+    );
+
+    // Each team backfills its own; both consumers' leases run meanwhile.
+    for (spec, consumer) in [(&users, "users"), (&social, "social")] {
+        let config = ApplyConfig {
+            consumer: Some(consumer.to_string()),
+            clock_skew: Duration::ZERO,
+            ..ApplyConfig::default()
+        };
+        let applier = Applier::new(client.clone(), spec.clone(), &table, config);
+        let registry = Registry::new(client.clone(), &table, &spec.table).with_skew(0);
+        let ids = spec.backfilled_projections();
+        let run = format!("{consumer}-1");
+        let claimed = registry.claim(spec, &ids, &run).await.unwrap();
+        assert_eq!(claimed, ClaimOutcome::Claimed, "{consumer}");
+        let summary = Box::pin(backfill(
+            &applier,
+            &BackfillOptions {
+                projections: Some(ids),
+                progress: false,
+                run: Some(run),
+                ..BackfillOptions::default()
+            },
+        ))
+        .await
+        .unwrap();
+        assert!(
+            summary.not_backfilled.is_empty(),
+            "{consumer}: the other team's consumer kept its projections from live: {:?}",
+            summary.not_backfilled
+        );
+    }
+    for (spec, consumer) in [(&users, "users"), (&social, "social")] {
+        let registry = Registry::new(client.clone(), &table, &spec.table);
+        let snapshot = registry.snapshot(spec).await.unwrap();
+        let commands = lifecycle::Commands {
+            consumer: Some(consumer.to_string()),
+            ..lifecycle::Commands::default()
+        };
+        let rows = lifecycle::states(
+            spec,
+            &snapshot,
+            lifecycle::now_ms(),
+            0,
+            &std::collections::HashMap::new(),
+            &commands,
+        );
+        for row in &rows {
+            assert!(
+                spec.projection_id(&row.name).is_some(),
+                "{consumer}: `{}` of the other team listed as {:?}",
+                row.name,
+                row.state
+            );
+            assert_eq!(row.state, State::Live, "{consumer}: {row:?}");
+        }
+        assert_eq!(rows.len(), spec.projections.len());
+    }
+}

@@ -274,6 +274,7 @@ impl StreamRunner {
             self.applier.spec(),
             &self.stream_arn,
         )
+        .for_consumer(self.applier.config().consumer.as_deref())
     }
 
     /// Runs until the stream is caught up (`options.drain`) or `stop`
@@ -351,6 +352,7 @@ impl Shared {
                 self.applier.spec(),
                 &self.stream_arn,
             )
+            .for_consumer(self.applier.config().consumer.as_deref())
         });
         let key_json = serde_json::Value::Object(
             store
