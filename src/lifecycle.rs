@@ -330,6 +330,8 @@ pub struct ProjectionStatus {
     /// The projection.
     pub name: String,
     /// Its kind.
+    /// The service that registered it (empty: not known, a retired one).
+    pub service: String,
     pub kind: String,
     /// Its state.
     pub state: State,
@@ -394,6 +396,7 @@ pub fn states(
             let base = old_version_of(&projection.name).map_or("", |(base, _)| base);
             out.push(ProjectionStatus {
                 name: projection.name.clone(),
+                service: spec.service_of(&projection.name).to_string(),
                 kind: projection.kind_name().to_string(),
                 state: State::Serving,
                 since: None,
@@ -492,6 +495,7 @@ pub fn states(
         };
         out.push(ProjectionStatus {
             name: projection.name.clone(),
+            service: spec.service_of(&projection.name).to_string(),
             kind: projection.kind_name().to_string(),
             state,
             since: since.map(iso),
@@ -523,6 +527,7 @@ pub fn states(
             .filter(|until| *until >= now);
         out.push(ProjectionStatus {
             name: name.clone(),
+            service: String::new(),
             kind: record.kind.clone().unwrap_or_else(|| "?".to_string()),
             state: State::Retired,
             since: record

@@ -84,6 +84,10 @@ pub struct DeadLetter {
     /// state instead.
     #[serde(rename = "imagesOmitted", skip_serializing_if = "Option::is_none")]
     pub images_omitted: Option<usize>,
+    /// The service that registered the projection (the spec's service for
+    /// a whole record), as stored with the letter.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub service: Option<String>,
 }
 
 /// The largest record stored in a dead letter whole: the letter must fit in
@@ -119,6 +123,7 @@ impl DeadLetter {
             record: serde_json::to_value(record).unwrap_or_default(),
             decoded: true,
             images_omitted: None,
+            service: None,
         }
     }
 
@@ -142,6 +147,7 @@ impl DeadLetter {
             record: problem.raw.clone(),
             decoded: false,
             images_omitted: None,
+            service: None,
         }
     }
 
@@ -215,6 +221,10 @@ pub struct DeadLetterStore {
     table: String,
     pk: String,
     sk: Option<String>,
+    /// Who registered each projection, stored with its letters.
+    services: crate::spec::Services,
+    /// The spec's service (several joined by `+` when composed).
+    service: String,
 }
 
 const DLQ_PK: &str = "_ddbp#dlq";
@@ -233,7 +243,14 @@ impl DeadLetterStore {
             table: table.to_string(),
             pk: spec.table.partition_key.clone(),
             sk: spec.table.sort_key.clone(),
+            services: spec.services.clone(),
+            service: spec.service.clone(),
         }
+    }
+
+    /// The service of a letter of `projection`.
+    fn service_of(&self, projection: &str) -> &str {
+        self.services.of(projection).unwrap_or(&self.service)
     }
 
     fn key(&self, pk: &str, sk: &str) -> HashMap<String, Av> {
@@ -268,6 +285,10 @@ impl DeadLetterStore {
             let (record, omitted) = stored_record(letter);
             let mut values = HashMap::from([
                 (":projection".to_string(), Av::S(letter.projection.clone())),
+                (
+                    ":service".to_string(),
+                    Av::S(self.service_of(&letter.projection).to_string()),
+                ),
                 (":error".to_string(), Av::S(letter.error.clone())),
                 (":held".to_string(), Av::Bool(letter.held)),
                 (":record".to_string(), Av::S(record)),
@@ -293,6 +314,7 @@ impl DeadLetterStore {
             }
             let mut sets: Vec<(&str, &str)> = vec![
                 ("projection", ":projection"),
+                ("service", ":service"),
                 ("error", ":error"),
                 ("record", ":record"),
                 ("decoded", ":decoded"),
@@ -340,9 +362,16 @@ impl DeadLetterStore {
                 async move { request.send().await.map(|_| ()).map_err(sdk) }
             })
             .await?;
-            metrics::counter!("projector_dead_letters_total", "projection" => letter.projection.clone()).increment(1);
+            let service = self.service_of(&letter.projection).to_string();
+            metrics::counter!(
+                "projector_dead_letters_total",
+                "projection" => letter.projection.clone(),
+                "service" => service.clone()
+            )
+            .increment(1);
             tracing::warn!(
                 projection = %letter.projection,
+                service,
                 event_id = letter.event_id.as_deref().unwrap_or(""),
                 sequence_number = letter.sequence_number.as_deref().unwrap_or(""),
                 source = %letter.source_key.as_ref().map(|k| k.to_string()).unwrap_or_default(),
@@ -698,6 +727,7 @@ fn from_item(item: &HashMap<String, Av>) -> DeadLetter {
             .and_then(|text| serde_json::from_str(&text).ok())
             .unwrap_or_default(),
         decoded: b("decoded"),
+        service: s("service"),
         images_omitted: match item.get("imagesOmitted") {
             Some(Av::N(n)) => n.parse().ok(),
             _ => None,

@@ -1012,7 +1012,12 @@ fn record_lag(
         for &id in ids {
             lags.entry(id)
                 .or_insert_with(|| {
-                    metrics::histogram!("projector_lag_seconds", "projection" => spec.projections[id].name.clone())
+                    let name = &spec.projections[id].name;
+                    metrics::histogram!(
+                        "projector_lag_seconds",
+                        "projection" => name.clone(),
+                        "service" => spec.service_of(name).to_string()
+                    )
                 })
                 .record(lag);
             let entry = latest.entry(id).or_insert(created_ms);

@@ -540,7 +540,7 @@ pub async fn audit(applier: &Applier, options: &AuditOptions) -> Result<AuditRep
     }
     if let (Some(segment), Some(store)) = (options.segment, &options.checkpoint) {
         let slice = checkpoint::audit_segment_from(applier, options, segment, store).await?;
-        finished(&slice.report, slice.scanned_now);
+        finished(applier.spec(), &slice.report, slice.scanned_now);
         return Ok(slice.report);
     }
     let started = Instant::now();
@@ -626,7 +626,7 @@ pub async fn audit(applier: &Applier, options: &AuditOptions) -> Result<AuditRep
         }
     }
     report.seconds = started.elapsed().as_secs_f64();
-    finished(&report, report.scanned);
+    finished(applier.spec(), &report, report.scanned);
     Ok(report)
 }
 
@@ -644,7 +644,7 @@ pub async fn merge(
     max_rcu: Option<f64>,
 ) -> Result<AuditReport, ApplyError> {
     let report = merge_uncounted(applier, reports, repair_counters, max_rcu).await?;
-    finished(&report, 0);
+    finished(applier.spec(), &report, 0);
     Ok(report)
 }
 
@@ -971,7 +971,7 @@ fn covered(reports: &[AuditReport], table: &str) -> Result<u32, String> {
 /// Metrics and the closing log line of an audit or a merge.
 /// Counts what an audit concluded, and `scanned_now`, the items scanned
 /// by this call (a resumed slice or a merge counts only its own).
-pub(crate) fn finished(report: &AuditReport, scanned_now: u64) {
+pub(crate) fn finished(spec: &Spec, report: &AuditReport, scanned_now: u64) {
     metrics::counter!("projector_audit_items_scanned_total").increment(scanned_now);
     for (rule, n) in report.counts() {
         metrics::gauge!("projector_audit_findings", "rule" => rule).set(n as f64);
@@ -981,6 +981,7 @@ pub(crate) fn finished(report: &AuditReport, scanned_now: u64) {
         metrics::counter!(
             "projector_audit_findings_total",
             "projection" => finding.rule.clone(),
+            "service" => spec.service_of(&finding.rule).to_string(),
             "kind" => finding.problem.kind()
         )
         .increment(1);

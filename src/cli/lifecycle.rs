@@ -95,6 +95,8 @@ pub async fn status(target: Target, format: OutputFormat) -> anyhow::Result<Exit
             let value = json!({
                 "table": c.table,
                 "spec": target.spec.display().to_string(),
+                "service": c.spec.service,
+                "consumer": target.consumer,
                 "projections": rows,
                 "wholeRecordDeadLetters": whole,
                 "violations": by_invariant,
@@ -103,12 +105,36 @@ pub async fn status(target: Target, format: OutputFormat) -> anyhow::Result<Exit
             writeln!(out, "{value}")?;
         }
         OutputFormat::Text => {
-            writeln!(out, "table {}, spec {}", c.table, target.spec.display())?;
-            let width = rows.iter().map(|r| r.name.len()).max().unwrap_or(0).max(10);
             writeln!(
                 out,
-                "  {:width$}  {:12}  {:11}  {:24}  {:>7}  {:24}  {:>8}  next",
-                "projection", "kind", "state", "since", "letters", "last change applied", "lag"
+                "table {}, spec {} (service {}{})",
+                c.table,
+                target.spec.display(),
+                c.spec.service,
+                target
+                    .consumer
+                    .as_deref()
+                    .map(|name| format!(", consumer {name}"))
+                    .unwrap_or_default()
+            )?;
+            let width = rows.iter().map(|r| r.name.len()).max().unwrap_or(0).max(10);
+            let service_width = rows
+                .iter()
+                .map(|r| r.service.len())
+                .max()
+                .unwrap_or(0)
+                .max(7);
+            writeln!(
+                out,
+                "  {:width$}  {:service_width$}  {:12}  {:11}  {:24}  {:>7}  {:24}  {:>8}  next",
+                "projection",
+                "service",
+                "kind",
+                "state",
+                "since",
+                "letters",
+                "last change applied",
+                "lag"
             )?;
             for row in &rows {
                 let (last, lag) = match row.applied {
@@ -120,8 +146,13 @@ pub async fn status(target: Target, format: OutputFormat) -> anyhow::Result<Exit
                 };
                 writeln!(
                     out,
-                    "  {:width$}  {:12}  {:11}  {:24}  {:>7}  {:24}  {:>8}  {}",
+                    "  {:width$}  {:service_width$}  {:12}  {:11}  {:24}  {:>7}  {:24}  {:>8}  {}",
                     row.name,
+                    if row.service.is_empty() {
+                        "-"
+                    } else {
+                        &row.service
+                    },
                     row.kind,
                     row.state.as_str(),
                     row.since.as_deref().unwrap_or("-"),

@@ -541,7 +541,7 @@ impl Handler {
                 });
             }
         };
-        crate::audit::finished(&report, scanned_now);
+        crate::audit::finished(applier.spec(), &report, scanned_now);
         let response = AuditSliceResponse {
             run: request.run.clone(),
             done: report.complete,
@@ -633,7 +633,7 @@ impl Handler {
                 return Ok(AuditResponse::Merge(Box::new(response)));
             }
         }
-        crate::audit::finished(&report, 0);
+        crate::audit::finished(applier.spec(), &report, 0);
         for finding in &report.findings {
             log_finding(&context.request_id, run, &FindingLine::from(finding));
         }
@@ -710,6 +710,7 @@ async fn log_summary(
         metrics::counter!(
             "projector_audit_findings_total",
             "projection" => count.projection.clone(),
+            "service" => applier.spec().service_of(&count.projection).to_string(),
             "kind" => count.kind.clone()
         )
         .increment(count.count as u64);

@@ -10,6 +10,7 @@ use aws_lambda_events::event::streams::{DynamoDbBatchItemFailure, DynamoDbEventR
 use lambda_runtime::{Context, Diagnostic, LambdaEvent};
 use serde::Serialize;
 use tokio::time::Instant;
+use tracing::Instrument;
 
 use super::backfill::{BackfillRequestError, BackfillResponse};
 use super::event::{table_from_stream_arn, Payload, StreamsEvent};
@@ -410,6 +411,26 @@ impl Handler {
             .join(", ")
     }
 
+    /// The table a payload works on and its spec, when both are known.
+    fn payload_spec(&self, payload: &Payload) -> Option<(String, Arc<Spec>)> {
+        match payload {
+            Payload::Stream(event) => {
+                let table = match &self.table {
+                    Some(table) => table.clone(),
+                    None => event
+                        .event_source_arn
+                        .as_deref()
+                        .and_then(table_from_stream_arn)?
+                        .to_string(),
+                };
+                let spec = self.specs.for_table(&table)?.clone();
+                Some((table, spec))
+            }
+            Payload::Backfill(request) => self.payload_table(request.table.as_deref()).ok(),
+            Payload::Audit(request) => self.payload_table(request.table.as_deref()).ok(),
+        }
+    }
+
     /// The table a backfill or audit payload works on and its spec: the
     /// one it names, `PROJECTOR_TABLE`, else the only spec's table.
     pub(super) fn payload_table(
@@ -463,14 +484,24 @@ impl Handler {
             }
             return answer;
         }
-        let result = match payload {
-            Payload::Stream(event) => self.process(event, &context).await.map(Response::Stream),
-            Payload::Backfill(request) => self
-                .backfill(request, &context)
-                .await
-                .map(Response::Backfill),
-            Payload::Audit(request) => self.audit(request, &context).await.map(Response::Audit),
+        // Every log line of the invocation names the spec's service (a
+        // composed spec's services joined by `+`) and table.
+        let span = match self.payload_spec(&payload) {
+            Some((table, spec)) => tracing::info_span!("spec", service = %spec.service, table),
+            None => tracing::info_span!("spec"),
         };
+        let result = async {
+            match payload {
+                Payload::Stream(event) => self.process(event, &context).await.map(Response::Stream),
+                Payload::Backfill(request) => self
+                    .backfill(request, &context)
+                    .await
+                    .map(Response::Backfill),
+                Payload::Audit(request) => self.audit(request, &context).await.map(Response::Audit),
+            }
+        }
+        .instrument(span)
+        .await;
         if let Err(error) = &result {
             tracing::error!(request_id = %context.request_id, %error, "invocation failed");
         }
@@ -491,27 +522,8 @@ impl Handler {
         payload: &Payload,
         context: &Context,
     ) -> Option<Result<Response, InvocationError>> {
-        let named = match payload {
-            Payload::Stream(_) => None,
-            Payload::Backfill(request) => request.table.as_deref(),
-            Payload::Audit(request) => request.table.as_deref(),
-        };
-        let (table, spec) = match payload {
-            Payload::Stream(event) => {
-                let table = match &self.table {
-                    Some(table) => table.clone(),
-                    None => event
-                        .event_source_arn
-                        .as_deref()
-                        .and_then(table_from_stream_arn)?
-                        .to_string(),
-                };
-                // A table no spec is registered for fails in `process`.
-                let spec = self.specs.for_table(&table)?.clone();
-                (table, spec)
-            }
-            _ => self.payload_table(named).ok()?,
-        };
+        // A table no spec is registered for fails further on.
+        let (table, spec) = self.payload_spec(payload)?;
         if matches!(payload, Payload::Stream(event) if event.is_empty()) {
             return None;
         }

@@ -32,6 +32,9 @@ use super::support::{self, s};
 /// Cases unless `REGISTRY_CASES` says otherwise.
 const CASES: u32 = 10;
 
+/// Dead letters whose service the cases checked.
+static LETTERS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+
 /// Two teams' files from one generated spec: the projections `split`
 /// marks go to team a, the rest to team b, a rollup with its counter.
 fn split(projections: &[Projection], split: &[bool]) -> (Vec<Projection>, Vec<Projection>) {
@@ -107,6 +110,7 @@ async fn project(
     table: &str,
     history: &History,
     plan: &Delivery,
+    a_names: &BTreeSet<String>,
 ) -> Result<Vec<Attrs>, TestCaseError> {
     let client = support::client().await;
     let applier = Applier::new(client.clone(), spec, table, ApplyConfig::default());
@@ -117,6 +121,27 @@ async fn project(
         written: 0,
     };
     deliver(&applier, &mut writer, 0, plan).await?;
+    // Letters name the service that registered their projection.
+    let letters = applier
+        .dead_letter_store()
+        .list()
+        .await
+        .map_err(|error| TestCaseError::fail(format!("listing letters: {error}")))?;
+    LETTERS.fetch_add(letters.len(), std::sync::atomic::Ordering::Relaxed);
+    for letter in &letters {
+        let team = if a_names.contains(&letter.projection) {
+            "team-a"
+        } else {
+            "team-b"
+        };
+        prop_assert_eq!(
+            letter.service.as_deref(),
+            Some(team),
+            "the letter of `{}` on {}",
+            &letter.projection,
+            table
+        );
+    }
     applier
         .redrive(None)
         .await
@@ -158,9 +183,10 @@ async fn composed_case(
     ];
     let mut history = History::default();
     play(&mut history, writes);
-    let items_a = project(Arc::new(alone_a), &tables[0], &history, plan).await?;
-    let items_b = project(Arc::new(alone_b), &tables[1], &history, plan).await?;
-    let items_ab = project(composed, &tables[2], &history, plan).await?;
+    let a_names: BTreeSet<String> = a.iter().map(Projection::name).collect();
+    let items_a = project(Arc::new(alone_a), &tables[0], &history, plan, &a_names).await?;
+    let items_b = project(Arc::new(alone_b), &tables[1], &history, plan, &a_names).await?;
+    let items_ab = project(composed, &tables[2], &history, plan, &a_names).await?;
     for (toml, items, who) in [
         (&text_a, &items_a, "team a alone"),
         (&text_b, &items_b, "team b alone"),
@@ -230,8 +256,9 @@ fn two_specs_on_one_table_give_what_each_gives_alone() {
         .join()
         .expect("the property test thread");
     eprintln!(
-        "timing: two specs on one table: {cases} cases took {:.1} s",
-        started.elapsed().as_secs_f64()
+        "timing: two specs on one table: {cases} cases took {:.1} s; {} dead letters named their service",
+        started.elapsed().as_secs_f64(),
+        LETTERS.load(std::sync::atomic::Ordering::Relaxed)
     );
     if let Err(error) = result {
         panic!("{error}");

@@ -285,6 +285,22 @@ impl StreamRunner {
         options: RunOptions,
         stop: impl Future<Output = ()>,
     ) -> Result<Summary, RunError> {
+        // Every log line names the spec's service, table and consumer.
+        let spec = self.applier.spec();
+        let span = tracing::info_span!(
+            "spec",
+            service = %spec.service,
+            table = self.applier.table(),
+            consumer = self.applier.config().consumer.as_deref().unwrap_or("")
+        );
+        tracing::Instrument::instrument(self.run_in_span(options, stop), span).await
+    }
+
+    async fn run_in_span(
+        &self,
+        options: RunOptions,
+        stop: impl Future<Output = ()>,
+    ) -> Result<Summary, RunError> {
         let started = Instant::now();
         let shared = Arc::new(Shared {
             applier: self.applier.clone(),
