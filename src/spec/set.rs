@@ -276,7 +276,8 @@ fn compose_table(mut group: Vec<(String, RawSpec)>) -> Result<Spec, SpecErrors> 
     };
     let mut services = Services::default();
     let mut service_files: BTreeMap<&str, &str> = BTreeMap::new();
-    let mut entity_files: BTreeMap<String, String> = BTreeMap::new();
+    // Every file that declares each entity.
+    let mut entity_files: BTreeMap<String, Vec<String>> = BTreeMap::new();
     let mut names: BTreeMap<String, String> = BTreeMap::new();
     let mut gsi_files: BTreeMap<String, String> = BTreeMap::new();
     let mut ttl_file = first_label.clone();
@@ -353,10 +354,12 @@ fn compose_table(mut group: Vec<(String, RawSpec)>) -> Result<Spec, SpecErrors> 
         for (name, entity) in &raw.entities {
             match merged.entities.get(name) {
                 None => {
-                    entity_files.insert(name.clone(), label.clone());
+                    entity_files.insert(name.clone(), vec![label.clone()]);
                     merged.entities.insert(name.clone(), entity.clone());
                 }
-                Some(known) if known == entity => {}
+                Some(known) if known == entity => {
+                    entity_files.entry(name.clone()).or_default().push(label.clone())
+                }
                 Some(known) => error(
                     label,
                     format!("entity `{name}`"),
@@ -366,7 +369,7 @@ fn compose_table(mut group: Vec<(String, RawSpec)>) -> Result<Spec, SpecErrors> 
                         entity.sk.as_deref().unwrap_or("-"),
                         known.pk,
                         known.sk.as_deref().unwrap_or("-"),
-                        entity_files[name]
+                        entity_files[name].join(" and ")
                     ),
                 ),
             }
@@ -422,37 +425,38 @@ fn compose_table(mut group: Vec<(String, RawSpec)>) -> Result<Spec, SpecErrors> 
 }
 
 /// Names the files of the projections, invariants and entities a composed
-/// spec's error mentions (in backquotes), so that a conflict between two
-/// teams' specs names both.
+/// spec's error mentions (in backquotes; an entity as "entity `NAME`"), so
+/// that a conflict between two teams' specs names both.
 fn attribute(
     mut error: SpecError,
     services: &Services,
-    entity_files: &BTreeMap<String, String>,
+    entity_files: &BTreeMap<String, Vec<String>>,
 ) -> SpecError {
     let text = format!("{} {}", error.context, error.problem);
+    let pieces: Vec<&str> = text.split('`').collect();
     let mut files = BTreeSet::new();
-    let mut named = Vec::new();
-    for (i, piece) in text.split('`').enumerate() {
-        if i % 2 == 0 {
+    let mut named: Vec<(String, Vec<String>)> = Vec::new();
+    for (i, piece) in pieces.iter().enumerate() {
+        if i % 2 == 0 || named.iter().any(|(n, _)| n == piece) {
             continue;
         }
-        let file = services
-            .file_of(piece)
-            .or_else(|| entity_files.get(piece).map(String::as_str));
-        if let Some(file) = file {
-            if named.iter().all(|(n, _): &(String, String)| n != piece) {
-                named.push((piece.to_string(), file.to_string()));
-            }
-            files.insert(file.to_string());
+        let of = if pieces[i - 1].ends_with("entity ") {
+            entity_files.get(*piece).cloned()
+        } else {
+            services.file_of(piece).map(|file| vec![file.to_string()])
+        };
+        if let Some(of) = of {
+            files.extend(of.iter().cloned());
+            named.push((piece.to_string(), of));
         }
     }
-    if let Some((_, file)) = named.first() {
-        error.file = file.clone();
+    if let Some((_, of)) = named.first() {
+        error.file = of[0].clone();
     }
-    if files.len() > 1 || named.len() > 1 {
+    if files.len() > 1 {
         let list: Vec<String> = named
             .iter()
-            .map(|(name, file)| format!("`{name}` in {file}"))
+            .map(|(name, of)| format!("`{name}` in {}", of.join(" and ")))
             .collect();
         error.problem = format!("{} ({})", error.problem, list.join(", "));
     }
