@@ -78,6 +78,11 @@ pub struct SpecSet {
     /// What was loaded (the file or directory), for messages.
     pub source: String,
     specs: Vec<Arc<Spec>>,
+    /// A single spec file (not a directory): it serves whichever table
+    /// `--table` or `PROJECTOR_TABLE` names, as it always did. A registry
+    /// serves only the tables its specs name, so that a stream of a table
+    /// no spec describes is never projected with another table's spec.
+    any_table: bool,
 }
 
 impl SpecSet {
@@ -97,6 +102,7 @@ impl SpecSet {
             return Ok(SpecSet {
                 source: label,
                 specs: vec![Arc::new(spec)],
+                any_table: true,
             });
         }
         let entries = std::fs::read_dir(path)
@@ -193,7 +199,11 @@ impl SpecSet {
         if !errors.is_empty() {
             return Err(SpecErrors(errors));
         }
-        Ok(SpecSet { source, specs })
+        Ok(SpecSet {
+            source,
+            specs,
+            any_table: false,
+        })
     }
 
     /// One spec, as a set: it serves any table.
@@ -207,13 +217,13 @@ impl SpecSet {
     }
 
     /// The spec that serves `table`: the one describing a table of that
-    /// name; a set of one spec serves any table (`--table` and
-    /// `PROJECTOR_TABLE` name the table a spec describes).
+    /// name; a single spec file serves any table (`--table` and
+    /// `PROJECTOR_TABLE` name the table it describes).
     pub fn for_table(&self, table: &str) -> Option<&Arc<Spec>> {
-        if let [only] = self.specs.as_slice() {
-            return Some(only);
+        match self.specs.as_slice() {
+            [only] if self.any_table => Some(only),
+            specs => specs.iter().find(|spec| spec.table.name == table),
         }
-        self.specs.iter().find(|spec| spec.table.name == table)
     }
 
     /// The spec a command on `table` (none: the only one) uses; an error
@@ -250,6 +260,7 @@ impl From<Arc<Spec>> for SpecSet {
         SpecSet {
             source: spec.file.clone(),
             specs: vec![spec],
+            any_table: true,
         }
     }
 }

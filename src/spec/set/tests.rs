@@ -124,7 +124,13 @@ fn specs_of_other_tables_are_routed_by_table() {
         .select(Some("Elsewhere"))
         .unwrap_err()
         .contains("no spec for table `Elsewhere`"));
-    let single = SpecSet::from_texts(&texts(&[("s.toml", SOCIAL)])).unwrap();
+    // A registry serves the tables its specs name, even with one spec: a
+    // stream of another table must not be projected with it.
+    let registry = SpecSet::from_texts(&texts(&[("s.toml", SOCIAL)])).unwrap();
+    assert!(registry.for_table("test-1234").is_none());
+    assert_eq!(registry.for_table("Shared").unwrap().service, "social");
+    // A single spec file serves the table it is pointed at.
+    let single = SpecSet::of(Spec::from_toml(SOCIAL, "s.toml").unwrap());
     assert_eq!(single.for_table("test-1234").unwrap().service, "social");
 }
 
