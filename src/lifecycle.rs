@@ -755,20 +755,29 @@ fn owner<'a>(consumers: &'a [ConsumerSpec], name: &str) -> Option<&'a str> {
 /// unseen; `ARCHITECTURE.md` says what to do about it.)
 ///
 /// Consumers are named when several deployments with different specs
-/// share a table (`--consumer`): a projection belongs to the consumer that
-/// ran it last, and only that consumer's specs without it cover it (a
-/// projection another team's consumer runs is not left unprojected by
-/// this one's spec lacking it).
-fn add_without(records: &mut BTreeMap<String, Record>, consumers: &[ConsumerSpec]) {
+/// share a table (`--consumer`): a spec lacking a projection covers it
+/// only for the part of its run during which no other consumer ran the
+/// projection (another team's consumer running it projected its changes);
+/// a consumer that is renamed or takes a projection over later leaves the
+/// gap before it on record.
+fn add_without(records: &mut BTreeMap<String, Record>, consumers: &[ConsumerSpec], now: u64) {
     for consumer in consumers {
-        let until = consumer.until;
         for (name, record) in records.iter_mut() {
             if consumer.names.contains(name) {
                 continue;
             }
-            if owner(consumers, name).is_some_and(|owner| owner != consumer.consumer) {
+            // While another consumer ran the projection, this one's spec
+            // lacking it left nothing unprojected.
+            let others: Vec<(u64, u64)> = consumers
+                .iter()
+                .filter(|c| c.consumer != consumer.consumer && c.names.contains(name))
+                // A consumer whose lease still runs keeps running: compared
+                // with another lease's end, it would seem to stop first.
+                .map(|c| (c.since, if c.until >= now { u64::MAX } else { c.until }))
+                .collect();
+            let Some((since, until)) = uncovered((consumer.since, consumer.until), others) else {
                 continue;
-            }
+            };
             let index = match record
                 .definitions
                 .iter()
@@ -787,8 +796,8 @@ fn add_without(records: &mut BTreeMap<String, Record>, consumers: &[ConsumerSpec
             without.writes_until = without.writes_until.max(until);
             without.consumed_until = Some(without.consumed_until.unwrap_or(0).max(until));
             without.consumed_since = Some(match without.consumed_since {
-                Some(since) => since.min(consumer.since),
-                None => consumer.since,
+                Some(earlier) => earlier.min(since),
+                None => since,
             });
         }
     }
@@ -797,6 +806,34 @@ fn add_without(records: &mut BTreeMap<String, Record>, consumers: &[ConsumerSpec
             .definitions
             .sort_by_key(|d| (d.writes_until, d.fingerprint.clone()));
     }
+}
+
+/// The part of `span` (ms, from..until) that no interval of `others`
+/// covers, from its first uncovered instant to its last (`None`: all of
+/// it is covered).
+fn uncovered(span: (u64, u64), mut others: Vec<(u64, u64)>) -> Option<(u64, u64)> {
+    let (start, end) = span;
+    others.sort_unstable();
+    let (mut first, mut last) = (None, None);
+    let mut at = start;
+    for (since, until) in others {
+        if at >= end {
+            break;
+        }
+        if until <= at {
+            continue;
+        }
+        if since > at {
+            first.get_or_insert(at);
+            last = Some(since.min(end));
+        }
+        at = at.max(until);
+    }
+    if at < end || start >= end {
+        first.get_or_insert(at.min(end));
+        last = Some(end);
+    }
+    Some((first?, last?))
 }
 
 impl Registry {
@@ -882,7 +919,7 @@ impl Registry {
                 });
             }
         }
-        add_without(&mut records, &consumers);
+        add_without(&mut records, &consumers, now_ms());
         let names: Vec<String> = records.keys().cloned().collect();
         for chunk in names.chunks(100) {
             let mut keys: Vec<HashMap<String, Av>> =
@@ -2494,6 +2531,7 @@ mod tests {
                 consumer("v2b", 12, 40, &["p"]),
                 consumer("v3", 100, 120, &["p", "q"]),
             ],
+            10_000,
         );
         assert!(records["p"].definitions.is_empty());
         let without = records["q"].definition(WITHOUT).expect("covered");
@@ -2530,10 +2568,11 @@ mod tests {
         add_without(
             &mut records,
             &[
-                consumer("team-a", "fa", 50, &["a1"]),
+                consumer("team-a", "fa", 100, &["a1"]),
                 consumer("team-b", "fb1", 30, &["b1", "b2"]),
-                consumer("team-b", "fb2", 60, &["b1"]),
+                consumer("team-b", "fb2", 100, &["b1"]),
             ],
+            10_000,
         );
         assert!(records["a1"].definitions.is_empty());
         assert!(
@@ -2542,10 +2581,78 @@ mod tests {
             records["b1"].definitions
         );
         let without = records["b2"].definition(WITHOUT).expect("covered");
-        assert_eq!(
-            without.writes_until, 60,
-            "team b's spec without b2 covers it"
+        assert_eq!(without.writes_until, 100, "nobody ran b2 after 30");
+    }
+
+    #[test]
+    fn a_gap_without_a_projection_counts_whoever_runs_it_next() {
+        let consumer =
+            |name: &str, fingerprint: &str, since: u64, until: u64, names: &[&str]| ConsumerSpec {
+                fingerprint: fingerprint.to_string(),
+                since,
+                until,
+                names: names.iter().map(|n| n.to_string()).collect(),
+                consumer: name.to_string(),
+            };
+        let records = || -> BTreeMap<String, Record> {
+            ["p"]
+                .into_iter()
+                .map(|n| {
+                    (
+                        n.to_string(),
+                        Record {
+                            name: n.to_string(),
+                            ..Record::default()
+                        },
+                    )
+                })
+                .collect()
+        };
+        // The unnamed consumer ran p, then a spec without it from 100 to
+        // 200; from 200 the same function runs p again, now named `main`.
+        // Nobody projected p from 100 to 200: that gap stays on record.
+        let mut renamed = records();
+        add_without(
+            &mut renamed,
+            &[
+                consumer("", "s1", 0, 100, &["p"]),
+                consumer("", "s2", 100, 200, &[]),
+                consumer("main", "s3", 200, 900, &["p"]),
+            ],
+            10_000,
         );
+        let without = renamed["p"].definition(WITHOUT).expect("the gap is kept");
+        assert_eq!(without.writes_until, 200);
+        assert_eq!(without.consumed_since, Some(100));
+        // Team a's consumer runs without p from 50; team b's runs p from
+        // 300 on: until 300 nobody projected p, after it team a's lack of
+        // p is team b's business.
+        let mut joined = records();
+        add_without(
+            &mut joined,
+            &[
+                consumer("team-a", "fa", 50, 900, &[]),
+                consumer("team-b", "fb", 300, 900, &["p"]),
+            ],
+            10_000,
+        );
+        let without = joined["p"].definition(WITHOUT).expect("before team b");
+        assert_eq!(without.writes_until, 300);
+        assert_eq!(without.consumed_since, Some(50));
+        // Team b's lease ends before team a's, but it still runs: p is
+        // projected. Once it ran out, team a went on without p.
+        let both = [
+            consumer("team-a", "fa", 50, 1_500, &[]),
+            consumer("team-b", "fb", 40, 1_200, &["p"]),
+        ];
+        let mut running = records();
+        add_without(&mut running, &both, 1_000);
+        assert!(running["p"].definitions.is_empty(), "team b still runs p");
+        let mut stopped = records();
+        add_without(&mut stopped, &both, 1_300);
+        let without = stopped["p"].definition(WITHOUT).expect("team b stopped");
+        assert_eq!(without.writes_until, 1_500);
+        assert_eq!(without.consumed_since, Some(1_200));
     }
 
     #[test]
