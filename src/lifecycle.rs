@@ -1989,6 +1989,9 @@ impl Leases {
         if (!state.started || lapsed) && !self.consumer {
             self.check_deployed().await?;
         }
+        if (!state.started || lapsed) && self.consumer {
+            self.check_consumers().await?;
+        }
         let until = needed.max(now) + self.length.as_millis() as u64;
         self.renew(&ids, until, now, !state.started || lapsed)
             .await?;
@@ -2006,11 +2009,70 @@ impl Leases {
         Ok(valid(&state))
     }
 
-    /// A writer that is not the stream's consumer (a backfill, a redrive,
-    /// a recovery) refuses to write a definition other than the one a
-    /// consumer is running now: its spec file is not the deployed one, and
-    /// it would undo what the worker writes.
-    async fn check_deployed(&self) -> Result<(), String> {
+    /// A stream consumer refuses to run beside another consumer of the
+    /// table (another `--consumer` name, its lease running) whose spec
+    /// conflicts with its own, as composing both in one registry would
+    /// find: two consumers writing one attribute would undo each other's
+    /// writes forever, two counters of one name would share shards, two
+    /// projections of one name would redrive each other's letters.
+    async fn check_consumers(&self) -> Result<(), String> {
+        let Some(item) = self.read_leases().await? else {
+            return Ok(());
+        };
+        let (_, consumers) = parse_leases(&item);
+        let mine = self.name.as_deref().unwrap_or("");
+        let now = now_ms();
+        let mut seen = BTreeSet::new();
+        for other in consumers
+            .iter()
+            .filter(|c| c.consumer != mine && c.until >= now)
+        {
+            if !seen.insert(other.fingerprint.as_str()) {
+                continue;
+            }
+            let key = format!("spec#{}", other.fingerprint);
+            let text =
+                self.registry.spec_text(&key).await.map_err(|e| {
+                    format!("reading the spec of consumer `{}`: {e}", other.consumer)
+                })?;
+            let Some(Ok(mut theirs)) = text.map(|t| toml::from_str::<RawSpec>(&t)) else {
+                continue;
+            };
+            let mut ours = self.spec.raw.clone();
+            ours.table.name = self.registry.table.clone();
+            theirs.table.name = self.registry.table.clone();
+            // What both run alike is written alike (as by two environments
+            // of one deployment): a consumer renamed, or handing over a
+            // projection, runs beside its old self for a lease.
+            theirs.projections.retain(|p| !ours.projections.contains(p));
+            theirs.invariants.retain(|i| !ours.invariants.contains(i));
+            let name = |n: &str| {
+                if n.is_empty() {
+                    "(unnamed)".to_string()
+                } else {
+                    format!("`{n}`")
+                }
+            };
+            ours.service = format!("{} (consumer {})", ours.service, name(mine));
+            theirs.service = format!("{} (consumer {})", theirs.service, name(&other.consumer));
+            let labelled = vec![
+                (format!("consumer {} (this one)", name(mine)), ours),
+                (format!("consumer {}", name(&other.consumer)), theirs),
+            ];
+            if let Err(errors) = crate::spec::SpecSet::compose(labelled) {
+                return Err(format!(
+                    "this consumer's spec conflicts with the spec consumer {} runs on table `{}` (lease until {}): each would undo the other's writes. Give each projection one owner, or serve both specs from one deployment (`check --spec DIR` checks them):\n{errors}",
+                    name(&other.consumer),
+                    self.registry.table,
+                    iso(other.until)
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// The leases item, read consistently.
+    async fn read_leases(&self) -> Result<Option<HashMap<String, Av>>, String> {
         let output = self
             .registry
             .client
@@ -2021,10 +2083,18 @@ impl Leases {
             .send()
             .await
             .map_err(|e| format!("reading the lifecycle leases: {}", retry_describe(&e)))?;
-        let Some(item) = output.item() else {
+        Ok(output.item().cloned())
+    }
+
+    /// A writer that is not the stream's consumer (a backfill, a redrive,
+    /// a recovery) refuses to write a definition other than the one a
+    /// consumer is running now: its spec file is not the deployed one, and
+    /// it would undo what the worker writes.
+    async fn check_deployed(&self) -> Result<(), String> {
+        let Some(item) = self.read_leases().await? else {
             return Ok(());
         };
-        let (records, _) = parse_leases(item);
+        let (records, _) = parse_leases(&item);
         let now = now_ms();
         for projection in &self.spec.projections {
             let f = hex(projection.fingerprint);

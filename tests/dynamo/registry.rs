@@ -599,3 +599,84 @@ async fn two_consumers_of_one_table_keep_their_own_checkpoints() {
         assert_eq!(rows.len(), spec.projections.len());
     }
 }
+
+/// A consumer whose spec conflicts with the spec another named consumer
+/// runs on the table refuses to write (its batch fails, naming both and
+/// the conflict); one running the same definitions beside it (a consumer
+/// renamed, for a lease) is not refused.
+#[tokio::test]
+async fn a_consumer_refuses_to_run_beside_a_conflicting_one() {
+    use ddb_projector::apply::{BatchOptions, RecordStatus};
+
+    let client = support::client().await;
+    let table = support::unique_table("reg-conflict");
+    let users = Arc::new(
+        Spec::from_toml(
+            &shipped_text("user-service.toml", &table),
+            "user-service.toml",
+        )
+        .unwrap(),
+    );
+    let rival_text = r#"
+service = "marketing"
+[table]
+name = "T"
+[entities.profile]
+pk = "USER#{userId}"
+sk = "PROFILE"
+[entities.email]
+pk = "USER#{userId}"
+sk = "EMAIL#{emailId}"
+[[projections]]
+name = "marketing-email"
+kind = "denormalize"
+source = "email"
+target = "profile"
+copy = { email = "{email}" }
+"#
+    .replace("name = \"T\"", &format!("name = \"{table}\""));
+    let rival = Arc::new(Spec::from_toml(&rival_text, "marketing.toml").unwrap());
+    ddb_projector::table::create_table(&client, &users, &table)
+        .await
+        .unwrap();
+    let applier = |spec: &Arc<Spec>, consumer: &str| {
+        Applier::new(
+            client.clone(),
+            spec.clone(),
+            &table,
+            ApplyConfig {
+                stream_consumer: true,
+                consumer: Some(consumer.to_string()),
+                ..ApplyConfig::default()
+            },
+        )
+    };
+    let mail = email("u1", "e1", "sam@x.org", true);
+    put_item(&client, &table, &profile("u1")).await;
+    put_item(&client, &table, &mail).await;
+    let batch = vec![change(1, ChangeKind::Insert, None, Some(&mail))];
+    let first = Box::pin(applier(&users, "users").apply_batch(&batch, &BatchOptions::default()))
+        .await
+        .unwrap();
+    assert_eq!(first.statuses, vec![RecordStatus::Applied]);
+
+    let refused =
+        Box::pin(applier(&rival, "marketing").apply_batch(&batch, &BatchOptions::default()))
+            .await
+            .unwrap();
+    let [RecordStatus::Failed(reason)] = refused.statuses.as_slice() else {
+        panic!("refused: {:?}", refused.statuses)
+    };
+    assert!(
+        reason.contains("conflicts with the spec consumer `users` runs")
+            && reason.contains("write `email` on entity `profile`")
+            && reason.contains("`marketing-email`")
+            && reason.contains("`profile-primary-email`"),
+        "{reason}"
+    );
+    // The same definitions under another name run beside it.
+    let renamed = Box::pin(applier(&users, "main").apply_batch(&batch, &BatchOptions::default()))
+        .await
+        .unwrap();
+    assert_eq!(renamed.statuses, vec![RecordStatus::Applied]);
+}
