@@ -383,12 +383,12 @@ pub fn states(
     letters: &HashMap<String, usize>,
     commands: &Commands,
 ) -> Vec<ProjectionStatus> {
-    // Letters of undecodable records hold items of every projection.
+    // This consumer's letters of undecodable records hold items of every
+    // projection (another consumer's hold its own).
     let whole = letters
-        .iter()
-        .filter(|(name, _)| crate::apply::is_whole_record(name))
-        .map(|(_, n)| n)
-        .sum::<usize>();
+        .get(&crate::apply::whole_record(commands.consumer.as_deref()))
+        .copied()
+        .unwrap_or(0);
     let mut out = Vec::new();
     for (id, projection) in spec.projections.iter().enumerate() {
         let f = hex(projection.fingerprint);

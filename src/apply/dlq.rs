@@ -42,11 +42,6 @@ pub fn whole_record(consumer: Option<&str>) -> String {
     }
 }
 
-/// Whether a letter's projection name is some consumer's whole record.
-pub fn is_whole_record(projection: &str) -> bool {
-    projection.starts_with(WHOLE_RECORD)
-}
-
 /// One dead letter.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct DeadLetter {

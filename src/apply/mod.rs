@@ -35,8 +35,7 @@ use std::time::Duration;
 pub use check::{CheckStats, RecordedViolation};
 pub use ctx::Requests;
 pub use dlq::{
-    is_whole_record, problem_key, whole_record, DeadLetter, DeadLetterStore, Hold, RedriveSummary,
-    WHOLE_RECORD,
+    problem_key, whole_record, DeadLetter, DeadLetterStore, Hold, RedriveSummary, WHOLE_RECORD,
 };
 pub use markers::CHANGES_ATTRIBUTE;
 pub(crate) use markers::{marker_change, records_of};

@@ -72,10 +72,9 @@ pub async fn status(target: Target, format: OutputFormat) -> anyhow::Result<Exit
         row.applied = applied.get(&row.name).copied();
     }
     let whole = by_projection
-        .iter()
-        .filter(|(name, _)| crate::apply::is_whole_record(name))
-        .map(|(_, n)| n)
-        .sum::<usize>();
+        .get(&applier.whole_record())
+        .copied()
+        .unwrap_or(0);
     let violations = applier.recorded_violations().await?;
     let mut by_invariant: BTreeMap<String, usize> = c
         .spec

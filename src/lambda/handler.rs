@@ -41,7 +41,7 @@ fn slim(records: &mut Decoded) {
 #[derive(Debug, thiserror::Error)]
 pub enum InvocationError {
     /// No spec of the function describes the records' table.
-    #[error("no spec registered with this function describes table `{table}` (its specs describe {tables}): add the table's spec to the spec directory, or remove the event source mapping of its stream; the batch is delivered again until then")]
+    #[error("no spec registered with this function describes table `{table}` (its specs describe {tables}): add the table's spec to the spec directory, or remove the event source mapping of its stream; the batch is delivered again until the mapping's retries or record age run out, then goes to its on-failure queue (`ddb-projector recover` applies it once the spec is there)")]
     Unregistered {
         /// The records' table.
         table: String,

@@ -297,6 +297,13 @@ fn compose_table(mut group: Vec<(String, RawSpec)>) -> Result<Spec, SpecErrors> 
     }
     for (label, raw) in &group {
         let table = &raw.table;
+        if raw.service.trim().is_empty() {
+            error(
+                label,
+                String::new(),
+                "`service` must name the service that owns this file's projections".into(),
+            );
+        }
         if let Some(other) = service_files.insert(&raw.service, label) {
             error(
                 label,

@@ -283,6 +283,18 @@ copy = { title = "{title}" }
 }
 
 #[test]
+fn a_file_without_a_service_is_refused() {
+    let text = errors(&[
+        ("p.toml", PROFILES),
+        (
+            "q.toml",
+            &SOCIAL.replace("service = \"social\"", "service = \"\""),
+        ),
+    ]);
+    assert!(text.contains("q.toml: `service` must name"), "{text}");
+}
+
+#[test]
 fn the_same_service_in_two_files_is_refused() {
     let text = errors(&[
         ("p.toml", PROFILES),
