@@ -680,3 +680,141 @@ copy = { email = "{email}" }
         .unwrap();
     assert_eq!(renamed.statuses, vec![RecordStatus::Applied]);
 }
+
+/// A team joining a running registry: its spec composed with the running
+/// team's changes none of the running team's definitions, so those stay
+/// live, and only the new team's projections ask for a backfill.
+#[tokio::test]
+async fn a_team_joining_the_table_sends_no_one_else_back_to_a_backfill() {
+    use ddb_projector::backfill::{backfill, BackfillOptions};
+    use ddb_projector::lifecycle::{self, ClaimOutcome, Registry, State};
+
+    let client = support::client().await;
+    let table = support::unique_table("reg-join");
+    let users_text = shipped_text("user-service.toml", &table);
+    let social_text = shipped_text("social-service.toml", &table);
+    let alone = SpecSet::from_texts(&[("user-service.toml".to_string(), users_text.clone())])
+        .unwrap()
+        .specs()[0]
+        .clone();
+    let joined = SpecSet::from_texts(&[
+        ("user-service.toml".to_string(), users_text),
+        ("social-service.toml".to_string(), social_text),
+    ])
+    .unwrap()
+    .specs()[0]
+        .clone();
+    ddb_projector::table::create_table(&client, &joined, &table)
+        .await
+        .unwrap();
+    put_item(&client, &table, &profile("u1")).await;
+    put_item(&client, &table, &email("u1", "e1", "sam@x.org", true)).await;
+    put_item(&client, &table, &follow("a", "u1", "2026-11-26")).await;
+    let config = ApplyConfig {
+        stream_consumer: true,
+        clock_skew: Duration::ZERO,
+        lease: Duration::from_millis(400),
+        ..ApplyConfig::default()
+    };
+    let states = |spec: Arc<Spec>| {
+        let client = client.clone();
+        let table = table.clone();
+        async move {
+            let registry = Registry::new(client, &table, &spec.table);
+            let snapshot = registry.snapshot(&spec).await.unwrap();
+            lifecycle::states(
+                &spec,
+                &snapshot,
+                lifecycle::now_ms(),
+                0,
+                &std::collections::HashMap::new(),
+                &lifecycle::Commands::default(),
+            )
+            .into_iter()
+            .map(|row| (row.name, row.state))
+            .collect::<BTreeMap<String, State>>()
+        }
+    };
+    let backfilled = |spec: Arc<Spec>, run: &'static str| {
+        let client = client.clone();
+        let table = table.clone();
+        let config = config.clone();
+        async move {
+            let applier = Applier::new(client.clone(), spec.clone(), &table, config);
+            let registry = Registry::new(client, &table, &spec.table).with_skew(0);
+            let ids: Vec<usize> = states(spec.clone())
+                .await
+                .into_iter()
+                .filter(|(_, state)| *state != State::Live)
+                .filter_map(|(name, _)| spec.projection_id(&name))
+                .collect();
+            for _ in 0..50 {
+                match registry.claim(&spec, &ids, run).await.unwrap() {
+                    ClaimOutcome::Claimed => break,
+                    ClaimOutcome::Wait { .. } => {
+                        tokio::time::sleep(Duration::from_millis(100)).await
+                    }
+                    other => panic!("{other:?}"),
+                }
+            }
+            let summary = Box::pin(backfill(
+                &applier,
+                &BackfillOptions {
+                    projections: Some(ids.clone()),
+                    progress: false,
+                    run: Some(run.to_string()),
+                    ..BackfillOptions::default()
+                },
+            ))
+            .await
+            .unwrap();
+            assert!(
+                summary.not_backfilled.is_empty(),
+                "{run}: {:?}",
+                summary.not_backfilled
+            );
+            ids.iter()
+                .map(|&id| spec.projections[id].name.clone())
+                .collect::<BTreeSet<_>>()
+        }
+    };
+    // The users' team alone: deployed (a batch as its consumer), backfilled.
+    let worker = Applier::new(client.clone(), alone.clone(), &table, config.clone());
+    let batch = vec![change(1, ChangeKind::Insert, None, Some(&profile("u1")))];
+    Box::pin(worker.apply_batch(&batch, &Default::default()))
+        .await
+        .unwrap();
+    backfilled(alone.clone(), "users-1").await;
+    assert!(states(alone.clone())
+        .await
+        .values()
+        .all(|s| *s == State::Live));
+
+    // The social team joins: the composed spec's worker replaces it.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let worker = Applier::new(client.clone(), joined.clone(), &table, config.clone());
+    Box::pin(worker.apply_batch(&batch, &Default::default()))
+        .await
+        .unwrap();
+    let after = states(joined.clone()).await;
+    for projection in &alone.projections {
+        assert_eq!(
+            after[&projection.name],
+            State::Live,
+            "{}: {after:?}",
+            projection.name
+        );
+    }
+    let asked = backfilled(joined.clone(), "joined-1").await;
+    let social: BTreeSet<String> = joined
+        .projections
+        .iter()
+        .filter(|p| joined.service_of(&p.name) == "social-service")
+        .map(|p| p.name.clone())
+        .collect();
+    assert_eq!(
+        asked, social,
+        "only the joining team's projections are backfilled"
+    );
+    assert!(states(joined).await.values().all(|s| *s == State::Live));
+}
