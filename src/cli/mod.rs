@@ -699,11 +699,20 @@ pub async fn require_home(c: &Connection, target: &Target, verb: &str) -> anyhow
 }
 
 /// Loads a spec file or directory, printing every problem it has.
+/// `PROJECTOR_TABLE_NAMES` renames the tables the specs describe to their
+/// actual names (see [`crate::spec::SpecSet::rename_tables`]).
 fn load_specs(path: &std::path::Path) -> Result<crate::spec::SpecSet, ExitCode> {
-    crate::spec::SpecSet::load(path).map_err(|errors| {
+    let mut set = crate::spec::SpecSet::load(path).map_err(|errors| {
         eprintln!("{errors}");
         ExitCode::from(1)
-    })
+    })?;
+    if let Ok(map) = std::env::var(crate::lambda::TABLE_NAMES_VAR) {
+        if let Err(problem) = set.rename_tables(&map) {
+            eprintln!("{}: {problem}", crate::lambda::TABLE_NAMES_VAR);
+            return Err(ExitCode::from(2));
+        }
+    }
+    Ok(set)
 }
 
 /// Loads the spec of `table` (none: the only table) from a spec file or

@@ -19,6 +19,7 @@
 //! | --- | --- |
 //! | `PROJECTOR_SPEC` | the spec file, or a directory of them (one per service), a path inside the deployment package (required); records are routed to the specs of their stream's table |
 //! | `PROJECTOR_TABLE` | the table to write (default: the table of the records' `eventSourceARN`); with specs of several tables, unset |
+//! | `PROJECTOR_TABLE_NAMES` | `SPEC_TABLE=ACTUAL_TABLE,...`: the tables' actual names, when they are not named as the specs say (`UserServiceTable=UserServiceTable-prod`) |
 //! | `PROJECTOR_CONSUMER` | the consumer's name, when deployments with different specs share a table (each keeps its own letters of undecodable records, and leaves the other's projections to it) |
 //! | `PROJECTOR_DEADLINE_MARGIN_MS` | time kept free before the invocation's deadline (default 1500) |
 //! | `PROJECTOR_METRICS_NAMESPACE` | CloudWatch namespace of the EMF metrics (default `DdbProjector`) |
@@ -53,6 +54,9 @@ use crate::spec::{SpecErrors, SpecSet};
 pub const SPEC_VAR: &str = "PROJECTOR_SPEC";
 /// The table to write, overriding the event's.
 pub const TABLE_VAR: &str = "PROJECTOR_TABLE";
+/// The actual names of the tables the specs describe, when they differ
+/// (`SPEC_TABLE=ACTUAL_TABLE,...`).
+pub const TABLE_NAMES_VAR: &str = "PROJECTOR_TABLE_NAMES";
 /// The stream consumer the function is, when several deployments with
 /// different specs share a table (see [`crate::apply::ApplyConfig::consumer`]).
 pub const CONSUMER_VAR: &str = "PROJECTOR_CONSUMER";
@@ -175,7 +179,16 @@ async fn init() -> Result<Handler, InitError> {
         }
         _ => None,
     };
-    let specs = SpecSet::load(&spec_path).map_err(InitError::Spec)?;
+    let mut specs = SpecSet::load(&spec_path).map_err(InitError::Spec)?;
+    if let Ok(map) = std::env::var(TABLE_NAMES_VAR) {
+        specs.rename_tables(&map).map_err(|problem| {
+            InitError::Spec(SpecErrors(vec![crate::spec::SpecError {
+                file: specs.source.clone(),
+                context: String::new(),
+                problem: format!("{TABLE_NAMES_VAR}: {problem}"),
+            }]))
+        })?;
+    }
     if let Some(table) = &table {
         if specs.for_table(table).is_none() {
             return Err(InitError::Spec(SpecErrors(vec![crate::spec::SpecError {

@@ -211,6 +211,37 @@ impl SpecSet {
         SpecSet::from(Arc::new(spec))
     }
 
+    /// Renames the tables specs describe, for deployments whose tables are
+    /// not named as the specs say (`UserServiceTable=UserServiceTable-prod,...`,
+    /// `PROJECTOR_TABLE_NAMES`): each batch is then routed by the actual
+    /// name. An entry naming no table of the set is an error.
+    pub fn rename_tables(&mut self, map: &str) -> Result<(), String> {
+        for entry in map.split(',').map(str::trim).filter(|e| !e.is_empty()) {
+            let Some((from, to)) = entry.split_once('=') else {
+                return Err(format!(
+                    "`{entry}` is not SPEC_TABLE=ACTUAL_TABLE (for example UserServiceTable=UserServiceTable-prod)"
+                ));
+            };
+            let (from, to) = (from.trim(), to.trim());
+            let Some(spec) = self.specs.iter_mut().find(|s| s.table.name == from) else {
+                return Err(format!(
+                    "`{from}` is no table of {}: its specs describe {}",
+                    self.source,
+                    self.specs
+                        .iter()
+                        .map(|s| format!("`{}`", s.table.name))
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                ));
+            };
+            if to.is_empty() {
+                return Err(format!("`{entry}`: no table name after `=`"));
+            }
+            Arc::make_mut(spec).table.name = to.to_string();
+        }
+        Ok(())
+    }
+
     /// The composed specs, one per table, by table name.
     pub fn specs(&self) -> &[Arc<Spec>] {
         &self.specs

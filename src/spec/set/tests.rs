@@ -380,3 +380,23 @@ target = "followed_by"
         crate::spec::ProjectionKind::Counter(c) if matches!(c.marker, crate::spec::Marker::Edge(_))
     ));
 }
+
+#[test]
+fn tables_named_otherwise_are_routed_by_their_actual_names() {
+    let other = SOCIAL.replace("name = \"Shared\"", "name = \"Social\"");
+    let mut set = SpecSet::from_texts(&texts(&[("p.toml", PROFILES), ("s.toml", &other)])).unwrap();
+    set.rename_tables("Social=Social-prod, Shared = Shared-prod")
+        .unwrap();
+    assert_eq!(set.for_table("Social-prod").unwrap().service, "social");
+    assert_eq!(set.for_table("Shared-prod").unwrap().service, "profiles");
+    assert!(set.for_table("Social").is_none());
+    let error = set.rename_tables("Nope=x").unwrap_err();
+    assert!(
+        error.contains("`Nope` is no table") && error.contains("`Social-prod`"),
+        "{error}"
+    );
+    assert!(set
+        .rename_tables("Social-prod")
+        .unwrap_err()
+        .contains("SPEC_TABLE=ACTUAL_TABLE"));
+}
