@@ -672,14 +672,15 @@ fn parse_leases(item: &HashMap<String, Av>) -> (BTreeMap<String, Record>, Vec<Co
         let Some((tag, rest)) = attribute.split_once('#') else {
             continue;
         };
-        if matches!(tag, "C" | "S" | "N" | "O") {
+        if matches!(tag, "C" | "S" | "N") {
             let consumer = consumers.entry(rest.to_string()).or_default();
-            consumer.fingerprint = rest.to_string();
+            let (fingerprint, name) = rest.split_once('@').unwrap_or((rest, ""));
+            consumer.fingerprint = fingerprint.to_string();
+            consumer.consumer = name.to_string();
             match (tag, value) {
                 ("C", _) => consumer.until = number(value).unwrap_or(0),
                 ("S", _) => consumer.since = number(value).unwrap_or(0),
                 ("N", Av::Ss(names)) => consumer.names = names.iter().cloned().collect(),
-                ("O", Av::S(name)) => consumer.consumer = name.clone(),
                 _ => {}
             }
             continue;
@@ -760,7 +761,7 @@ fn owner<'a>(consumers: &'a [ConsumerSpec], name: &str) -> Option<&'a str> {
 /// projection (another team's consumer running it projected its changes);
 /// a consumer that is renamed or takes a projection over later leaves the
 /// gap before it on record.
-fn add_without(records: &mut BTreeMap<String, Record>, consumers: &[ConsumerSpec], now: u64) {
+fn add_without(records: &mut BTreeMap<String, Record>, consumers: &[ConsumerSpec]) {
     for consumer in consumers {
         for (name, record) in records.iter_mut() {
             if consumer.names.contains(name) {
@@ -771,9 +772,7 @@ fn add_without(records: &mut BTreeMap<String, Record>, consumers: &[ConsumerSpec
             let others: Vec<(u64, u64)> = consumers
                 .iter()
                 .filter(|c| c.consumer != consumer.consumer && c.names.contains(name))
-                // A consumer whose lease still runs keeps running: compared
-                // with another lease's end, it would seem to stop first.
-                .map(|c| (c.since, if c.until >= now { u64::MAX } else { c.until }))
+                .map(|c| (c.since, runs_until(consumers, c, name)))
                 .collect();
             let Some((since, until)) = uncovered((consumer.since, consumer.until), others) else {
                 continue;
@@ -806,6 +805,20 @@ fn add_without(records: &mut BTreeMap<String, Record>, consumers: &[ConsumerSpec
             .definitions
             .sort_by_key(|d| (d.writes_until, d.fingerprint.clone()));
     }
+}
+
+/// Until when consumer spec `spec` (which has projection `name`) counts as
+/// running it: until its consumer first ran a later spec without it. A
+/// consumer reads its stream on from where it stopped, idle or not (one
+/// whose event filter lets nothing through takes no lease for hours), so
+/// its lease's end is not where its projection stopped being applied.
+fn runs_until(consumers: &[ConsumerSpec], spec: &ConsumerSpec, name: &str) -> u64 {
+    consumers
+        .iter()
+        .filter(|c| c.consumer == spec.consumer && c.since > spec.since && !c.names.contains(name))
+        .map(|c| c.since)
+        .min()
+        .unwrap_or(u64::MAX)
 }
 
 /// The part of `span` (ms, from..until) that no interval of `others`
@@ -919,7 +932,7 @@ impl Registry {
                 });
             }
         }
-        add_without(&mut records, &consumers, now_ms());
+        add_without(&mut records, &consumers);
         let names: Vec<String> = records.keys().cloned().collect();
         for chunk in names.chunks(100) {
             let mut keys: Vec<HashMap<String, Av>> =
@@ -2212,13 +2225,15 @@ impl Leases {
             }
         }
         if self.consumer && !self.spec.projections.is_empty() {
-            let fingerprint = hex(self.spec.projections_fingerprint());
+            // A named consumer's run of a spec is its own (`<fp>@<name>`):
+            // when it first ran it, and until when.
+            let mut fingerprint = hex(self.spec.projections_fingerprint());
+            if let Some(name) = &self.name {
+                fingerprint = format!("{fingerprint}@{name}");
+            }
             sets.push(Set::Until(format!("C#{fingerprint}")));
             sets.push(Set::Since(format!("S#{fingerprint}")));
             sets.push(Set::Names(format!("N#{fingerprint}")));
-            if let Some(name) = &self.name {
-                sets.push(Set::Text(format!("O#{fingerprint}"), name.clone()));
-            }
         }
         // Expressions are limited to 4 KB: 20 attributes per request.
         for chunk in sets.chunks(20) {
@@ -2601,7 +2616,6 @@ mod tests {
                 consumer("v2b", 12, 40, &["p"]),
                 consumer("v3", 100, 120, &["p", "q"]),
             ],
-            10_000,
         );
         assert!(records["p"].definitions.is_empty());
         let without = records["q"].definition(WITHOUT).expect("covered");
@@ -2642,7 +2656,6 @@ mod tests {
                 consumer("team-b", "fb1", 30, &["b1", "b2"]),
                 consumer("team-b", "fb2", 100, &["b1"]),
             ],
-            10_000,
         );
         assert!(records["a1"].definitions.is_empty());
         assert!(
@@ -2689,7 +2702,6 @@ mod tests {
                 consumer("", "s2", 100, 200, &[]),
                 consumer("main", "s3", 200, 900, &["p"]),
             ],
-            10_000,
         );
         let without = renamed["p"].definition(WITHOUT).expect("the gap is kept");
         assert_eq!(without.writes_until, 200);
@@ -2704,25 +2716,63 @@ mod tests {
                 consumer("team-a", "fa", 50, 900, &[]),
                 consumer("team-b", "fb", 300, 900, &["p"]),
             ],
-            10_000,
         );
         let without = joined["p"].definition(WITHOUT).expect("before team b");
         assert_eq!(without.writes_until, 300);
         assert_eq!(without.consumed_since, Some(50));
-        // Team b's lease ends before team a's, but it still runs: p is
-        // projected. Once it ran out, team a went on without p.
-        let both = [
-            consumer("team-a", "fa", 50, 1_500, &[]),
-            consumer("team-b", "fb", 40, 1_200, &["p"]),
-        ];
-        let mut running = records();
-        add_without(&mut running, &both, 1_000);
-        assert!(running["p"].definitions.is_empty(), "team b still runs p");
-        let mut stopped = records();
-        add_without(&mut stopped, &both, 1_300);
-        let without = stopped["p"].definition(WITHOUT).expect("team b stopped");
+        // Team b's lease ended before team a's: idle, it still applies p
+        // when it runs. Once team b runs a spec without p, nobody does.
+        let mut idle = records();
+        add_without(
+            &mut idle,
+            &[
+                consumer("team-a", "fa", 50, 1_500, &[]),
+                consumer("team-b", "fb", 40, 1_200, &["p"]),
+            ],
+        );
+        assert!(idle["p"].definitions.is_empty(), "team b still runs p");
+        let mut dropped = records();
+        add_without(
+            &mut dropped,
+            &[
+                consumer("team-a", "fa", 50, 1_500, &[]),
+                consumer("team-b", "fb", 40, 1_200, &["p"]),
+                consumer("team-b", "fb2", 1_100, 1_500, &[]),
+            ],
+        );
+        let without = dropped["p"].definition(WITHOUT).expect("team b dropped p");
         assert_eq!(without.writes_until, 1_500);
-        assert_eq!(without.consumed_since, Some(1_200));
+        assert_eq!(without.consumed_since, Some(1_100));
+    }
+
+    #[test]
+    fn a_consumer_renamed_back_to_an_old_spec_keeps_the_gap_before_it() {
+        // The unnamed consumer ran s1 (with p) from 0, s2 (without) from
+        // 100; from 200 the function runs s1 again, named `main`: its run
+        // of s1 is its own, from 200, and p's gap from 100 stays.
+        let mut item = HashMap::new();
+        let n = |v: u64| Av::N(v.to_string());
+        let names = |v: &[&str]| Av::Ss(v.iter().map(|s| s.to_string()).collect());
+        item.insert("w#f1#p".to_string(), n(900));
+        for (key, since, until, has) in [
+            ("s1", 0, 100, &["p", "r"][..]),
+            ("s2", 100, 200, &["r"][..]),
+            ("s1@main", 200, 900, &["p", "r"][..]),
+        ] {
+            item.insert(format!("C#{key}"), n(until));
+            item.insert(format!("S#{key}"), n(since));
+            item.insert(format!("N#{key}"), names(has));
+        }
+        let (mut records, consumers) = parse_leases(&item);
+        let main: Vec<&ConsumerSpec> = consumers.iter().filter(|c| c.consumer == "main").collect();
+        assert_eq!(main.len(), 1);
+        assert_eq!((main[0].fingerprint.as_str(), main[0].since), ("s1", 200));
+        add_without(&mut records, &consumers);
+        let without = records["p"].definition(WITHOUT).expect("the gap");
+        assert_eq!(
+            (without.consumed_since, without.writes_until),
+            (Some(100), 200)
+        );
     }
 
     #[test]

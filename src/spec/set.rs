@@ -50,20 +50,19 @@ impl Services {
     /// The service that registered projection or invariant `name` (a
     /// counter's old version `followers~0` is its counter's), if known.
     pub fn of(&self, name: &str) -> Option<&str> {
-        let base = super::old_version_of(name).map_or(name, |(base, _)| base);
-        self.owners
-            .get(name)
-            .or_else(|| self.owners.get(base))
-            .map(|&i| self.files[i].0.as_str())
+        self.owner(name).map(|(service, _)| service)
     }
 
     /// The file that registered `name`, if known.
     pub fn file_of(&self, name: &str) -> Option<&str> {
+        self.owner(name).map(|(_, file)| file)
+    }
+
+    /// The service and file that registered `name`.
+    fn owner(&self, name: &str) -> Option<(&str, &str)> {
         let base = super::old_version_of(name).map_or(name, |(base, _)| base);
-        self.owners
-            .get(name)
-            .or_else(|| self.owners.get(base))
-            .map(|&i| self.files[i].1.as_str())
+        let &i = self.owners.get(name).or_else(|| self.owners.get(base))?;
+        Some((self.files[i].0.as_str(), self.files[i].1.as_str()))
     }
 
     /// Whether more than one service registered the spec.

@@ -272,6 +272,30 @@ fn shipped_text(name: &str, table: &str) -> String {
     format!("{}{table}{}", &text[..start], &text[end..])
 }
 
+/// A marketing team's spec on `table` that also copies the primary email
+/// onto the profile, as user-service does.
+fn rival(table: &str) -> String {
+    r#"
+service = "marketing"
+[table]
+name = "TABLE"
+[entities.profile]
+pk = "USER#{userId}"
+sk = "PROFILE"
+[entities.email]
+pk = "USER#{userId}"
+sk = "EMAIL#{emailId}"
+[[projections]]
+name = "marketing-email"
+kind = "denormalize"
+source = "email"
+target = "profile"
+when = { isPrimary = true }
+copy = { email = "{email}" }
+"#
+    .replace("TABLE", table)
+}
+
 fn stream_arn(table: &str) -> String {
     format!("arn:aws:dynamodb:us-east-1:000000000000:table/{table}/stream/2026-11-26T00:00:00.000")
 }
@@ -417,25 +441,7 @@ fn check_refuses_conflicting_specs_naming_both_files() {
         "{stdout}"
     );
     // A third team also copies the primary email onto the profile.
-    let rival = r#"
-service = "marketing"
-[table]
-name = "Shared"
-[entities.profile]
-pk = "USER#{userId}"
-sk = "PROFILE"
-[entities.email]
-pk = "USER#{userId}"
-sk = "EMAIL#{emailId}"
-[[projections]]
-name = "marketing-email"
-kind = "denormalize"
-source = "email"
-target = "profile"
-when = { isPrimary = true }
-copy = { email = "{email}" }
-"#;
-    std::fs::write(dir.join("marketing.toml"), rival).unwrap();
+    std::fs::write(dir.join("marketing.toml"), rival("Shared")).unwrap();
     let refused = check(&dir);
     let stderr = String::from_utf8_lossy(&refused.stderr);
     assert_eq!(refused.status.code(), Some(1), "{stderr}");
@@ -617,25 +623,7 @@ async fn a_consumer_refuses_to_run_beside_a_conflicting_one() {
         )
         .unwrap(),
     );
-    let rival_text = r#"
-service = "marketing"
-[table]
-name = "T"
-[entities.profile]
-pk = "USER#{userId}"
-sk = "PROFILE"
-[entities.email]
-pk = "USER#{userId}"
-sk = "EMAIL#{emailId}"
-[[projections]]
-name = "marketing-email"
-kind = "denormalize"
-source = "email"
-target = "profile"
-copy = { email = "{email}" }
-"#
-    .replace("name = \"T\"", &format!("name = \"{table}\""));
-    let rival = Arc::new(Spec::from_toml(&rival_text, "marketing.toml").unwrap());
+    let rival = Arc::new(Spec::from_toml(&rival(&table), "marketing.toml").unwrap());
     ddb_projector::table::create_table(&client, &users, &table)
         .await
         .unwrap();
