@@ -807,6 +807,67 @@ fn add_without(records: &mut BTreeMap<String, Record>, consumers: &[ConsumerSpec
     }
 }
 
+/// Writes of one consumer onto the reverse items another's inverse edge
+/// keeps (the edge's writes keep only its own spec's attributes there),
+/// either way; `*_differing`: the projections of each that the other
+/// lacks as they are (what both run alike, both edges keep).
+fn onto_reverse_items(
+    ours: &Spec,
+    theirs: &Spec,
+    ours_differing: &BTreeSet<String>,
+    theirs_differing: &BTreeSet<String>,
+    them: &str,
+) -> Vec<String> {
+    let targets = |spec: &Spec| -> Vec<(String, String)> {
+        spec.projections
+            .iter()
+            .filter_map(|p| match &p.kind {
+                ProjectionKind::InverseEdge(e) => {
+                    Some((p.name.clone(), spec.entities[e.target].name.clone()))
+                }
+                _ => None,
+            })
+            .collect()
+    };
+    let written = |spec: &Spec, only: Option<&BTreeSet<String>>| -> Vec<(String, String)> {
+        spec.projections
+            .iter()
+            .filter(|p| only.is_none_or(|names| names.contains(&p.name)))
+            .filter_map(|p| {
+                let entity = match &p.kind {
+                    ProjectionKind::IndexKeys(k) => k.entity,
+                    ProjectionKind::Denormalize(d) => d.target,
+                    ProjectionKind::Recomputed(r) => r.target(),
+                    ProjectionKind::InverseEdge(_)
+                    | ProjectionKind::Counter(_)
+                    | ProjectionKind::Custom(_) => return None,
+                };
+                Some((p.name.clone(), spec.entities[entity].name.clone()))
+            })
+            .collect()
+    };
+    let mut out = Vec::new();
+    for (edge, target) in targets(ours) {
+        for (writer, entity) in written(theirs, Some(theirs_differing)) {
+            if entity == target {
+                out.push(format!(
+                    "consumer {them}'s projection `{writer}` writes onto entity `{target}`, the reverse items of this consumer's inverse edge `{edge}`, whose writes keep only this spec's attributes there"
+                ));
+            }
+        }
+    }
+    for (edge, target) in targets(theirs) {
+        for (writer, entity) in written(ours, Some(ours_differing)) {
+            if entity == target {
+                out.push(format!(
+                    "this consumer's projection `{writer}` writes onto entity `{target}`, the reverse items of consumer {them}'s inverse edge `{edge}`, whose writes keep only its own spec's attributes there"
+                ));
+            }
+        }
+    }
+    out
+}
+
 /// Until when consumer spec `spec` (which has projection `name`) counts as
 /// running it: until its consumer first ran a later spec without it. A
 /// consumer reads its stream on from where it stopped, idle or not (one
@@ -1420,6 +1481,104 @@ impl Registry {
             .and_then(|item| text(&item, "text")))
     }
 
+    /// What makes `spec`, run by consumer `consumer` (none: the unnamed
+    /// one), unsafe beside the specs other consumers run on the table
+    /// (their leases running): what composing them in one registry refuses
+    /// (one attribute derived by both, a name defined twice with another
+    /// definition, a loop through both), and one consumer writing onto
+    /// the reverse items of another's inverse edge (which keeps only its
+    /// own spec's attributes there). Projections both define alike are
+    /// left out: a consumer renamed, or handing a projection over, runs
+    /// beside its old self for a lease. One message per other consumer.
+    pub async fn consumer_conflicts(
+        &self,
+        spec: &Spec,
+        consumer: Option<&str>,
+    ) -> Result<Vec<String>, ApplyError> {
+        let Some(item) = self.get(self.key(LEASES)).await? else {
+            return Ok(Vec::new());
+        };
+        let (_, consumers) = parse_leases(&item);
+        let mine = consumer.unwrap_or("");
+        let now = now_ms();
+        let name = |n: &str| {
+            if n.is_empty() {
+                "(unnamed)".to_string()
+            } else {
+                format!("`{n}`")
+            }
+        };
+        let mut seen = BTreeSet::new();
+        let mut conflicts = Vec::new();
+        for other in consumers
+            .iter()
+            .filter(|c| c.consumer != mine && c.until >= now)
+        {
+            if !seen.insert((other.consumer.as_str(), other.fingerprint.as_str())) {
+                continue;
+            }
+            let text = self
+                .spec_text(&format!("spec#{}", other.fingerprint))
+                .await?;
+            let theirs_raw = match text.map(|t| toml::from_str::<RawSpec>(&t)) {
+                Some(Ok(raw)) => raw,
+                Some(Err(error)) => {
+                    conflicts.push(format!(
+                        "the spec consumer {} runs cannot be read ({error}): it cannot be checked against this one",
+                        name(&other.consumer)
+                    ));
+                    continue;
+                }
+                None => continue,
+            };
+            let mut ours = spec.raw.clone();
+            let mut theirs = theirs_raw.clone();
+            ours.table.name = self.table.clone();
+            theirs.table.name = self.table.clone();
+            theirs.projections.retain(|p| !ours.projections.contains(p));
+            theirs.invariants.retain(|i| !ours.invariants.contains(i));
+            let differing: BTreeSet<String> = theirs
+                .projections
+                .iter()
+                .map(|p| p.name().to_string())
+                .collect();
+            let ours_differing: BTreeSet<String> = ours
+                .projections
+                .iter()
+                .filter(|p| !theirs_raw.projections.contains(p))
+                .map(|p| p.name().to_string())
+                .collect();
+            ours.service = format!("{} (consumer {})", ours.service, name(mine));
+            theirs.service = format!("{} (consumer {})", theirs.service, name(&other.consumer));
+            let mut problems = Vec::new();
+            if let Err(errors) = crate::spec::SpecSet::compose(vec![
+                (format!("consumer {} (this one)", name(mine)), ours),
+                (format!("consumer {}", name(&other.consumer)), theirs),
+            ]) {
+                problems.push(errors.to_string());
+            }
+            if let Ok(theirs) = Spec::compile(theirs_raw, "theirs", Vec::new()) {
+                problems.extend(onto_reverse_items(
+                    spec,
+                    &theirs,
+                    &ours_differing,
+                    &differing,
+                    &name(&other.consumer),
+                ));
+            }
+            if !problems.is_empty() {
+                conflicts.push(format!(
+                    "this consumer's spec conflicts with the spec consumer {} runs on table `{}` (lease until {}): each would undo the other's writes. Give each projection one owner, or serve both specs from one deployment (`check --spec DIR` checks them):\n{}",
+                    name(&other.consumer),
+                    self.table,
+                    iso(other.until),
+                    problems.join("\n")
+                ));
+            }
+        }
+        Ok(conflicts)
+    }
+
     /// Removes everything the registry holds of `name` (after a prune).
     pub async fn forget(&self, name: &str, record: &Record) -> Result<(), ApplyError> {
         let mut names = Vec::new();
@@ -2022,64 +2181,26 @@ impl Leases {
         Ok(valid(&state))
     }
 
-    /// A stream consumer refuses to run beside another consumer of the
-    /// table (another `--consumer` name, its lease running) whose spec
-    /// conflicts with its own, as composing both in one registry would
-    /// find: two consumers writing one attribute would undo each other's
-    /// writes forever, two counters of one name would share shards, two
-    /// projections of one name would redrive each other's letters.
+    /// Warns (a logged error and `projector_consumer_conflicts_total`)
+    /// when another consumer's spec running on the table conflicts with
+    /// this one's ([`Registry::consumer_conflicts`]). The batch goes on:
+    /// refusing it would send records to the mapping's failure queue, and
+    /// which of two consumers a refusal hit would depend on which was idle
+    /// last. `run` refuses to start, and `check --table` (which
+    /// `infra/deploy` runs) refuses the deploy.
     async fn check_consumers(&self) -> Result<(), String> {
-        let Some(item) = self.read_leases().await? else {
-            return Ok(());
-        };
-        let (_, consumers) = parse_leases(&item);
-        let mine = self.name.as_deref().unwrap_or("");
-        let now = now_ms();
-        let mut seen = BTreeSet::new();
-        for other in consumers
-            .iter()
-            .filter(|c| c.consumer != mine && c.until >= now)
-        {
-            if !seen.insert(other.fingerprint.as_str()) {
-                continue;
-            }
-            let key = format!("spec#{}", other.fingerprint);
-            let text =
-                self.registry.spec_text(&key).await.map_err(|e| {
-                    format!("reading the spec of consumer `{}`: {e}", other.consumer)
-                })?;
-            let Some(Ok(mut theirs)) = text.map(|t| toml::from_str::<RawSpec>(&t)) else {
-                continue;
-            };
-            let mut ours = self.spec.raw.clone();
-            ours.table.name = self.registry.table.clone();
-            theirs.table.name = self.registry.table.clone();
-            // What both run alike is written alike (as by two environments
-            // of one deployment): a consumer renamed, or handing over a
-            // projection, runs beside its old self for a lease.
-            theirs.projections.retain(|p| !ours.projections.contains(p));
-            theirs.invariants.retain(|i| !ours.invariants.contains(i));
-            let name = |n: &str| {
-                if n.is_empty() {
-                    "(unnamed)".to_string()
-                } else {
-                    format!("`{n}`")
-                }
-            };
-            ours.service = format!("{} (consumer {})", ours.service, name(mine));
-            theirs.service = format!("{} (consumer {})", theirs.service, name(&other.consumer));
-            let labelled = vec![
-                (format!("consumer {} (this one)", name(mine)), ours),
-                (format!("consumer {}", name(&other.consumer)), theirs),
-            ];
-            if let Err(errors) = crate::spec::SpecSet::compose(labelled) {
-                return Err(format!(
-                    "this consumer's spec conflicts with the spec consumer {} runs on table `{}` (lease until {}): each would undo the other's writes. Give each projection one owner, or serve both specs from one deployment (`check --spec DIR` checks them):\n{errors}",
-                    name(&other.consumer),
-                    self.registry.table,
-                    iso(other.until)
-                ));
-            }
+        let conflicts = self
+            .registry
+            .consumer_conflicts(&self.spec, self.name.as_deref())
+            .await
+            .map_err(|e| e.to_string())?;
+        for conflict in &conflicts {
+            tracing::error!(consumer = self.name.as_deref().unwrap_or(""), "{conflict}");
+            metrics::counter!(
+                "projector_consumer_conflicts_total",
+                "consumer" => self.name.clone().unwrap_or_default()
+            )
+            .increment(1);
         }
         Ok(())
     }

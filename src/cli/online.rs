@@ -124,6 +124,17 @@ pub async fn check_table(target: Target) -> anyhow::Result<ExitCode> {
             return Ok(ExitCode::from(2));
         }
     }
+    // The specs other consumers run on the table (see `--consumer`).
+    let registry = crate::lifecycle::Registry::new(c.dynamodb.clone(), &c.table, &c.spec.table);
+    let conflicts = registry
+        .consumer_conflicts(&c.file_spec, target.consumer.as_deref())
+        .await?;
+    for conflict in &conflicts {
+        eprintln!("error: {conflict}");
+    }
+    if !conflicts.is_empty() {
+        return Ok(ExitCode::from(1));
+    }
     Ok(ExitCode::SUCCESS)
 }
 

@@ -263,6 +263,16 @@ async fn run_stream(
         "stopped"
     };
     let registry = Registry::new(c.dynamodb.clone(), &c.table, &c.spec.table);
+    if consumer {
+        // Another consumer's spec that conflicts with this one: starting
+        // would have each undo the other's writes.
+        let conflicts = registry
+            .consumer_conflicts(&c.file_spec, c.consumer.as_deref())
+            .await?;
+        if !conflicts.is_empty() {
+            bail!("`{verb}` refused: {}", conflicts.join("\n"));
+        }
+    }
     let mut spec = c.spec.clone();
     loop {
         let applier = Applier::new(

@@ -607,12 +607,15 @@ async fn two_consumers_of_one_table_keep_their_own_checkpoints() {
 }
 
 /// A consumer whose spec conflicts with the spec another named consumer
-/// runs on the table refuses to write (its batch fails, naming both and
-/// the conflict); one running the same definitions beside it (a consumer
-/// renamed, for a lease) is not refused.
+/// runs on the table: `check --table` and `run` refuse it, naming both and
+/// the conflict (a running Lambda logs it: refusing its batches would send
+/// them to the failure queue); one running the same definitions beside it
+/// (a consumer renamed, for a lease) is no conflict; nor is writing onto
+/// another consumer's reverse items missed, which composing would allow.
 #[tokio::test]
-async fn a_consumer_refuses_to_run_beside_a_conflicting_one() {
-    use ddb_projector::apply::{BatchOptions, RecordStatus};
+async fn a_consumer_conflicting_with_another_is_refused() {
+    use ddb_projector::apply::BatchOptions;
+    use ddb_projector::lifecycle::Registry;
 
     let client = support::client().await;
     let table = support::unique_table("reg-conflict");
@@ -623,12 +626,49 @@ async fn a_consumer_refuses_to_run_beside_a_conflicting_one() {
         )
         .unwrap(),
     );
-    let rival = Arc::new(Spec::from_toml(&rival(&table), "marketing.toml").unwrap());
-    ddb_projector::table::create_table(&client, &users, &table)
+    let social = Arc::new(
+        Spec::from_toml(
+            &shipped_text("social-service.toml", &table),
+            "social-service.toml",
+        )
+        .unwrap(),
+    );
+    let marketing = Arc::new(Spec::from_toml(&rival(&table), "marketing.toml").unwrap());
+    // Another team keys the reverse follow items for an index of its own.
+    let tagger = Arc::new(
+        Spec::from_toml(
+            &format!(
+                r#"
+service = "tagging"
+[table]
+name = "{table}"
+[[table.gsi]]
+name = "GSI1"
+partition_key = "GSI1PK"
+sort_key = "GSI1SK"
+[entities.followed_by]
+pk = "USER#{{followeeId}}"
+sk = "FOLLOWED_BY#{{followerId}}"
+[[projections]]
+name = "follower-keys"
+kind = "index-keys"
+entity = "followed_by"
+set = {{ GSI1PK = "FAN#{{followerId}}" }}
+"#
+            ),
+            "tagging.toml",
+        )
+        .unwrap(),
+    );
+    ddb_projector::table::create_table(&client, &social, &table)
         .await
         .unwrap();
-    let applier = |spec: &Arc<Spec>, consumer: &str| {
-        Applier::new(
+    // `users` and `social` run (a batch each takes their leases).
+    let mail = email("u1", "e1", "sam@x.org", true);
+    put_item(&client, &table, &mail).await;
+    let batch = vec![change(1, ChangeKind::Insert, None, Some(&mail))];
+    for (spec, consumer) in [(&users, "users"), (&social, "social")] {
+        let applier = Applier::new(
             client.clone(),
             spec.clone(),
             &table,
@@ -637,36 +677,62 @@ async fn a_consumer_refuses_to_run_beside_a_conflicting_one() {
                 consumer: Some(consumer.to_string()),
                 ..ApplyConfig::default()
             },
-        )
-    };
-    let mail = email("u1", "e1", "sam@x.org", true);
-    put_item(&client, &table, &profile("u1")).await;
-    put_item(&client, &table, &mail).await;
-    let batch = vec![change(1, ChangeKind::Insert, None, Some(&mail))];
-    let first = Box::pin(applier(&users, "users").apply_batch(&batch, &BatchOptions::default()))
-        .await
-        .unwrap();
-    assert_eq!(first.statuses, vec![RecordStatus::Applied]);
-
-    let refused =
-        Box::pin(applier(&rival, "marketing").apply_batch(&batch, &BatchOptions::default()))
+        );
+        Box::pin(applier.apply_batch(&batch, &BatchOptions::default()))
             .await
             .unwrap();
-    let [RecordStatus::Failed(reason)] = refused.statuses.as_slice() else {
-        panic!("refused: {:?}", refused.statuses)
+    }
+    let registry = Registry::new(client.clone(), &table, &users.table);
+    let conflicts = |spec: Arc<Spec>, consumer: &'static str| {
+        let registry = &registry;
+        async move {
+            registry
+                .consumer_conflicts(&spec, Some(consumer))
+                .await
+                .unwrap()
+                .join("\n")
+        }
     };
+    let text = conflicts(marketing.clone(), "marketing").await;
     assert!(
-        reason.contains("conflicts with the spec consumer `users` runs")
-            && reason.contains("write `email` on entity `profile`")
-            && reason.contains("`marketing-email`")
-            && reason.contains("`profile-primary-email`"),
-        "{reason}"
+        text.contains("conflicts with the spec consumer `users` runs")
+            && text.contains("write `email` on entity `profile`")
+            && text.contains("`marketing-email`")
+            && text.contains("`profile-primary-email`")
+            && !text.contains("consumer `social`"),
+        "{text}"
+    );
+    let text = conflicts(tagger.clone(), "tagging").await;
+    assert!(
+        text.contains("conflicts with the spec consumer `social` runs")
+            && text.contains("`follower-keys` writes onto entity `followed_by`, the reverse items of consumer `social`'s inverse edge `followed-by`"),
+        "{text}"
     );
     // The same definitions under another name run beside it.
-    let renamed = Box::pin(applier(&users, "main").apply_batch(&batch, &BatchOptions::default()))
-        .await
-        .unwrap();
-    assert_eq!(renamed.statuses, vec![RecordStatus::Applied]);
+    assert_eq!(conflicts(users.clone(), "main").await, "");
+
+    // `run` refuses to start; `check --table` refuses the deploy.
+    let dir = std::env::temp_dir().join(format!("ddbp-conflict-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("marketing.toml");
+    std::fs::write(&file, rival(&table)).unwrap();
+    for args in [vec!["run", "--drain"], vec!["check"]] {
+        let out = Command::new(support::binary())
+            .args(&args)
+            .arg("--spec")
+            .arg(&file)
+            .args(["--table", &table, "--consumer", "marketing"])
+            .envs(support::env())
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{args:?}: {stderr}");
+        assert!(
+            stderr.contains("conflicts with the spec consumer `users` runs"),
+            "{args:?}: {stderr}"
+        );
+    }
+    std::fs::remove_dir_all(&dir).unwrap();
 }
 
 /// A team joining a running registry: its spec composed with the running
