@@ -11,10 +11,12 @@
 //!   and the fingerprint of the definition it writes it with:
 //!   `w#<fingerprint>#<projection>` holds the time (ms) until which it may
 //!   write. A stream consumer (the Lambda, the runner) also writes
-//!   `c#…` (the same time), `s#…` (when one first ran it) and `w#-#<name>`
-//!   for each projection the registry knows that its spec lacks: a
+//!   `c#…` (the same time), `s#…` (when one first ran it), and for its
+//!   spec `C#<fp>`, `S#<fp>` and `N#<fp>` (its lease, first run and
+//!   projection names; `<fp>@<consumer>` for a named consumer): a
 //!   consumer without a projection leaves that projection's changes
-//!   unprojected. A writer renews its lease before a batch that could
+//!   unprojected, which [`states`] reads as a definition `-` of it. A
+//!   writer renews its lease before a batch that could
 //!   outlast it, so a batch needs no request of its own
 //!   ([`Leases::ensure`]); it never writes past its lease.
 //! - **Projection records** (sort key `p#<projection>`): the backfill under
