@@ -60,6 +60,10 @@ pub const LEASES_VERSION: &str = "ver";
 /// The partition key of the registry items.
 pub const LIFECYCLE_PK: &str = "_ddbp#lifecycle";
 
+/// How long a stream keeps its records: a consumer that ran nothing for
+/// longer is gone, and no longer checked against.
+const STREAM_RETENTION_MS: u64 = 24 * 3600 * 1000;
+
 /// The registry's item of the home region a failover recorded.
 const HOME: &str = "home";
 
@@ -763,7 +767,7 @@ fn owner<'a>(consumers: &'a [ConsumerSpec], name: &str) -> Option<&'a str> {
 /// projection (another team's consumer running it projected its changes);
 /// a consumer that is renamed or takes a projection over later leaves the
 /// gap before it on record.
-fn add_without(records: &mut BTreeMap<String, Record>, consumers: &[ConsumerSpec]) {
+fn add_without(records: &mut BTreeMap<String, Record>, consumers: &[ConsumerSpec], now: u64) {
     for consumer in consumers {
         for (name, record) in records.iter_mut() {
             if consumer.names.contains(name) {
@@ -771,10 +775,14 @@ fn add_without(records: &mut BTreeMap<String, Record>, consumers: &[ConsumerSpec
             }
             // While another consumer ran the projection, this one's spec
             // lacking it left nothing unprojected.
-            let others: Vec<(u64, u64)> = consumers
+            let others_names: BTreeSet<&str> = consumers
                 .iter()
-                .filter(|c| c.consumer != consumer.consumer && c.names.contains(name))
-                .map(|c| (c.since, runs_until(consumers, c, name)))
+                .filter(|c| c.consumer != consumer.consumer)
+                .map(|c| c.consumer.as_str())
+                .collect();
+            let others: Vec<(u64, u64)> = others_names
+                .into_iter()
+                .flat_map(|other| runs(consumers, other, name, now))
                 .collect();
             let Some((since, until)) = uncovered((consumer.since, consumer.until), others) else {
                 continue;
@@ -870,18 +878,37 @@ fn onto_reverse_items(
     out
 }
 
-/// Until when consumer spec `spec` (which has projection `name`) counts as
-/// running it: until its consumer first ran a later spec without it. A
-/// consumer reads its stream on from where it stopped, idle or not (one
-/// whose event filter lets nothing through takes no lease for hours), so
-/// its lease's end is not where its projection stopped being applied.
-fn runs_until(consumers: &[ConsumerSpec], spec: &ConsumerSpec, name: &str) -> u64 {
-    consumers
+/// When consumer `consumer` ran projection `name`: its specs with it,
+/// each from its first run to its lease's end, less the runs of its specs
+/// without it (a spec's first run is kept once: one run again after
+/// another spec spans that spec's). A lease still running runs on (its
+/// end compared with another consumer's would invent a gap that has not
+/// happened); one that ran out may be idle or gone (renamed, removed), and
+/// counts as stopped: an idle consumer's projection can turn from live
+/// while another consumer runs without it, never the other way round.
+fn runs(consumers: &[ConsumerSpec], consumer: &str, name: &str, now: u64) -> Vec<(u64, u64)> {
+    let specs: Vec<&ConsumerSpec> = consumers
         .iter()
-        .filter(|c| c.consumer == spec.consumer && c.since > spec.since && !c.names.contains(name))
-        .map(|c| c.since)
-        .min()
-        .unwrap_or(u64::MAX)
+        .filter(|c| c.consumer == consumer)
+        .collect();
+    let mut with: Vec<(u64, u64)> = specs
+        .iter()
+        .filter(|c| c.names.contains(name))
+        .map(|c| (c.since, if c.until >= now { u64::MAX } else { c.until }))
+        .collect();
+    for without in specs.iter().filter(|c| !c.names.contains(name)) {
+        let (cut_from, cut_to) = (without.since, without.until);
+        with = with
+            .into_iter()
+            .flat_map(|(from, to)| {
+                let before = (from < cut_from).then(|| (from, to.min(cut_from)));
+                let after = (to > cut_to).then(|| (from.max(cut_to), to));
+                before.into_iter().chain(after)
+            })
+            .filter(|(from, to)| from < to)
+            .collect();
+    }
+    with
 }
 
 /// The part of `span` (ms, from..until) that no interval of `others`
@@ -995,7 +1022,7 @@ impl Registry {
                 });
             }
         }
-        add_without(&mut records, &consumers);
+        add_without(&mut records, &consumers, now_ms());
         let names: Vec<String> = records.keys().cloned().collect();
         for chunk in names.chunks(100) {
             let mut keys: Vec<HashMap<String, Av>> =
@@ -1510,15 +1537,20 @@ impl Registry {
                 format!("`{n}`")
             }
         };
-        let mut seen = BTreeSet::new();
-        let mut conflicts = Vec::new();
-        for other in consumers
-            .iter()
-            .filter(|c| c.consumer != mine && c.until >= now)
-        {
-            if !seen.insert((other.consumer.as_str(), other.fingerprint.as_str())) {
-                continue;
+        // Each other consumer's latest spec, idle or not, unless it ran
+        // nothing for longer than a stream keeps its records (gone).
+        let mut latest: BTreeMap<&str, &ConsumerSpec> = BTreeMap::new();
+        for c in consumers.iter().filter(|c| c.consumer != mine) {
+            let entry = latest.entry(c.consumer.as_str()).or_insert(c);
+            if c.until > entry.until {
+                *entry = c;
             }
+        }
+        let mut conflicts = Vec::new();
+        for other in latest
+            .into_values()
+            .filter(|c| c.until + STREAM_RETENTION_MS >= now)
+        {
             let text = self
                 .spec_text(&format!("spec#{}", other.fingerprint))
                 .await?;
@@ -1537,7 +1569,12 @@ impl Registry {
             let mut theirs = theirs_raw.clone();
             ours.table.name = self.table.clone();
             theirs.table.name = self.table.clone();
-            theirs.projections.retain(|p| !ours.projections.contains(p));
+            // Alike as definitions: where a counter is stored, and the
+            // old version kept beside a rebuilt one, are the layout's.
+            let alike = |p: &RawProjection, all: &[RawProjection]| {
+                all.iter().any(|q| q.definition() == p.definition())
+            };
+            theirs.projections.retain(|p| !alike(p, &ours.projections));
             theirs.invariants.retain(|i| !ours.invariants.contains(i));
             let differing: BTreeSet<String> = theirs
                 .projections
@@ -1547,7 +1584,7 @@ impl Registry {
             let ours_differing: BTreeSet<String> = ours
                 .projections
                 .iter()
-                .filter(|p| !theirs_raw.projections.contains(p))
+                .filter(|p| !alike(p, &theirs_raw.projections))
                 .map(|p| p.name().to_string())
                 .collect();
             ours.service = format!("{} (consumer {})", ours.service, name(mine));
@@ -2739,6 +2776,7 @@ mod tests {
                 consumer("v2b", 12, 40, &["p"]),
                 consumer("v3", 100, 120, &["p", "q"]),
             ],
+            10_000,
         );
         assert!(records["p"].definitions.is_empty());
         let without = records["q"].definition(WITHOUT).expect("covered");
@@ -2779,6 +2817,7 @@ mod tests {
                 consumer("team-b", "fb1", 30, &["b1", "b2"]),
                 consumer("team-b", "fb2", 100, &["b1"]),
             ],
+            10_000,
         );
         assert!(records["a1"].definitions.is_empty());
         assert!(
@@ -2825,6 +2864,7 @@ mod tests {
                 consumer("", "s2", 100, 200, &[]),
                 consumer("main", "s3", 200, 900, &["p"]),
             ],
+            10_000,
         );
         let without = renamed["p"].definition(WITHOUT).expect("the gap is kept");
         assert_eq!(without.writes_until, 200);
@@ -2839,12 +2879,13 @@ mod tests {
                 consumer("team-a", "fa", 50, 900, &[]),
                 consumer("team-b", "fb", 300, 900, &["p"]),
             ],
+            10_000,
         );
         let without = joined["p"].definition(WITHOUT).expect("before team b");
         assert_eq!(without.writes_until, 300);
         assert_eq!(without.consumed_since, Some(50));
-        // Team b's lease ended before team a's: idle, it still applies p
-        // when it runs. Once team b runs a spec without p, nobody does.
+        // Team b's lease ended before team a's: idle or gone, it counts
+        // as stopped (p turns from live, never the other way round).
         let mut idle = records();
         add_without(
             &mut idle,
@@ -2852,8 +2893,45 @@ mod tests {
                 consumer("team-a", "fa", 50, 1_500, &[]),
                 consumer("team-b", "fb", 40, 1_200, &["p"]),
             ],
+            10_000,
         );
-        assert!(idle["p"].definitions.is_empty(), "team b still runs p");
+        let mut running = records();
+        add_without(
+            &mut running,
+            &[
+                consumer("team-a", "fa", 50, 1_500, &[]),
+                consumer("team-b", "fb", 40, 1_200, &["p"]),
+            ],
+            1_000,
+        );
+        assert!(
+            running["p"].definitions.is_empty(),
+            "team b's lease runs: p runs"
+        );
+        let without = idle["p"].definition(WITHOUT).expect("after team b's lease");
+        assert_eq!(
+            (without.consumed_since, without.writes_until),
+            (Some(1_200), 1_500)
+        );
+        // The unnamed consumer ran p until 100 and was renamed `main`,
+        // which ran a spec without p until 300, then p again.
+        let mut renamed = records();
+        add_without(
+            &mut renamed,
+            &[
+                consumer("", "s1", 0, 100, &["p"]),
+                consumer("main", "s2", 100, 300, &[]),
+                consumer("main", "s3", 300, 900, &["p"]),
+            ],
+            10_000,
+        );
+        let without = renamed["p"]
+            .definition(WITHOUT)
+            .expect("the gap after the rename");
+        assert_eq!(
+            (without.consumed_since, without.writes_until),
+            (Some(100), 300)
+        );
         let mut dropped = records();
         add_without(
             &mut dropped,
@@ -2862,10 +2940,29 @@ mod tests {
                 consumer("team-b", "fb", 40, 1_200, &["p"]),
                 consumer("team-b", "fb2", 1_100, 1_500, &[]),
             ],
+            10_000,
         );
         let without = dropped["p"].definition(WITHOUT).expect("team b dropped p");
         assert_eq!(without.writes_until, 1_500);
         assert_eq!(without.consumed_since, Some(1_100));
+        // Team b dropped p from 100 to 200, then went back to its first
+        // spec (whose first run stays at 0): the gap is 100 to 200, and
+        // from 200 team b runs p again.
+        let mut back = records();
+        add_without(
+            &mut back,
+            &[
+                consumer("team-a", "fa", 50, 900, &[]),
+                consumer("team-b", "fb1", 0, 900, &["p"]),
+                consumer("team-b", "fb2", 100, 200, &[]),
+            ],
+            10_000,
+        );
+        let without = back["p"].definition(WITHOUT).expect("the gap");
+        assert_eq!(
+            (without.consumed_since, without.writes_until),
+            (Some(100), 200)
+        );
     }
 
     #[test]
@@ -2890,7 +2987,7 @@ mod tests {
         let main: Vec<&ConsumerSpec> = consumers.iter().filter(|c| c.consumer == "main").collect();
         assert_eq!(main.len(), 1);
         assert_eq!((main[0].fingerprint.as_str(), main[0].since), ("s1", 200));
-        add_without(&mut records, &consumers);
+        add_without(&mut records, &consumers, 10_000);
         let without = records["p"].definition(WITHOUT).expect("the gap");
         assert_eq!(
             (without.consumed_since, without.writes_until),

@@ -267,7 +267,7 @@ async fn run_stream(
         // Another consumer's spec that conflicts with this one: starting
         // would have each undo the other's writes.
         let conflicts = registry
-            .consumer_conflicts(&c.file_spec, c.consumer.as_deref())
+            .consumer_conflicts(&c.spec, c.consumer.as_deref())
             .await?;
         if !conflicts.is_empty() {
             bail!("`{verb}` refused: {}", conflicts.join("\n"));
