@@ -2746,17 +2746,28 @@ mod tests {
         assert_eq!(row(&rows, &name).state, State::Changed);
     }
 
-    #[test]
-    fn a_consumer_without_a_projection_covers_it_while_it_runs() {
-        let consumer = |fingerprint: &str, since: u64, until: u64, names: &[&str]| ConsumerSpec {
+    /// Consumer `name`'s spec `fingerprint`, first run at `since`, its
+    /// lease until `until`, with projections `names`.
+    fn consumer_spec(
+        name: &str,
+        fingerprint: &str,
+        since: u64,
+        until: u64,
+        names: &[&str],
+    ) -> ConsumerSpec {
+        ConsumerSpec {
             fingerprint: fingerprint.to_string(),
             since,
             until,
             names: names.iter().map(|n| n.to_string()).collect(),
-            consumer: String::new(),
-        };
-        let mut records: BTreeMap<String, Record> = ["p", "q"]
-            .into_iter()
+            consumer: name.to_string(),
+        }
+    }
+
+    /// Empty registry records of `names`.
+    fn records_of(names: &[&str]) -> BTreeMap<String, Record> {
+        names
+            .iter()
             .map(|n| {
                 (
                     n.to_string(),
@@ -2766,7 +2777,15 @@ mod tests {
                     },
                 )
             })
-            .collect();
+            .collect()
+    }
+
+    #[test]
+    fn a_consumer_without_a_projection_covers_it_while_it_runs() {
+        let consumer = |fingerprint: &str, since: u64, until: u64, names: &[&str]| {
+            consumer_spec("", fingerprint, since, until, names)
+        };
+        let mut records = records_of(&["p", "q"]);
         // v1 had p and q; v2 lacked q (two consumers of it); v3 has both.
         add_without(
             &mut records,
@@ -2789,25 +2808,10 @@ mod tests {
 
     #[test]
     fn a_named_consumer_without_another_consumers_projection_leaves_it_alone() {
-        let consumer = |name: &str, fingerprint: &str, until: u64, names: &[&str]| ConsumerSpec {
-            fingerprint: fingerprint.to_string(),
-            since: 0,
-            until,
-            names: names.iter().map(|n| n.to_string()).collect(),
-            consumer: name.to_string(),
+        let consumer = |name: &str, fingerprint: &str, until: u64, names: &[&str]| {
+            consumer_spec(name, fingerprint, 0, until, names)
         };
-        let mut records: BTreeMap<String, Record> = ["a1", "b1", "b2"]
-            .into_iter()
-            .map(|n| {
-                (
-                    n.to_string(),
-                    Record {
-                        name: n.to_string(),
-                        ..Record::default()
-                    },
-                )
-            })
-            .collect();
+        let mut records = records_of(&["a1", "b1", "b2"]);
         // Team a's consumer runs a1; team b's ran b1 and b2, and its new
         // spec dropped b2 while the old one still runs.
         add_without(
@@ -2831,28 +2835,8 @@ mod tests {
 
     #[test]
     fn a_gap_without_a_projection_counts_whoever_runs_it_next() {
-        let consumer =
-            |name: &str, fingerprint: &str, since: u64, until: u64, names: &[&str]| ConsumerSpec {
-                fingerprint: fingerprint.to_string(),
-                since,
-                until,
-                names: names.iter().map(|n| n.to_string()).collect(),
-                consumer: name.to_string(),
-            };
-        let records = || -> BTreeMap<String, Record> {
-            ["p"]
-                .into_iter()
-                .map(|n| {
-                    (
-                        n.to_string(),
-                        Record {
-                            name: n.to_string(),
-                            ..Record::default()
-                        },
-                    )
-                })
-                .collect()
-        };
+        let consumer = consumer_spec;
+        let records = || records_of(&["p"]);
         // The unnamed consumer ran p, then a spec without it from 100 to
         // 200; from 200 the same function runs p again, now named `main`.
         // Nobody projected p from 100 to 200: that gap stays on record.
