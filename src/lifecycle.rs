@@ -2244,27 +2244,13 @@ impl Leases {
         Ok(())
     }
 
-    /// The leases item, read consistently.
-    async fn read_leases(&self) -> Result<Option<HashMap<String, Av>>, String> {
-        let output = self
-            .registry
-            .client
-            .get_item()
-            .table_name(&self.registry.table)
-            .set_key(Some(self.registry.key(LEASES)))
-            .consistent_read(true)
-            .send()
-            .await
-            .map_err(|e| format!("reading the lifecycle leases: {}", retry_describe(&e)))?;
-        Ok(output.item().cloned())
-    }
-
     /// A writer that is not the stream's consumer (a backfill, a redrive,
     /// a recovery) refuses to write a definition other than the one a
     /// consumer is running now: its spec file is not the deployed one, and
     /// it would undo what the worker writes.
     async fn check_deployed(&self) -> Result<(), String> {
-        let Some(item) = self.read_leases().await? else {
+        let leases = self.registry.get(self.registry.key(LEASES)).await;
+        let Some(item) = leases.map_err(|e| format!("reading the lifecycle leases: {e}"))? else {
             return Ok(());
         };
         let (records, _) = parse_leases(&item);

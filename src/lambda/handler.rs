@@ -401,28 +401,24 @@ impl Regions {
 }
 
 impl Handler {
-    /// The tables the function's specs describe, for messages.
-    fn tables(&self) -> String {
-        self.specs
-            .specs()
-            .iter()
-            .map(|s| format!("`{}`", s.table.name))
-            .collect::<Vec<_>>()
-            .join(", ")
+    /// The table a stream batch writes: `PROJECTOR_TABLE`, else its
+    /// stream's.
+    fn stream_table(&self, event: &StreamsEvent) -> Option<String> {
+        match &self.table {
+            Some(table) => Some(table.clone()),
+            None => event
+                .event_source_arn
+                .as_deref()
+                .and_then(table_from_stream_arn)
+                .map(str::to_string),
+        }
     }
 
     /// The table a payload works on and its spec, when both are known.
     fn payload_spec(&self, payload: &Payload) -> Option<(String, Arc<Spec>)> {
         match payload {
             Payload::Stream(event) => {
-                let table = match &self.table {
-                    Some(table) => table.clone(),
-                    None => event
-                        .event_source_arn
-                        .as_deref()
-                        .and_then(table_from_stream_arn)?
-                        .to_string(),
-                };
+                let table = self.stream_table(event)?;
                 let spec = self.specs.for_table(&table)?.clone();
                 Some((table, spec))
             }
@@ -441,13 +437,13 @@ impl Handler {
             (Some(table), _, _) => table.to_string(),
             (None, Some(table), _) => table.clone(),
             (None, None, [only]) => only.table.name.clone(),
-            (None, None, _) => return Err(InvocationError::WhichTable(self.tables())),
+            (None, None, _) => return Err(InvocationError::WhichTable(self.specs.tables())),
         };
         match self.specs.for_table(&table) {
             Some(spec) => Ok((table, spec.clone())),
             None => Err(InvocationError::Unregistered {
                 table,
-                tables: self.tables(),
+                tables: self.specs.tables(),
             }),
         }
     }
@@ -586,15 +582,7 @@ impl Handler {
             tracing::info!(request_id = %context.request_id, records = 0, "empty batch");
             return Ok(DynamoDbEventResponse::default());
         }
-        let table = match &self.table {
-            Some(table) => table.clone(),
-            None => event
-                .event_source_arn
-                .as_deref()
-                .and_then(table_from_stream_arn)
-                .ok_or(InvocationError::NoTable)?
-                .to_string(),
-        };
+        let table = self.stream_table(&event).ok_or(InvocationError::NoTable)?;
         let (deadlines, config) = self.budget(context, started);
         if deadlines.stop_writes <= started {
             tracing::warn!(
@@ -614,7 +602,7 @@ impl Handler {
             super::metrics::record_invocation(n_records, true);
             return Err(InvocationError::Unregistered {
                 table,
-                tables: self.tables(),
+                tables: self.specs.tables(),
             });
         };
         let spec = match crate::lifecycle::current_layout(&self.client, &table, file_spec).await {

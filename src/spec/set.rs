@@ -226,11 +226,7 @@ impl SpecSet {
                 return Err(format!(
                     "`{from}` is no table of {}: its specs describe {}",
                     self.source,
-                    self.specs
-                        .iter()
-                        .map(|s| format!("`{}`", s.table.name))
-                        .collect::<Vec<_>>()
-                        .join(", ")
+                    self.tables()
                 ));
             };
             if to.is_empty() {
@@ -239,6 +235,15 @@ impl SpecSet {
             Arc::make_mut(spec).table.name = to.to_string();
         }
         Ok(())
+    }
+
+    /// The tables the specs describe, for messages: "`T` (service), ...".
+    pub fn tables(&self) -> String {
+        self.specs
+            .iter()
+            .map(|s| format!("`{}` ({})", s.table.name, s.service))
+            .collect::<Vec<_>>()
+            .join(", ")
     }
 
     /// The composed specs, one per table, by table name.
@@ -259,26 +264,19 @@ impl SpecSet {
     /// The spec a command on `table` (none: the only one) uses; an error
     /// names the tables the set describes.
     pub fn select(&self, table: Option<&str>) -> Result<&Arc<Spec>, String> {
-        let tables = || {
-            self.specs
-                .iter()
-                .map(|s| format!("`{}` ({})", s.table.name, s.service))
-                .collect::<Vec<_>>()
-                .join(", ")
-        };
         match table {
             None if self.specs.len() == 1 => Ok(&self.specs[0]),
             None => Err(format!(
                 "{} describes {} tables: {}; say which with --table",
                 self.source,
                 self.specs.len(),
-                tables()
+                self.tables()
             )),
             Some(table) => self.for_table(table).ok_or_else(|| {
                 format!(
                     "{} has no spec for table `{table}`; it describes {}",
                     self.source,
-                    tables()
+                    self.tables()
                 )
             }),
         }
