@@ -1,4 +1,4 @@
-//! Bad inputs the planner sees (README "Bad input, and what you see"):
+//! Bad inputs the planner sees (docs/operations.md, "Bad input, and what you see"):
 //! keys that match an entity pattern only partly.
 //!
 //! A variable takes at least one character and every literal must match
