@@ -11,7 +11,7 @@ use aws_config::timeout::TimeoutConfig;
 use aws_config::{BehaviorVersion, SdkConfig};
 use aws_sdk_dynamodb::types::StreamViewType;
 
-use crate::apply::retry_describe;
+use crate::dynamo::retry::describe as retry_describe;
 
 /// Loads the SDK configuration, failing clearly when no region is set.
 pub async fn load_config() -> anyhow::Result<SdkConfig> {

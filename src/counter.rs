@@ -120,7 +120,7 @@ pub async fn read_counter(
             .map_err(|error| {
                 anyhow::anyhow!(
                     "reading counter `{name}` from `{table}`: {}",
-                    crate::apply::retry_describe(&error)
+                    crate::dynamo::retry::describe(&error)
                 )
             })?;
         for item in output

@@ -33,6 +33,7 @@ pub mod backfill;
 pub mod cli;
 pub mod counter;
 pub mod decode;
+pub mod dynamo;
 pub mod global;
 pub mod invariant;
 pub mod kinds;

@@ -44,7 +44,8 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use aws_sdk_dynamodb::types::{AttributeValue as Av, KeysAndAttributes};
 use serde::Serialize;
 
-use crate::apply::{retry_describe, ApplyError};
+use crate::apply::ApplyError;
+use crate::dynamo::retry::describe as retry_describe;
 use crate::spec::raw::{RawProjection, RawSpec};
 use crate::spec::{
     counter_storage, old_version_name, old_version_of, storage_generation, ProjectionId,

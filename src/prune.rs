@@ -32,8 +32,9 @@ use std::time::{Duration, Instant};
 use aws_sdk_dynamodb::types::{AttributeValue as Av, ReturnConsumedCapacity, Select};
 use serde::Serialize;
 
-use crate::apply::{retry_describe, ApplyError};
+use crate::apply::ApplyError;
 use crate::backfill::Pacer;
+use crate::dynamo::retry::describe as retry_describe;
 use crate::lifecycle::{now_ms, Registry, WITHOUT};
 use crate::record::ItemKey;
 use crate::spec::{ProjectionKind, Spec, COUNTER_MARKER_PREFIX, RECORDS_ATTRIBUTE};

@@ -80,7 +80,7 @@ pub async fn create_table(
     match request.send().await {
         Ok(_) => {}
         Err(error) => {
-            let text = crate::apply::retry_describe(&error);
+            let text = crate::dynamo::retry::describe(&error);
             if text.contains("ResourceInUseException")
                 || text.contains("already exists")
                 || text.contains("Table already")

@@ -27,9 +27,9 @@ use futures::stream::StreamExt;
 use super::ctx::Ctx;
 use super::dlq::now;
 use super::reads::{query_all, read_markers, read_sources, KeyQuery};
-use super::retry::{sdk, with_retries, ErrorClass, WriteError};
 use super::writes::{av, Expr};
 use crate::decode::DecodeProblem;
+use crate::dynamo::retry::{sdk, with_retries, ErrorClass, WriteError};
 use crate::invariant::{
     check_partition, check_unique, keep_latest, scope_prefix, unique_value, violation_pk,
     RepairWrite, Violation,

@@ -22,9 +22,9 @@ use aws_sdk_dynamodb::types::AttributeValue as Av;
 use aws_smithy_types::date_time::Format;
 use serde::Serialize;
 
-use super::retry::{sdk, with_retries, WriteError};
 use super::{Applier, ApplyError, BatchOptions, RecordStatus};
 use crate::decode::decode_lambda_record;
+use crate::dynamo::retry::{sdk, with_retries, WriteError};
 use crate::record::{ChangeRecord, ItemKey};
 use crate::spec::{ProjectionId, RESERVED_PREFIX};
 
@@ -496,7 +496,7 @@ impl DeadLetterStore {
                     match request.send().await {
                         Ok(_) => Ok(true),
                         Err(error) => match sdk(error) {
-                            (super::retry::ErrorClass::Conditional, _) => Ok(false),
+                            (crate::dynamo::retry::ErrorClass::Conditional, _) => Ok(false),
                             other => Err(other),
                         },
                     }

@@ -36,9 +36,9 @@ use aws_sdk_dynamodb::types::{
 use futures::stream::StreamExt;
 
 use super::ctx::Ctx;
-use super::retry::{classify_code, sdk, ErrorClass, WriteError};
 use super::writes::{av, Expr, COUNT_ATTRIBUTE};
 use crate::decode::item_from_sdk;
+use crate::dynamo::retry::{classify_code, sdk, ErrorClass, WriteError};
 use crate::plan::{CounterShard, Effect, MarkerState, Op, SourceGuard};
 use crate::record::{AttributeValue, Item, ItemKey};
 use crate::spec::{values_equal, ProjectionKind, Spec, RECORDS_ATTRIBUTE};
@@ -665,7 +665,7 @@ pub(crate) async fn write_markers(
     }
 
     let deadline = tokio::time::Instant::now() + ctx.config.max_retry_time;
-    let mut policy = super::retry::policy(ctx.config.max_retry_time);
+    let mut policy = crate::dynamo::retry::policy(ctx.config.max_retry_time);
     let mut rounds = vec![0usize; changes.len()];
     // Changes whose transaction DynamoDB refused as a whole are sent alone
     // next, to find the one it refuses.

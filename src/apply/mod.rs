@@ -25,13 +25,13 @@ mod dlq;
 mod markers;
 mod reader;
 mod reads;
-pub(crate) mod retry;
 mod writes;
 
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::time::Duration;
 
+pub use crate::dynamo::retry::{classify, describe as retry_describe, ErrorClass};
 pub use check::{CheckStats, RecordedViolation};
 pub use ctx::Requests;
 pub use dlq::{
@@ -39,11 +39,10 @@ pub use dlq::{
 };
 pub use markers::CHANGES_ATTRIBUTE;
 pub(crate) use markers::{marker_change, records_of};
-pub use retry::{classify, describe as retry_describe, ErrorClass};
-pub(crate) use retry::{sdk, with_retries};
 pub use writes::COUNT_ATTRIBUTE;
 
 use crate::decode::DecodeProblem;
+use crate::dynamo::retry::WriteError;
 use crate::plan::plan_record;
 use crate::record::{ChangeRecord, ItemKey};
 use crate::spec::{ProjectionId, Spec};
@@ -234,7 +233,7 @@ pub struct Applier {
 /// Which records one coalesced write stands for, and its outcome.
 struct Written {
     group: coalesce::Group,
-    result: Result<(), retry::WriteError>,
+    result: Result<(), WriteError>,
 }
 
 impl Applier {
@@ -498,7 +497,7 @@ impl Applier {
                 // DynamoDB kept failing (throttling, 5xx): nothing is
                 // written, and the whole batch is delivered again. Only a
                 // wrong configuration fails the batch as a whole.
-                Err(retry::WriteError::Transient(message)) => {
+                Err(WriteError::Transient(message)) => {
                     let reason = format!("reading the holds failed: {message}");
                     return Ok(all_failed(reason, n, n_effects, &ctx));
                 }
@@ -615,12 +614,12 @@ impl Applier {
         for Written { group, result } in written {
             match result {
                 Ok(()) => {}
-                Err(retry::WriteError::Transient(message)) => {
+                Err(WriteError::Transient(message)) => {
                     for &i in &group.contributors {
                         failed[i].get_or_insert_with(|| message.clone());
                     }
                 }
-                Err(retry::WriteError::Poison(message)) => {
+                Err(WriteError::Poison(message)) => {
                     // The write of the last state failed for good: the record
                     // that planned it is the poison one; earlier states were
                     // superseded by it.
@@ -639,7 +638,7 @@ impl Applier {
                         ));
                     }
                 }
-                Err(retry::WriteError::Fatal(message)) => return Err(fatal(message)),
+                Err(WriteError::Fatal(message)) => return Err(fatal(message)),
             }
         }
 
@@ -649,7 +648,7 @@ impl Applier {
                 let only: Vec<DeadLetter> = letters.iter().map(|(_, l)| l.clone()).collect();
                 store.put(&only, self.config.max_retry_time).await
             } else {
-                Err(retry::WriteError::Transient(
+                Err(WriteError::Transient(
                     "dead letters are disabled".to_string(),
                 ))
             };
@@ -851,7 +850,7 @@ impl Applier {
                 .into_iter()
                 .map(|group| Written {
                     group,
-                    result: Err(retry::WriteError::Transient(
+                    result: Err(WriteError::Transient(
                         "the invocation's deadline is near".to_string(),
                     )),
                 })
@@ -883,7 +882,7 @@ impl Applier {
                 Op::SetAttributes { .. } | Op::Recompute { .. } => singles.push(index),
             }
         }
-        let mut results: Vec<Option<Result<(), retry::WriteError>>> = vec![None; groups.len()];
+        let mut results: Vec<Option<Result<(), WriteError>>> = vec![None; groups.len()];
 
         let member_writes = async {
             let changes: Vec<markers::MarkerChange<'_>> = members

@@ -6,9 +6,9 @@ use std::collections::HashMap;
 use aws_sdk_dynamodb::types::{AttributeValue as Av, ReturnConsumedCapacity};
 
 use super::ctx::Ctx;
-use super::retry::{sdk, with_retries, WriteError};
 use super::writes::Expr;
 use crate::decode::item_from_sdk;
+use crate::dynamo::retry::{sdk, with_retries, WriteError};
 use crate::plan::SourceQuery;
 use crate::record::{Item, ItemKey};
 

@@ -6,8 +6,8 @@ use aws_sdk_dynamodb::types::{
     AttributeValue as Av, DeleteRequest, PutRequest, ReturnConsumedCapacity, WriteRequest,
 };
 
-use super::retry::{sdk, with_retries, ErrorClass, WriteError};
 use crate::decode::item_from_sdk;
+use crate::dynamo::retry::{sdk, with_retries, ErrorClass, WriteError};
 use crate::plan::Sources;
 use crate::record::{AttributeValue, Item, ItemKey};
 use crate::spec::{values_equal, ProjectionId};

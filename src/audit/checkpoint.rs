@@ -597,7 +597,7 @@ pub(crate) async fn put(
         Err(error) => Err(table_error(
             applier,
             &format!("writing the audit item `{sk}`"),
-            crate::apply::retry_describe(&error),
+            crate::dynamo::retry::describe(&error),
         )),
     }
 }
@@ -619,7 +619,7 @@ pub(crate) async fn set_logged(applier: &Applier, run: &str) -> Result<(), Apply
             table_error(
                 applier,
                 &format!("writing the audit item `{sk}`"),
-                crate::apply::retry_describe(&e),
+                crate::dynamo::retry::describe(&e),
             )
         })?;
     Ok(())
@@ -642,7 +642,7 @@ pub(crate) async fn get(
             table_error(
                 applier,
                 &format!("reading the audit item `{sk}`"),
-                crate::apply::retry_describe(&e),
+                crate::dynamo::retry::describe(&e),
             )
         })?;
     Ok(output.item)
@@ -1029,7 +1029,7 @@ pub(crate) async fn sweep(applier: &Applier, run: &str) -> Result<usize, ApplyEr
                 table_error(
                     applier,
                     &format!("listing the items of the audit run `{run}`"),
-                    crate::apply::retry_describe(&e),
+                    crate::dynamo::retry::describe(&e),
                 )
             })?;
         let keys: Vec<ItemKey> = page
@@ -1092,7 +1092,7 @@ pub(crate) async fn delete(applier: &Applier, keys: &[ItemKey]) -> Result<(), Ap
                     table_error(
                         applier,
                         "deleting the audit's items",
-                        crate::apply::retry_describe(&e),
+                        crate::dynamo::retry::describe(&e),
                     )
                 })?;
             if let Some(left) = output

@@ -770,7 +770,7 @@ async fn clear_resolved(
 ) -> Result<usize, ApplyError> {
     let spec = applier.spec();
     let reader = applier.reader();
-    let fatal = |error: crate::apply::retry::WriteError| ApplyError::Fatal {
+    let fatal = |error: crate::dynamo::retry::WriteError| ApplyError::Fatal {
         table: applier.table().to_string(),
         message: format!("re-checking a recorded violation failed: {error}"),
     };

@@ -22,8 +22,8 @@ use super::derive::{check_marker, index_keys, marker_reads, memberships, recompu
 use super::scan::{classify, Scanned};
 use super::sketch::Sketch;
 use super::Finding;
-use crate::apply::retry::WriteError;
 use crate::apply::{Applier, ApplyError};
+use crate::dynamo::retry::WriteError;
 use crate::invariant::{check_partition, check_unique, unique_value, Violation};
 use crate::plan::Op;
 use crate::record::{Item, ItemKey};

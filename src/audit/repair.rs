@@ -227,7 +227,7 @@ async fn get_shard(
         .return_consumed_capacity(ReturnConsumedCapacity::Total)
         .send()
         .await
-        .map_err(|e| crate::apply::retry_describe(&e))
+        .map_err(|e| crate::dynamo::retry::describe(&e))
 }
 
 /// A shard's count and how many transactions moved it.
@@ -370,7 +370,7 @@ pub(super) async fn settle(
             }
             Err(error) => Err(format!(
                 "shard {shard} changed while repairing; run the audit again ({})",
-                crate::apply::retry_describe(&error)
+                crate::dynamo::retry::describe(&error)
             )),
         };
         outcome.insert(shard.clone(), result);
@@ -425,13 +425,13 @@ pub(super) async fn count_records(
             .set_exclusive_start_key(start.clone())
             .return_consumed_capacity(ReturnConsumedCapacity::Total);
         let retries = AtomicU64::new(0);
-        let page = crate::apply::with_retries(
+        let page = crate::dynamo::retry::with_retries(
             "audit_recount",
             std::time::Duration::from_secs(60),
             &retries,
             || {
                 let request = request.clone();
-                async move { request.send().await.map_err(crate::apply::sdk) }
+                async move { request.send().await.map_err(crate::dynamo::retry::sdk) }
             },
         )
         .await

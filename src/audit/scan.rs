@@ -220,13 +220,13 @@ impl Pages {
             .set_exclusive_start_key(self.start.clone())
             .return_consumed_capacity(ReturnConsumedCapacity::Total);
         let retries = AtomicU64::new(0);
-        let page = crate::apply::with_retries(
+        let page = crate::dynamo::retry::with_retries(
             "audit_scan",
             std::time::Duration::from_secs(60),
             &retries,
             || {
                 let request = request.clone();
-                async move { request.send().await.map_err(crate::apply::sdk) }
+                async move { request.send().await.map_err(crate::dynamo::retry::sdk) }
             },
         )
         .await

@@ -95,7 +95,7 @@ pub struct Waited {
 /// `key`, as it is now, is in place (see the module docs).
 pub async fn check(applier: &Applier, key: &ItemKey) -> Result<Status, ApplyError> {
     let spec = applier.spec();
-    let fatal = |what: &str, error: crate::apply::retry::WriteError| ApplyError::Fatal {
+    let fatal = |what: &str, error: crate::dynamo::retry::WriteError| ApplyError::Fatal {
         table: applier.table().to_string(),
         message: format!("{what}: {error}"),
     };

@@ -549,7 +549,7 @@ impl Run<'_> {
             .map_err(|e| {
                 self.fatal(format!(
                     "reading backfill progress: {}",
-                    crate::apply::retry_describe(&e)
+                    crate::dynamo::retry::describe(&e)
                 ))
             })?;
         let Some(item) = output.item() else {
@@ -602,13 +602,13 @@ impl Run<'_> {
                 Ok(_) => return Ok(()),
                 Err(error) if attempt < 8 => {
                     attempt += 1;
-                    tracing::debug!(error = %crate::apply::retry_describe(&error), "retrying a progress write");
+                    tracing::debug!(error = %crate::dynamo::retry::describe(&error), "retrying a progress write");
                     tokio::time::sleep(Duration::from_millis(50 << attempt)).await;
                 }
                 Err(error) => {
                     return Err(self.fatal(format!(
                         "saving backfill progress: {}",
-                        crate::apply::retry_describe(&error)
+                        crate::dynamo::retry::describe(&error)
                     )))
                 }
             }
@@ -727,8 +727,8 @@ impl Run<'_> {
         loop {
             match scan.clone().send().await {
                 Ok(page) => return Ok(page),
-                Err(error) => match crate::apply::classify(&error) {
-                    crate::apply::ErrorClass::Retry(reason) if attempt < 10 => {
+                Err(error) => match crate::dynamo::retry::classify(&error) {
+                    crate::dynamo::retry::ErrorClass::Retry(reason) if attempt < 10 => {
                         attempt += 1;
                         metrics::counter!("projector_retries_total", "operation" => "scan", "reason" => reason)
                             .increment(1);
@@ -737,7 +737,7 @@ impl Run<'_> {
                     _ => {
                         return Err(self.fatal(format!(
                             "scan failed: {}",
-                            crate::apply::retry_describe(&error)
+                            crate::dynamo::retry::describe(&error)
                         )))
                     }
                 },

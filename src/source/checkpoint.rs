@@ -42,7 +42,7 @@ use aws_sdk_dynamodb::error::ProvideErrorMetadata;
 use aws_sdk_dynamodb::types::AttributeValue as Av;
 use aws_smithy_types::date_time::Format;
 
-use crate::apply::{classify, retry_describe, ErrorClass};
+use crate::dynamo::retry::{classify, describe as retry_describe, ErrorClass};
 use crate::record::SequenceNumber;
 use crate::spec::{Spec, RESERVED_PREFIX};
 
@@ -412,7 +412,7 @@ where
         Output = Result<T, aws_smithy_runtime_api::client::result::SdkError<E, R>>,
     >,
 {
-    let policy = crate::apply::retry::slow_policy(Some(MAX_RETRY));
+    let policy = crate::dynamo::retry::slow_policy(Some(MAX_RETRY));
     backoff::future::retry_notify(
         policy,
         || {

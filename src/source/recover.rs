@@ -41,11 +41,9 @@ use aws_sdk_dynamodbstreams::types::{Record, ShardIteratorType};
 use backoff::backoff::Backoff;
 use serde::Serialize;
 
-use crate::apply::retry::slow_policy;
-use crate::apply::{
-    classify, retry_describe, Applier, ApplyError, BatchOptions, ErrorClass, RecordStatus,
-};
+use crate::apply::{Applier, ApplyError, BatchOptions, RecordStatus};
 use crate::decode::decode_stream_record;
+use crate::dynamo::retry::{classify, describe as retry_describe, slow_policy, ErrorClass};
 use crate::record::{ItemKey, SequenceNumber};
 
 /// Where a failed batch was, as Lambda's failure message says.

@@ -35,7 +35,8 @@ use serde::Serialize;
 use tokio::sync::watch;
 
 use super::checkpoint::{CheckpointError, CheckpointStore};
-use crate::apply::{classify, retry_describe, Applier, ApplyError, BatchOptions, ErrorClass};
+use crate::apply::{Applier, ApplyError, BatchOptions};
+use crate::dynamo::retry::{classify, describe as retry_describe, ErrorClass};
 use crate::plan::Skip;
 use crate::record::SequenceNumber;
 use crate::spec::ProjectionId;
@@ -407,7 +408,7 @@ impl Shared {
     async fn list_shards(&self) -> Result<Vec<ShardInfo>, RunErrorKind> {
         let mut shards = Vec::new();
         let mut start: Option<String> = None;
-        let mut backoff = crate::apply::retry::slow_policy(Some(Duration::from_secs(60)));
+        let mut backoff = crate::dynamo::retry::slow_policy(Some(Duration::from_secs(60)));
         loop {
             let result = self
                 .streams
@@ -478,7 +479,7 @@ impl Shared {
         run: &ShardRun,
         stop: &mut watch::Receiver<bool>,
     ) -> Result<Option<String>, RunErrorKind> {
-        let mut backoff = crate::apply::retry::slow_policy(None);
+        let mut backoff = crate::dynamo::retry::slow_policy(None);
         loop {
             let mut request = self
                 .streams
@@ -535,7 +536,7 @@ impl Shared {
                 _ => {
                     let wait = backoff
                         .next_backoff()
-                        .unwrap_or(crate::apply::retry::SLOW_MAX_WAIT);
+                        .unwrap_or(crate::dynamo::retry::SLOW_MAX_WAIT);
                     tracing::warn!(shard = %run.shard_id, error = %retry_describe(&error), wait_ms = wait.as_millis() as u64, "GetShardIterator failed; retrying");
                     if sleep_or_stop(stop, wait).await {
                         return Ok(None);

@@ -8,8 +8,9 @@ use aws_sdk_dynamodbstreams::types::Record;
 use backoff::backoff::Backoff;
 use tokio::sync::watch;
 
-use crate::apply::{classify, retry_describe, ErrorClass, RecordStatus};
+use crate::apply::RecordStatus;
 use crate::decode::decode_stream_record;
+use crate::dynamo::retry::{classify, describe as retry_describe, ErrorClass};
 use crate::record::SequenceNumber;
 use crate::source::checkpoint::{Checkpoint, CheckpointError};
 
@@ -34,8 +35,8 @@ async fn walk(
     let options = &shared.options;
     let mut iterator: Option<String> = None;
     let mut empty_pages = 0u32;
-    let mut failures = crate::apply::retry::slow_policy(None);
-    let mut read_errors = crate::apply::retry::slow_policy(None);
+    let mut failures = crate::dynamo::retry::slow_policy(None);
+    let mut read_errors = crate::dynamo::retry::slow_policy(None);
     // The next page, read while the last one's checkpoint was written.
     let mut read_ahead: Option<(String, GetRecordsResult)> = None;
     loop {
@@ -80,7 +81,7 @@ async fn walk(
                     // from where it is now.
                     let wait = read_errors
                         .next_backoff()
-                        .unwrap_or(crate::apply::retry::SLOW_MAX_WAIT);
+                        .unwrap_or(crate::dynamo::retry::SLOW_MAX_WAIT);
                     if sleep_or_stop(stop, wait).await {
                         return Ok(ShardExit::Stopped);
                     }
@@ -97,7 +98,7 @@ async fn walk(
                     _ => {
                         let wait = read_errors
                             .next_backoff()
-                            .unwrap_or(crate::apply::retry::SLOW_MAX_WAIT);
+                            .unwrap_or(crate::dynamo::retry::SLOW_MAX_WAIT);
                         tracing::warn!(shard = %run.shard_id, error = %retry_describe(&error), wait_ms = wait.as_millis() as u64, "GetRecords failed; retrying");
                         if sleep_or_stop(stop, wait).await {
                             return Ok(ShardExit::Stopped);
@@ -147,7 +148,7 @@ async fn walk(
         if !handled_all {
             let wait = failures
                 .next_backoff()
-                .unwrap_or(crate::apply::retry::SLOW_MAX_WAIT);
+                .unwrap_or(crate::dynamo::retry::SLOW_MAX_WAIT);
             shared.summary.lock().expect("summary lock").rereads += 1;
             metrics::counter!("projector_stream_rereads_total").increment(1);
             if sleep_or_stop(stop, wait).await {

@@ -1,0 +1,9 @@
+//! DynamoDB access, the floor every module that talks to AWS stands on.
+//!
+//! - [`retry`]: the classification of SDK errors and every retry and
+//!   backoff policy.
+//!
+//! **Architecture Invariant:** `dynamo` imports nothing of the crate but
+//! `record`: every room above may use it, and it knows none of them.
+
+pub mod retry;
