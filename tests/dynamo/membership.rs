@@ -624,7 +624,7 @@ copy = {{ label = "{{label}}" }}
     assert_eq!(live.counter(&spec, "followers", "b").await, 1);
 }
 
-/// The upgrade path the README gives: a table an older build left (reverse
+/// The upgrade path docs/lifecycle.md gives: a table an older build left (reverse
 /// edges without records, shards counting them) is exact after a backfill
 /// of every counter and one `audit --repair`.
 #[tokio::test]
