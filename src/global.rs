@@ -17,7 +17,7 @@
 //! and the home region it was given (`--home-region`,
 //! `PROJECTOR_HOME_REGION`, the template's `HomeRegion`).
 
-use crate::aws::TableInfo;
+use crate::dynamo::client::TableInfo;
 use crate::spec::{ProjectionKind, Spec};
 
 /// The environment variable naming the home region.
@@ -331,7 +331,7 @@ pub async fn standing(
     configured: Option<&str>,
     writers: Writers,
 ) -> Result<Standing, String> {
-    let info = crate::aws::describe_table(client, table)
+    let info = crate::dynamo::client::describe_table(client, table)
         .await
         .map_err(|error| format!("{error:#}"))?;
     let recorded = match info.replicas.is_empty() {

@@ -18,8 +18,9 @@
 //!   EMF metrics) and the event source mapping filters the spec implies.
 //! - [`backfill`]: parallel, resumable, rate-limited scans through the same
 //!   planner and applier.
-//! - [`aws`], [`table`], [`counter`]: SDK configuration, table creation,
-//!   counter reads.
+//! - [`dynamo`]: DynamoDB access, the floor under every module that talks
+//!   to AWS: client set-up, error classes and every retry policy.
+//! - [`table`], [`counter`]: table creation, counter reads.
 //! - [`global`]: on a global table, which region projects.
 //! - [`cli`] and `main.rs`: the `ddb-projector` command line.
 //!
@@ -28,7 +29,6 @@
 
 pub mod apply;
 pub mod audit;
-pub mod aws;
 pub mod backfill;
 pub mod cli;
 pub mod counter;

@@ -64,7 +64,7 @@ async fn applier(target: &Target, writes: Option<&str>) -> anyhow::Result<Option
     match writes {
         Some(verb) => super::require_home(&c, target, verb).await?,
         None => {
-            crate::aws::describe_table(&c.dynamodb, &c.table).await?;
+            crate::dynamo::client::describe_table(&c.dynamodb, &c.table).await?;
         }
     }
     Ok(Some(Applier::new(

@@ -48,7 +48,7 @@ pub async fn status(target: Target, format: OutputFormat) -> anyhow::Result<Exit
         Ok(c) => c,
         Err(result) => return result,
     };
-    crate::aws::describe_table(&c.dynamodb, &c.table).await?;
+    crate::dynamo::client::describe_table(&c.dynamodb, &c.table).await?;
     let registry = Registry::new(c.dynamodb.clone(), &c.table, &c.spec.table);
     let snapshot = registry.snapshot(&c.spec).await?;
     let applier = Applier::new(
@@ -226,7 +226,7 @@ pub async fn backfill(target: Target, args: BackfillArgs) -> anyhow::Result<Exit
         Err(result) => return result,
     };
     if args.dry_run {
-        crate::aws::describe_table(&c.dynamodb, &c.table).await?;
+        crate::dynamo::client::describe_table(&c.dynamodb, &c.table).await?;
     } else {
         super::require_home(&c, &target, "backfill").await?;
     }
@@ -413,7 +413,7 @@ pub async fn prune(
         Err(result) => return result,
     };
     if options.dry_run {
-        crate::aws::describe_table(&c.dynamodb, &c.table).await?;
+        crate::dynamo::client::describe_table(&c.dynamodb, &c.table).await?;
     } else {
         super::require_home(&c, &target, "prune").await?;
     }

@@ -642,11 +642,11 @@ pub async fn connect(target: &Target) -> Result<Connection, anyhow::Result<ExitC
         .table
         .clone()
         .unwrap_or_else(|| spec.table.name.clone());
-    let config = match crate::aws::load_config().await {
+    let config = match crate::dynamo::client::load_config().await {
         Ok(config) => config,
         Err(error) => return Err(Err(error)),
     };
-    let dynamodb = crate::aws::dynamodb(&config);
+    let dynamodb = crate::dynamo::client::dynamodb(&config);
     // A changed counter is built beside the version readers read, which
     // every writer keeps current meanwhile (see `lifecycle::layout`).
     let registry = crate::lifecycle::Registry::new(dynamodb.clone(), &table, &spec.table);

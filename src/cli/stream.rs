@@ -89,7 +89,7 @@ pub async fn failover(target: Target, to: String, segments: u32) -> anyhow::Resu
             }
         );
     }
-    let info = crate::aws::describe_table(&c.dynamodb, &c.table).await?;
+    let info = crate::dynamo::client::describe_table(&c.dynamodb, &c.table).await?;
     if info.replicas.is_empty() {
         bail!(
             "table `{}` is not a global table (DescribeTable lists no replicas): there is no other \
@@ -190,7 +190,7 @@ pub async fn recover(
     );
     let recovery = Recovery::new(
         applier,
-        crate::aws::streams(&c.config),
+        crate::dynamo::client::streams(&c.config),
         aws_sdk_sqs::Client::new(&c.config),
         &queue_url,
     );
@@ -253,7 +253,7 @@ async fn run_stream(
             ),
         }
     }
-    let (stream_arn, _) = crate::aws::require_stream(&c.dynamodb, &c.table).await?;
+    let (stream_arn, _) = crate::dynamo::client::require_stream(&c.dynamodb, &c.table).await?;
     // `run` consumes the stream for the whole spec; `replay` does not.
     let consumer = options.checkpoints && options.selection.is_none();
     tracing::info!(table = %c.table, stream = %stream_arn, drain = options.drain, checkpoints = options.checkpoints, "starting");
@@ -284,7 +284,11 @@ async fn run_stream(
                 ..c.apply_config()
             },
         );
-        let runner = StreamRunner::new(applier, crate::aws::streams(&c.config), &stream_arn);
+        let runner = StreamRunner::new(
+            applier,
+            crate::dynamo::client::streams(&c.config),
+            &stream_arn,
+        );
         // Once per lease period, the counters' layout is read again: when
         // a rebuilt counter's backfill completes, the runner stops after
         // its batches in flight and goes on from its checkpoints with the

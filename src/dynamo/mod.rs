@@ -1,9 +1,12 @@
 //! DynamoDB access, the floor every module that talks to AWS stands on.
 //!
+//! - [`client`]: SDK configuration, clients, and the table checks every
+//!   online command starts with.
 //! - [`retry`]: the classification of SDK errors and every retry and
 //!   backoff policy.
 //!
 //! **Architecture Invariant:** `dynamo` imports nothing of the crate but
 //! `record`: every room above may use it, and it knows none of them.
 
+pub mod client;
 pub mod retry;

@@ -200,21 +200,12 @@ async fn init() -> Result<Handler, InitError> {
             }])));
         }
     }
-    let config = crate::aws::load_config()
+    let config = crate::dynamo::client::load_config()
         .await
         .map_err(|error| InitError::Aws(format!("{error:#}")))?;
     // The applier retries every call itself, bounded by the invocation's
-    // deadline; the SDK's own retries (three attempts, backoff of seconds)
-    // would not see the deadline, so they are cut to one quick retry.
-    let client = aws_sdk_dynamodb::Client::from_conf(
-        aws_sdk_dynamodb::config::Builder::from(&config)
-            .retry_config(
-                aws_sdk_dynamodb::config::retry::RetryConfig::standard()
-                    .with_max_attempts(2)
-                    .with_initial_backoff(Duration::from_millis(20)),
-            )
-            .build(),
-    );
+    // deadline.
+    let client = crate::dynamo::client::dynamodb_within_deadline(&config);
     // On a global table, which region projects (see `crate::global`):
     // refused here when the table is known and has no usable home region;
     // a table named by each event is checked when first seen.

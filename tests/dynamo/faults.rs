@@ -747,7 +747,7 @@ async fn the_stream_runner_drains_a_faulty_table_exactly_and_checkpoints_past_it
     // The production retry settings of the SDK on DynamoDB, faults on both
     // DynamoDB and DynamoDB Streams.
     let faults = Faults::new(seed ^ 0x5757, rate());
-    let (arn, _) = ddb_projector::aws::require_stream(&clean, &table)
+    let (arn, _) = ddb_projector::dynamo::client::require_stream(&clean, &table)
         .await
         .expect("the table has a stream");
     let runner = StreamRunner::new(

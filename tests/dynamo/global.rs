@@ -330,7 +330,7 @@ shards = 2
 
 /// A runner of `spec` in `region`, with short leases and polls.
 async fn region_runner(region: &Region, spec: Arc<Spec>) -> StreamRunner {
-    let (arn, _) = ddb_projector::aws::require_stream(&region.client, &region.table)
+    let (arn, _) = ddb_projector::dynamo::client::require_stream(&region.client, &region.table)
         .await
         .expect("the table has a stream");
     let config = ApplyConfig {

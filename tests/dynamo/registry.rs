@@ -459,7 +459,7 @@ async fn consumer_runner(
     consumer: &str,
 ) -> ddb_projector::source::StreamRunner {
     let client = support::client().await;
-    let (arn, _) = ddb_projector::aws::require_stream(&client, table)
+    let (arn, _) = ddb_projector::dynamo::client::require_stream(&client, table)
         .await
         .expect("the table has a stream");
     let config = ApplyConfig {

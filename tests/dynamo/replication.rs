@@ -288,7 +288,7 @@ async fn replicate_until_stopped(regions: &[Region; 2], shared: &Shared) -> Resu
         .collect();
     let mut arns = Vec::new();
     for region in regions {
-        let (arn, _) = ddb_projector::aws::require_stream(&region.client, &region.table)
+        let (arn, _) = ddb_projector::dynamo::client::require_stream(&region.client, &region.table)
             .await
             .map_err(|e| format!("{}: {e:#}", region.name))?;
         arns.push(arn);

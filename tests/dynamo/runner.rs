@@ -75,7 +75,7 @@ fn summary_value(stderr: &str, name: &str) -> f64 {
 
 /// A runner over the library API.
 async fn runner(client: &aws_sdk_dynamodb::Client, spec: Arc<Spec>, table: &str) -> StreamRunner {
-    let (arn, _) = ddb_projector::aws::require_stream(client, table)
+    let (arn, _) = ddb_projector::dynamo::client::require_stream(client, table)
         .await
         .expect("the table has a stream");
     let streams = aws_sdk_dynamodbstreams::Client::new(&support::sdk_config().await);

@@ -14,7 +14,7 @@ async fn creates_the_table_with_stream_and_indexes_and_accepts_it_again() {
         create_table(&client, &spec, &table).await.unwrap(),
         Created::Created
     );
-    let info = ddb_projector::aws::describe_table(&client, &table)
+    let info = ddb_projector::dynamo::client::describe_table(&client, &table)
         .await
         .unwrap();
     assert!(info.stream_arn.is_some());
@@ -72,7 +72,7 @@ async fn an_existing_table_of_another_shape_is_a_clear_error() {
 #[tokio::test]
 async fn a_missing_table_is_named_in_the_error() {
     let client = support::client().await;
-    let error = ddb_projector::aws::describe_table(&client, "no-such-table-xyz")
+    let error = ddb_projector::dynamo::client::describe_table(&client, "no-such-table-xyz")
         .await
         .unwrap_err()
         .to_string();

@@ -16,7 +16,7 @@ use super::oracle;
 use super::support::{self, s};
 
 async fn runner(applier: &Applier) -> StreamRunner {
-    let (arn, _) = ddb_projector::aws::require_stream(applier.client(), applier.table())
+    let (arn, _) = ddb_projector::dynamo::client::require_stream(applier.client(), applier.table())
         .await
         .expect("the table has a stream");
     StreamRunner::new(

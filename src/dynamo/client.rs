@@ -35,6 +35,21 @@ pub fn dynamodb(config: &SdkConfig) -> aws_sdk_dynamodb::Client {
     aws_sdk_dynamodb::Client::new(config)
 }
 
+/// A DynamoDB client for a caller that retries every call itself within a
+/// deadline (the Lambda): the SDK's own retries (three attempts, backoff of
+/// seconds) would not see the deadline, so they are cut to one quick retry.
+pub fn dynamodb_within_deadline(config: &SdkConfig) -> aws_sdk_dynamodb::Client {
+    aws_sdk_dynamodb::Client::from_conf(
+        aws_sdk_dynamodb::config::Builder::from(config)
+            .retry_config(
+                aws_sdk_dynamodb::config::retry::RetryConfig::standard()
+                    .with_max_attempts(2)
+                    .with_initial_backoff(Duration::from_millis(20)),
+            )
+            .build(),
+    )
+}
+
 /// A DynamoDB Streams client for `config`.
 pub fn streams(config: &SdkConfig) -> aws_sdk_dynamodbstreams::Client {
     aws_sdk_dynamodbstreams::Client::new(config)
