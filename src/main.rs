@@ -26,7 +26,7 @@ fn main() -> ExitCode {
 /// a batch's JSON) come from the heap and their pages stay with the process
 /// once freed. A fixed threshold (glibc's starting 128 KiB) keeps them
 /// mmapped, returned to the system when freed: peak memory on a
-/// 10,000-record Lambda batch goes from 42.6 to 34.0 MB (README).
+/// 10,000-record Lambda batch goes from 42.6 to 34.0 MB (docs/performance.md).
 #[cfg(all(target_os = "linux", target_env = "gnu"))]
 fn fix_mmap_threshold() {
     use std::ffi::c_int;
