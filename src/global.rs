@@ -305,7 +305,7 @@ pub fn home_unavailable(table: &TableInfo, home: &str) -> Option<String> {
     Some(format!(
         "the home region {home}'s replica of table `{}` is {status}, not ACTIVE: derived data \
          in every region waits for it. If the region is lost, fail over: `ddb-projector \
-         failover --to REGION` in another region (see README.md#global-tables)",
+         failover --to REGION` in another region (see docs/global-tables.md)",
         table.name
     ))
 }

@@ -373,7 +373,7 @@ pub struct Target {
     #[arg(long)]
     pub table: Option<String>,
     /// On a global table, the one region whose worker projects; commands
-    /// that write run there only (see `README.md#global-tables`).
+    /// that write run there only (see `docs/global-tables.md`).
     #[arg(long, env = "PROJECTOR_HOME_REGION")]
     pub home_region: Option<String>,
     /// On a global table, the writers write the items projections write

@@ -69,7 +69,7 @@ pub async fn replay(target: Target, projections: Vec<String>) -> anyhow::Result<
 }
 
 /// `failover --to REGION`: this region becomes the home region of a
-/// global table (see `README.md#global-tables`): its whole retained
+/// global table (see `docs/global-tables.md`): its whole retained
 /// stream replayed, then `audit --repair`, then the steps left to the
 /// operator printed.
 pub async fn failover(target: Target, to: String, segments: u32) -> anyhow::Result<ExitCode> {
