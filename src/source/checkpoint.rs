@@ -42,7 +42,7 @@ use aws_sdk_dynamodb::error::ProvideErrorMetadata;
 use aws_sdk_dynamodb::types::AttributeValue as Av;
 use aws_smithy_types::date_time::Format;
 
-use crate::dynamo::retry::{classify, describe as retry_describe, ErrorClass};
+use crate::dynamo::retry::{describe as retry_describe, retry_request, ErrorClass, Retrier};
 use crate::record::SequenceNumber;
 use crate::spec::{Spec, RESERVED_PREFIX};
 
@@ -403,7 +403,7 @@ impl From<Failure> for CheckpointError {
 
 /// Sends a request with bounded, jittered retries for throttling, 5xx and
 /// network trouble.
-async fn retry<T, E, R, F, Fut>(operation: &'static str, mut send: F) -> Result<T, Failure>
+async fn retry<T, E, R, F, Fut>(operation: &'static str, send: F) -> Result<T, Failure>
 where
     E: ProvideErrorMetadata + std::error::Error + Send + Sync + 'static,
     R: std::fmt::Debug + Send + Sync + 'static,
@@ -412,34 +412,21 @@ where
         Output = Result<T, aws_smithy_runtime_api::client::result::SdkError<E, R>>,
     >,
 {
-    let policy = crate::dynamo::retry::slow_policy(Some(MAX_RETRY));
-    backoff::future::retry_notify(
-        policy,
-        || {
-            let attempt = send();
-            async move {
-                attempt.await.map_err(|error| match classify(&error) {
-                    ErrorClass::Retry(_) => backoff::Error::transient(Failure::Error(
-                        CheckpointError::Transient {
-                            operation,
-                            message: retry_describe(&error),
-                        },
-                    )),
-                    ErrorClass::Conditional => backoff::Error::permanent(Failure::Conditional),
-                    ErrorClass::Poison(message) | ErrorClass::Fatal(message) => {
-                        backoff::Error::permanent(Failure::Error(CheckpointError::Fatal {
-                            operation,
-                            message,
-                        }))
-                    }
-                })
-            }
-        },
-        |_failure: Failure, wait: Duration| {
-            metrics::counter!("projector_retries_total", "operation" => "checkpoint", "reason" => operation)
-                .increment(1);
-            tracing::debug!(operation, wait_ms = wait.as_millis() as u64, "retrying checkpoint");
-        },
-    )
+    let mut retrier = Retrier::slow(Some(MAX_RETRY));
+    retry_request(&mut retrier, send, |_reason, _error, wait| {
+        metrics::counter!("projector_retries_total", "operation" => "checkpoint", "reason" => operation)
+            .increment(1);
+        tracing::debug!(operation, wait_ms = wait.as_millis() as u64, "retrying checkpoint");
+    })
     .await
+    .map_err(|(class, error)| match class {
+        ErrorClass::Retry(_) => Failure::Error(CheckpointError::Transient {
+            operation,
+            message: retry_describe(&error),
+        }),
+        ErrorClass::Conditional => Failure::Conditional,
+        ErrorClass::Poison(message) | ErrorClass::Fatal(message) => {
+            Failure::Error(CheckpointError::Fatal { operation, message })
+        }
+    })
 }

@@ -37,13 +37,15 @@ use std::fmt;
 use std::io::IsTerminal;
 use std::time::{Duration, Instant};
 
+use aws_sdk_dynamodbstreams::error::{ProvideErrorMetadata, SdkError};
 use aws_sdk_dynamodbstreams::types::{Record, ShardIteratorType};
-use backoff::backoff::Backoff;
 use serde::Serialize;
 
 use crate::apply::{Applier, ApplyError, BatchOptions, RecordStatus};
 use crate::decode::decode_stream_record;
-use crate::dynamo::retry::{classify, describe as retry_describe, slow_policy, ErrorClass};
+use crate::dynamo::retry::{
+    describe as retry_describe, retry_request_unless, Retrier, STREAM_REQUEST_TIME,
+};
 use crate::record::{ItemKey, SequenceNumber};
 
 /// Where a failed batch was, as Lambda's failure message says.
@@ -771,7 +773,7 @@ impl Recovery {
             read_markers_first: true,
             ..BatchOptions::default()
         };
-        let mut backoff = slow_policy(Some(options.max_apply_time));
+        let mut retrier = Retrier::slow(Some(options.max_apply_time));
         while !batch.is_empty() {
             let outcome = self.applier.apply_batch(&batch, &batch_options).await?;
             let handled = outcome.first_failure().unwrap_or(batch.len());
@@ -790,16 +792,17 @@ impl Recovery {
                 other => format!("{other:?}"),
             };
             batch.drain(..handled);
-            match backoff.next_backoff() {
-                Some(wait) => {
+            let waited = retrier
+                .wait(|wait| {
                     tracing::warn!(
                         reason,
                         wait_ms = wait.as_millis() as u64,
                         "records of the range failed; retrying"
                     );
-                    tokio::time::sleep(wait).await;
-                }
-                None => return Ok(Some(reason)),
+                })
+                .await;
+            if !waited {
+                return Ok(Some(reason));
             }
         }
         Ok(None)
@@ -807,72 +810,78 @@ impl Recovery {
 
     /// Reads `batch`'s records from the stream, or says why it cannot.
     async fn read_range(&self, batch: &FailedBatch) -> Result<Range, RecoverError> {
-        let mut backoff = slow_policy(Some(Duration::from_secs(60)));
-        let iterator = loop {
-            let result = self
-                .streams
-                .get_shard_iterator()
-                .stream_arn(&batch.stream_arn)
-                .shard_id(&batch.shard_id)
-                .shard_iterator_type(ShardIteratorType::AtSequenceNumber)
-                .sequence_number(batch.start.as_str())
-                .send()
-                .await;
-            let error = match result {
-                Ok(output) => match output.shard_iterator() {
-                    Some(iterator) => break iterator.to_string(),
-                    None => return Ok(Range::Gone("the shard has no records left".to_string())),
-                },
-                Err(error) => error,
-            };
-            let service = error.as_service_error();
-            if service.is_some_and(|e| e.is_trimmed_data_access_exception()) {
-                return Ok(Range::Gone(
-                    "DynamoDB Streams keeps records for 24 hours and these were trimmed"
-                        .to_string(),
-                ));
-            }
-            if service.is_some_and(|e| e.is_resource_not_found_exception()) {
-                return Ok(Range::Gone(
-                    "the stream or the shard no longer exists (trimmed, or the stream was disabled)"
-                        .to_string(),
-                ));
-            }
-            if let Some(service) = service {
-                let message = service.meta().message().unwrap_or_default();
-                if service.meta().code() == Some("ValidationException")
-                    && message.contains("equence")
-                {
-                    return Ok(Range::Gone(format!(
-                        "the shard does not hold sequence number {} (`{message}`)",
-                        batch.start
-                    )));
+        let mut retrier = Retrier::slow(Some(STREAM_REQUEST_TIME));
+        let sent = retry_request_unless(
+            &mut retrier,
+            trimmed,
+            || {
+                self.streams
+                    .get_shard_iterator()
+                    .stream_arn(&batch.stream_arn)
+                    .shard_id(&batch.shard_id)
+                    .shard_iterator_type(ShardIteratorType::AtSequenceNumber)
+                    .sequence_number(batch.start.as_str())
+                    .send()
+            },
+            |_, _, _| {},
+        )
+        .await;
+        let iterator = match sent {
+            Ok(output) => match output.shard_iterator() {
+                Some(iterator) => iterator.to_string(),
+                None => return Ok(Range::Gone("the shard has no records left".to_string())),
+            },
+            Err((_, error)) => {
+                let service = error.as_service_error();
+                if service.is_some_and(|e| e.is_trimmed_data_access_exception()) {
+                    return Ok(Range::Gone(
+                        "DynamoDB Streams keeps records for 24 hours and these were trimmed"
+                            .to_string(),
+                    ));
                 }
-            }
-            match (classify(&error), backoff.next_backoff()) {
-                (ErrorClass::Retry(_), Some(wait)) => tokio::time::sleep(wait).await,
-                _ => {
-                    return Ok(Range::Incomplete(format!(
-                        "GetShardIterator failed: {}",
-                        retry_describe(&error)
-                    )))
+                if service.is_some_and(|e| e.is_resource_not_found_exception()) {
+                    return Ok(Range::Gone(
+                        "the stream or the shard no longer exists (trimmed, or the stream was disabled)"
+                            .to_string(),
+                    ));
                 }
+                if let Some(service) = service {
+                    let message = service.meta().message().unwrap_or_default();
+                    if service.meta().code() == Some("ValidationException")
+                        && message.contains("equence")
+                    {
+                        return Ok(Range::Gone(format!(
+                            "the shard does not hold sequence number {} (`{message}`)",
+                            batch.start
+                        )));
+                    }
+                }
+                return Ok(Range::Incomplete(format!(
+                    "GetShardIterator failed: {}",
+                    retry_describe(&error)
+                )));
             }
         };
         let mut records = Vec::new();
         let mut next = Some(iterator);
         let mut empty_pages = 0;
         while let Some(iterator) = next.take() {
-            let page = match self
-                .streams
-                .get_records()
-                .shard_iterator(&iterator)
-                .limit(super::stream::MAX_BATCH)
-                .send()
-                .await
-            {
+            let sent = retry_request_unless(
+                &mut retrier,
+                trimmed,
+                || {
+                    self.streams
+                        .get_records()
+                        .shard_iterator(&iterator)
+                        .limit(super::stream::MAX_BATCH)
+                        .send()
+                },
+                |_, _, _| {},
+            )
+            .await;
+            let page = match sent {
                 Ok(page) => page,
-                Err(error) => {
+                Err((_, error)) => {
                     if error
                         .as_service_error()
                         .is_some_and(|e| e.is_trimmed_data_access_exception())
@@ -881,24 +890,15 @@ impl Recovery {
                             "the range was trimmed while it was being read".to_string(),
                         ));
                     }
-                    match (classify(&error), backoff.next_backoff()) {
-                        (ErrorClass::Retry(_), Some(wait)) => {
-                            tokio::time::sleep(wait).await;
-                            next = Some(iterator);
-                            continue;
-                        }
-                        _ => {
-                            return Ok(Range::Incomplete(format!(
-                                "GetRecords failed after {} records of the range: {}",
-                                records.len(),
-                                retry_describe(&error)
-                            )))
-                        }
-                    }
+                    return Ok(Range::Incomplete(format!(
+                        "GetRecords failed after {} records of the range: {}",
+                        records.len(),
+                        retry_describe(&error)
+                    )));
                 }
             };
             // Each page gets the whole retry budget again.
-            backoff.reset();
+            retrier.reset();
             if page.records().is_empty() {
                 empty_pages += 1;
             } else {
@@ -952,6 +952,15 @@ impl Recovery {
             batch.end
         )))
     }
+}
+
+/// Whether a stream read failed because its records were trimmed: an
+/// answer (they are gone), never retried.
+fn trimmed<E: ProvideErrorMetadata, R>(error: &SdkError<E, R>) -> bool {
+    error
+        .as_service_error()
+        .and_then(ProvideErrorMetadata::code)
+        == Some("TrimmedDataAccessException")
 }
 
 fn progress_bar(progress: bool, total: Option<u64>) -> indicatif::ProgressBar {

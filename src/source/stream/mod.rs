@@ -30,13 +30,15 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use aws_sdk_dynamodbstreams::types::ShardIteratorType;
-use backoff::backoff::Backoff;
 use serde::Serialize;
 use tokio::sync::watch;
 
 use super::checkpoint::{CheckpointError, CheckpointStore};
 use crate::apply::{Applier, ApplyError, BatchOptions};
-use crate::dynamo::retry::{classify, describe as retry_describe, ErrorClass};
+use crate::dynamo::retry::{
+    classify, describe as retry_describe, retry_request, ErrorClass, Retrier, UntilStopped,
+    STREAM_REQUEST_TIME,
+};
 use crate::plan::Skip;
 use crate::record::SequenceNumber;
 use crate::spec::ProjectionId;
@@ -340,7 +342,6 @@ mod coordinator;
 mod shard;
 
 use coordinator::Coordinator;
-use shard::sleep_or_stop;
 
 /// What every shard task shares.
 struct Shared {
@@ -408,18 +409,25 @@ impl Shared {
     async fn list_shards(&self) -> Result<Vec<ShardInfo>, RunErrorKind> {
         let mut shards = Vec::new();
         let mut start: Option<String> = None;
-        let mut backoff = crate::dynamo::retry::slow_policy(Some(Duration::from_secs(60)));
+        let mut retrier = Retrier::slow(Some(STREAM_REQUEST_TIME));
         loop {
-            let result = self
-                .streams
-                .describe_stream()
-                .stream_arn(&self.stream_arn)
-                .set_exclusive_start_shard_id(start.clone())
-                .send()
-                .await;
-            let output = match result {
+            let sent = retry_request(
+                &mut retrier,
+                || {
+                    self.streams
+                        .describe_stream()
+                        .stream_arn(&self.stream_arn)
+                        .set_exclusive_start_shard_id(start.clone())
+                        .send()
+                },
+                |reason, error, wait| {
+                    tracing::warn!(reason, error = %retry_describe(error), wait_ms = wait.as_millis() as u64, "listing shards failed; retrying");
+                },
+            )
+            .await;
+            let output = match sent {
                 Ok(output) => output,
-                Err(error) => {
+                Err((_, error)) => {
                     if error
                         .as_service_error()
                         .is_some_and(|e| e.is_resource_not_found_exception())
@@ -430,23 +438,7 @@ impl Shared {
                                 .to_string(),
                         ));
                     }
-                    match classify(&error) {
-                        ErrorClass::Retry(reason) => match backoff.next_backoff() {
-                            Some(wait) => {
-                                tracing::warn!(reason, error = %retry_describe(&error), wait_ms = wait.as_millis() as u64, "listing shards failed; retrying");
-                                tokio::time::sleep(wait).await;
-                                continue;
-                            }
-                            None => {
-                                return Err(
-                                    self.stream_error("DescribeStream", retry_describe(&error))
-                                )
-                            }
-                        },
-                        _ => {
-                            return Err(self.stream_error("DescribeStream", retry_describe(&error)))
-                        }
-                    }
+                    return Err(self.stream_error("DescribeStream", retry_describe(&error)));
                 }
             };
             let Some(description) = output.stream_description() else {
@@ -479,7 +471,7 @@ impl Shared {
         run: &ShardRun,
         stop: &mut watch::Receiver<bool>,
     ) -> Result<Option<String>, RunErrorKind> {
-        let mut backoff = crate::dynamo::retry::slow_policy(None);
+        let mut waits = UntilStopped::new();
         loop {
             let mut request = self
                 .streams
@@ -534,11 +526,12 @@ impl Shared {
                     return Err(self.stream_error("GetShardIterator", message));
                 }
                 _ => {
-                    let wait = backoff
-                        .next_backoff()
-                        .unwrap_or(crate::dynamo::retry::SLOW_MAX_WAIT);
-                    tracing::warn!(shard = %run.shard_id, error = %retry_describe(&error), wait_ms = wait.as_millis() as u64, "GetShardIterator failed; retrying");
-                    if sleep_or_stop(stop, wait).await {
+                    let stopped = waits
+                        .wait_or_stop(stop, |wait| {
+                            tracing::warn!(shard = %run.shard_id, error = %retry_describe(&error), wait_ms = wait.as_millis() as u64, "GetShardIterator failed; retrying");
+                        })
+                        .await;
+                    if stopped {
                         return Ok(None);
                     }
                 }

@@ -2,15 +2,16 @@
 //! as a batch and moves the checkpoint past its handled prefix.
 
 use std::sync::Arc;
-use std::time::{Duration, Instant, SystemTime};
+use std::time::{Instant, SystemTime};
 
 use aws_sdk_dynamodbstreams::types::Record;
-use backoff::backoff::Backoff;
 use tokio::sync::watch;
 
 use crate::apply::RecordStatus;
 use crate::decode::decode_stream_record;
-use crate::dynamo::retry::{classify, describe as retry_describe, ErrorClass};
+use crate::dynamo::retry::{
+    classify, describe as retry_describe, sleep_or_stop, ErrorClass, UntilStopped,
+};
 use crate::record::SequenceNumber;
 use crate::source::checkpoint::{Checkpoint, CheckpointError};
 
@@ -35,8 +36,8 @@ async fn walk(
     let options = &shared.options;
     let mut iterator: Option<String> = None;
     let mut empty_pages = 0u32;
-    let mut failures = crate::dynamo::retry::slow_policy(None);
-    let mut read_errors = crate::dynamo::retry::slow_policy(None);
+    let mut failures = UntilStopped::new();
+    let mut read_errors = UntilStopped::new();
     // The next page, read while the last one's checkpoint was written.
     let mut read_ahead: Option<(String, GetRecordsResult)> = None;
     loop {
@@ -79,10 +80,7 @@ async fn walk(
                     }
                     // The trim horizon moved while we started from it: start
                     // from where it is now.
-                    let wait = read_errors
-                        .next_backoff()
-                        .unwrap_or(crate::dynamo::retry::SLOW_MAX_WAIT);
-                    if sleep_or_stop(stop, wait).await {
+                    if read_errors.wait_or_stop(stop, |_| {}).await {
                         return Ok(ShardExit::Stopped);
                     }
                     continue;
@@ -96,11 +94,12 @@ async fn walk(
                         return Err(shared.stream_error("GetRecords", message))
                     }
                     _ => {
-                        let wait = read_errors
-                            .next_backoff()
-                            .unwrap_or(crate::dynamo::retry::SLOW_MAX_WAIT);
-                        tracing::warn!(shard = %run.shard_id, error = %retry_describe(&error), wait_ms = wait.as_millis() as u64, "GetRecords failed; retrying");
-                        if sleep_or_stop(stop, wait).await {
+                        let stopped = read_errors
+                            .wait_or_stop(stop, |wait| {
+                                tracing::warn!(shard = %run.shard_id, error = %retry_describe(&error), wait_ms = wait.as_millis() as u64, "GetRecords failed; retrying");
+                            })
+                            .await;
+                        if stopped {
                             return Ok(ShardExit::Stopped);
                         }
                         // The iterator is still good unless it expired meanwhile.
@@ -146,12 +145,13 @@ async fn walk(
             }
         }
         if !handled_all {
-            let wait = failures
-                .next_backoff()
-                .unwrap_or(crate::dynamo::retry::SLOW_MAX_WAIT);
-            shared.summary.lock().expect("summary lock").rereads += 1;
-            metrics::counter!("projector_stream_rereads_total").increment(1);
-            if sleep_or_stop(stop, wait).await {
+            let stopped = failures
+                .wait_or_stop(stop, |_| {
+                    shared.summary.lock().expect("summary lock").rereads += 1;
+                    metrics::counter!("projector_stream_rereads_total").increment(1);
+                })
+                .await;
+            if stopped {
                 return Ok(ShardExit::Stopped);
             }
             // Read again from the checkpoint with a fresh iterator.
@@ -339,15 +339,4 @@ fn sequence_number(record: &Record) -> Option<SequenceNumber> {
         .and_then(|s| s.sequence_number())
         .filter(|s| !s.is_empty())
         .map(|s| SequenceNumber(s.to_string()))
-}
-
-/// Sleeps unless asked to stop; returns whether it was.
-pub(super) async fn sleep_or_stop(stop: &mut watch::Receiver<bool>, wait: Duration) -> bool {
-    if *stop.borrow() {
-        return true;
-    }
-    tokio::select! {
-        () = tokio::time::sleep(wait) => false,
-        changed = stop.changed() => changed.is_err() || *stop.borrow(),
-    }
 }
