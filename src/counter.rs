@@ -5,6 +5,7 @@ use std::collections::HashMap;
 use anyhow::{bail, Context};
 use aws_sdk_dynamodb::types::{AttributeValue as Av, KeysAndAttributes};
 
+use crate::dynamo::retry::{Retrier, UNPROCESSED_RETRIES};
 use crate::spec::{ProjectionKind, Spec};
 
 /// The attribute that holds a counter shard's value.
@@ -100,10 +101,9 @@ pub async fn read_counter(
         .collect();
     let mut total = 0i64;
     let mut pending = keys;
-    let mut attempts = 0;
+    let mut leftovers = Retrier::scheduled(UNPROCESSED_RETRIES);
     while !pending.is_empty() {
-        attempts += 1;
-        if attempts > 10 {
+        if leftovers.is_spent() {
             bail!("DynamoDB kept leaving counter shards unprocessed");
         }
         let chunk: Vec<_> = pending.drain(..pending.len().min(100)).collect();
@@ -137,7 +137,7 @@ pub async fn read_counter(
         }
         if let Some(left) = output.unprocessed_keys().and_then(|u| u.get(table)) {
             pending.extend(left.keys().iter().cloned());
-            tokio::time::sleep(std::time::Duration::from_millis(50 * attempts)).await;
+            leftovers.wait(|_| {}).await;
         }
     }
     Ok(total)

@@ -45,7 +45,9 @@ use aws_sdk_dynamodb::types::{AttributeValue as Av, KeysAndAttributes};
 use serde::Serialize;
 
 use crate::apply::ApplyError;
-use crate::dynamo::retry::describe as retry_describe;
+use crate::dynamo::retry::{
+    describe as retry_describe, wait_for_unprocessed, Retrier, LAYOUT_READS, REGISTRY_CONTENTION,
+};
 use crate::spec::raw::{RawProjection, RawSpec};
 use crate::spec::{
     counter_storage, old_version_name, old_version_of, storage_generation, ProjectionId,
@@ -1095,7 +1097,7 @@ impl Registry {
                     .map(|k| k.keys().to_vec())
                 {
                     if !unprocessed.is_empty() {
-                        tokio::time::sleep(Duration::from_millis(50)).await;
+                        wait_for_unprocessed().await;
                         keys = unprocessed;
                     }
                 }
@@ -1246,13 +1248,13 @@ impl Registry {
         )[..];
         let now = now_ms();
         let mut completion = Completion::default();
-        let mut fenced = 0;
+        let mut contention = Retrier::scheduled(REGISTRY_CONTENTION);
         let mut index = 0;
         let mut last = usize::MAX;
         while index < ids.len() {
             let id = ids[index];
             if index != last {
-                fenced = 0;
+                contention.reset();
                 last = index;
             }
             index += 1;
@@ -1404,9 +1406,8 @@ impl Registry {
                     )),
                     // The fence failed (a lease was taken meanwhile), or a
                     // renewal conflicted with the transaction: look again.
-                    Some(_) if fenced < 50 => {
-                        fenced += 1;
-                        tokio::time::sleep(Duration::from_millis(5 << fenced.min(6))).await;
+                    Some(_) if !contention.is_spent() => {
+                        contention.wait(|_| {}).await;
                         snapshot = self.snapshot(spec).await?;
                         index -= 1;
                     }
@@ -1973,12 +1974,9 @@ pub async fn current_layout(
     let registry = Registry::new(client.clone(), table, &spec.table);
     // Throttling and lost answers are tried again a few times, briefly
     // (the registry's reads are not classified).
+    let mut retrier = Retrier::scheduled(LAYOUT_READS);
     let mut read = registry.layout(spec).await;
-    for attempt in 0..4u32 {
-        if read.is_ok() {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(25 << attempt)).await;
+    while read.is_err() && retrier.wait(|_| {}).await {
         read = registry.layout(spec).await;
     }
     match read {

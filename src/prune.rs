@@ -34,7 +34,7 @@ use serde::Serialize;
 
 use crate::apply::ApplyError;
 use crate::backfill::Pacer;
-use crate::dynamo::retry::describe as retry_describe;
+use crate::dynamo::retry::{describe as retry_describe, Retrier, PRUNE_TRANSACTIONS};
 use crate::lifecycle::{now_ms, Registry, WITHOUT};
 use crate::record::ItemKey;
 use crate::spec::{ProjectionKind, Spec, COUNTER_MARKER_PREFIX, RECORDS_ATTRIBUTE};
@@ -696,9 +696,8 @@ impl Run<'_> {
                 // Only the item's own condition failing means it changed;
                 // a conflict with a worker moving the same shards, or
                 // throttling, is tried again.
-                let mut attempt = 0u32;
+                let mut retrier = Retrier::scheduled(PRUNE_TRANSACTIONS);
                 loop {
-                    attempt += 1;
                     let sent = self
                         .client
                         .transact_write_items()
@@ -728,10 +727,9 @@ impl Run<'_> {
                     {
                         break Err((true, self.fatal("deleting", error)));
                     }
-                    if reasons.is_empty() || attempt >= 10 {
+                    if reasons.is_empty() || !retrier.wait(|_| {}).await {
                         break Err((false, self.fatal("deleting", error)));
                     }
-                    tokio::time::sleep(Duration::from_millis(50 << attempt.min(6))).await;
                 }
             }
             Action::Delete { key, records } => {

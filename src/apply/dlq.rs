@@ -24,7 +24,7 @@ use serde::Serialize;
 
 use super::{Applier, ApplyError, BatchOptions, RecordStatus};
 use crate::decode::decode_lambda_record;
-use crate::dynamo::retry::{sdk, with_retries, WriteError};
+use crate::dynamo::retry::{sdk, with_retries, Retrier, WriteError, UNPROCESSED_RETRIES};
 use crate::record::{ChangeRecord, ItemKey};
 use crate::spec::{ProjectionId, RESERVED_PREFIX};
 
@@ -551,9 +551,8 @@ impl DeadLetterStore {
         let keys: Vec<HashMap<String, Av>> = candidates.iter().map(|h| self.hold_key(h)).collect();
         for chunk in keys.chunks(100) {
             let mut pending = chunk.to_vec();
-            let mut attempts = 0;
+            let mut leftovers = Retrier::scheduled(UNPROCESSED_RETRIES);
             while !pending.is_empty() {
-                attempts += 1;
                 let output = with_retries("holds", max_retry, &retries, || {
                     let request = self.client.batch_get_item().request_items(
                         &self.table,
@@ -579,13 +578,10 @@ impl DeadLetterStore {
                     .and_then(|u| u.get(&self.table))
                     .map(|k| k.keys().to_vec())
                     .unwrap_or_default();
-                if !pending.is_empty() {
-                    if attempts > 10 {
-                        return Err(WriteError::Transient(
-                            "DynamoDB kept leaving holds unread".to_string(),
-                        ));
-                    }
-                    tokio::time::sleep(std::time::Duration::from_millis(50 * attempts)).await;
+                if !pending.is_empty() && !leftovers.wait(|_| {}).await {
+                    return Err(WriteError::Transient(
+                        "DynamoDB kept leaving holds unread".to_string(),
+                    ));
                 }
             }
         }

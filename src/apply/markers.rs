@@ -38,7 +38,7 @@ use futures::stream::StreamExt;
 use super::ctx::Ctx;
 use super::writes::{av, Expr, COUNT_ATTRIBUTE};
 use crate::decode::item_from_sdk;
-use crate::dynamo::retry::{classify_code, sdk, ErrorClass, WriteError};
+use crate::dynamo::retry::{classify_code, policy, sdk, ErrorClass, Retrier, WriteError};
 use crate::plan::{CounterShard, Effect, MarkerState, Op, SourceGuard};
 use crate::record::{AttributeValue, Item, ItemKey};
 use crate::spec::{values_equal, ProjectionKind, Spec, RECORDS_ATTRIBUTE};
@@ -665,7 +665,7 @@ pub(crate) async fn write_markers(
     }
 
     let deadline = tokio::time::Instant::now() + ctx.config.max_retry_time;
-    let mut policy = crate::dynamo::retry::policy(ctx.config.max_retry_time);
+    let mut retrier = Retrier::new(policy(ctx.config.max_retry_time)).until(deadline);
     let mut rounds = vec![0usize; changes.len()];
     // Changes whose transaction DynamoDB refused as a whole are sent alone
     // next, to find the one it refuses.
@@ -740,9 +740,8 @@ pub(crate) async fn write_markers(
             }
         }
         if let Some(reason) = pause {
-            use backoff::backoff::Backoff;
-            match policy.next_backoff() {
-                Some(wait) if tokio::time::Instant::now() + wait < deadline => {
+            let waited = retrier
+                .wait(|wait| {
                     ctx.retries.fetch_add(1, Ordering::Relaxed);
                     metrics::counter!("projector_retries_total", "operation" => "markers", "reason" => reason).increment(1);
                     tracing::debug!(
@@ -750,14 +749,13 @@ pub(crate) async fn write_markers(
                         wait_ms = wait.as_millis() as u64,
                         "retrying marker writes"
                     );
-                    tokio::time::sleep(wait).await;
-                }
-                _ => {
-                    for (i, _) in next.drain(..) {
-                        results[i] = Some(Err(WriteError::Transient(format!(
-                            "gave up after retries ({reason})"
-                        ))));
-                    }
+                })
+                .await;
+            if !waited {
+                for (i, _) in next.drain(..) {
+                    results[i] = Some(Err(WriteError::Transient(format!(
+                        "gave up after retries ({reason})"
+                    ))));
                 }
             }
         }

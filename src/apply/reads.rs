@@ -8,7 +8,7 @@ use aws_sdk_dynamodb::types::{AttributeValue as Av, ReturnConsumedCapacity};
 use super::ctx::Ctx;
 use super::writes::Expr;
 use crate::decode::item_from_sdk;
-use crate::dynamo::retry::{sdk, with_retries, WriteError};
+use crate::dynamo::retry::{sdk, wait_for_unprocessed, with_retries, WriteError};
 use crate::plan::SourceQuery;
 use crate::record::{Item, ItemKey};
 
@@ -186,7 +186,7 @@ async fn read_chunk(
         );
         if let Some(left) = output.unprocessed_keys().and_then(|u| u.get(ctx.table)) {
             pending.extend(left.keys().iter().cloned());
-            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+            wait_for_unprocessed().await;
         }
     }
     Ok(found)

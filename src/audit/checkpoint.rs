@@ -1100,7 +1100,7 @@ pub(crate) async fn delete(applier: &Applier, keys: &[ItemKey]) -> Result<(), Ap
                 .and_then(|u| u.get(applier.table()))
             {
                 pending = left.clone();
-                tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+                crate::dynamo::retry::wait_for_unprocessed().await;
             }
         }
     }

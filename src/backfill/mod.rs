@@ -37,6 +37,7 @@ use serde::Serialize;
 
 use crate::apply::{Applier, ApplyError, BatchOptions, RecordStatus};
 use crate::decode::decode_scanned_item;
+use crate::dynamo::retry::{self, retry_request, Retrier, PROGRESS_WRITES, SCAN_PAGES};
 use crate::record::Item;
 use crate::spec::{ProjectionId, ProjectionKind};
 
@@ -588,7 +589,7 @@ impl Run<'_> {
                     .unwrap_or_default(),
             ),
         );
-        let mut attempt = 0;
+        let mut retrier = Retrier::scheduled(PROGRESS_WRITES);
         loop {
             let sent = self
                 .applier
@@ -598,19 +599,19 @@ impl Run<'_> {
                 .set_item(Some(item.clone()))
                 .send()
                 .await;
-            match sent {
-                Ok(_) => return Ok(()),
-                Err(error) if attempt < 8 => {
-                    attempt += 1;
-                    tracing::debug!(error = %crate::dynamo::retry::describe(&error), "retrying a progress write");
-                    tokio::time::sleep(Duration::from_millis(50 << attempt)).await;
-                }
-                Err(error) => {
-                    return Err(self.fatal(format!(
-                        "saving backfill progress: {}",
-                        crate::dynamo::retry::describe(&error)
-                    )))
-                }
+            let Err(error) = sent else {
+                return Ok(());
+            };
+            let waited = retrier
+                .wait(|_| {
+                    tracing::debug!(error = %retry::describe(&error), "retrying a progress write");
+                })
+                .await;
+            if !waited {
+                return Err(self.fatal(format!(
+                    "saving backfill progress: {}",
+                    retry::describe(&error)
+                )));
             }
         }
     }
@@ -723,26 +724,17 @@ impl Run<'_> {
         &self,
         scan: aws_sdk_dynamodb::operation::scan::builders::ScanFluentBuilder,
     ) -> Result<aws_sdk_dynamodb::operation::scan::ScanOutput, ApplyError> {
-        let mut attempt = 0u32;
-        loop {
-            match scan.clone().send().await {
-                Ok(page) => return Ok(page),
-                Err(error) => match crate::dynamo::retry::classify(&error) {
-                    crate::dynamo::retry::ErrorClass::Retry(reason) if attempt < 10 => {
-                        attempt += 1;
-                        metrics::counter!("projector_retries_total", "operation" => "scan", "reason" => reason)
-                            .increment(1);
-                        tokio::time::sleep(Duration::from_millis(25u64 << attempt.min(6))).await;
-                    }
-                    _ => {
-                        return Err(self.fatal(format!(
-                            "scan failed: {}",
-                            crate::dynamo::retry::describe(&error)
-                        )))
-                    }
-                },
-            }
-        }
+        let mut retrier = Retrier::scheduled(SCAN_PAGES);
+        retry_request(
+            &mut retrier,
+            || scan.clone().send(),
+            |reason, _, _| {
+                metrics::counter!("projector_retries_total", "operation" => "scan", "reason" => reason)
+                    .increment(1);
+            },
+        )
+        .await
+        .map_err(|(_, error)| self.fatal(format!("scan failed: {}", retry::describe(&error))))
     }
 }
 
