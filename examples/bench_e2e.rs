@@ -1468,7 +1468,7 @@ async fn check_state(
                     .and_then(|rest| rest.rsplit_once('#'))
                 {
                     *have.entry((user.to_string(), counter)).or_default() +=
-                        count(ddb_projector::apply::COUNT_ATTRIBUTE);
+                        count(ddb_projector::dynamo::names::COUNT_ATTRIBUTE);
                 }
             }
         } else if sk == BASELINE_COUNTS {

@@ -9,7 +9,7 @@ use crate::dynamo::retry::{Retrier, UNPROCESSED_RETRIES};
 use crate::spec::{ProjectionKind, Spec};
 
 /// The attribute that holds a counter shard's value.
-pub use crate::apply::COUNT_ATTRIBUTE;
+pub use crate::dynamo::names::COUNT_ATTRIBUTE;
 
 /// The value of counter `name` for `vars` (`[("userId", "u42")]`): the sum
 /// of its shards, read consistently, in the version readers read.

@@ -9,13 +9,9 @@
 use std::collections::BTreeSet;
 
 use crate::record::{AttributeValue, Attributes, Item, ItemKey};
-use crate::spec::{Condition, Invariant, InvariantKind, RepairPolicy, Spec, RESERVED_PREFIX};
+use crate::spec::{Condition, Invariant, InvariantKind, RepairPolicy, Spec};
 
-/// The partition key prefix under which violations of one invariant are
-/// recorded: `_ddbp#violation#<invariant>`.
-pub fn violation_pk(invariant: &str) -> String {
-    format!("{RESERVED_PREFIX}violation#{invariant}")
-}
+pub use crate::dynamo::names::violation_pk;
 
 /// One broken invariant in one scope.
 #[derive(Debug, Clone, PartialEq, Eq)]

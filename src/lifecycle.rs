@@ -60,8 +60,7 @@ use crate::spec::{
 /// vouched for it, so that no writer takes a lease unseen in between.
 pub const LEASES_VERSION: &str = "ver";
 
-/// The partition key of the registry items.
-pub const LIFECYCLE_PK: &str = "_ddbp#lifecycle";
+pub use crate::dynamo::names::LIFECYCLE_PK;
 
 /// How long a stream keeps its records: a consumer that ran nothing for
 /// longer is gone, and no longer checked against.

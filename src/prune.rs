@@ -34,13 +34,15 @@ use serde::Serialize;
 
 use crate::apply::ApplyError;
 use crate::backfill::Pacer;
+use crate::dynamo::names::{
+    CHANGES_ATTRIBUTE, COUNTER_MARKER_PREFIX, COUNT_ATTRIBUTE, PRUNE_PK, RECORDS_ATTRIBUTE,
+};
 use crate::dynamo::retry::{describe as retry_describe, Retrier, PRUNE_TRANSACTIONS};
 use crate::lifecycle::{now_ms, Registry, WITHOUT};
 use crate::record::ItemKey;
-use crate::spec::{ProjectionKind, Spec, COUNTER_MARKER_PREFIX, RECORDS_ATTRIBUTE};
+use crate::spec::{ProjectionKind, Spec};
 
-/// The partition key of prune progress items.
-pub const PROGRESS_PK: &str = "_ddbp#prune";
+pub use crate::dynamo::names::PRUNE_PK as PROGRESS_PK;
 
 /// A retired projection and the spec that defined it.
 #[derive(Debug, Clone)]
@@ -465,13 +467,13 @@ impl Run<'_> {
         let mut key = HashMap::new();
         match &table.sort_key {
             Some(name) => {
-                key.insert(table.partition_key.clone(), Av::S(PROGRESS_PK.to_string()));
+                key.insert(table.partition_key.clone(), Av::S(PRUNE_PK.to_string()));
                 key.insert(name.clone(), Av::S(sk));
             }
             None => {
                 key.insert(
                     table.partition_key.clone(),
-                    Av::S(format!("{PROGRESS_PK}#{sk}")),
+                    Av::S(format!("{PRUNE_PK}#{sk}")),
                 );
             }
         }
@@ -680,11 +682,8 @@ impl Run<'_> {
                                     .table_name(self.table)
                                     .set_key(Some(self.key_map(&self.current.shard_item(shard))))
                                     .update_expression("ADD #n :d, #m :one")
-                                    .expression_attribute_names("#n", crate::apply::COUNT_ATTRIBUTE)
-                                    .expression_attribute_names(
-                                        "#m",
-                                        crate::apply::CHANGES_ATTRIBUTE,
-                                    )
+                                    .expression_attribute_names("#n", COUNT_ATTRIBUTE)
+                                    .expression_attribute_names("#m", CHANGES_ATTRIBUTE)
                                     .expression_attribute_values(":d", Av::N(delta.to_string()))
                                     .expression_attribute_values(":one", Av::N("1".to_string()))
                                     .build()

@@ -2,7 +2,7 @@
 //! in the table itself under the reserved prefix, with the full record, the
 //! projection, the error and the attempt count.
 //!
-//! Layout (never matched by any entity, see [`crate::spec::RESERVED_PREFIX`]):
+//! Layout (never matched by any entity, see [`crate::dynamo::names::RESERVED_PREFIX`]):
 //!
 //! - `PK = _ddbp#dlq`, `SK = <source PK>\x01<source SK>\x01<sequence number, 40 digits>\x01<projection>`:
 //!   one item per dead record and projection, sorted by source item, then
@@ -24,9 +24,10 @@ use serde::Serialize;
 
 use super::{Applier, ApplyError, BatchOptions, RecordStatus};
 use crate::decode::decode_lambda_record;
+use crate::dynamo::names::{DLQ_PK, HOLDS_PK, RESERVED_PREFIX};
 use crate::dynamo::retry::{sdk, with_retries, Retrier, WriteError, UNPROCESSED_RETRIES};
 use crate::record::{ChangeRecord, ItemKey};
-use crate::spec::{ProjectionId, RESERVED_PREFIX};
+use crate::spec::ProjectionId;
 
 /// The projection name of a letter that concerns the whole record (of
 /// the unnamed consumer; see [`whole_record`]).
@@ -221,9 +222,6 @@ pub struct DeadLetterStore {
     /// The spec's service (several joined by `+` when composed).
     service: String,
 }
-
-const DLQ_PK: &str = "_ddbp#dlq";
-const HOLDS_PK: &str = "_ddbp#holds";
 
 impl DeadLetterStore {
     /// The store in `table`, whose key attributes the spec names.

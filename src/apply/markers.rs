@@ -36,16 +36,15 @@ use aws_sdk_dynamodb::types::{
 use futures::stream::StreamExt;
 
 use super::ctx::Ctx;
-use super::writes::{av, Expr, COUNT_ATTRIBUTE};
+use super::writes::{av, Expr};
 use crate::decode::item_from_sdk;
+use crate::dynamo::names::{
+    CHANGES_ATTRIBUTE, COUNTER_MARKER_PREFIX, COUNT_ATTRIBUTE, RECORDS_ATTRIBUTE,
+};
 use crate::dynamo::retry::{classify_code, policy, sdk, ErrorClass, Retrier, WriteError};
 use crate::plan::{CounterShard, Effect, MarkerState, Op, SourceGuard};
 use crate::record::{AttributeValue, Item, ItemKey};
-use crate::spec::{values_equal, ProjectionKind, Spec, RECORDS_ATTRIBUTE};
-
-/// The attribute that counts the transactions that moved a shard: the
-/// audit compares it before and after recounting a shard's records.
-pub const CHANGES_ATTRIBUTE: &str = "changes";
+use crate::spec::{values_equal, ProjectionKind, Spec};
 
 /// The most items one `TransactWriteItems` takes.
 const MAX_TRANSACTION_ITEMS: usize = 100;
@@ -240,7 +239,7 @@ pub(crate) fn marker_change<'e>(spec: &Spec, effect: &'e Effect) -> Option<Marke
                 shard,
                 // A counter's own marker (of this counter, or one the
                 // spec can no longer attribute) is nothing but records.
-                whole: item.pk.starts_with(crate::spec::COUNTER_MARKER_PREFIX)
+                whole: item.pk.starts_with(COUNTER_MARKER_PREFIX)
                     && spec
                         .parse_counter_marker(item)
                         .is_none_or(|(owner, _)| owner == *counter),

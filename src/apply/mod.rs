@@ -31,15 +31,14 @@ use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::time::Duration;
 
+pub use crate::dynamo::names::{CHANGES_ATTRIBUTE, COUNT_ATTRIBUTE};
 pub use crate::dynamo::retry::{classify, describe as retry_describe, ErrorClass};
 pub use check::{CheckStats, RecordedViolation};
 pub use ctx::Requests;
 pub use dlq::{
     problem_key, whole_record, DeadLetter, DeadLetterStore, Hold, RedriveSummary, WHOLE_RECORD,
 };
-pub use markers::CHANGES_ATTRIBUTE;
 pub(crate) use markers::{marker_change, records_of};
-pub use writes::COUNT_ATTRIBUTE;
 
 use crate::decode::DecodeProblem;
 use crate::dynamo::retry::WriteError;
@@ -409,7 +408,7 @@ impl Applier {
             && sources
                 .iter()
                 .flatten()
-                .any(|key| !key.pk.starts_with(crate::spec::RESERVED_PREFIX));
+                .any(|key| !key.pk.starts_with(crate::dynamo::names::RESERVED_PREFIX));
         let past_deadline = options
             .deadline
             .is_some_and(|deadline| deadline <= tokio::time::Instant::now());

@@ -15,9 +15,6 @@ use crate::spec::{values_equal, ProjectionId};
 use super::ctx::Ctx;
 use super::reads::{read_markers, read_sources};
 
-/// The attribute that holds a counter shard's value.
-pub const COUNT_ATTRIBUTE: &str = "count";
-
 pub(crate) fn av(value: &AttributeValue) -> Av {
     value.clone().into()
 }
@@ -212,7 +209,7 @@ pub(crate) async fn recompute(
 ) -> Result<(), WriteError> {
     const ATTEMPTS: usize = 6;
     let token = crate::kinds::uses_token(ctx.spec, projection)
-        .then(|| crate::kinds::token_attribute(&ctx.spec.projections[projection].name));
+        .then(|| crate::dynamo::names::token_attribute(&ctx.spec.projections[projection].name));
     let key = ctx.key(target);
     for _ in 0..ATTEMPTS {
         // A target read ahead serves as the token to write on condition

@@ -42,8 +42,7 @@ use super::{page, AuditOptions, AuditReport, Finding};
 use crate::apply::{Applier, ApplyError};
 use crate::record::ItemKey;
 
-/// The partition key of the audit's items in the table.
-pub const AUDIT_PK: &str = "_ddbp#audit";
+pub use crate::dynamo::names::AUDIT_PK;
 
 /// The most bytes of findings one page item holds (DynamoDB's limit is
 /// 400 KB an item, names included).

@@ -482,10 +482,12 @@ async fn set_aside_moved(
         })?;
     let changes_now = |shard: &str| {
         now.get(&spec.shard_item(shard))
-            .and_then(|item| match item.get(crate::apply::CHANGES_ATTRIBUTE) {
-                Some(crate::record::AttributeValue::N(n)) => n.parse::<i64>().ok(),
-                _ => None,
-            })
+            .and_then(
+                |item| match item.get(crate::dynamo::names::CHANGES_ATTRIBUTE) {
+                    Some(crate::record::AttributeValue::N(n)) => n.parse::<i64>().ok(),
+                    _ => None,
+                },
+            )
             .unwrap_or(0)
     };
     // How many times the shards moved since the scan; `None`: unknown.

@@ -7,7 +7,8 @@ use std::sync::atomic::AtomicU64;
 use aws_sdk_dynamodb::types::{AttributeValue as Av, ReturnConsumedCapacity};
 
 use super::{AuditReport, Fix, Problem};
-use crate::apply::{Applier, ApplyError, BatchStats, CHANGES_ATTRIBUTE, COUNT_ATTRIBUTE};
+use crate::apply::{Applier, ApplyError, BatchStats};
+use crate::dynamo::names::{CHANGES_ATTRIBUTE, COUNT_ATTRIBUTE, RECORDS_ATTRIBUTE};
 use crate::plan::Effect;
 
 /// Writes the fixes of an audit's findings: derived items, markers and
@@ -443,7 +444,7 @@ pub(super) async fn count_records(
             stats.read_units += c.capacity_units().unwrap_or(0.0);
         }
         for item in page.items() {
-            if let Some(Av::M(records)) = item.get(crate::spec::RECORDS_ATTRIBUTE) {
+            if let Some(Av::M(records)) = item.get(RECORDS_ATTRIBUTE) {
                 for value in records.values() {
                     if let Av::S(shard) = value {
                         if shards.contains(shard.as_str()) {

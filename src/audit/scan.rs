@@ -9,9 +9,13 @@ use std::time::Instant;
 use aws_sdk_dynamodb::types::{AttributeValue as Av, ReturnConsumedCapacity};
 
 use super::sketch::{Group, Sketch};
-use crate::apply::{Applier, ApplyError, COUNT_ATTRIBUTE};
+use crate::apply::{Applier, ApplyError};
+use crate::dynamo::names::{
+    AUDIT_PK, CHANGES_ATTRIBUTE, COUNTER_MARKER_PREFIX, COUNT_ATTRIBUTE, RECORDS_ATTRIBUTE,
+    RESERVED_PREFIX,
+};
 use crate::record::{Item, ItemKey};
-use crate::spec::{ProjectionId, ProjectionKind, Spec, RESERVED_PREFIX};
+use crate::spec::{ProjectionId, ProjectionKind, Spec};
 
 /// The counter a shard partition key belongs to, and its values joined by
 /// `#` (`COUNTER#followers#b#3` -> followers, `b`; `COUNTER#total#3` ->
@@ -95,8 +99,7 @@ pub(super) fn classify(spec: &Spec, item: Item, facts: &mut impl FnMut(Fact)) ->
         // Counters' own markers, also of a counter this spec no longer
         // reads so (its source changed) while they still count.
         if spec.parse_counter_marker(&key).is_some()
-            || key.pk.starts_with(crate::spec::COUNTER_MARKER_PREFIX)
-                && item.contains_key(crate::spec::RECORDS_ATTRIBUTE)
+            || key.pk.starts_with(COUNTER_MARKER_PREFIX) && item.contains_key(RECORDS_ATTRIBUTE)
         {
             return Scanned::Marker(key, item);
         }
@@ -109,7 +112,7 @@ pub(super) fn classify(spec: &Spec, item: Item, facts: &mut impl FnMut(Fact)) ->
                 _ => None,
             };
             let count = number(COUNT_ATTRIBUTE).unwrap_or(0);
-            let changes = number(crate::apply::CHANGES_ATTRIBUTE);
+            let changes = number(CHANGES_ATTRIBUTE);
             facts(Fact::Shard(key.pk, id, values, count, changes));
             return Scanned::Other;
         }
@@ -120,7 +123,7 @@ pub(super) fn classify(spec: &Spec, item: Item, facts: &mut impl FnMut(Fact)) ->
             facts(Fact::Counted(id, values));
         }
         Scanned::Entity(entity, key, item)
-    } else if item.contains_key(crate::spec::RECORDS_ATTRIBUTE) {
+    } else if item.contains_key(RECORDS_ATTRIBUTE) {
         // An item of an entity the spec no longer has, still counted in.
         Scanned::Marker(key, item)
     } else {
@@ -246,7 +249,7 @@ impl Pages {
             // The audit's own checkpoint and findings, written while it
             // scans, are neither audited nor counted.
             if let Some(Av::S(value)) = raw.get(pk) {
-                if value.starts_with(super::checkpoint::AUDIT_PK) {
+                if value.starts_with(AUDIT_PK) {
                     continue;
                 }
             }

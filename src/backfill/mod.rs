@@ -37,12 +37,12 @@ use serde::Serialize;
 
 use crate::apply::{Applier, ApplyError, BatchOptions, RecordStatus};
 use crate::decode::decode_scanned_item;
+use crate::dynamo::names::BACKFILL_PK;
 use crate::dynamo::retry::{self, retry_request, Retrier, PROGRESS_WRITES, SCAN_PAGES};
 use crate::record::Item;
 use crate::spec::{ProjectionId, ProjectionKind};
 
-/// The partition key of backfill progress items.
-pub const PROGRESS_PK: &str = "_ddbp#backfill";
+pub use crate::dynamo::names::BACKFILL_PK as PROGRESS_PK;
 
 /// What to backfill and how fast.
 #[derive(Debug, Clone)]
@@ -504,14 +504,14 @@ impl Run<'_> {
             Some(name) => {
                 key.insert(
                     spec.table.partition_key.clone(),
-                    Av::S(PROGRESS_PK.to_string()),
+                    Av::S(BACKFILL_PK.to_string()),
                 );
                 key.insert(name.clone(), Av::S(sk));
             }
             None => {
                 key.insert(
                     spec.table.partition_key.clone(),
-                    Av::S(format!("{PROGRESS_PK}#{sk}")),
+                    Av::S(format!("{BACKFILL_PK}#{sk}")),
                 );
             }
         }

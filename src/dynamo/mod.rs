@@ -2,6 +2,8 @@
 //!
 //! - [`client`]: SDK configuration, clients, and the table checks every
 //!   online command starts with.
+//! - [`names`]: the reserved names of the projector's own items and
+//!   attributes.
 //! - [`retry`]: the classification of SDK errors and every retry and
 //!   backoff policy.
 //!
@@ -9,4 +11,5 @@
 //! `record`: every room above may use it, and it knows none of them.
 
 pub mod client;
+pub mod names;
 pub mod retry;

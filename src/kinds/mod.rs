@@ -143,13 +143,9 @@ impl Recomputed {
 
 use crate::plan::{Op, SourceQuery, Sources};
 use crate::record::{AttributeValue, Item, ItemKey};
-use crate::spec::{Entity, ProjectionId, ProjectionKind, Spec, RESERVED_PREFIX};
+use crate::spec::{Entity, ProjectionId, ProjectionKind, Spec};
 
-/// The attribute a recomputed kind's target carries to order its writes:
-/// a number that grows by one per write of projection `name`.
-pub fn token_attribute(name: &str) -> String {
-    format!("{RESERVED_PREFIX}v#{name}")
-}
+pub use crate::dynamo::names::token_attribute;
 
 /// Hooks a kind kept here may need beyond its own projection; each names
 /// the kinds that use it.

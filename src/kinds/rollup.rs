@@ -34,8 +34,8 @@ use std::collections::BTreeSet;
 use serde::{Deserialize, Serialize};
 
 use super::Recomputed;
-use super::{token_attribute, TargetState};
-use crate::apply::COUNT_ATTRIBUTE;
+use super::TargetState;
+use crate::dynamo::names::{token_attribute, COUNT_ATTRIBUTE};
 use crate::plan::{Effect, Op, PlanProblem, Sources, Subject};
 use crate::record::{AttributeValue, Item, ItemKey};
 use crate::spec::raw::RawProjection;

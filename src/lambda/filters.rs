@@ -23,7 +23,8 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use serde_json::{json, Value};
 
-use crate::spec::{KeyPattern, ProjectionKind, Spec, RESERVED_PREFIX};
+use crate::dynamo::names::RESERVED_PREFIX;
+use crate::spec::{KeyPattern, ProjectionKind, Spec};
 
 /// Filters per event source mapping that Lambda accepts by default.
 pub const MAX_FILTERS: usize = 5;

@@ -437,7 +437,7 @@ fn plan_projections(spec: &Spec, record: &ChangeRecord, selection: Selection<'_>
         };
         membership::plan_scanned_marker(spec, record, &key, selection, &mut plan.effects);
     }
-    if pk.starts_with(crate::spec::RESERVED_PREFIX) {
+    if pk.starts_with(crate::dynamo::names::RESERVED_PREFIX) {
         if plan.effects.is_empty() {
             plan.skip = Some(Skip::Reserved);
         }

@@ -1,5 +1,5 @@
 //! Durable per-shard checkpoints of the stream runner, kept in the table
-//! itself under the reserved prefix (see [`crate::spec::RESERVED_PREFIX`]),
+//! itself under the reserved prefix (see [`crate::dynamo::names::RESERVED_PREFIX`]),
 //! so that no other storage is needed and `_ddbp#` items stay the
 //! projector's own.
 //!
@@ -42,12 +42,12 @@ use aws_sdk_dynamodb::error::ProvideErrorMetadata;
 use aws_sdk_dynamodb::types::AttributeValue as Av;
 use aws_smithy_types::date_time::Format;
 
+use crate::dynamo::names::RESERVED_PREFIX;
 use crate::dynamo::retry::{describe as retry_describe, retry_request, ErrorClass, Retrier};
 use crate::record::SequenceNumber;
-use crate::spec::{Spec, RESERVED_PREFIX};
+use crate::spec::Spec;
 
-/// The partition key of checkpoint items.
-pub const CHECKPOINT_PK: &str = "_ddbp#checkpoint";
+pub use crate::dynamo::names::CHECKPOINT_PK;
 
 /// How long one checkpoint operation is retried before it gives up.
 const MAX_RETRY: Duration = Duration::from_secs(30);

@@ -10,8 +10,9 @@ use super::{
     old_version_of, storage_generation, Condition, Counter, Denormalize, Entity, EntityId, Gsi,
     IndexKeys, Invariant, InvariantKind, InverseEdge, KeyPattern, Marker, Projection, ProjectionId,
     ProjectionKind, RepairPolicy, Services, Spec, SpecError, SpecErrors, TableSpec, Template,
-    MAX_SHARDS, RESERVED_PREFIX,
+    MAX_SHARDS,
 };
+use crate::dynamo::names::RESERVED_PREFIX;
 use crate::kinds::Recomputed;
 use crate::plan::CustomProjection;
 use crate::record::AttributeValue;

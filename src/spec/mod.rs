@@ -17,6 +17,7 @@ use std::fmt;
 use std::path::Path;
 use std::sync::Arc;
 
+pub use crate::dynamo::names::{COUNTER_MARKER_PREFIX, RECORDS_ATTRIBUTE, RESERVED_PREFIX};
 use crate::plan::CustomProjection;
 use crate::record::{AttributeValue, Attributes, Item, ItemKey, ValueRef};
 pub use builder::SpecBuilder;
@@ -25,20 +26,8 @@ use raw::RawSpec;
 pub use set::{Services, SpecSet};
 pub use template::{Bindings, KeyPattern, RenderError, Template, TemplateError};
 
-/// Keys starting with this prefix belong to the projector itself (dead
-/// letters, checkpoints, counter markers); they never match an entity.
-pub const RESERVED_PREFIX: &str = "_ddbp#";
-
 /// The largest shard count a counter may declare.
 pub const MAX_SHARDS: u32 = 100;
-
-/// Counter records: on the item that marks a source item's membership, the
-/// map attribute `_ddbp#c` maps each counter that counts the source to the
-/// partition key of the shard it is counted in.
-pub const RECORDS_ATTRIBUTE: &str = "_ddbp#c";
-
-/// The partition key prefix of counters' own marker items.
-pub const COUNTER_MARKER_PREFIX: &str = "_ddbp#count#";
 
 /// Where generation `generation` of counter `name` keeps its shards,
 /// own markers and records: `name` (generation 0), then `name~1`,

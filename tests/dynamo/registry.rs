@@ -15,10 +15,11 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use aws_sdk_dynamodb::types::AttributeValue as Av;
 use ddb_projector::apply::{Applier, ApplyConfig};
+use ddb_projector::dynamo::names::{RECORDS_ATTRIBUTE, RESERVED_PREFIX};
 use ddb_projector::lambda::event::{Payload, StreamsEvent};
 use ddb_projector::lambda::{Handler, Response};
 use ddb_projector::record::ChangeKind;
-use ddb_projector::spec::{Spec, SpecSet, RECORDS_ATTRIBUTE, RESERVED_PREFIX};
+use ddb_projector::spec::{Spec, SpecSet};
 use lambda_runtime::Diagnostic;
 use proptest::prelude::*;
 use proptest::test_runner::{Config, FileFailurePersistence, TestCaseError, TestRunner};

@@ -24,7 +24,8 @@ use std::fmt;
 
 use serde::{Deserialize, Serialize};
 
-use super::{bind, source_query, token_attribute, TargetState};
+use super::{bind, source_query, TargetState};
+use crate::dynamo::names::token_attribute;
 use crate::plan::{changed, Effect, Op, PlanProblem, Sources, Subject};
 use crate::record::{AttributeValue, Attributes, ChangeKind, Image, Item, ItemKey, ValueRef};
 use crate::spec::raw::RawCondition;

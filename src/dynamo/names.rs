@@ -1,0 +1,94 @@
+//! The projector's reserved names, in one list: the partition keys of its
+//! own items and the attributes it adds to items of the table.
+//!
+//! Every key under [`RESERVED_PREFIX`] belongs to the projector: no entity
+//! matches it, the planner skips its changes, the audit leaves it out of
+//! the table's items, and the Lambda's filters warn when an entity's
+//! prefix could match it. The values are stored: changing one orphans the
+//! items written under the old one.
+
+/// Keys starting with this prefix belong to the projector itself (dead
+/// letters, checkpoints, counter markers); they never match an entity.
+pub const RESERVED_PREFIX: &str = "_ddbp#";
+
+/// The partition key of the lifecycle registry's items.
+pub const LIFECYCLE_PK: &str = "_ddbp#lifecycle";
+
+/// The partition key of the stream runner's checkpoint items.
+pub const CHECKPOINT_PK: &str = "_ddbp#checkpoint";
+
+/// The partition key of dead letters.
+pub const DLQ_PK: &str = "_ddbp#dlq";
+
+/// The partition key of holds: the (projection, item) pairs with letters.
+pub const HOLDS_PK: &str = "_ddbp#holds";
+
+/// The partition key of backfill progress items.
+pub const BACKFILL_PK: &str = "_ddbp#backfill";
+
+/// The partition key of prune progress items.
+pub const PRUNE_PK: &str = "_ddbp#prune";
+
+/// The partition key of the audit's items in the table.
+pub const AUDIT_PK: &str = "_ddbp#audit";
+
+/// The partition key prefix of recorded invariant violations; see
+/// [`violation_pk`].
+pub const VIOLATION_PK_PREFIX: &str = "_ddbp#violation#";
+
+/// The partition key prefix under which violations of one invariant are
+/// recorded: `_ddbp#violation#<invariant>`.
+pub fn violation_pk(invariant: &str) -> String {
+    format!("{VIOLATION_PK_PREFIX}{invariant}")
+}
+
+/// The partition key prefix of counters' own marker items.
+pub const COUNTER_MARKER_PREFIX: &str = "_ddbp#count#";
+
+/// Counter records: on the item that marks a source item's membership, the
+/// map attribute `_ddbp#c` maps each counter that counts the source to the
+/// partition key of the shard it is counted in.
+pub const RECORDS_ATTRIBUTE: &str = "_ddbp#c";
+
+/// The prefix of a recomputed kind's token attribute; see
+/// [`token_attribute`].
+pub const TOKEN_ATTRIBUTE_PREFIX: &str = "_ddbp#v#";
+
+/// The attribute a recomputed kind's target carries to order its writes:
+/// a number that grows by one per write of projection `name`.
+pub fn token_attribute(name: &str) -> String {
+    format!("{TOKEN_ATTRIBUTE_PREFIX}{name}")
+}
+
+/// The attribute that holds a counter shard's value.
+pub const COUNT_ATTRIBUTE: &str = "count";
+
+/// The attribute that counts the transactions that moved a shard: the
+/// audit compares it before and after recounting a shard's records.
+pub const CHANGES_ATTRIBUTE: &str = "changes";
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_key_and_reserved_attribute_is_under_the_reserved_prefix() {
+        for name in [
+            LIFECYCLE_PK,
+            CHECKPOINT_PK,
+            DLQ_PK,
+            HOLDS_PK,
+            BACKFILL_PK,
+            PRUNE_PK,
+            AUDIT_PK,
+            VIOLATION_PK_PREFIX,
+            COUNTER_MARKER_PREFIX,
+            RECORDS_ATTRIBUTE,
+            TOKEN_ATTRIBUTE_PREFIX,
+        ] {
+            assert!(name.starts_with(RESERVED_PREFIX), "{name}");
+        }
+        assert_eq!(violation_pk("one-email"), "_ddbp#violation#one-email");
+        assert_eq!(token_attribute("totals"), "_ddbp#v#totals");
+    }
+}
