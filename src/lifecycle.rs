@@ -39,10 +39,14 @@
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::{Arc, Mutex as StdMutex, OnceLock};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use aws_sdk_dynamodb::types::{AttributeValue as Av, KeysAndAttributes};
 use serde::Serialize;
+
+pub use crate::dynamo::names::LIFECYCLE_PK;
+pub use crate::dynamo::retry::is_condition_failure;
+pub use crate::dynamo::time::now_ms;
 
 use crate::apply::ApplyError;
 use crate::dynamo::retry::{
@@ -59,8 +63,6 @@ use crate::spec::{
 /// is written on condition that it did not move since the snapshot that
 /// vouched for it, so that no writer takes a lease unseen in between.
 pub const LEASES_VERSION: &str = "ver";
-
-pub use crate::dynamo::names::LIFECYCLE_PK;
 
 /// How long a stream keeps its records: a consumer that ran nothing for
 /// longer is gone, and no longer checked against.
@@ -123,13 +125,6 @@ pub fn lease_length() -> Duration {
         .and_then(|s| s.parse::<f64>().ok())
         .filter(|s| *s > 0.0 && s.is_finite())
         .map_or(DEFAULT_LEASE, Duration::from_secs_f64)
-}
-
-/// Milliseconds since the Unix epoch.
-pub fn now_ms() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis() as u64)
 }
 
 /// A time in ms as RFC 3339.
@@ -632,11 +627,6 @@ fn number(item: &HashMap<String, Av>, name: &str) -> Option<u64> {
         Some(Av::N(n)) => n.parse().ok(),
         _ => None,
     }
-}
-
-/// Whether a request failed on its condition.
-pub fn is_condition_failure(error: &impl aws_sdk_dynamodb::error::ProvideErrorMetadata) -> bool {
-    error.code() == Some("ConditionalCheckFailedException")
 }
 
 /// The attributes of one projection's lease: writer, consumer, since,

@@ -38,7 +38,8 @@ use crate::dynamo::names::{
     CHANGES_ATTRIBUTE, COUNTER_MARKER_PREFIX, COUNT_ATTRIBUTE, PRUNE_PK, RECORDS_ATTRIBUTE,
 };
 use crate::dynamo::retry::{describe as retry_describe, Retrier, PRUNE_TRANSACTIONS};
-use crate::lifecycle::{now_ms, Registry, WITHOUT};
+use crate::dynamo::time::now_ms;
+use crate::lifecycle::{Registry, WITHOUT};
 use crate::record::ItemKey;
 use crate::spec::{ProjectionKind, Spec};
 
@@ -750,7 +751,7 @@ impl Run<'_> {
                     .await
                     .map(|o| o.consumed_capacity().and_then(|c| c.capacity_units()))
                     .map_err(|e| {
-                        let condition = crate::lifecycle::is_condition_failure(&e);
+                        let condition = crate::dynamo::retry::is_condition_failure(&e);
                         (condition, self.fatal("deleting", e))
                     })
             }
@@ -774,7 +775,7 @@ impl Run<'_> {
                     .await
                     .map(|o| o.consumed_capacity().and_then(|c| c.capacity_units()))
                     .map_err(|e| {
-                        let condition = crate::lifecycle::is_condition_failure(&e);
+                        let condition = crate::dynamo::retry::is_condition_failure(&e);
                         (condition, self.fatal("removing attributes", e))
                     })
             }
@@ -792,7 +793,7 @@ impl Run<'_> {
                 .await
                 .map(|o| o.consumed_capacity().and_then(|c| c.capacity_units()))
                 .map_err(|e| {
-                    let condition = crate::lifecycle::is_condition_failure(&e);
+                    let condition = crate::dynamo::retry::is_condition_failure(&e);
                     (condition, self.fatal("removing a counter record", e))
                 }),
             Action::Keep(_) => unreachable!("handled above"),

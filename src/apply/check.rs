@@ -29,10 +29,10 @@ use super::dlq::now;
 use super::reads::{query_all, read_markers, read_sources, KeyQuery};
 use super::writes::{av, Expr};
 use crate::decode::DecodeProblem;
+use crate::dynamo::names::violation_pk;
 use crate::dynamo::retry::{sdk, with_retries, ErrorClass, WriteError};
 use crate::invariant::{
-    check_partition, check_unique, keep_latest, scope_prefix, unique_value, violation_pk,
-    RepairWrite, Violation,
+    check_partition, check_unique, keep_latest, scope_prefix, unique_value, RepairWrite, Violation,
 };
 use crate::plan::SourceQuery;
 use crate::record::{AttributeValue, ChangeKind, ChangeRecord, Image, Item, ItemKey, Origin};

@@ -276,7 +276,7 @@ impl Applier {
         if !self.config.stream_consumer {
             return Ok(());
         }
-        let needed = crate::lifecycle::now_ms() + self.leases_margin();
+        let needed = crate::dynamo::time::now_ms() + self.leases_margin();
         self.leases.ensure(&[], needed).await.map(|_| ())
     }
 
@@ -328,7 +328,7 @@ impl Applier {
         // records how long it wrote, so that `status` and the next claim
         // see it; no request when the lease still runs.
         if !written.is_empty() {
-            let now = crate::lifecycle::now_ms();
+            let now = crate::dynamo::time::now_ms();
             if let Err(message) = self.leases.ensure(&written, now + 1_000).await {
                 tracing::warn!(%message, "could not extend the lifecycle lease after a long batch");
             }
@@ -415,7 +415,7 @@ impl Applier {
         // The lease is taken (when it must be) while the holds and the
         // recompute targets are read: reads need none.
         let lease_until = ((!ids.is_empty() || consumed) && !past_deadline).then(|| {
-            let now = crate::lifecycle::now_ms();
+            let now = crate::dynamo::time::now_ms();
             (match options.deadline {
                 Some(deadline) => {
                     now + deadline
@@ -750,7 +750,7 @@ impl Applier {
         ids.sort_unstable();
         ids.dedup();
         if !ids.is_empty() {
-            let needed = crate::lifecycle::now_ms() + self.leases_margin() + self.lease_margin();
+            let needed = crate::dynamo::time::now_ms() + self.leases_margin() + self.lease_margin();
             if let Err(message) = self.leases.ensure(&ids, needed).await {
                 return (vec![Err(message); n], BatchStats::default());
             }
@@ -990,7 +990,7 @@ fn record_lag(
     projected: &[Vec<ProjectionId>],
     statuses: &[RecordStatus],
 ) -> Vec<(ProjectionId, i64)> {
-    let now_ms = crate::lifecycle::now_ms() as i64;
+    let now_ms = crate::dynamo::time::now_ms() as i64;
     let mut most: Option<f64> = None;
     let mut latest: HashMap<ProjectionId, i64> = HashMap::new();
     // One histogram handle per projection a batch, not a label per record.

@@ -258,7 +258,7 @@ pub async fn audit_segment_from(
         None => Checkpoint {
             report: AuditReport {
                 table: applier.table().to_string(),
-                started_ms: crate::lifecycle::now_ms(),
+                started_ms: crate::dynamo::time::now_ms(),
                 segment: Some(segment),
                 total_segments: total,
                 sketch: Some(Sketch::default()),
@@ -557,7 +557,7 @@ pub(crate) async fn put(
     }
     item.insert(
         "updatedAt".to_string(),
-        Av::S(crate::lifecycle::iso(crate::lifecycle::now_ms())),
+        Av::S(crate::lifecycle::iso(crate::dynamo::time::now_ms())),
     );
     let mut request = applier
         .client()

@@ -546,7 +546,7 @@ pub async fn audit(applier: &Applier, options: &AuditOptions) -> Result<AuditRep
         return Ok(slice.report);
     }
     let started = Instant::now();
-    let started_ms = crate::lifecycle::now_ms();
+    let started_ms = crate::dynamo::time::now_ms();
     let spec = applier.spec();
     let read_micro = AtomicU64::new(0);
     let mine: Vec<u32> = match options.segment {

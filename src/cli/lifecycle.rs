@@ -12,7 +12,8 @@ use serde_json::json;
 use super::online::{projection_ids, Segments};
 use super::{connect, OutputFormat, Target};
 use crate::apply::Applier;
-use crate::lifecycle::{iso, now_ms, states, ClaimOutcome, Commands, Registry, State};
+use crate::dynamo::time::now_ms;
+use crate::lifecycle::{iso, states, ClaimOutcome, Commands, Registry, State};
 use crate::spec::ProjectionId;
 
 /// How `status` writes the commands it suggests for this target.

@@ -11,6 +11,7 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand, ValueEnum};
 
+pub use crate::dynamo::names::parse_consumer;
 pub use crate::logging::LogFormat;
 use crate::spec::Spec;
 
@@ -391,22 +392,6 @@ pub struct Target {
     /// one serving every spec of the table).
     #[arg(long, env = "PROJECTOR_CONSUMER", value_parser = parse_consumer)]
     pub consumer: Option<String>,
-}
-
-/// A consumer name: 1 to 64 letters, digits, `.`, `_` or `-`.
-pub fn parse_consumer(text: &str) -> Result<String, String> {
-    let ok = !text.is_empty()
-        && text.len() <= 64
-        && text
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'));
-    if ok {
-        Ok(text.to_string())
-    } else {
-        Err(format!(
-            "`{text}` is not a consumer name: use 1 to 64 letters, digits, `.`, `_` or `-`"
-        ))
-    }
 }
 
 /// `table` subcommands.

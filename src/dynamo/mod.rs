@@ -1,15 +1,19 @@
 //! DynamoDB access, the floor every module that talks to AWS stands on.
 //!
+//! - [`arn`]: the table of a stream ARN.
 //! - [`client`]: SDK configuration, clients, and the table checks every
 //!   online command starts with.
 //! - [`names`]: the reserved names of the projector's own items and
-//!   attributes.
+//!   attributes, and what a consumer may be named.
 //! - [`retry`]: the classification of SDK errors and every retry and
 //!   backoff policy.
+//! - [`time`]: the clock as the registry and the leases store it.
 //!
 //! **Architecture Invariant:** `dynamo` imports nothing of the crate but
 //! `record`: every room above may use it, and it knows none of them.
 
+pub mod arn;
 pub mod client;
 pub mod names;
 pub mod retry;
+pub mod time;

@@ -6,6 +6,10 @@
 //! the table's items, and the Lambda's filters warn when an entity's
 //! prefix could match it. The values are stored: changing one orphans the
 //! items written under the old one.
+//!
+//! A consumer's name goes into keys too (`_ddbp#checkpoint@<consumer>`, its
+//! leases), so what a consumer may be named is decided here as well
+//! ([`parse_consumer`]).
 
 /// Keys starting with this prefix belong to the projector itself (dead
 /// letters, checkpoints, counter markers); they never match an entity.
@@ -67,6 +71,22 @@ pub const COUNT_ATTRIBUTE: &str = "count";
 /// audit compares it before and after recounting a shard's records.
 pub const CHANGES_ATTRIBUTE: &str = "changes";
 
+/// A consumer name: 1 to 64 letters, digits, `.`, `_` or `-`.
+pub fn parse_consumer(text: &str) -> Result<String, String> {
+    let ok = !text.is_empty()
+        && text.len() <= 64
+        && text
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'));
+    if ok {
+        Ok(text.to_string())
+    } else {
+        Err(format!(
+            "`{text}` is not a consumer name: use 1 to 64 letters, digits, `.`, `_` or `-`"
+        ))
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -90,5 +110,14 @@ mod tests {
         }
         assert_eq!(violation_pk("one-email"), "_ddbp#violation#one-email");
         assert_eq!(token_attribute("totals"), "_ddbp#v#totals");
+    }
+
+    #[test]
+    fn consumer_names_are_short_and_plain() {
+        assert_eq!(parse_consumer("blue-1.a_b"), Ok("blue-1.a_b".to_string()));
+        assert_eq!(parse_consumer(&"c".repeat(64)).map(|n| n.len()), Ok(64));
+        for bad in ["", "a b", "a#b", "a@b", &"c".repeat(65)] {
+            assert!(parse_consumer(bad).is_err(), "{bad:?}");
+        }
     }
 }

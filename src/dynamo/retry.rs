@@ -120,6 +120,11 @@ pub fn classify_code(code: Option<&str>, message: Option<&str>) -> ErrorClass {
     }
 }
 
+/// Whether a request failed on its condition.
+pub fn is_condition_failure(error: &impl ProvideErrorMetadata) -> bool {
+    error.code() == Some("ConditionalCheckFailedException")
+}
+
 /// The error with its sources, on one line.
 pub fn describe(error: &dyn std::error::Error) -> String {
     let mut text = error.to_string();

@@ -13,9 +13,10 @@ use tokio::time::Instant;
 use tracing::Instrument;
 
 use super::backfill::{BackfillRequestError, BackfillResponse};
-use super::event::{table_from_stream_arn, Payload, StreamsEvent};
+use super::event::{Payload, StreamsEvent};
 use crate::apply::{Applier, ApplyConfig, ApplyError, BatchOptions, BatchStats, RecordStatus};
 use crate::decode::{DecodeProblem, Decoded};
+use crate::dynamo::arn::table_from_stream_arn;
 use crate::record::ChangeRecord;
 use crate::spec::{Spec, SpecSet};
 

@@ -175,7 +175,7 @@ async fn init() -> Result<Handler, InitError> {
     let table = std::env::var(TABLE_VAR).ok().filter(|t| !t.is_empty());
     let consumer = match std::env::var(CONSUMER_VAR) {
         Ok(name) if !name.is_empty() => {
-            Some(crate::cli::parse_consumer(&name).map_err(InitError::Consumer)?)
+            Some(crate::dynamo::names::parse_consumer(&name).map_err(InitError::Consumer)?)
         }
         _ => None,
     };

@@ -13,10 +13,11 @@
 use super::{
     changed, CounterShard, Effect, MarkerState, Op, PlanProblem, Selection, SourceGuard, Subject,
 };
+use crate::dynamo::names::RECORDS_ATTRIBUTE;
 use crate::record::{ChangeKind, ChangeRecord, Item, ItemKey, Origin, ValueRef};
 use crate::spec::{
     Bindings, Condition, Counter, InverseEdge, Marker, ProjectionId, ProjectionKind, RenderError,
-    Spec, Template, RECORDS_ATTRIBUTE,
+    Spec, Template,
 };
 
 /// The shard a source item counts in: FNV-1a of its key, stable across

@@ -328,7 +328,7 @@ fn bad_key(spec: &Spec, record: &ChangeRecord, name: &str) -> PlanProblem {
     let source_table = match &record.origin {
         crate::record::Origin::Lambda {
             event_source_arn: Some(arn),
-        } => crate::lambda::event::table_from_stream_arn(arn).map(str::to_string),
+        } => crate::dynamo::arn::table_from_stream_arn(arn).map(str::to_string),
         _ => None,
     };
     PlanProblem::BadKey {

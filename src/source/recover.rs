@@ -70,7 +70,7 @@ pub struct FailedBatch {
 impl FailedBatch {
     /// The table the stream belongs to.
     pub fn table(&self) -> Option<&str> {
-        crate::lambda::event::table_from_stream_arn(&self.stream_arn)
+        crate::dynamo::arn::table_from_stream_arn(&self.stream_arn)
     }
 }
 

@@ -463,7 +463,8 @@ async fn backfill_derives_totals_and_audit_finds_and_repairs_drift() {
 /// Claims `ids` for `run` (waiting out other definitions' leases) and
 /// backfills them; the names recorded as backfilled.
 async fn claimed_backfill(applier: &Applier, ids: Vec<usize>, run: &str) -> Vec<String> {
-    use ddb_projector::lifecycle::{now_ms, ClaimOutcome, Registry};
+    use ddb_projector::dynamo::time::now_ms;
+    use ddb_projector::lifecycle::{ClaimOutcome, Registry};
     let registry = Registry::new(
         applier.client().clone(),
         applier.table(),
@@ -509,7 +510,7 @@ async fn states(applier: &Applier, spec: &ddb_projector::spec::Spec) -> Vec<(Str
     lifecycle::states(
         spec,
         &snapshot,
-        lifecycle::now_ms(),
+        ddb_projector::dynamo::time::now_ms(),
         0,
         &std::collections::HashMap::new(),
         &lifecycle::Commands::default(),

@@ -183,7 +183,7 @@ async fn status_follows_each_projection_from_deploy_to_live_change_and_retiremen
         applied["changeMs"].as_i64().expect("a change time"),
         applied["appliedMs"].as_i64().expect("an applied time"),
     );
-    let now = ddb_projector::lifecycle::now_ms() as i64;
+    let now = ddb_projector::dynamo::time::now_ms() as i64;
     assert!(
         change > now - 600_000 && change <= at && at <= now,
         "{applied}"
@@ -328,7 +328,7 @@ async fn a_writer_of_the_old_definition_turns_a_live_projection_back_and_blocks_
         .await
         .and_then(|d| d.consumed_until)
         .expect("v2 ran");
-    let wait = running.saturating_sub(ddb_projector::lifecycle::now_ms()) + 100;
+    let wait = running.saturating_sub(ddb_projector::dynamo::time::now_ms()) + 100;
     tokio::time::sleep(std::time::Duration::from_millis(wait)).await;
     let item = follow("c", "b", "2026-11-24");
     put_item(&client, &table, &item).await;
@@ -381,7 +381,7 @@ async fn a_writer_of_the_old_definition_turns_a_live_projection_back_and_blocks_
             projection, until, ..
         } => {
             assert_eq!(projection, "followers");
-            assert!(until > ddb_projector::lifecycle::now_ms());
+            assert!(until > ddb_projector::dynamo::time::now_ms());
         }
         other => panic!("claimed beside a live lease of v1: {other:?}"),
     }
@@ -474,7 +474,7 @@ async fn a_shorter_lease_never_cuts_a_longer_one_of_the_same_definition() {
     let spec = support::shipped_spec("social-service.toml");
     let table = support::fresh_table(&client, &spec, "lifecycle-lease").await;
     let ids: Vec<usize> = (0..spec.projections.len()).collect();
-    let now = ddb_projector::lifecycle::now_ms();
+    let now = ddb_projector::dynamo::time::now_ms();
     // A Lambda environment with a long invocation, then a short-lived
     // writer of the same definition (a redrive, another environment).
     let long = ddb_projector::lifecycle::Leases::shared(
@@ -933,7 +933,7 @@ async fn a_changed_counter_is_rebuilt_beside_the_old_one_and_readers_never_see_a
         match registry.claim(&laid, &[id], "rebuild").await.unwrap() {
             ClaimOutcome::Claimed => break,
             ClaimOutcome::Wait { until, .. } => {
-                let left = until.saturating_sub(ddb_projector::lifecycle::now_ms()) + 100;
+                let left = until.saturating_sub(ddb_projector::dynamo::time::now_ms()) + 100;
                 tokio::time::sleep(std::time::Duration::from_millis(left)).await;
             }
             other => panic!("{other:?}"),

@@ -589,7 +589,7 @@ async fn two_consumers_of_one_table_keep_their_own_checkpoints() {
         let rows = lifecycle::states(
             spec,
             &snapshot,
-            lifecycle::now_ms(),
+            ddb_projector::dynamo::time::now_ms(),
             0,
             &std::collections::HashMap::new(),
             &commands,
@@ -780,7 +780,7 @@ async fn a_team_joining_the_table_sends_no_one_else_back_to_a_backfill() {
             lifecycle::states(
                 &spec,
                 &snapshot,
-                lifecycle::now_ms(),
+                ddb_projector::dynamo::time::now_ms(),
                 0,
                 &std::collections::HashMap::new(),
                 &lifecycle::Commands::default(),

@@ -757,7 +757,7 @@ async fn claim(applier: &Applier, selection: &[usize], run: &str) -> Result<(), 
         {
             ClaimOutcome::Claimed => return Ok(()),
             ClaimOutcome::Wait { until, .. } => {
-                let left = until.saturating_sub(lifecycle::now_ms()) + 20;
+                let left = until.saturating_sub(ddb_projector::dynamo::time::now_ms()) + 20;
                 tokio::time::sleep(std::time::Duration::from_millis(left)).await;
             }
             other => return Err(TestCaseError::fail(format!("claim: {other:?}"))),
@@ -814,7 +814,7 @@ async fn states(
     lifecycle::states(
         spec,
         &snapshot,
-        lifecycle::now_ms(),
+        ddb_projector::dynamo::time::now_ms(),
         0,
         &std::collections::HashMap::new(),
         &lifecycle::Commands::default(),
