@@ -19,7 +19,8 @@
 //! - [`backfill`]: parallel, resumable, rate-limited scans through the same
 //!   planner and applier.
 //! - [`dynamo`]: DynamoDB access, the floor under every module that talks
-//!   to AWS: client set-up, error classes and every retry policy.
+//!   to AWS: client set-up, error classes and every retry policy, the
+//!   reserved names (`_ddbp#...`), ARN and consumer-name parsing.
 //! - [`table`], [`counter`]: table creation, counter reads.
 //! - [`global`]: on a global table, which region projects.
 //! - [`cli`] and `main.rs`: the `ddb-projector` command line.
