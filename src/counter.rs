@@ -46,7 +46,7 @@ pub async fn read_counter(
             spec.projections[id].kind_name()
         );
     };
-    let registry = crate::lifecycle::Registry::new(client.clone(), table, &spec.table);
+    let registry = crate::control::Registry::new(client.clone(), table, &spec.table);
     let read = registry
         .read_version(name)
         .await

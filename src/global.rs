@@ -336,7 +336,7 @@ pub async fn standing(
         .map_err(|error| format!("{error:#}"))?;
     let recorded = match info.replicas.is_empty() {
         true => None,
-        false => crate::lifecycle::Registry::new(client.clone(), table, &spec.table)
+        false => crate::control::Registry::new(client.clone(), table, &spec.table)
             .recorded_home()
             .await
             .map_err(|error| format!("reading the recorded home region: {error}"))?,

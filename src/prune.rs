@@ -34,12 +34,12 @@ use serde::Serialize;
 
 use crate::apply::ApplyError;
 use crate::backfill::Pacer;
+use crate::control::{Registry, WITHOUT};
 use crate::dynamo::names::{
     CHANGES_ATTRIBUTE, COUNTER_MARKER_PREFIX, COUNT_ATTRIBUTE, PRUNE_PK, RECORDS_ATTRIBUTE,
 };
 use crate::dynamo::retry::{describe as retry_describe, Retrier, PRUNE_TRANSACTIONS};
 use crate::dynamo::time::now_ms;
-use crate::lifecycle::{Registry, WITHOUT};
 use crate::record::ItemKey;
 use crate::spec::{ProjectionKind, Spec};
 

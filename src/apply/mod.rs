@@ -67,7 +67,7 @@ pub struct ApplyConfig {
     /// Whether this applier consumes the table's stream for the whole spec
     /// (the Lambda, the runner): its lifecycle leases then also say that
     /// it runs the definitions, and that it leaves the projections its
-    /// spec lacks unprojected ([`crate::lifecycle`]).
+    /// spec lacks unprojected ([`crate::control`]).
     pub stream_consumer: bool,
     /// How long a lifecycle lease lasts past what a batch needs
     /// (`PROJECTOR_LEASE_SECONDS`, default 120 s). The first applier of a
@@ -82,7 +82,7 @@ pub struct ApplyConfig {
     /// different specs on one table each name theirs: each keeps its own
     /// checkpoints, its own letters and holds of records that could not be
     /// decoded (letters of a projection are its consumer's already), and
-    /// leaves the other's projections to it ([`crate::lifecycle`]).
+    /// leaves the other's projections to it ([`crate::control`]).
     pub consumer: Option<String>,
 }
 
@@ -94,8 +94,8 @@ impl Default for ApplyConfig {
             dead_letters: true,
             check_invariants: true,
             stream_consumer: false,
-            lease: crate::lifecycle::lease_length(),
-            clock_skew: Duration::from_millis(crate::lifecycle::clock_skew_ms()),
+            lease: crate::control::lease_length(),
+            clock_skew: Duration::from_millis(crate::control::clock_skew_ms()),
             consumer: None,
         }
     }
@@ -226,7 +226,7 @@ pub struct Applier {
     pub(crate) table: String,
     pub(crate) config: ApplyConfig,
     /// The lifecycle leases every write is made under.
-    pub(crate) leases: Arc<crate::lifecycle::Leases>,
+    pub(crate) leases: Arc<crate::control::Leases>,
 }
 
 /// Which records one coalesced write stands for, and its outcome.
@@ -243,7 +243,7 @@ impl Applier {
         table: &str,
         config: ApplyConfig,
     ) -> Applier {
-        let leases = crate::lifecycle::Leases::shared(
+        let leases = crate::control::Leases::shared(
             &client,
             table,
             &spec,
@@ -389,7 +389,7 @@ impl Applier {
         let ctx = ctx::Ctx::new(&self.client, &self.table, spec, &self.config);
 
         // Nothing is written without a lease of the definitions written
-        // with, lasting past the batch ([`crate::lifecycle`]): a request
+        // with, lasting past the batch ([`crate::control`]): a request
         // only when the lease would run out first. A stream consumer takes
         // it for any batch, so that `status` sees the deploy at once.
         // A batch past its deadline writes nothing, so it needs none.

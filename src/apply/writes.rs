@@ -141,7 +141,7 @@ async fn readers_shards(
         )));
     };
     let name = &spec.projections[counter].name;
-    let registry = crate::lifecycle::Registry::new(ctx.client.clone(), ctx.table, &spec.table);
+    let registry = crate::control::Registry::new(ctx.client.clone(), ctx.table, &spec.table);
     // The SDK retries throttling; anything else has the records redelivered.
     let read = registry
         .read_version(name)

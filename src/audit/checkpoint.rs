@@ -557,7 +557,7 @@ pub(crate) async fn put(
     }
     item.insert(
         "updatedAt".to_string(),
-        Av::S(crate::lifecycle::iso(crate::dynamo::time::now_ms())),
+        Av::S(crate::control::iso(crate::dynamo::time::now_ms())),
     );
     let mut request = applier
         .client()

@@ -71,7 +71,7 @@ pub struct BackfillOptions {
     /// budget); progress is checkpointed, so the next call continues.
     pub deadline: Option<tokio::time::Instant>,
     /// The lifecycle run this backfill belongs to, claimed beforehand with
-    /// [`crate::lifecycle::Registry::claim`]: its progress is its own, and
+    /// [`crate::control::Registry::claim`]: its progress is its own, and
     /// once every segment of it is done (here or elsewhere) its projections
     /// are recorded as backfilled. `None`: not recorded in the lifecycle.
     pub run: Option<String>,
@@ -238,7 +238,7 @@ pub async fn backfill(
     };
     let later_ids: Vec<ProjectionId> = later.iter().map(|&(id, _)| id).collect();
     let registry =
-        crate::lifecycle::Registry::new(applier.client().clone(), applier.table(), &spec.table);
+        crate::control::Registry::new(applier.client().clone(), applier.table(), &spec.table);
     // Readers read the rebuilt counters already: the first scan completed
     // (in an earlier call, or on another machine).
     let switched = || async {
@@ -454,7 +454,7 @@ async fn backfill_once(
                 Some(ids) => ids.clone(),
                 None => (0..spec.projections.len()).collect(),
             };
-            let registry = crate::lifecycle::Registry::new(
+            let registry = crate::control::Registry::new(
                 applier.client().clone(),
                 applier.table(),
                 &spec.table,

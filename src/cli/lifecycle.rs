@@ -12,8 +12,8 @@ use serde_json::json;
 use super::online::{projection_ids, Segments};
 use super::{connect, OutputFormat, Target};
 use crate::apply::Applier;
+use crate::control::{iso, states, ClaimOutcome, Commands, Registry, State};
 use crate::dynamo::time::now_ms;
-use crate::lifecycle::{iso, states, ClaimOutcome, Commands, Registry, State};
 use crate::spec::ProjectionId;
 
 /// How `status` writes the commands it suggests for this target.
@@ -139,7 +139,7 @@ pub async fn status(target: Target, format: OutputFormat) -> anyhow::Result<Exit
             for row in &rows {
                 let (last, lag) = match row.applied {
                     Some(applied) => (
-                        crate::lifecycle::iso(applied.change_ms.max(0) as u64),
+                        crate::control::iso(applied.change_ms.max(0) as u64),
                         format!("{:.1} s", applied.lag_ms() as f64 / 1000.0),
                     ),
                     None => ("-".to_string(), "-".to_string()),
@@ -428,7 +428,7 @@ pub async fn prune(
                 && record
                     .definitions
                     .iter()
-                    .any(|d| d.fingerprint != crate::lifecycle::WITHOUT)
+                    .any(|d| d.fingerprint != crate::control::WITHOUT)
         })
         .map(|(name, _)| name.as_str())
         .collect();
@@ -464,7 +464,7 @@ pub async fn prune(
         if let Some(writer) = record
             .definitions
             .iter()
-            .filter(|d| d.fingerprint != crate::lifecycle::WITHOUT)
+            .filter(|d| d.fingerprint != crate::control::WITHOUT)
             .find(|d| d.writes_until >= now)
         {
             bail!(
@@ -479,7 +479,7 @@ pub async fn prune(
                 let latest = record
                     .definitions
                     .iter()
-                    .filter(|d| d.fingerprint != crate::lifecycle::WITHOUT)
+                    .filter(|d| d.fingerprint != crate::control::WITHOUT)
                     .filter_map(|d| d.spec_key.as_ref().map(|key| (d.writes_until, key)))
                     .max();
                 let Some((_, key)) = latest else {

@@ -593,7 +593,7 @@ fn block_on<F: std::future::Future<Output = anyhow::Result<ExitCode>>>(
 /// A compiled spec, the table name and the AWS clients of a command.
 pub struct Connection {
     /// The compiled spec, laid out: changed counters built beside the
-    /// version readers read ([`crate::lifecycle::Registry::layout`]).
+    /// version readers read ([`crate::control::Registry::layout`]).
     pub spec: std::sync::Arc<Spec>,
     /// The spec as the file has it.
     pub file_spec: std::sync::Arc<Spec>,
@@ -633,8 +633,8 @@ pub async fn connect(target: &Target) -> Result<Connection, anyhow::Result<ExitC
     };
     let dynamodb = crate::dynamo::client::dynamodb(&config);
     // A changed counter is built beside the version readers read, which
-    // every writer keeps current meanwhile (see `lifecycle::layout`).
-    let registry = crate::lifecycle::Registry::new(dynamodb.clone(), &table, &spec.table);
+    // every writer keeps current meanwhile (see `control::Registry::layout`).
+    let registry = crate::control::Registry::new(dynamodb.clone(), &table, &spec.table);
     let laid = match registry.layout(&spec).await {
         Ok((laid, _)) => laid,
         Err(error) => return Err(Err(anyhow::anyhow!("{error}"))),

@@ -125,7 +125,7 @@ pub async fn check_table(target: Target) -> anyhow::Result<ExitCode> {
         }
     }
     // The specs other consumers run on the table (see `--consumer`).
-    let registry = crate::lifecycle::Registry::new(c.dynamodb.clone(), &c.table, &c.spec.table);
+    let registry = crate::control::Registry::new(c.dynamodb.clone(), &c.table, &c.spec.table);
     let conflicts = registry
         .consumer_conflicts(&c.spec, target.consumer.as_deref())
         .await?;

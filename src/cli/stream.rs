@@ -10,7 +10,7 @@ use anyhow::bail;
 
 use super::{connect, Connection, OutputFormat, Target};
 use crate::apply::{Applier, ApplyConfig};
-use crate::lifecycle::Registry;
+use crate::control::Registry;
 use crate::source::recover::{RecoverOptions, Recovery};
 use crate::source::stream::MAX_BATCH;
 use crate::source::{RunOptions, StreamRunner, Summary};
@@ -298,17 +298,17 @@ async fn run_stream(
         // stale layout, it starts over with the new one (replays change
         // nothing they already applied).
         let watch = async {
-            let mut refusals = crate::lifecycle::layout_refusals();
+            let mut refusals = crate::control::layout_refusals();
             loop {
                 // Once per lease period, or at once when a writer was
                 // refused for a stale layout.
                 let started = tokio::time::Instant::now();
-                while started.elapsed() < crate::lifecycle::lease_length()
-                    && crate::lifecycle::layout_refusals() == refusals
+                while started.elapsed() < crate::control::lease_length()
+                    && crate::control::layout_refusals() == refusals
                 {
                     tokio::time::sleep(std::time::Duration::from_millis(200)).await;
                 }
-                refusals = crate::lifecycle::layout_refusals();
+                refusals = crate::control::layout_refusals();
                 match registry.layout(&c.file_spec).await {
                     Ok((laid, _))
                         if laid.projections_fingerprint() != spec.projections_fingerprint() =>

@@ -444,7 +444,7 @@ impl Handler {
         let started = Instant::now();
         request.check()?;
         let (table, file_spec) = self.payload_table(request.table.as_deref())?;
-        let spec = crate::lifecycle::current_layout(&self.client, &table, &file_spec).await?;
+        let spec = crate::control::current_layout(&self.client, &table, &file_spec).await?;
         let (deadlines, config) = self.budget(context, started);
         if deadlines.stop_writes <= started {
             return Err(InvocationError::AuditNoTime {

@@ -328,13 +328,13 @@ impl Handler {
         run: &str,
         started: Instant,
     ) -> Result<BackfillResponse, InvocationError> {
-        let registry = crate::lifecycle::Registry::new(self.client.clone(), table, &spec.table);
+        let registry = crate::control::Registry::new(self.client.clone(), table, &spec.table);
         let ids: Vec<_> = match &plan.options.projections {
             Some(ids) => ids.clone(),
             None => spec.backfilled_projections(),
         };
         match registry.claim(spec, &ids, run).await? {
-            crate::lifecycle::ClaimOutcome::Claimed => {
+            crate::control::ClaimOutcome::Claimed => {
                 let summary = BackfillSummary {
                     seconds: started.elapsed().as_secs_f64(),
                     ..BackfillSummary::default()
@@ -344,20 +344,20 @@ impl Handler {
                 response.done = false;
                 Ok(response)
             }
-            crate::lifecycle::ClaimOutcome::RunUsed { projection } => {
+            crate::control::ClaimOutcome::RunUsed { projection } => {
                 Err(InvocationError::Backfill(BackfillRequestError::RunDone {
                     run: run.to_string(),
                     projection,
                 }))
             }
-            crate::lifecycle::ClaimOutcome::Wait {
+            crate::control::ClaimOutcome::Wait {
                 projection,
                 other,
                 until,
             } => Err(InvocationError::OtherDefinitionRunning {
                 projection,
                 other,
-                until: crate::lifecycle::iso(until),
+                until: crate::control::iso(until),
             }),
         }
     }
@@ -373,7 +373,7 @@ impl Handler {
         // PROJECTOR_TABLE, else the only spec's.
         let (table, file_spec) = self.payload_table(request.table.as_deref())?;
         // A changed counter is built beside the version readers read.
-        let spec = crate::lifecycle::current_layout(&self.client, &table, &file_spec).await?;
+        let spec = crate::control::current_layout(&self.client, &table, &file_spec).await?;
         let plan = request.plan(&spec)?;
         let segment = request.segment;
         let total = request.total_segments;

@@ -606,7 +606,7 @@ impl Handler {
                 tables: self.specs.tables(),
             });
         };
-        let spec = match crate::lifecycle::current_layout(&self.client, &table, file_spec).await {
+        let spec = match crate::control::current_layout(&self.client, &table, file_spec).await {
             Ok(spec) => spec,
             Err(error) => {
                 tracing::warn!(request_id = %context.request_id, %error, "reading the counters' layout failed: the batch is delivered again");

@@ -474,7 +474,7 @@ pub struct Spec {
     pub raw: RawSpec,
     /// Counter storages readers read that no projection of this spec keeps
     /// current (a changed counter's old version that could not be kept,
-    /// see `lifecycle::Registry::layout`): their records stay on the items
+    /// see `control::Registry::layout`): their records stay on the items
     /// as they are, and nothing moves their shards, until the switch.
     pub frozen: Vec<String>,
     /// The service (and file) that registered each projection and

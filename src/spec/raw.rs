@@ -142,7 +142,7 @@ pub enum RawProjection {
         /// Where the counter's shards and records live: set by the tool,
         /// never by hand. A changed counter is rebuilt beside the version
         /// readers read, in the next generation `<name>~N` (see
-        /// `lifecycle::Registry::layout`); absent means `<name>`.
+        /// `control::Registry::layout`); absent means `<name>`.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         storage: Option<String>,
     },

@@ -226,7 +226,7 @@ pub async fn snapshot(client: &aws_sdk_dynamodb::Client, table: &str) -> Vec<Att
         // The lifecycle registry: leases are renewed as time passes.
         .filter(|item| {
             !text(item, "PK")
-                .is_some_and(|pk| ddb_projector::lifecycle::Registry::is_registry_key(&pk))
+                .is_some_and(|pk| ddb_projector::control::Registry::is_registry_key(&pk))
         })
         .collect();
     items.sort_by_key(History::key);

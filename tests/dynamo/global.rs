@@ -243,7 +243,7 @@ async fn only_the_home_region_projects() {
     // with us-east-1 writes nothing, in us-east-1 or in eu-west-1 (the
     // record may be an older failover's); eu-west-1 projects once its
     // configuration agrees.
-    ddb_projector::lifecycle::Registry::new(client.clone(), &table, &spec.table)
+    ddb_projector::control::Registry::new(client.clone(), &table, &spec.table)
         .record_home("eu-west-1")
         .await
         .expect("record the home");

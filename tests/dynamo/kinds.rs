@@ -463,8 +463,8 @@ async fn backfill_derives_totals_and_audit_finds_and_repairs_drift() {
 /// Claims `ids` for `run` (waiting out other definitions' leases) and
 /// backfills them; the names recorded as backfilled.
 async fn claimed_backfill(applier: &Applier, ids: Vec<usize>, run: &str) -> Vec<String> {
+    use ddb_projector::control::{ClaimOutcome, Registry};
     use ddb_projector::dynamo::time::now_ms;
-    use ddb_projector::lifecycle::{ClaimOutcome, Registry};
     let registry = Registry::new(
         applier.client().clone(),
         applier.table(),
@@ -504,16 +504,16 @@ async fn claimed_backfill(applier: &Applier, ids: Vec<usize>, run: &str) -> Vec<
 }
 
 async fn states(applier: &Applier, spec: &ddb_projector::spec::Spec) -> Vec<(String, String)> {
-    use ddb_projector::lifecycle::{self, Registry};
+    use ddb_projector::control::{self, Registry};
     let registry = Registry::new(applier.client().clone(), applier.table(), &spec.table);
     let snapshot = registry.snapshot(spec).await.expect("the registry");
-    lifecycle::states(
+    control::states(
         spec,
         &snapshot,
         ddb_projector::dynamo::time::now_ms(),
         0,
         &std::collections::HashMap::new(),
-        &lifecycle::Commands::default(),
+        &control::Commands::default(),
     )
     .into_iter()
     .map(|row| (row.name, format!("{:?}", row.state)))
@@ -523,7 +523,7 @@ async fn states(applier: &Applier, spec: &ddb_projector::spec::Spec) -> Vec<(Str
 #[tokio::test]
 async fn a_rollup_is_rebuilt_with_its_counter_and_ends_live_and_exact() {
     use ddb_projector::apply::ApplyConfig;
-    use ddb_projector::lifecycle::Registry;
+    use ddb_projector::control::Registry;
     use ddb_projector::spec::Spec;
     use std::sync::Arc;
     let text =
@@ -906,7 +906,7 @@ async fn an_aggregate_totals_only_the_items_its_target_key_names() {
 #[tokio::test]
 async fn a_rollups_backfill_cut_after_its_counter_completed_resumes_in_a_new_process() {
     use ddb_projector::apply::ApplyConfig;
-    use ddb_projector::lifecycle::{ClaimOutcome, Registry};
+    use ddb_projector::control::{ClaimOutcome, Registry};
     use ddb_projector::spec::Spec;
     use std::sync::Arc;
     let text =

@@ -1121,7 +1121,7 @@ async fn lambda_claims_a_run_and_its_last_slice_records_the_backfill() {
     };
     assert_eq!(body["claimed"], true, "{body}");
     assert_eq!(body["scanned"], 0, "{body}");
-    let registry = ddb_projector::lifecycle::Registry::new(client.clone(), &table, &spec.table);
+    let registry = ddb_projector::control::Registry::new(client.clone(), &table, &spec.table);
     let snapshot = registry.snapshot(&spec).await.unwrap();
     for projection in &spec.projections {
         let claim = snapshot.record(&projection.name).claim.expect("claimed");
@@ -1154,7 +1154,7 @@ async fn lambda_claims_a_run_and_its_last_slice_records_the_backfill() {
         assert_eq!(done.run, "exec-1");
         assert_eq!(
             done.fingerprint,
-            ddb_projector::lifecycle::hex(projection.fingerprint)
+            ddb_projector::control::hex(projection.fingerprint)
         );
         assert!(record.claim.is_none());
     }

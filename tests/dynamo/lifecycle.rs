@@ -9,8 +9,8 @@ use std::sync::Arc;
 
 use ddb_projector::apply::{Applier, ApplyConfig, BatchOptions};
 use ddb_projector::backfill::{backfill, BackfillOptions};
+use ddb_projector::control::{ClaimOutcome, Registry};
 use ddb_projector::decode::decode_scanned_item;
-use ddb_projector::lifecycle::{ClaimOutcome, Registry};
 use ddb_projector::spec::Spec;
 use serde_json::Value;
 
@@ -456,13 +456,13 @@ async fn definition(
     table: &str,
     spec: &Spec,
     name: &str,
-) -> Option<ddb_projector::lifecycle::Definition> {
+) -> Option<ddb_projector::control::Definition> {
     let registry = Registry::new(client.clone(), table, &spec.table);
     let snapshot = registry.snapshot(spec).await.unwrap();
     let id = spec.projection_id(name).unwrap();
     snapshot
         .record(name)
-        .definition(&ddb_projector::lifecycle::hex(
+        .definition(&ddb_projector::control::hex(
             spec.projections[id].fingerprint,
         ))
         .cloned()
@@ -477,7 +477,7 @@ async fn a_shorter_lease_never_cuts_a_longer_one_of_the_same_definition() {
     let now = ddb_projector::dynamo::time::now_ms();
     // A Lambda environment with a long invocation, then a short-lived
     // writer of the same definition (a redrive, another environment).
-    let long = ddb_projector::lifecycle::Leases::shared(
+    let long = ddb_projector::control::Leases::shared(
         &client,
         &table,
         &spec,
@@ -485,7 +485,7 @@ async fn a_shorter_lease_never_cuts_a_longer_one_of_the_same_definition() {
         None,
         std::time::Duration::from_secs(600),
     );
-    let short = ddb_projector::lifecycle::Leases::shared(
+    let short = ddb_projector::control::Leases::shared(
         &client,
         &table,
         &spec,
@@ -564,7 +564,7 @@ async fn a_consumer_without_a_new_projection_holds_off_its_backfill() {
             projection, other, ..
         } => {
             assert_eq!(projection, "following");
-            assert_eq!(other, ddb_projector::lifecycle::WITHOUT);
+            assert_eq!(other, ddb_projector::control::WITHOUT);
         }
         other => panic!("claimed while a worker without it ran: {other:?}"),
     }

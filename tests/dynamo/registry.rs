@@ -485,7 +485,7 @@ async fn consumer_runner(
 #[tokio::test]
 async fn two_consumers_of_one_table_keep_their_own_checkpoints() {
     use ddb_projector::backfill::{backfill, BackfillOptions};
-    use ddb_projector::lifecycle::{self, ClaimOutcome, Registry, State};
+    use ddb_projector::control::{self, ClaimOutcome, Registry, State};
     use ddb_projector::source::RunOptions;
 
     let client = support::client().await;
@@ -582,11 +582,11 @@ async fn two_consumers_of_one_table_keep_their_own_checkpoints() {
     for (spec, consumer) in [(&users, "users"), (&social, "social")] {
         let registry = Registry::new(client.clone(), &table, &spec.table);
         let snapshot = registry.snapshot(spec).await.unwrap();
-        let commands = lifecycle::Commands {
+        let commands = control::Commands {
             consumer: Some(consumer.to_string()),
-            ..lifecycle::Commands::default()
+            ..control::Commands::default()
         };
-        let rows = lifecycle::states(
+        let rows = control::states(
             spec,
             &snapshot,
             ddb_projector::dynamo::time::now_ms(),
@@ -616,7 +616,7 @@ async fn two_consumers_of_one_table_keep_their_own_checkpoints() {
 #[tokio::test]
 async fn a_consumer_conflicting_with_another_is_refused() {
     use ddb_projector::apply::BatchOptions;
-    use ddb_projector::lifecycle::Registry;
+    use ddb_projector::control::Registry;
 
     let client = support::client().await;
     let table = support::unique_table("reg-conflict");
@@ -742,7 +742,7 @@ set = {{ GSI1PK = "FAN#{{followerId}}" }}
 #[tokio::test]
 async fn a_team_joining_the_table_sends_no_one_else_back_to_a_backfill() {
     use ddb_projector::backfill::{backfill, BackfillOptions};
-    use ddb_projector::lifecycle::{self, ClaimOutcome, Registry, State};
+    use ddb_projector::control::{self, ClaimOutcome, Registry, State};
 
     let client = support::client().await;
     let table = support::unique_table("reg-join");
@@ -777,13 +777,13 @@ async fn a_team_joining_the_table_sends_no_one_else_back_to_a_backfill() {
         async move {
             let registry = Registry::new(client, &table, &spec.table);
             let snapshot = registry.snapshot(&spec).await.unwrap();
-            lifecycle::states(
+            control::states(
                 &spec,
                 &snapshot,
                 ddb_projector::dynamo::time::now_ms(),
                 0,
                 &std::collections::HashMap::new(),
-                &lifecycle::Commands::default(),
+                &control::Commands::default(),
             )
             .into_iter()
             .map(|row| (row.name, row.state))

@@ -37,7 +37,7 @@ use aws_sdk_dynamodb::types::AttributeValue as Av;
 use ddb_projector::apply::{Applier, ApplyConfig, BatchOptions};
 use ddb_projector::audit::{audit, AuditOptions};
 use ddb_projector::backfill::{backfill, BackfillOptions};
-use ddb_projector::lifecycle::{self, ClaimOutcome, Registry, State};
+use ddb_projector::control::{self, ClaimOutcome, Registry, State};
 use ddb_projector::prune::{prune, PruneOptions, Retired};
 use ddb_projector::spec::Spec;
 use proptest::prelude::*;
@@ -811,13 +811,13 @@ async fn states(
 ) -> BTreeMap<String, State> {
     let registry = Registry::new(client.clone(), table, &spec.table);
     let snapshot = registry.snapshot(spec).await.expect("the registry");
-    lifecycle::states(
+    control::states(
         spec,
         &snapshot,
         ddb_projector::dynamo::time::now_ms(),
         0,
         &std::collections::HashMap::new(),
-        &lifecycle::Commands::default(),
+        &control::Commands::default(),
     )
     .into_iter()
     .map(|row| (row.name, row.state))

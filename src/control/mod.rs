@@ -2296,7 +2296,7 @@ impl Leases {
             if wanted.storage != mine.storage {
                 layout_is_stale(&self.registry.table).await;
                 return Err(format!(
-                    "counter `{}` of {} would write under `{}`, but its versions are laid out for `{}` (a changed counter is built beside the version readers read): lay the spec out with `lifecycle::Registry::layout` (the CLI, the Lambda and the runner do)",
+                    "counter `{}` of {} would write under `{}`, but its versions are laid out for `{}` (a changed counter is built beside the version readers read): lay the spec out with `control::Registry::layout` (the CLI, the Lambda and the runner do)",
                     projection.name, self.spec.file, mine.storage, wanted.storage
                 ));
             }
