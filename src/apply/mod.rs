@@ -20,6 +20,7 @@
 
 mod check;
 mod coalesce;
+mod control;
 mod ctx;
 mod dlq;
 mod markers;
@@ -34,6 +35,7 @@ use std::time::Duration;
 pub use crate::dynamo::names::{CHANGES_ATTRIBUTE, COUNT_ATTRIBUTE};
 pub use crate::dynamo::retry::{classify, describe as retry_describe, ErrorClass};
 pub use check::{CheckStats, RecordedViolation};
+pub use control::{clock_skew_ms, lease_length, DEFAULT_LEASE};
 pub use ctx::Requests;
 pub use dlq::{
     problem_key, whole_record, DeadLetter, DeadLetterStore, Hold, RedriveSummary, WHOLE_RECORD,
@@ -94,8 +96,8 @@ impl Default for ApplyConfig {
             dead_letters: true,
             check_invariants: true,
             stream_consumer: false,
-            lease: crate::control::lease_length(),
-            clock_skew: Duration::from_millis(crate::control::clock_skew_ms()),
+            lease: lease_length(),
+            clock_skew: Duration::from_millis(clock_skew_ms()),
             consumer: None,
         }
     }

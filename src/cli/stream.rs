@@ -303,7 +303,7 @@ async fn run_stream(
                 // Once per lease period, or at once when a writer was
                 // refused for a stale layout.
                 let started = tokio::time::Instant::now();
-                while started.elapsed() < crate::control::lease_length()
+                while started.elapsed() < crate::apply::lease_length()
                     && crate::control::layout_refusals() == refusals
                 {
                     tokio::time::sleep(std::time::Duration::from_millis(200)).await;

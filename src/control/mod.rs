@@ -48,7 +48,7 @@ pub use crate::dynamo::names::LIFECYCLE_PK;
 pub use crate::dynamo::retry::is_condition_failure;
 pub use crate::dynamo::time::now_ms;
 
-use crate::apply::ApplyError;
+use crate::apply::{clock_skew_ms, lease_length, ApplyError};
 use crate::dynamo::retry::{
     describe as retry_describe, wait_for_unprocessed, Retrier, LAYOUT_READS, REGISTRY_CONTENTION,
 };
@@ -103,29 +103,6 @@ const LEASES: &str = "leases";
 /// The fingerprint a stream consumer leases for a projection its spec
 /// lacks.
 pub const WITHOUT: &str = "-";
-
-/// How long a lease lasts past what a writer needs (and, for writers
-/// without a deadline, how long it lasts).
-pub const DEFAULT_LEASE: Duration = Duration::from_secs(120);
-
-/// How far apart two machines' clocks may be: a lease counts as reaching
-/// past an instant when it ends less than this before it
-/// (`PROJECTOR_CLOCK_SKEW_MS`, default 2000).
-pub fn clock_skew_ms() -> u64 {
-    std::env::var("PROJECTOR_CLOCK_SKEW_MS")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(2_000)
-}
-
-/// The lease length: `PROJECTOR_LEASE_SECONDS` or [`DEFAULT_LEASE`].
-pub fn lease_length() -> Duration {
-    std::env::var("PROJECTOR_LEASE_SECONDS")
-        .ok()
-        .and_then(|s| s.parse::<f64>().ok())
-        .filter(|s| *s > 0.0 && s.is_finite())
-        .map_or(DEFAULT_LEASE, Duration::from_secs_f64)
-}
 
 /// A time in ms as RFC 3339.
 pub fn iso(ms: u64) -> String {
