@@ -40,7 +40,7 @@ const HOME: &str = "home";
 /// The registry's item of the last change each projection applied: per
 /// projection, `c#<name>` the change's time and `a#<name>` when it was
 /// applied (ms), written by stream consumers at most every
-/// [`APPLIED_EVERY`](super::APPLIED_EVERY).
+/// [`APPLIED_EVERY`](super::leases::APPLIED_EVERY).
 pub(super) const APPLIED: &str = "applied";
 
 /// The sort key of the leases item.

@@ -1,0 +1,505 @@
+//! Leases: a process's right to write derived data of its definitions
+//! until an instant, taken before its first write and renewed before a
+//! batch that could outlast it; a stream consumer's leases also record
+//! that it runs its spec, and the last change it applied.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex as StdMutex, OnceLock};
+use std::time::Duration;
+
+use aws_sdk_dynamodb::types::AttributeValue as Av;
+
+use super::layout::layout_is_stale;
+use super::registry::{
+    lease_names, number, parse_leases, Registry, APPLIED, LEASES, LEASES_VERSION,
+};
+use super::status::{hex, iso, Applied, WITHOUT};
+use crate::apply::ApplyError;
+use crate::dynamo::retry::{describe as retry_describe, is_condition_failure};
+use crate::dynamo::time::now_ms;
+use crate::spec::{ProjectionId, ProjectionKind, Spec};
+
+/// How often a stream consumer records the last change it applied.
+pub(super) const APPLIED_EVERY: Duration = Duration::from_secs(30);
+
+/// A process's leases on one table: taken before the first write of a
+/// definition, renewed before a batch that could outlast them.
+#[derive(Debug)]
+pub struct Leases {
+    registry: Registry,
+    spec: Arc<Spec>,
+    consumer: bool,
+    /// The consumer's name (`--consumer`), recorded with its spec.
+    name: Option<String>,
+    length: Duration,
+    state: tokio::sync::Mutex<LeaseState>,
+    /// The last change each projection applied, and when it was last
+    /// recorded.
+    applied: StdMutex<(HashMap<ProjectionId, Applied>, Option<std::time::Instant>)>,
+}
+
+#[derive(Debug, Default)]
+struct LeaseState {
+    /// Until when each projection's lease runs (ms), as this process wrote it.
+    until: HashMap<ProjectionId, u64>,
+    /// The spec's text is stored, and (for a writer that is not a stream
+    /// consumer) the deployed definitions were checked.
+    started: bool,
+}
+
+type LeaseKey = (String, u64, bool, Option<String>);
+
+/// One attribute a renewal sets.
+enum Set {
+    /// A lease end: only ever moved later.
+    Until(String),
+    /// Set once: the first time.
+    Since(String),
+    /// A plain value.
+    Text(String, String),
+    /// The spec's projection names.
+    Names(String),
+}
+
+impl Leases {
+    /// The leases this process holds on `table` for `spec`'s definitions
+    /// (one set per table, definition and role, shared by every applier).
+    pub fn shared(
+        client: &aws_sdk_dynamodb::Client,
+        table: &str,
+        spec: &Arc<Spec>,
+        consumer: bool,
+        name: Option<&str>,
+        length: Duration,
+    ) -> Arc<Leases> {
+        static ALL: OnceLock<StdMutex<HashMap<LeaseKey, Arc<Leases>>>> = OnceLock::new();
+        let key = (
+            table.to_string(),
+            spec.projections_fingerprint(),
+            consumer,
+            name.map(str::to_string),
+        );
+        let mut all = ALL
+            .get_or_init(Default::default)
+            .lock()
+            .expect("leases lock");
+        all.entry(key)
+            .or_insert_with(|| {
+                Arc::new(Leases {
+                    registry: Registry::new(client.clone(), table, &spec.table),
+                    spec: spec.clone(),
+                    consumer,
+                    name: name.map(str::to_string),
+                    length,
+                    state: tokio::sync::Mutex::new(LeaseState::default()),
+                    applied: StdMutex::new((HashMap::new(), None)),
+                })
+            })
+            .clone()
+    }
+
+    fn spec_key(&self) -> String {
+        format!("spec#{}", hex(self.spec.projections_fingerprint()))
+    }
+
+    /// Notes the changes a stream consumer applied (projection, change
+    /// time in ms), and records the latest of each in the registry at
+    /// most every [`APPLIED_EVERY`] (for `status`). Only a consumer
+    /// records: a backfill or replay applies old changes.
+    pub async fn note_applied(&self, changes: &[(ProjectionId, i64)]) -> Result<(), ApplyError> {
+        if !self.consumer || changes.is_empty() {
+            return Ok(());
+        }
+        let now = now_ms();
+        let due: Vec<(ProjectionId, Applied)> = {
+            let mut board = self.applied.lock().expect("applied lock");
+            for &(id, change_ms) in changes {
+                let entry = board.0.entry(id).or_insert(Applied {
+                    change_ms,
+                    applied_ms: now,
+                });
+                if change_ms >= entry.change_ms {
+                    *entry = Applied {
+                        change_ms,
+                        applied_ms: now,
+                    };
+                }
+            }
+            if board.1.is_some_and(|at| at.elapsed() < APPLIED_EVERY) {
+                return Ok(());
+            }
+            board.1 = Some(std::time::Instant::now());
+            board.0.iter().map(|(id, a)| (*id, *a)).collect()
+        };
+        // 4 KB of expression: 20 projections a request.
+        for chunk in due.chunks(20) {
+            let mut update = self
+                .registry
+                .client
+                .update_item()
+                .table_name(&self.registry.table)
+                .set_key(Some(self.registry.key(APPLIED)));
+            let mut parts = Vec::new();
+            for (i, (id, applied)) in chunk.iter().enumerate() {
+                let name = &self.spec.projections[*id].name;
+                update = update
+                    .expression_attribute_names(format!("#c{i}"), format!("c#{name}"))
+                    .expression_attribute_names(format!("#a{i}"), format!("a#{name}"))
+                    .expression_attribute_values(
+                        format!(":c{i}"),
+                        Av::N(applied.change_ms.to_string()),
+                    )
+                    .expression_attribute_values(
+                        format!(":a{i}"),
+                        Av::N(applied.applied_ms.to_string()),
+                    );
+                parts.push(format!("#c{i} = :c{i}, #a{i} = :a{i}"));
+            }
+            update
+                .update_expression(format!("SET {}", parts.join(", ")))
+                .send()
+                .await
+                .map_err(|e| self.registry.fatal("writing", e))?;
+        }
+        Ok(())
+    }
+
+    /// Makes sure this process may write `written` (a stream consumer:
+    /// every projection) until `needed` (ms): a request only when its
+    /// leases run out before. Returns until when it may write them.
+    pub async fn ensure(&self, written: &[ProjectionId], needed: u64) -> Result<u64, String> {
+        let ids: Vec<ProjectionId> = if self.consumer {
+            (0..self.spec.projections.len()).collect()
+        } else {
+            written.to_vec()
+        };
+        let mut state = self.state.lock().await;
+        let valid = |state: &LeaseState| {
+            ids.iter()
+                .map(|id| state.until.get(id).copied().unwrap_or(0))
+                .min()
+                .unwrap_or(u64::MAX)
+        };
+        if valid(&state) >= needed {
+            return Ok(valid(&state));
+        }
+        let now = now_ms();
+        // A lease taken anew (first, or after it ran out: a long replay
+        // that wrote nothing of a counter for a while) is checked again:
+        // a backfill may have completed, or another definition deployed,
+        // while this process held none.
+        let lapsed = ids
+            .iter()
+            .any(|id| state.until.get(id).copied().unwrap_or(0) < now);
+        if !state.started {
+            self.store_spec().await?;
+        }
+        if (!state.started || lapsed) && !self.consumer {
+            self.check_deployed().await?;
+        }
+        if (!state.started || lapsed) && self.consumer {
+            self.check_consumers().await?;
+        }
+        let until = needed.max(now) + self.length.as_millis() as u64;
+        self.renew(&ids, until, now, !state.started || lapsed)
+            .await?;
+        if !state.started || lapsed {
+            // Checked once the lease is held: a backfill that completes
+            // later sees it (`complete` is fenced by the leases' version),
+            // one that completed before is read here.
+            self.check_layout().await?;
+            state.started = true;
+        }
+        for &id in &ids {
+            let entry = state.until.entry(id).or_insert(0);
+            *entry = (*entry).max(until);
+        }
+        Ok(valid(&state))
+    }
+
+    /// Warns (a logged error and `projector_consumer_conflicts_total`)
+    /// when another consumer's spec running on the table conflicts with
+    /// this one's ([`Registry::consumer_conflicts`]). The batch goes on:
+    /// refusing it would send records to the mapping's failure queue, and
+    /// which of two consumers a refusal hit would depend on which was idle
+    /// last. `run` refuses to start, and `check --table` (which
+    /// `infra/deploy` runs) refuses the deploy.
+    async fn check_consumers(&self) -> Result<(), String> {
+        let conflicts = self
+            .registry
+            .consumer_conflicts(&self.spec, self.name.as_deref())
+            .await
+            .map_err(|e| e.to_string())?;
+        for conflict in &conflicts {
+            tracing::error!(consumer = self.name.as_deref().unwrap_or(""), "{conflict}");
+            metrics::counter!(
+                "projector_consumer_conflicts_total",
+                "consumer" => self.name.clone().unwrap_or_default()
+            )
+            .increment(1);
+        }
+        Ok(())
+    }
+
+    /// A writer that is not the stream's consumer (a backfill, a redrive,
+    /// a recovery) refuses to write a definition other than the one a
+    /// consumer is running now: its spec file is not the deployed one, and
+    /// it would undo what the worker writes.
+    async fn check_deployed(&self) -> Result<(), String> {
+        let leases = self.registry.get(self.registry.key(LEASES)).await;
+        let Some(item) = leases.map_err(|e| format!("reading the lifecycle leases: {e}"))? else {
+            return Ok(());
+        };
+        let (records, _) = parse_leases(&item);
+        let now = now_ms();
+        for projection in &self.spec.projections {
+            let f = hex(projection.fingerprint);
+            let Some(record) = records.get(&projection.name) else {
+                continue;
+            };
+            let running = record
+                .definitions
+                .iter()
+                .filter(|d| d.fingerprint != f && d.fingerprint != WITHOUT)
+                .filter(|d| d.consumed_until.is_some_and(|until| until >= now))
+                .max_by_key(|d| d.consumed_until);
+            let mine = record
+                .definition(&f)
+                .and_then(|d| d.consumed_until)
+                .unwrap_or(0);
+            if let Some(other) = running.filter(|d| d.consumed_until.unwrap_or(0) > mine) {
+                return Err(format!(
+                    "the deployed worker runs another definition of `{}` ({}, lease until {}) than {} ({f}): writing this one would undo its work; use the deployed spec",
+                    projection.name,
+                    other.fingerprint,
+                    iso(other.consumed_until.unwrap_or(0)),
+                    self.spec.file
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// A writer whose counters are not where the registry's layout puts
+    /// them (a spec from its file, not from [`Registry::layout`]) would
+    /// write a changed definition over the version readers read: refused.
+    async fn check_layout(&self) -> Result<(), String> {
+        let (laid, _) = self
+            .registry
+            .layout(&self.spec)
+            .await
+            .map_err(|error| format!("reading the counters' layout: {error}"))?;
+        for (id, projection) in self.spec.projections.iter().enumerate() {
+            let ProjectionKind::Counter(mine) = &projection.kind else {
+                continue;
+            };
+            if self.spec.is_old_version(id) {
+                continue;
+            }
+            let Some(ProjectionKind::Counter(wanted)) = laid
+                .projection_id(&projection.name)
+                .map(|id| &laid.projections[id].kind)
+            else {
+                continue;
+            };
+            if wanted.storage != mine.storage {
+                layout_is_stale(&self.registry.table).await;
+                return Err(format!(
+                    "counter `{}` of {} would write under `{}`, but its versions are laid out for `{}` (a changed counter is built beside the version readers read): lay the spec out with `control::Registry::layout` (the CLI, the Lambda and the runner do)",
+                    projection.name, self.spec.file, mine.storage, wanted.storage
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    async fn store_spec(&self) -> Result<(), String> {
+        let text = toml::to_string(&self.spec.raw)
+            .map_err(|e| format!("cannot serialize the spec for the lifecycle registry: {e}"))?;
+        let mut item = self.registry.key(&self.spec_key());
+        item.insert("text".to_string(), Av::S(text));
+        item.insert("file".to_string(), Av::S(self.spec.file.clone()));
+        let sent = self
+            .registry
+            .client
+            .put_item()
+            .table_name(&self.registry.table)
+            .set_item(Some(item))
+            .condition_expression("attribute_not_exists(#t)")
+            .expression_attribute_names("#t", "text")
+            .send()
+            .await;
+        match sent {
+            Ok(_) => Ok(()),
+            Err(error) if is_condition_failure(&error) => Ok(()),
+            Err(error) => Err(format!(
+                "storing the spec in the lifecycle registry: {}",
+                retry_describe(&error)
+            )),
+        }
+    }
+
+    /// Updates of the leases item; a lease end only ever moves later,
+    /// whichever process of the same definition writes last.
+    /// Moves the leases of `ids` to `until`; `anew` (a lease taken first
+    /// or after it ran out, which a layout check follows) also moves the
+    /// leases' version, which completions are fenced by.
+    async fn renew(
+        &self,
+        ids: &[ProjectionId],
+        until: u64,
+        now: u64,
+        anew: bool,
+    ) -> Result<(), String> {
+        let mut sets: Vec<Set> = Vec::new();
+        let spec_key = self.spec_key();
+        for &id in ids {
+            let projection = &self.spec.projections[id];
+            let [w, c, s, d] = lease_names(&hex(projection.fingerprint), &projection.name);
+            sets.push(Set::Until(w));
+            sets.push(Set::Text(d, spec_key.clone()));
+            sets.push(Set::Text(
+                format!("k#{}", projection.name),
+                projection.kind_name().to_string(),
+            ));
+            if self.consumer {
+                sets.push(Set::Until(c));
+                sets.push(Set::Since(s));
+            }
+        }
+        if self.consumer && !self.spec.projections.is_empty() {
+            // A named consumer's run of a spec is its own (`<fp>@<name>`):
+            // when it first ran it, and until when.
+            let mut fingerprint = hex(self.spec.projections_fingerprint());
+            if let Some(name) = &self.name {
+                fingerprint = format!("{fingerprint}@{name}");
+            }
+            sets.push(Set::Until(format!("C#{fingerprint}")));
+            sets.push(Set::Since(format!("S#{fingerprint}")));
+            sets.push(Set::Names(format!("N#{fingerprint}")));
+        }
+        // Expressions are limited to 4 KB: 20 attributes per request.
+        for chunk in sets.chunks(20) {
+            let mut skip: Vec<bool> = vec![false; chunk.len()];
+            for _attempt in 0..4 {
+                let mut update = self
+                    .registry
+                    .client
+                    .update_item()
+                    .table_name(&self.registry.table)
+                    .set_key(Some(self.registry.key(LEASES)))
+                    .return_values_on_condition_check_failure(
+                        aws_sdk_dynamodb::types::ReturnValuesOnConditionCheckFailure::AllOld,
+                    );
+                let mut parts = Vec::new();
+                let mut conditions = Vec::new();
+                let (mut uses_until, mut uses_now) = (false, false);
+                for (i, set) in chunk.iter().enumerate() {
+                    if skip[i] {
+                        continue;
+                    }
+                    let name = match set {
+                        Set::Until(name) | Set::Since(name) | Set::Names(name) => name,
+                        Set::Text(name, _) => name,
+                    };
+                    update = update.expression_attribute_names(format!("#a{i}"), name);
+                    match set {
+                        Set::Until(_) => {
+                            uses_until = true;
+                            parts.push(format!("#a{i} = :until"));
+                            conditions
+                                .push(format!("(attribute_not_exists(#a{i}) OR #a{i} < :until)"));
+                        }
+                        Set::Since(_) => {
+                            uses_now = true;
+                            parts.push(format!("#a{i} = if_not_exists(#a{i}, :now)"));
+                        }
+                        Set::Text(_, value) => {
+                            update = update.expression_attribute_values(
+                                format!(":v{i}"),
+                                Av::S(value.clone()),
+                            );
+                            parts.push(format!("#a{i} = :v{i}"));
+                        }
+                        Set::Names(_) => {
+                            let names: Vec<String> = self
+                                .spec
+                                .projections
+                                .iter()
+                                .map(|p| p.name.clone())
+                                .collect();
+                            update =
+                                update.expression_attribute_values(format!(":v{i}"), Av::Ss(names));
+                            parts.push(format!("#a{i} = :v{i}"));
+                        }
+                    }
+                }
+                if parts.is_empty() {
+                    break;
+                }
+                if uses_until {
+                    update = update.expression_attribute_values(":until", Av::N(until.to_string()));
+                }
+                if uses_now {
+                    update = update.expression_attribute_values(":now", Av::N(now.to_string()));
+                }
+                if !conditions.is_empty() {
+                    update = update.condition_expression(conditions.join(" AND "));
+                }
+                let update = if anew {
+                    update
+                        .update_expression(format!("SET {} ADD #ver :one", parts.join(", ")))
+                        .expression_attribute_names("#ver", LEASES_VERSION)
+                        .expression_attribute_values(":one", Av::N("1".to_string()))
+                } else {
+                    update.update_expression(format!("SET {}", parts.join(", ")))
+                };
+                match update.send().await {
+                    Ok(_) => break,
+                    Err(error) if is_condition_failure(&error) => {
+                        // Another process of the same definition holds a
+                        // later end for some of them: those stay.
+                        let old = error.as_service_error().and_then(|e| match e {
+                            aws_sdk_dynamodb::operation::update_item::UpdateItemError::ConditionalCheckFailedException(e) => e.item().cloned(),
+                            _ => None,
+                        });
+                        let old = match old {
+                            Some(item) => item,
+                            None => self
+                                .registry
+                                .client
+                                .get_item()
+                                .table_name(&self.registry.table)
+                                .set_key(Some(self.registry.key(LEASES)))
+                                .consistent_read(true)
+                                .send()
+                                .await
+                                .map_err(|e| {
+                                    format!("reading the lifecycle leases: {}", retry_describe(&e))
+                                })?
+                                .item()
+                                .cloned()
+                                .unwrap_or_default(),
+                        };
+                        for (i, set) in chunk.iter().enumerate() {
+                            if let Set::Until(name) = set {
+                                if number(&old, name).is_some_and(|existing| existing >= until) {
+                                    skip[i] = true;
+                                }
+                            }
+                        }
+                    }
+                    Err(error) => {
+                        return Err(format!(
+                            "renewing the lifecycle lease on {}: {}",
+                            self.registry.table,
+                            retry_describe(&error)
+                        ))
+                    }
+                }
+            }
+        }
+        metrics::counter!("projector_lease_renewals_total").increment(1);
+        Ok(())
+    }
+}
