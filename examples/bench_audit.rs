@@ -15,9 +15,10 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use aws_sdk_dynamodb::types::{AttributeValue as Av, PutRequest, WriteRequest};
-use ddb_projector::apply::{Applier, ApplyConfig};
+use ddb_projector::apply::ApplyConfig;
 use ddb_projector::audit::{audit, AuditOptions};
 use ddb_projector::backfill::{backfill, BackfillOptions};
+use ddb_projector::control;
 use ddb_projector::spec::Spec;
 use futures::stream::StreamExt;
 
@@ -116,7 +117,7 @@ async fn load(client: &aws_sdk_dynamodb::Client, table: &str, users: usize) {
 
 /// The child: audits `table` and prints one JSON line.
 async fn child(client: aws_sdk_dynamodb::Client, table: &str) {
-    let applier = Applier::new(client, spec(), table, ApplyConfig::default());
+    let applier = control::applier(client, spec(), table, ApplyConfig::default());
     let report = audit(
         &applier,
         &AuditOptions {
@@ -165,7 +166,8 @@ async fn main() {
             .await
             .expect("create table");
         load(&client, &table, size / ITEMS_PER_USER).await;
-        let applier = Applier::new(client.clone(), spec.clone(), &table, ApplyConfig::default());
+        let applier =
+            control::applier(client.clone(), spec.clone(), &table, ApplyConfig::default());
         backfill(
             &applier,
             &BackfillOptions {

@@ -10,8 +10,9 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use aws_sdk_dynamodb::types::{AttributeValue as Av, PutRequest, WriteRequest};
-use ddb_projector::apply::{Applier, ApplyConfig};
+use ddb_projector::apply::ApplyConfig;
 use ddb_projector::backfill::{backfill, BackfillOptions};
+use ddb_projector::control;
 use ddb_projector::spec::Spec;
 use futures::stream::StreamExt;
 
@@ -90,7 +91,8 @@ async fn main() {
                 }
             })
             .await;
-        let applier = Applier::new(client.clone(), spec.clone(), &table, ApplyConfig::default());
+        let applier =
+            control::applier(client.clone(), spec.clone(), &table, ApplyConfig::default());
         let summary = backfill(
             &applier,
             &BackfillOptions {

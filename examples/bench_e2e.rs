@@ -75,6 +75,7 @@ use aws_smithy_runtime_api::client::runtime_components::RuntimeComponents;
 use aws_smithy_types::config_bag::{ConfigBag, Storable, StoreReplace};
 use clap::{Parser, Subcommand};
 use ddb_projector::apply::{Applier, ApplyConfig, BatchOptions, BatchStats, RecordStatus};
+use ddb_projector::control;
 use ddb_projector::decode::{decode_stream_record, DecodeProblem};
 use ddb_projector::record::{ChangeKind, ChangeRecord, Image, ValueRef};
 use ddb_projector::spec::Spec;
@@ -1743,7 +1744,7 @@ async fn run(
             };
             let appliers = [
                 (
-                    Applier::new(
+                    control::applier(
                         client.clone(),
                         social_spec.clone(),
                         &social_table,
@@ -1752,7 +1753,7 @@ async fn run(
                     social.as_slice(),
                 ),
                 (
-                    Applier::new(client.clone(), user_spec.clone(), &user_table, apply),
+                    control::applier(client.clone(), user_spec.clone(), &user_table, apply),
                     user.as_slice(),
                 ),
             ];

@@ -6,7 +6,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use aws_sdk_dynamodb::types::{AttributeValue as Av, ConsumedCapacity};
 
-use super::ApplyConfig;
+use super::{ApplyConfig, Control};
 use crate::plan::SourceQuery;
 use crate::record::{Item, ItemKey};
 use crate::spec::Spec;
@@ -17,6 +17,9 @@ pub(crate) struct Ctx<'a> {
     pub table: &'a str,
     pub spec: &'a Spec,
     pub config: &'a ApplyConfig,
+    /// The control plane the applier writes under (the counter version
+    /// readers read).
+    pub control: &'a dyn Control,
     /// Write units in millionths (atomics have no f64).
     pub write_micro_units: AtomicU64,
     pub read_micro_units: AtomicU64,
@@ -132,12 +135,14 @@ impl<'a> Ctx<'a> {
         table: &'a str,
         spec: &'a Spec,
         config: &'a ApplyConfig,
+        control: &'a dyn Control,
     ) -> Self {
         Ctx {
             client,
             table,
             spec,
             config,
+            control,
             write_micro_units: AtomicU64::new(0),
             read_micro_units: AtomicU64::new(0),
             writes: AtomicU64::new(0),
@@ -252,6 +257,37 @@ mod tests {
     use super::*;
     use crate::record::ItemKey;
 
+    /// A control plane the test never asks.
+    #[derive(Debug)]
+    struct Unused;
+
+    impl Control for Unused {
+        fn lease<'a>(
+            &'a self,
+            _: &'a [crate::spec::ProjectionId],
+            _: u64,
+        ) -> futures::future::BoxFuture<'a, Result<u64, String>> {
+            unreachable!("no lease is taken")
+        }
+
+        fn note_applied<'a>(
+            &'a self,
+            _: &'a [(crate::spec::ProjectionId, i64)],
+        ) -> futures::future::BoxFuture<'a, Result<(), crate::apply::ApplyError>> {
+            unreachable!("nothing is applied")
+        }
+
+        fn readers_version<'a>(
+            &'a self,
+            _: &'a str,
+        ) -> futures::future::BoxFuture<
+            'a,
+            Result<Option<crate::apply::CounterVersion>, crate::apply::ApplyError>,
+        > {
+            unreachable!("no counter is read")
+        }
+    }
+
     #[test]
     fn a_partition_read_is_reused_only_if_no_recompute_wrote_among_its_items() {
         let spec = crate::spec::Spec::from_file(
@@ -264,7 +300,7 @@ mod tests {
                 .behavior_version(aws_sdk_dynamodb::config::BehaviorVersion::latest())
                 .build(),
         );
-        let ctx = Ctx::new(&client, "t", &spec, &config);
+        let ctx = Ctx::new(&client, "t", &spec, &config, &Unused);
         let emails = SourceQuery {
             pk: "USER#u".into(),
             sk_prefix: Some("EMAIL#".into()),

@@ -35,7 +35,7 @@ use std::time::Duration;
 pub use crate::dynamo::names::{CHANGES_ATTRIBUTE, COUNT_ATTRIBUTE};
 pub use crate::dynamo::retry::{classify, describe as retry_describe, ErrorClass};
 pub use check::{CheckStats, RecordedViolation};
-pub use control::{clock_skew_ms, lease_length, DEFAULT_LEASE};
+pub use control::{clock_skew_ms, lease_length, Control, CounterVersion, DEFAULT_LEASE};
 pub use ctx::Requests;
 pub use dlq::{
     problem_key, whole_record, DeadLetter, DeadLetterStore, Hold, RedriveSummary, WHOLE_RECORD,
@@ -227,8 +227,8 @@ pub struct Applier {
     pub(crate) spec: Arc<Spec>,
     pub(crate) table: String,
     pub(crate) config: ApplyConfig,
-    /// The lifecycle leases every write is made under.
-    pub(crate) leases: Arc<crate::control::Leases>,
+    /// The control plane: the lifecycle leases every write is made under.
+    pub(crate) control: Arc<dyn Control>,
 }
 
 /// Which records one coalesced write stands for, and its outcome.
@@ -238,38 +238,24 @@ struct Written {
 }
 
 impl Applier {
-    /// An applier writing to `table` with the rules of `spec`.
+    /// An applier writing to `table` with the rules of `spec`, under the
+    /// leases of `control` (built for the same table, spec and
+    /// [`ApplyConfig::stream_consumer`]; `crate::control::applier` builds
+    /// both).
     pub fn new(
         client: aws_sdk_dynamodb::Client,
         spec: Arc<Spec>,
         table: &str,
         config: ApplyConfig,
+        control: Arc<dyn Control>,
     ) -> Applier {
-        let leases = crate::control::Leases::shared(
-            &client,
-            table,
-            &spec,
-            config.stream_consumer,
-            config.consumer.as_deref(),
-            config.lease,
-        );
         Applier {
             client,
             spec,
             table: table.to_string(),
             config,
-            leases,
+            control,
         }
-    }
-
-    /// This applier as the stream consumer of its table (see
-    /// [`ApplyConfig::stream_consumer`]).
-    pub fn as_stream_consumer(self) -> Applier {
-        let config = ApplyConfig {
-            stream_consumer: true,
-            ..self.config
-        };
-        Applier::new(self.client, self.spec, &self.table, config)
     }
 
     /// Takes (or renews) this applier's lifecycle leases now, for every
@@ -279,7 +265,7 @@ impl Applier {
             return Ok(());
         }
         let needed = crate::dynamo::time::now_ms() + self.leases_margin();
-        self.leases.ensure(&[], needed).await.map(|_| ())
+        self.control.lease(&[], needed).await.map(|_| ())
     }
 
     /// How far past a batch's end its lease must reach.
@@ -331,7 +317,7 @@ impl Applier {
         // see it; no request when the lease still runs.
         if !written.is_empty() {
             let now = crate::dynamo::time::now_ms();
-            if let Err(message) = self.leases.ensure(&written, now + 1_000).await {
+            if let Err(message) = self.control.lease(&written, now + 1_000).await {
                 tracing::warn!(%message, "could not extend the lifecycle lease after a long batch");
             }
         }
@@ -388,7 +374,13 @@ impl Applier {
             })
             .collect();
 
-        let ctx = ctx::Ctx::new(&self.client, &self.table, spec, &self.config);
+        let ctx = ctx::Ctx::new(
+            &self.client,
+            &self.table,
+            spec,
+            &self.config,
+            &*self.control,
+        );
 
         // Nothing is written without a lease of the definitions written
         // with, lasting past the batch ([`crate::control`]): a request
@@ -429,7 +421,7 @@ impl Applier {
         });
         let lease = async {
             match lease_until {
-                Some(needed) => self.leases.ensure(&ids, needed).await.map(|_| ()),
+                Some(needed) => self.control.lease(&ids, needed).await.map(|_| ()),
                 None => Ok(()),
             }
         };
@@ -727,7 +719,7 @@ impl Applier {
         };
         record_metrics(&statuses, &stats);
         let applied = record_lag(spec, batch, &projected, &statuses);
-        if let Err(error) = self.leases.note_applied(&applied).await {
+        if let Err(error) = self.control.note_applied(&applied).await {
             tracing::warn!(%error, "could not record the last change applied (for `status`)");
         }
         Ok(BatchOutcome {
@@ -753,12 +745,18 @@ impl Applier {
         ids.dedup();
         if !ids.is_empty() {
             let needed = crate::dynamo::time::now_ms() + self.leases_margin() + self.lease_margin();
-            if let Err(message) = self.leases.ensure(&ids, needed).await {
+            if let Err(message) = self.control.lease(&ids, needed).await {
                 return (vec![Err(message); n], BatchStats::default());
             }
         }
         let groups = coalesce::coalesce(effects.into_iter().enumerate(), &spec.table);
-        let ctx = ctx::Ctx::new(&self.client, &self.table, spec, &self.config);
+        let ctx = ctx::Ctx::new(
+            &self.client,
+            &self.table,
+            spec,
+            &self.config,
+            &*self.control,
+        );
         let (recomputes, first): (Vec<_>, Vec<_>) = groups
             .into_iter()
             .partition(|g| matches!(g.effect.op, crate::plan::Op::Recompute { .. }));
@@ -793,7 +791,13 @@ impl Applier {
     /// The violations the online check recorded, for every invariant of
     /// the spec.
     pub async fn recorded_violations(&self) -> Result<Vec<RecordedViolation>, ApplyError> {
-        let ctx = ctx::Ctx::new(&self.client, &self.table, &self.spec, &self.config);
+        let ctx = ctx::Ctx::new(
+            &self.client,
+            &self.table,
+            &self.spec,
+            &self.config,
+            &*self.control,
+        );
         check::recorded(&ctx).await.map_err(|e| ApplyError::Fatal {
             table: self.table.clone(),
             message: e.to_string(),
@@ -806,7 +810,13 @@ impl Applier {
         &self,
         found: &[crate::invariant::Violation],
     ) -> Result<usize, ApplyError> {
-        let ctx = ctx::Ctx::new(&self.client, &self.table, &self.spec, &self.config);
+        let ctx = ctx::Ctx::new(
+            &self.client,
+            &self.table,
+            &self.spec,
+            &self.config,
+            &*self.control,
+        );
         check::record_all(&ctx, found)
             .await
             .map_err(|e| ApplyError::Fatal {
@@ -823,7 +833,13 @@ impl Applier {
         keep: &[(String, String)],
         seen_before_ms: u64,
     ) -> Result<usize, ApplyError> {
-        let ctx = ctx::Ctx::new(&self.client, &self.table, &self.spec, &self.config);
+        let ctx = ctx::Ctx::new(
+            &self.client,
+            &self.table,
+            &self.spec,
+            &self.config,
+            &*self.control,
+        );
         check::clear_except(&ctx, keep, seen_before_ms)
             .await
             .map_err(|e| ApplyError::Fatal {

@@ -25,7 +25,13 @@ pub(crate) struct Reader<'a> {
 impl Applier {
     /// A reader with the worker's retries and concurrency.
     pub(crate) fn reader(&self) -> Reader<'_> {
-        let mut ctx = Ctx::new(&self.client, &self.table, &self.spec, &self.config);
+        let mut ctx = Ctx::new(
+            &self.client,
+            &self.table,
+            &self.spec,
+            &self.config,
+            &*self.control,
+        );
         // What a page's checks read is compared, then dropped.
         ctx.keep_reads = false;
         Reader { ctx }

@@ -141,10 +141,10 @@ async fn readers_shards(
         )));
     };
     let name = &spec.projections[counter].name;
-    let registry = crate::control::Registry::new(ctx.client.clone(), ctx.table, &spec.table);
     // The SDK retries throttling; anything else has the records redelivered.
-    let read = registry
-        .read_version(name)
+    let read = ctx
+        .control
+        .readers_version(name)
         .await
         .map_err(|error| WriteError::Transient(error.to_string()))?;
     let ours: Vec<&String> = c.of.iter().map(|(v, _)| v).collect();

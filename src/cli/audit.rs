@@ -67,7 +67,7 @@ async fn applier(target: &Target, writes: Option<&str>) -> anyhow::Result<Option
             crate::dynamo::client::describe_table(&c.dynamodb, &c.table).await?;
         }
     }
-    Ok(Some(Applier::new(
+    Ok(Some(crate::control::applier(
         c.dynamodb.clone(),
         c.spec.clone(),
         &c.table,
@@ -95,7 +95,7 @@ pub async fn violations_list(target: Target, format: OutputFormat) -> anyhow::Re
         Ok(c) => c,
         Err(result) => return result,
     };
-    let applier = Applier::new(
+    let applier = crate::control::applier(
         c.dynamodb.clone(),
         c.spec.clone(),
         &c.table,

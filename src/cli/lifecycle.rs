@@ -52,7 +52,7 @@ pub async fn status(target: Target, format: OutputFormat) -> anyhow::Result<Exit
     crate::dynamo::client::describe_table(&c.dynamodb, &c.table).await?;
     let registry = Registry::new(c.dynamodb.clone(), &c.table, &c.spec.table);
     let snapshot = registry.snapshot(&c.spec).await?;
-    let applier = Applier::new(
+    let applier = crate::control::applier(
         c.dynamodb.clone(),
         c.spec.clone(),
         &c.table,
@@ -240,7 +240,7 @@ pub async fn backfill(target: Target, args: BackfillArgs) -> anyhow::Result<Exit
         None => {
             // What `status` says needs it: every projection not live.
             let snapshot = registry.snapshot(&c.spec).await?;
-            let applier = Applier::new(
+            let applier = crate::control::applier(
                 c.dynamodb.clone(),
                 c.spec.clone(),
                 &c.table,
@@ -316,7 +316,7 @@ pub async fn backfill(target: Target, args: BackfillArgs) -> anyhow::Result<Exit
         claim(&registry, &c.spec, &ids, &run, args.wait).await?;
         Some(run)
     };
-    let applier = Applier::new(
+    let applier = crate::control::applier(
         c.dynamodb.clone(),
         c.spec.clone(),
         &c.table,

@@ -6,7 +6,6 @@ use std::process::ExitCode;
 use anyhow::bail;
 
 use super::{connect, OutputFormat, Target};
-use crate::apply::Applier;
 use crate::record::ItemKey;
 
 macro_rules! connect_or_return {
@@ -54,7 +53,7 @@ pub async fn counter_get(
 /// `dlq list`: JSON lines.
 pub async fn dlq_list(target: Target) -> anyhow::Result<ExitCode> {
     let c = connect_or_return!(target);
-    let applier = Applier::new(
+    let applier = crate::control::applier(
         c.dynamodb.clone(),
         c.spec.clone(),
         &c.table,
@@ -79,7 +78,7 @@ pub async fn dlq_redrive(target: Target, projection: Option<String>) -> anyhow::
             bail!("no projection `{name}` in {}", c.spec.file);
         }
     }
-    let applier = Applier::new(
+    let applier = crate::control::applier(
         c.dynamodb.clone(),
         c.spec.clone(),
         &c.table,
@@ -154,7 +153,7 @@ pub async fn wait(
         Err(Err(error)) => return Err(error),
     };
     let key = item_key(&c.spec.table, &keys)?;
-    let applier = Applier::new(
+    let applier = crate::control::applier(
         c.dynamodb.clone(),
         c.spec.clone(),
         &c.table,

@@ -9,7 +9,7 @@ use std::process::ExitCode;
 use anyhow::bail;
 
 use super::{connect, Connection, OutputFormat, Target};
-use crate::apply::{Applier, ApplyConfig};
+use crate::apply::ApplyConfig;
 use crate::control::Registry;
 use crate::source::recover::{RecoverOptions, Recovery};
 use crate::source::stream::MAX_BATCH;
@@ -122,7 +122,7 @@ pub async fn failover(target: Target, to: String, segments: u32) -> anyhow::Resu
     // Letters of both streams (the old home's, replicated, and the
     // replay's), each item ending at its current state.
     eprintln!("ddb-projector failover: 2/4: redriving the dead letters");
-    let redriven = Applier::new(
+    let redriven = crate::control::applier(
         c.dynamodb.clone(),
         c.spec.clone(),
         &c.table,
@@ -182,7 +182,7 @@ pub async fn recover(
     if !dry_run {
         super::require_home(&c, &target, "recover").await?;
     }
-    let applier = Applier::new(
+    let applier = crate::control::applier(
         c.dynamodb.clone(),
         c.spec.clone(),
         &c.table,
@@ -275,7 +275,7 @@ async fn run_stream(
     }
     let mut spec = c.spec.clone();
     loop {
-        let applier = Applier::new(
+        let applier = crate::control::applier(
             c.dynamodb.clone(),
             spec.clone(),
             &c.table,

@@ -8,13 +8,14 @@ use std::sync::{Arc, Mutex as StdMutex, OnceLock};
 use std::time::Duration;
 
 use aws_sdk_dynamodb::types::AttributeValue as Av;
+use futures::future::BoxFuture;
 
 use super::layout::layout_is_stale;
 use super::registry::{
     lease_names, number, parse_leases, Registry, APPLIED, LEASES, LEASES_VERSION,
 };
 use super::status::{hex, iso, Applied, WITHOUT};
-use crate::apply::ApplyError;
+use crate::apply::{ApplyConfig, ApplyError, Control, CounterVersion};
 use crate::dynamo::retry::{describe as retry_describe, is_condition_failure};
 use crate::dynamo::time::now_ms;
 use crate::spec::{ProjectionId, ProjectionKind, Spec};
@@ -501,5 +502,72 @@ impl Leases {
         }
         metrics::counter!("projector_lease_renewals_total").increment(1);
         Ok(())
+    }
+}
+
+/// What an applier asks of the control plane ([`Control`]): the leases
+/// its process holds for its table, spec and role, and the registry read
+/// with the applier's own client.
+#[derive(Debug)]
+pub struct ApplierControl {
+    leases: Arc<Leases>,
+    registry: Registry,
+}
+
+impl ApplierControl {
+    /// The control plane of an applier writing to `table` with `spec` and
+    /// `config` (its role, consumer name and lease length).
+    pub fn new(
+        client: &aws_sdk_dynamodb::Client,
+        table: &str,
+        spec: &Arc<Spec>,
+        config: &ApplyConfig,
+    ) -> ApplierControl {
+        ApplierControl {
+            leases: Leases::shared(
+                client,
+                table,
+                spec,
+                config.stream_consumer,
+                config.consumer.as_deref(),
+                config.lease,
+            ),
+            registry: Registry::new(client.clone(), table, &spec.table),
+        }
+    }
+}
+
+impl Control for ApplierControl {
+    fn lease<'a>(
+        &'a self,
+        written: &'a [ProjectionId],
+        needed: u64,
+    ) -> BoxFuture<'a, Result<u64, String>> {
+        Box::pin(self.leases.ensure(written, needed))
+    }
+
+    fn note_applied<'a>(
+        &'a self,
+        changes: &'a [(ProjectionId, i64)],
+    ) -> BoxFuture<'a, Result<(), ApplyError>> {
+        Box::pin(self.leases.note_applied(changes))
+    }
+
+    fn readers_version<'a>(
+        &'a self,
+        name: &'a str,
+    ) -> BoxFuture<'a, Result<Option<CounterVersion>, ApplyError>> {
+        Box::pin(async move {
+            Ok(self
+                .registry
+                .read_version(name)
+                .await?
+                .map(|read| CounterVersion {
+                    generation: read.generation,
+                    storage: read.storage,
+                    shards: read.shards,
+                    vars: read.vars,
+                }))
+        })
     }
 }

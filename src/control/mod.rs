@@ -42,10 +42,43 @@ mod leases;
 mod registry;
 mod status;
 
+use std::sync::Arc;
+
 pub use layout::{current_layout, layout_refusals, CounterLayout, OldVersion};
-pub use leases::Leases;
+pub use leases::{ApplierControl, Leases};
 pub use registry::{ClaimOutcome, Completion, Registry, LEASES_VERSION};
 pub use status::{
     hex, iso, states, Applied, BackfillRun, Commands, ConsumerSpec, Definition, ProjectionStatus,
     ReadVersion, Record, Snapshot, State, WITHOUT,
 };
+
+use crate::apply::{Applier, ApplyConfig};
+use crate::spec::Spec;
+
+/// An applier writing to `table` with the rules of `spec`, under this
+/// process's leases for its table, spec and role ([`ApplierControl`]).
+pub fn applier(
+    client: aws_sdk_dynamodb::Client,
+    spec: Arc<Spec>,
+    table: &str,
+    config: ApplyConfig,
+) -> Applier {
+    let control = ApplierControl::new(&client, table, &spec, &config);
+    Applier::new(client, spec, table, config, Arc::new(control))
+}
+
+/// An applier consuming `table`'s stream for the whole spec (see
+/// [`ApplyConfig::stream_consumer`]): its leases also say that it runs
+/// the definitions.
+pub fn stream_consumer(
+    client: aws_sdk_dynamodb::Client,
+    spec: Arc<Spec>,
+    table: &str,
+    config: ApplyConfig,
+) -> Applier {
+    let config = ApplyConfig {
+        stream_consumer: true,
+        ..config
+    };
+    applier(client, spec, table, config)
+}

@@ -452,7 +452,7 @@ impl Handler {
                 margin_ms: self.margin.as_millis() as u64,
             });
         }
-        let applier = Applier::new(self.client.clone(), spec, &table, config);
+        let applier = crate::control::applier(self.client.clone(), spec, &table, config);
         if request.merge == Some(true) {
             let merge = self.merge_run(&applier, &request, context);
             return match tokio::time::timeout_at(deadlines.abandon, merge).await {

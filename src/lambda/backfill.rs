@@ -29,7 +29,6 @@ use serde::{Deserialize, Serialize};
 use tokio::time::Instant;
 
 use super::handler::{Handler, InvocationError};
-use crate::apply::Applier;
 use crate::backfill::{BackfillOptions, BackfillSummary};
 use crate::spec::Spec;
 
@@ -388,7 +387,7 @@ impl Handler {
         if let (Some(true), Some(run)) = (request.claim, &request.run) {
             return self.claim(&spec, &plan, &table, run, started).await;
         }
-        let applier = Applier::new(self.client.clone(), spec.clone(), &table, config);
+        let applier = crate::control::applier(self.client.clone(), spec.clone(), &table, config);
         let options = BackfillOptions {
             deadline: Some(deadlines.stop_writes),
             ..plan.options.clone()

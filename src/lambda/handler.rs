@@ -14,7 +14,7 @@ use tracing::Instrument;
 
 use super::backfill::{BackfillRequestError, BackfillResponse};
 use super::event::{Payload, StreamsEvent};
-use crate::apply::{Applier, ApplyConfig, ApplyError, BatchOptions, BatchStats, RecordStatus};
+use crate::apply::{ApplyConfig, ApplyError, BatchOptions, BatchStats, RecordStatus};
 use crate::decode::{DecodeProblem, Decoded};
 use crate::dynamo::arn::table_from_stream_arn;
 use crate::record::ChangeRecord;
@@ -617,7 +617,7 @@ impl Handler {
                 );
             }
         };
-        let applier = Applier::new(self.client.clone(), spec, &table, config);
+        let applier = crate::control::applier(self.client.clone(), spec, &table, config);
         let options = BatchOptions {
             deadline: Some(deadlines.stop_writes),
             ..BatchOptions::default()

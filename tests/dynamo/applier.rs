@@ -5,7 +5,8 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use aws_sdk_dynamodb::types::AttributeValue as Av;
-use ddb_projector::apply::{Applier, ApplyConfig, BatchOptions, RecordStatus};
+use ddb_projector::apply::{ApplyConfig, BatchOptions, RecordStatus};
+use ddb_projector::control;
 use ddb_projector::decode::DecodeProblem;
 use ddb_projector::record::{ChangeKind, Image, ValueRef};
 use ddb_projector::spec::Spec;
@@ -515,7 +516,7 @@ async fn redrive_after_a_spec_fix_applies_letters_in_order_and_releases_the_hold
     let client = support::client().await;
     let buggy = email_spec("address");
     let table = support::fresh_table(&client, &buggy, "redrive").await;
-    let applier = Applier::new(client.clone(), buggy, &table, ApplyConfig::default());
+    let applier = control::applier(client.clone(), buggy, &table, ApplyConfig::default());
     let v1 = email("u1", "e1", "First@X.org", false);
     let v2 = email("u1", "e1", "Second@X.org", false);
     write(&client, &table, &v2).await;
@@ -545,7 +546,7 @@ async fn redrive_after_a_spec_fix_applies_letters_in_order_and_releases_the_hold
     assert_eq!((summary.redriven, summary.still_failing), (0, 2));
 
     // The team fixes the spec and redrives.
-    let fixed = Applier::new(
+    let fixed = control::applier(
         client.clone(),
         email_spec("email"),
         &table,
@@ -812,7 +813,7 @@ async fn a_source_read_holding_a_type_newer_than_this_build_dead_letters_its_rec
     }
     .client()
     .await;
-    let applier = Applier::new(odd, spec, &table, ApplyConfig::default());
+    let applier = control::applier(odd, spec, &table, ApplyConfig::default());
     let records = [
         change(1, ChangeKind::Insert, None, Some(&one)),
         change(2, ChangeKind::Insert, None, Some(&two)),
@@ -879,7 +880,7 @@ copy = { lastSeenNs = "{seenNs}" }
     );
     let client = support::client().await;
     let table = support::fresh_table(&client, &spec, "f64").await;
-    let applier = Applier::new(client.clone(), spec, &table, ApplyConfig::default());
+    let applier = control::applier(client.clone(), spec, &table, ApplyConfig::default());
     let device = |seen: &str| {
         attrs(&[
             ("PK", s("USER#u")),

@@ -9,6 +9,7 @@ use aws_sdk_dynamodb::types::AttributeValue as Av;
 use ddb_projector::apply::{Applier, BatchOptions};
 use ddb_projector::audit::{audit, merge, AuditOptions, AuditReport, CheckpointStore, Problem};
 use ddb_projector::backfill::{backfill, BackfillOptions};
+use ddb_projector::control;
 use ddb_projector::counter::read_counter;
 use ddb_projector::record::ChangeKind;
 use ddb_projector::spec::Spec;
@@ -1149,7 +1150,7 @@ async fn a_violation_broken_again_after_the_audit_read_it_stays_recorded() {
     // it yet), broken again the same way before the merge. No clock skew
     // is allowed: the record is older than the audit, and only reading
     // the scope again tells it holds.
-    let applier = Applier::new(
+    let applier = control::applier(
         client.clone(),
         spec.clone(),
         &table,

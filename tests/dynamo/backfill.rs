@@ -4,8 +4,9 @@
 use std::collections::HashMap;
 
 use aws_sdk_dynamodb::types::{AttributeValue as Av, PutRequest, WriteRequest};
-use ddb_projector::apply::{Applier, ApplyConfig, BatchOptions, RecordStatus};
+use ddb_projector::apply::{ApplyConfig, BatchOptions, RecordStatus};
 use ddb_projector::backfill::{backfill, BackfillOptions};
+use ddb_projector::control;
 
 use super::model;
 use super::support::{self, get, s, text};
@@ -69,7 +70,7 @@ async fn twenty_thousand_items_get_their_gsi_keys_with_four_segments_and_a_secon
     );
     let spec = support::shipped_spec("user-service.toml");
     let table = support::fresh_table(&client, &spec, "bf20k").await;
-    let applier = Applier::new(client.clone(), spec.clone(), &table, ApplyConfig::default());
+    let applier = control::applier(client.clone(), spec.clone(), &table, ApplyConfig::default());
     let n = 20_000;
     load(&client, &table, (0..n).map(email_item).collect()).await;
     let only = Some(vec![spec.projection_id("email-gsi1-keys").unwrap()]);
@@ -549,7 +550,7 @@ async fn a_scanned_value_of_an_unknown_type_is_dead_lettered_and_the_rest_backfi
     }
     .client()
     .await;
-    let applier = Applier::new(odd, spec.clone(), &table, ApplyConfig::default());
+    let applier = control::applier(odd, spec.clone(), &table, ApplyConfig::default());
     let summary = backfill(&applier, &quiet(BackfillOptions::default()))
         .await
         .unwrap();

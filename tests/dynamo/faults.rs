@@ -39,6 +39,7 @@ use aws_smithy_runtime_api::http::StatusCode;
 use aws_smithy_types::body::SdkBody;
 use aws_smithy_types::config_bag::{ConfigBag, Storable, StoreReplace};
 use ddb_projector::apply::{Applier, ApplyConfig, BatchOptions, BatchStats, RecordStatus};
+use ddb_projector::control;
 use ddb_projector::source::{RunOptions, StreamRunner};
 use ddb_projector::spec::Spec;
 
@@ -601,13 +602,13 @@ async fn setup(
     let clean = aws_sdk_dynamodb::Client::new(&config);
     let spec = support::shipped_spec(spec_file);
     let table = support::fresh_table(&clean, &spec, prefix).await;
-    let faulty = Applier::new(
+    let faulty = control::applier(
         faults.dynamodb(&config, false),
         spec.clone(),
         &table,
         apply_config(),
     );
-    let clean = Applier::new(clean, spec.clone(), &table, ApplyConfig::default());
+    let clean = control::applier(clean, spec.clone(), &table, ApplyConfig::default());
     (faulty, clean, spec, table)
 }
 
@@ -751,7 +752,7 @@ async fn the_stream_runner_drains_a_faulty_table_exactly_and_checkpoints_past_it
         .await
         .expect("the table has a stream");
     let runner = StreamRunner::new(
-        Applier::new(
+        control::applier(
             faults.dynamodb(&config, true),
             spec.clone(),
             &table,
@@ -767,7 +768,8 @@ async fn the_stream_runner_drains_a_faulty_table_exactly_and_checkpoints_past_it
     eprintln!("{summary}\n{}", faults.report());
 
     assert_converged(&clean, &table, &spec, &users, seed).await;
-    let clean_applier = Applier::new(clean.clone(), spec.clone(), &table, ApplyConfig::default());
+    let clean_applier =
+        control::applier(clean.clone(), spec.clone(), &table, ApplyConfig::default());
     assert_no_dead_letters(&clean_applier, seed).await;
     assert!(
         summary.records >= history.records.len() as u64,
@@ -872,7 +874,7 @@ async fn a_holds_read_that_keeps_failing_fails_the_records_not_the_batch() {
     let spec = support::shipped_spec("social-service.toml");
     let table = support::fresh_table(&clean, &spec, "fault-holds").await;
     let faults = Faults::always(Fault::ServerError, &["Query"]);
-    let applier = Applier::new(
+    let applier = control::applier(
         faults.dynamodb(&config, false),
         spec.clone(),
         &table,
@@ -913,7 +915,7 @@ async fn a_poison_record_delivered_again_is_not_held_behind_its_own_letter() {
     let clean = aws_sdk_dynamodb::Client::new(&config);
     let spec = support::shipped_spec("social-service.toml");
     let table = support::fresh_table(&clean, &spec, "fault-again").await;
-    let applier = Applier::new(clean.clone(), spec, &table, ApplyConfig::default());
+    let applier = control::applier(clean.clone(), spec, &table, ApplyConfig::default());
     let mut history = History::default();
     history.put(achievement("u1", "b1", "gold", s("high")));
     // A record with effects after it: a batch with effects reads the holds.
@@ -953,7 +955,7 @@ async fn a_transaction_conflict_on_a_scan_guard_backs_off_and_gives_up_in_time()
     let record = ddb_projector::decode::decode_scanned_item(&spec.table, 0, 1, item.clone());
     // The transaction: the edge (0), its guard (1), two counter shards.
     let faults = Faults::always_conflict_at(1);
-    let applier = Applier::new(
+    let applier = control::applier(
         faults.dynamodb(&config, false),
         spec.clone(),
         &table,

@@ -15,8 +15,9 @@ use aws_smithy_runtime_api::client::interceptors::context::FinalizerInterceptorC
 use aws_smithy_runtime_api::client::interceptors::Intercept;
 use aws_smithy_runtime_api::client::runtime_components::RuntimeComponents;
 use aws_smithy_types::config_bag::ConfigBag;
-use ddb_projector::apply::{Applier, ApplyConfig};
+use ddb_projector::apply::ApplyConfig;
 use ddb_projector::audit::{audit, AuditOptions};
+use ddb_projector::control;
 use ddb_projector::lambda::event::{Payload, StreamsEvent};
 use ddb_projector::lambda::{Handler, Regions, Response};
 use ddb_projector::record::ChangeKind;
@@ -339,7 +340,7 @@ async fn region_runner(region: &Region, spec: Arc<Spec>) -> StreamRunner {
         ..ApplyConfig::default()
     };
     StreamRunner::new(
-        Applier::new(region.client.clone(), spec, &region.table, config),
+        control::applier(region.client.clone(), spec, &region.table, config),
         aws_sdk_dynamodbstreams::Client::new(&region.config),
         &arn,
     )
@@ -656,7 +657,7 @@ async fn global_case(projections: &[Projection], drawn: &Replicated) -> Result<(
     project_until_quiet(&table, &[&home]).await;
     // Poison fixed by a later write leaves letters; the home region
     // redrives them.
-    let applier = Applier::new(
+    let applier = control::applier(
         table.regions[0].client.clone(),
         spec.clone(),
         &table.regions[0].table,
@@ -829,7 +830,7 @@ async fn after_the_home_region_is_lost_the_other_one_takes_over_and_ends_exact()
             .run(quick(RunOptions::replay(None)), std::future::pending())
             .await
             .expect("the failover's replay");
-        let applier = Applier::new(
+        let applier = control::applier(
             west.client.clone(),
             spec.clone(),
             &west.table,

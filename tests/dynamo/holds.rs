@@ -6,7 +6,8 @@
 use std::sync::Arc;
 
 use aws_sdk_dynamodb::types::AttributeValue as Av;
-use ddb_projector::apply::{Applier, ApplyConfig, BatchOptions, RecordStatus};
+use ddb_projector::apply::{ApplyConfig, BatchOptions, RecordStatus};
+use ddb_projector::control;
 use ddb_projector::decode::{decode_lambda_event, decode_scanned_item};
 use ddb_projector::spec::Spec;
 
@@ -297,7 +298,7 @@ set = { lx = "X#{lower(x)}" }
     );
     let client = support::client().await;
     let table = support::fresh_table(&client, &spec, "nosk-dlq").await;
-    let applier = Applier::new(client.clone(), spec, &table, ApplyConfig::default());
+    let applier = control::applier(client.clone(), spec, &table, ApplyConfig::default());
     let poison =
         aws_sdk_dynamodb::types::AttributeValue::M([("not".to_string(), s("text"))].into());
     use ddb_projector::record::{

@@ -6,6 +6,7 @@ use aws_sdk_dynamodb::types::AttributeValue as Av;
 use ddb_projector::apply::{Applier, BatchOptions, RecordStatus};
 use ddb_projector::audit::{audit, AuditOptions};
 use ddb_projector::backfill::{backfill, BackfillOptions};
+use ddb_projector::control;
 use ddb_projector::record::ChangeKind;
 
 use super::model::{attrs, campaign, change, follow, profile, user_counter, Attrs, Record, Rng};
@@ -552,10 +553,9 @@ async fn a_rollup_is_rebuilt_with_its_counter_and_ends_live_and_exact() {
     }
     write(&client, &table, &profile("b")).await;
     // Deployed: a worker of v1 runs (and holds its leases) from here on.
-    let worker1 =
-        Applier::new(client.clone(), v1.clone(), &table, config.clone()).as_stream_consumer();
+    let worker1 = control::stream_consumer(client.clone(), v1.clone(), &table, config.clone());
     worker1.take_leases().await.unwrap();
-    let applier1 = Applier::new(client.clone(), v1.clone(), &table, config.clone());
+    let applier1 = control::applier(client.clone(), v1.clone(), &table, config.clone());
     claimed_backfill(&applier1, (0..v1.projections.len()).collect(), "r1").await;
     let stored = get(&client, &table, "USER#b", "PROFILE").await.unwrap();
     assert_eq!(number(&stored, "followersCount").as_deref(), Some("3"));
@@ -574,8 +574,7 @@ async fn a_rollup_is_rebuilt_with_its_counter_and_ends_live_and_exact() {
     assert_eq!(changed, ["followers", "followers-count"], "{before:?}");
     // The team deploys v2 and backfills the counter: its rollup comes
     // with it.
-    let worker2 =
-        Applier::new(client.clone(), laid.clone(), &table, config.clone()).as_stream_consumer();
+    let worker2 = control::stream_consumer(client.clone(), laid.clone(), &table, config.clone());
     worker2.take_leases().await.unwrap();
     // While the counter is rebuilt, readers read v1's version, kept
     // current: so does the rollup, through a follow and a writer's put.
@@ -618,7 +617,7 @@ async fn a_rollup_is_rebuilt_with_its_counter_and_ends_live_and_exact() {
     let read = user_counter(&client, &table, &v2, "followers", "b").await;
     assert_eq!(read, 5);
     assert_eq!(number(&stored, "followersCount"), Some(read.to_string()));
-    let applier2 = Applier::new(client.clone(), laid.clone(), &table, config);
+    let applier2 = control::applier(client.clone(), laid.clone(), &table, config);
     let done = claimed_backfill(
         &applier2,
         vec![laid.projection_id("followers").unwrap()],
@@ -932,7 +931,7 @@ async fn a_rollups_backfill_cut_after_its_counter_completed_resumes_in_a_new_pro
     for user in ["a", "b", "c", "d"] {
         write(&client, &table, &profile(user)).await;
     }
-    let applier1 = Applier::new(client.clone(), v1.clone(), &table, config.clone());
+    let applier1 = control::applier(client.clone(), v1.clone(), &table, config.clone());
     claimed_backfill(&applier1, (0..v1.projections.len()).collect(), "r1").await;
 
     // v2: the counter is rebuilt. The backfill's first scan completes it,
@@ -940,10 +939,9 @@ async fn a_rollups_backfill_cut_after_its_counter_completed_resumes_in_a_new_pro
     let registry = Registry::new(client.clone(), &table, &v2.table).with_skew(0);
     let (laid, _) = registry.layout(&v2).await.unwrap();
     let laid = Arc::new(laid);
-    let worker2 =
-        Applier::new(client.clone(), laid.clone(), &table, config.clone()).as_stream_consumer();
+    let worker2 = control::stream_consumer(client.clone(), laid.clone(), &table, config.clone());
     worker2.take_leases().await.unwrap();
-    let applier2 = Applier::new(client.clone(), laid.clone(), &table, config.clone());
+    let applier2 = control::applier(client.clone(), laid.clone(), &table, config.clone());
     let followers = laid.projection_id("followers").unwrap();
     loop {
         match registry.claim(&laid, &[followers], "r2").await.unwrap() {
@@ -982,7 +980,7 @@ async fn a_rollups_backfill_cut_after_its_counter_completed_resumes_in_a_new_pro
     let (relaid, _) = registry.layout(&v2).await.unwrap();
     let relaid = Arc::new(relaid);
     assert!(!relaid.rebuilding(relaid.projection_id("followers").unwrap()));
-    let applier3 = Applier::new(client.clone(), relaid.clone(), &table, config);
+    let applier3 = control::applier(client.clone(), relaid.clone(), &table, config);
     let rollup3 = relaid.projection_id("followers-count").unwrap();
     assert_eq!(
         registry.claimed_run(&relaid, &[rollup3]).await.unwrap(),
@@ -1127,7 +1125,7 @@ async fn reading_profiles_ahead_as(
     }
     .client()
     .await;
-    Applier::new(
+    control::applier(
         client,
         fixture.spec.clone(),
         &fixture.table,

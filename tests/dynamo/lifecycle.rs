@@ -7,9 +7,9 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 use std::sync::Arc;
 
-use ddb_projector::apply::{Applier, ApplyConfig, BatchOptions};
+use ddb_projector::apply::{ApplyConfig, BatchOptions};
 use ddb_projector::backfill::{backfill, BackfillOptions};
-use ddb_projector::control::{ClaimOutcome, Registry};
+use ddb_projector::control::{self, ClaimOutcome, Registry};
 use ddb_projector::decode::decode_scanned_item;
 use ddb_projector::spec::Spec;
 use serde_json::Value;
@@ -335,7 +335,7 @@ async fn a_writer_of_the_old_definition_turns_a_live_projection_back_and_blocks_
     let record = decode_scanned_item(&spec1.table, 0, 1, item.into_iter().collect());
     // Straight from its file, v1's `followers` would write over the
     // version readers read: refused.
-    let unlaid = Applier::new(
+    let unlaid = control::applier(
         client.clone(),
         spec1.clone(),
         &table,
@@ -355,7 +355,7 @@ async fn a_writer_of_the_old_definition_turns_a_live_projection_back_and_blocks_
         followers.old.as_ref().map(|o| o.not_kept.clone()),
         Some(None)
     );
-    let stale = Applier::new(
+    let stale = control::applier(
         client.clone(),
         Arc::new(laid),
         &table,
@@ -407,7 +407,7 @@ async fn only_the_last_claim_of_a_projection_can_record_its_backfill() {
     run_drain(&v1, &table);
     let registry = Registry::new(client.clone(), &table, &spec.table);
     let all: Vec<usize> = (0..spec.projections.len()).collect();
-    let applier = Applier::new(client.clone(), spec.clone(), &table, ApplyConfig::default());
+    let applier = control::applier(client.clone(), spec.clone(), &table, ApplyConfig::default());
     let segment = |run: &str, i: u32| BackfillOptions {
         segments: vec![i],
         total_segments: 2,
@@ -511,7 +511,7 @@ async fn a_backfill_of_a_counter_leases_the_edge_it_rides_on() {
     let spec = support::shipped_spec("social-service.toml");
     let table = support::fresh_table(&client, &spec, "lifecycle-rides").await;
     put_item(&client, &table, &follow("a", "b", "2026-11-23")).await;
-    let applier = Applier::new(client.clone(), spec.clone(), &table, ApplyConfig::default());
+    let applier = control::applier(client.clone(), spec.clone(), &table, ApplyConfig::default());
     let followers = spec.projection_id("followers").unwrap();
     let summary = backfill(
         &applier,
@@ -549,13 +549,12 @@ async fn a_consumer_without_a_new_projection_holds_off_its_backfill() {
     let spec2 = Arc::new(Spec::from_file(&v2).unwrap());
     let table = support::fresh_table(&client, &spec2, "lifecycle-new").await;
     // A v1 worker runs (its lease never named `following`).
-    let worker1 = Applier::new(
+    let worker1 = control::stream_consumer(
         client.clone(),
         spec1.clone(),
         &table,
         ApplyConfig::default(),
-    )
-    .as_stream_consumer();
+    );
     worker1.take_leases().await.unwrap();
     let registry = Registry::new(client.clone(), &table, &spec2.table);
     let following = spec2.projection_id("following").unwrap();
@@ -593,18 +592,17 @@ async fn a_writer_with_another_spec_than_the_running_worker_writes_nothing() {
     let spec1 = Arc::new(Spec::from_file(&v1).unwrap());
     let spec2 = Arc::new(Spec::from_file(&v2).unwrap());
     let table = support::fresh_table(&client, &spec2, "lifecycle-deployed").await;
-    let worker2 = Applier::new(
+    let worker2 = control::stream_consumer(
         client.clone(),
         spec2.clone(),
         &table,
         ApplyConfig::default(),
-    )
-    .as_stream_consumer();
+    );
     worker2.take_leases().await.unwrap();
     // `dlq redrive` or `backfill` with the old spec file while v2 runs.
     let item = follow("c", "b", "2026-11-24");
     put_item(&client, &table, &item).await;
-    let stale = Applier::new(
+    let stale = control::applier(
         client.clone(),
         spec1.clone(),
         &table,
@@ -939,7 +937,7 @@ async fn a_changed_counter_is_rebuilt_beside_the_old_one_and_readers_never_see_a
             other => panic!("{other:?}"),
         }
     }
-    let filler = Applier::new(client.clone(), laid.clone(), &table, ApplyConfig::default());
+    let filler = control::applier(client.clone(), laid.clone(), &table, ApplyConfig::default());
     let mut slices = 0;
     loop {
         for _ in 0..4 {
@@ -1201,7 +1199,7 @@ async fn a_writer_whose_lease_ran_out_is_checked_again_before_it_writes() {
     // A writer of v2, laid out: followers in generation 1.
     let registry = Registry::new(client.clone(), &table, &spec2.table);
     let (laid, _) = registry.layout(&spec2).await.unwrap();
-    let writer = Applier::new(
+    let writer = control::applier(
         client.clone(),
         Arc::new(laid),
         &table,

@@ -7,6 +7,7 @@ use std::sync::Arc;
 
 use ddb_projector::apply::{Applier, ApplyConfig, BatchOptions};
 use ddb_projector::backfill::{backfill, BackfillOptions};
+use ddb_projector::control;
 use ddb_projector::counter::read_counter;
 use ddb_projector::decode::decode_scanned_item;
 use ddb_projector::spec::{Marker, ProjectionKind, Spec};
@@ -103,7 +104,7 @@ impl Live {
     }
 
     fn applier(&self, spec: &Arc<Spec>) -> Applier {
-        Applier::new(
+        control::applier(
             self.client.clone(),
             spec.clone(),
             &self.table,

@@ -23,6 +23,7 @@ use std::sync::Arc;
 use aws_sdk_dynamodb::types::AttributeValue as Av;
 use ddb_projector::apply::{Applier, ApplyConfig};
 use ddb_projector::audit::{audit, AuditOptions, Problem};
+use ddb_projector::control;
 use ddb_projector::spec::Spec;
 use proptest::prelude::*;
 use proptest::test_runner::{Config, FileFailurePersistence, TestCaseError, TestRunner};
@@ -331,7 +332,7 @@ async fn recorded(applier: &Applier) -> Result<ViolationSet, TestCaseError> {
 async fn case(spec: Arc<Spec>, ops: &[Op], plan: &Delivery) -> Result<(), TestCaseError> {
     let client = support::client().await;
     let table = support::fresh_table(&client, &spec, "prop").await;
-    let applier = Applier::new(client.clone(), spec.clone(), &table, ApplyConfig::default());
+    let applier = control::applier(client.clone(), spec.clone(), &table, ApplyConfig::default());
     let history = history(ops);
     let mut writer = Writer {
         client: &client,

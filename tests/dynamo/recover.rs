@@ -10,6 +10,7 @@ use std::time::{Duration, Instant};
 
 use aws_sdk_dynamodbstreams::types::{Record, ShardIteratorType};
 use ddb_projector::apply::{Applier, ApplyConfig, BatchOptions};
+use ddb_projector::control;
 use ddb_projector::decode::decode_stream_record;
 use serde_json::json;
 
@@ -250,7 +251,7 @@ async fn recover_applies_the_batches_lambda_gave_up_on_and_deletes_their_message
     assert_eq!(records.len(), follows.len());
     // Lambda applied the first record and the last two; it gave up on the
     // batch of records 1..=3 and moved on.
-    let applier = Applier::new(client.clone(), spec.clone(), &table, ApplyConfig::default());
+    let applier = control::applier(client.clone(), spec.clone(), &table, ApplyConfig::default());
     lambda_applies(&applier, &shard, &records[..1]).await;
     lambda_applies(&applier, &shard, &records[4..]).await;
     let before = check_derived(&client, &table, &spec, &users).await;
@@ -308,7 +309,7 @@ async fn ranges_the_stream_no_longer_holds_are_kept_until_a_backfill_covers_them
     // Lambda applied only the first record; the rest are in a range the
     // stream no longer holds (a sequence number the shard never had stands
     // for a trimmed one: DynamoDB Local refuses both alike).
-    let applier = Applier::new(client.clone(), spec.clone(), &table, ApplyConfig::default());
+    let applier = control::applier(client.clone(), spec.clone(), &table, ApplyConfig::default());
     lambda_applies(&applier, &shard, &records[..1]).await;
     assert!(!check_derived(&client, &table, &spec, &users)
         .await
@@ -389,7 +390,7 @@ async fn an_old_range_never_undoes_what_lambda_applied_after_it() {
     let spec = support::shipped_spec("social-service.toml");
     let table = support::fresh_table(&client, &spec, "recover-old").await;
     let users: Vec<String> = ["a", "b", "c", "d"].iter().map(|u| u.to_string()).collect();
-    let applier = Applier::new(client.clone(), spec.clone(), &table, ApplyConfig::default());
+    let applier = control::applier(client.clone(), spec.clone(), &table, ApplyConfig::default());
     // c follows d, applied by Lambda long ago.
     put_item(&client, &table, &follow("c", "d", "2026-11-20")).await;
     let (_, shard, before) = stream(&client, &table).await;

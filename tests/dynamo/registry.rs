@@ -14,7 +14,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use aws_sdk_dynamodb::types::AttributeValue as Av;
-use ddb_projector::apply::{Applier, ApplyConfig};
+use ddb_projector::apply::ApplyConfig;
+use ddb_projector::control;
 use ddb_projector::dynamo::names::{RECORDS_ATTRIBUTE, RESERVED_PREFIX};
 use ddb_projector::lambda::event::{Payload, StreamsEvent};
 use ddb_projector::lambda::{Handler, Response};
@@ -114,7 +115,7 @@ async fn project(
     a_names: &BTreeSet<String>,
 ) -> Result<Vec<Attrs>, TestCaseError> {
     let client = support::client().await;
-    let applier = Applier::new(client.clone(), spec, table, ApplyConfig::default());
+    let applier = control::applier(client.clone(), spec, table, ApplyConfig::default());
     let mut writer = Writer {
         client: &client,
         table,
@@ -470,7 +471,7 @@ async fn consumer_runner(
         ..ApplyConfig::default()
     };
     ddb_projector::source::StreamRunner::new(
-        Applier::new(client, spec, table, config),
+        control::applier(client, spec, table, config),
         aws_sdk_dynamodbstreams::Client::new(&support::sdk_config().await),
         &arn,
     )
@@ -556,7 +557,7 @@ async fn two_consumers_of_one_table_keep_their_own_checkpoints() {
             clock_skew: Duration::ZERO,
             ..ApplyConfig::default()
         };
-        let applier = Applier::new(client.clone(), spec.clone(), &table, config);
+        let applier = control::applier(client.clone(), spec.clone(), &table, config);
         let registry = Registry::new(client.clone(), &table, &spec.table).with_skew(0);
         let ids = spec.backfilled_projections();
         let run = format!("{consumer}-1");
@@ -669,7 +670,7 @@ set = {{ GSI1PK = "FAN#{{followerId}}" }}
     put_item(&client, &table, &mail).await;
     let batch = vec![change(1, ChangeKind::Insert, None, Some(&mail))];
     for (spec, consumer) in [(&users, "users"), (&social, "social")] {
-        let applier = Applier::new(
+        let applier = control::applier(
             client.clone(),
             spec.clone(),
             &table,
@@ -795,7 +796,7 @@ async fn a_team_joining_the_table_sends_no_one_else_back_to_a_backfill() {
         let table = table.clone();
         let config = config.clone();
         async move {
-            let applier = Applier::new(client.clone(), spec.clone(), &table, config);
+            let applier = control::applier(client.clone(), spec.clone(), &table, config);
             let registry = Registry::new(client, &table, &spec.table).with_skew(0);
             let ids: Vec<usize> = states(spec.clone())
                 .await
@@ -834,7 +835,7 @@ async fn a_team_joining_the_table_sends_no_one_else_back_to_a_backfill() {
         }
     };
     // The users' team alone: deployed (a batch as its consumer), backfilled.
-    let worker = Applier::new(client.clone(), alone.clone(), &table, config.clone());
+    let worker = control::applier(client.clone(), alone.clone(), &table, config.clone());
     let batch = vec![change(1, ChangeKind::Insert, None, Some(&profile("u1")))];
     Box::pin(worker.apply_batch(&batch, &Default::default()))
         .await
@@ -847,7 +848,7 @@ async fn a_team_joining_the_table_sends_no_one_else_back_to_a_backfill() {
 
     // The social team joins: the composed spec's worker replaces it.
     tokio::time::sleep(Duration::from_millis(500)).await;
-    let worker = Applier::new(client.clone(), joined.clone(), &table, config.clone());
+    let worker = control::applier(client.clone(), joined.clone(), &table, config.clone());
     Box::pin(worker.apply_batch(&batch, &Default::default()))
         .await
         .unwrap();

@@ -10,7 +10,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use aws_sdk_dynamodb::types::AttributeValue as Av;
-use ddb_projector::apply::{Applier, ApplyConfig};
+use ddb_projector::apply::ApplyConfig;
+use ddb_projector::control;
 use ddb_projector::source::{RunErrorKind, RunOptions, StreamRunner, Summary};
 use ddb_projector::spec::Spec;
 use futures::stream::{self, StreamExt};
@@ -80,7 +81,7 @@ async fn runner(client: &aws_sdk_dynamodb::Client, spec: Arc<Spec>, table: &str)
         .expect("the table has a stream");
     let streams = aws_sdk_dynamodbstreams::Client::new(&support::sdk_config().await);
     StreamRunner::new(
-        Applier::new(client.clone(), spec, table, ApplyConfig::default()),
+        control::applier(client.clone(), spec, table, ApplyConfig::default()),
         streams,
         &arn,
     )

@@ -1095,9 +1095,8 @@ async fn case(specs: &Specs, plan: &Plan) -> Result<(), TestCaseError> {
         clock_skew: std::time::Duration::ZERO,
         ..ApplyConfig::default()
     };
-    let worker1 =
-        Applier::new(client.clone(), v1.clone(), &table, config.clone()).as_stream_consumer();
-    let filler1 = Applier::new(client.clone(), v1.clone(), &table, config.clone());
+    let worker1 = control::stream_consumer(client.clone(), v1.clone(), &table, config.clone());
+    let filler1 = control::applier(client.clone(), v1.clone(), &table, config.clone());
     let registry = Registry::new(client.clone(), &table, &v2.table);
     let mut history = History::default();
     play(&mut history, &plan.phase1);
@@ -1223,9 +1222,8 @@ async fn case(specs: &Specs, plan: &Plan) -> Result<(), TestCaseError> {
                 .count(),
         );
         let id2 = |name: &str| laid2.projection_id(name).expect("laid out from v2");
-        let worker2 = Applier::new(client.clone(), laid2.clone(), &table, config.clone())
-            .as_stream_consumer();
-        let filler2 = Applier::new(client.clone(), laid2.clone(), &table, config.clone());
+        let worker2 = control::stream_consumer(client.clone(), laid2.clone(), &table, config.clone());
+        let filler2 = control::applier(client.clone(), laid2.clone(), &table, config.clone());
         let not_live: BTreeSet<String> = states(&client, &table, &v2)
             .await
             .into_iter()
@@ -1317,8 +1315,7 @@ async fn case(specs: &Specs, plan: &Plan) -> Result<(), TestCaseError> {
             layouts3
         );
         let laid3 = Arc::new(laid3);
-        let worker2 = Applier::new(client.clone(), laid3.clone(), &table, config.clone())
-            .as_stream_consumer();
+        let worker2 = control::stream_consumer(client.clone(), laid3.clone(), &table, config.clone());
 
         // A replay of some projections over the stream's tail.
         if let Some((chosen, percent)) = &plan.replay {

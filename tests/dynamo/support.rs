@@ -14,6 +14,7 @@ use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 
 use aws_sdk_dynamodb::types::AttributeValue as Av;
+use ddb_projector::control;
 use ddb_projector::spec::Spec;
 
 /// The repository root.
@@ -361,7 +362,7 @@ pub struct Fixture {
 pub async fn fixture(spec: Arc<Spec>, prefix: &str) -> Fixture {
     let client = client().await;
     let table = fresh_table(&client, &spec, prefix).await;
-    let applier = ddb_projector::apply::Applier::new(
+    let applier = control::applier(
         client.clone(),
         spec.clone(),
         &table,

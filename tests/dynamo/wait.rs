@@ -7,6 +7,7 @@ use std::time::{Duration, Instant};
 use aws_sdk_dynamodb::types::AttributeValue as Av;
 use ddb_projector::apply::{Applier, ApplyConfig};
 use ddb_projector::audit::wait::{wait, Status, WaitOptions};
+use ddb_projector::control;
 use ddb_projector::record::ItemKey;
 use ddb_projector::source::stream::{RunOptions, StreamRunner};
 use ddb_projector::spec::Spec;
@@ -277,7 +278,7 @@ async fn time_from_a_write_to_projected_with_the_runner() {
 
 async fn time_from_a_write_to_projected_with_the_runner_steps() {
     let spec: Arc<Spec> = support::shipped_spec("social-service.toml");
-    let applier = Applier::new(
+    let applier = control::applier(
         support::client().await,
         spec.clone(),
         &support::fresh_table(&support::client().await, &spec, "wait-lag").await,
