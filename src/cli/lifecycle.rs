@@ -1,7 +1,7 @@
 //! The lifecycle commands: `status`, and `backfill` (which claims what it
 //! backfills in the lifecycle registry and records it once complete).
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 use std::io::Write;
 use std::process::ExitCode;
 use std::time::Duration;
@@ -11,8 +11,10 @@ use serde_json::json;
 
 use super::online::{projection_ids, Segments};
 use super::{connect, OutputFormat, Target};
-use crate::apply::Applier;
-use crate::control::{iso, states, ClaimOutcome, Commands, Registry, State};
+use crate::control::{
+    choose_projections, claim_run, iso, open_letters, states, BackfillChoice, Commands, Registry,
+    State,
+};
 use crate::dynamo::time::now_ms;
 use crate::spec::ProjectionId;
 
@@ -31,18 +33,6 @@ fn commands(target: &Target) -> Commands {
     }
 }
 
-/// Open dead letters by projection (`*`: whole records).
-async fn letters(applier: &Applier) -> anyhow::Result<HashMap<String, usize>> {
-    let letters = applier.dead_letter_store().list().await.map_err(|error| {
-        anyhow::anyhow!("reading the dead letters of {}: {error:?}", applier.table())
-    })?;
-    let mut by_projection: HashMap<String, usize> = HashMap::new();
-    for letter in &letters {
-        *by_projection.entry(letter.projection.clone()).or_default() += 1;
-    }
-    Ok(by_projection)
-}
-
 /// `status`: exit 0 when every projection is live, 1 otherwise.
 pub async fn status(target: Target, format: OutputFormat) -> anyhow::Result<ExitCode> {
     let c = match connect(&target).await {
@@ -58,7 +48,7 @@ pub async fn status(target: Target, format: OutputFormat) -> anyhow::Result<Exit
         &c.table,
         c.apply_config(),
     );
-    let by_projection = letters(&applier).await?;
+    let by_projection = open_letters(&applier).await?;
     let mut rows = states(
         &c.spec,
         &snapshot,
@@ -215,11 +205,6 @@ pub struct BackfillArgs {
     pub dry_run: bool,
 }
 
-/// A new run name: the time and the process, unique enough for a table.
-fn new_run() -> String {
-    format!("cli-{:x}-{:x}", now_ms(), std::process::id())
-}
-
 /// `backfill`.
 pub async fn backfill(target: Target, args: BackfillArgs) -> anyhow::Result<ExitCode> {
     let c = match connect(&target).await {
@@ -232,46 +217,30 @@ pub async fn backfill(target: Target, args: BackfillArgs) -> anyhow::Result<Exit
         super::require_home(&c, &target, "backfill").await?;
     }
     let registry = Registry::new(c.dynamodb.clone(), &c.table, &c.spec.table);
-    // Counters' old versions are kept current by the worker, not backfilled.
-    let all: Vec<ProjectionId> = c.spec.backfilled_projections();
-    let ids: Vec<ProjectionId> = match projection_ids(&c.spec, &args.projections)? {
-        Some(ids) => ids,
-        None if args.all => all.clone(),
-        None => {
-            // What `status` says needs it: every projection not live.
-            let snapshot = registry.snapshot(&c.spec).await?;
-            let applier = crate::control::applier(
-                c.dynamodb.clone(),
-                c.spec.clone(),
-                &c.table,
-                c.apply_config(),
+    let applier = crate::control::applier(
+        c.dynamodb.clone(),
+        c.spec.clone(),
+        &c.table,
+        c.apply_config(),
+    );
+    let asked = projection_ids(&c.spec, &args.projections)?;
+    let choice =
+        choose_projections(&registry, &applier, &commands(&target), asked, args.all).await?;
+    let ids: Vec<ProjectionId> = match choice {
+        BackfillChoice::Asked(ids) => ids,
+        BackfillChoice::AllLive => {
+            eprintln!(
+                "every projection of {} is live on {}: nothing to backfill (--all backfills them anyway)",
+                target.spec.display(),
+                c.table
             );
-            let letters = letters(&applier).await?;
-            // Held projections need a redrive, not a backfill.
-            let needed: Vec<ProjectionId> = states(
-                &c.spec,
-                &snapshot,
-                now_ms(),
-                registry.skew_ms(),
-                &letters,
-                &commands(&target),
-            )
-            .into_iter()
-            .filter(|row| !matches!(row.state, State::Live | State::Held | State::Serving))
-            .filter_map(|row| c.spec.projection_id(&row.name))
-            .collect();
-            if needed.is_empty() {
-                eprintln!(
-                    "every projection of {} is live on {}: nothing to backfill (--all backfills them anyway)",
-                    target.spec.display(),
-                    c.table
-                );
-                println!(
-                    "{}",
-                    serde_json::to_string(&crate::backfill::BackfillSummary::default())?
-                );
-                return Ok(ExitCode::SUCCESS);
-            }
+            println!(
+                "{}",
+                serde_json::to_string(&crate::backfill::BackfillSummary::default())?
+            );
+            return Ok(ExitCode::SUCCESS);
+        }
+        BackfillChoice::NotLive(needed) => {
             let names: Vec<&str> = needed
                 .iter()
                 .map(|&id| c.spec.projections[id].name.as_str())
@@ -298,30 +267,18 @@ pub async fn backfill(target: Target, args: BackfillArgs) -> anyhow::Result<Exit
     let run = if args.dry_run {
         None
     } else {
-        let run = match (&args.run, args.resume) {
-            (Some(run), _) => run.clone(),
-            (None, true) => match registry.claimed_run(&c.spec, &ids).await? {
-                Some(run) => {
-                    eprintln!("resuming backfill `{run}`");
-                    run
-                }
-                None => {
-                    let run = new_run();
-                    eprintln!("no backfill of exactly these projections is under way: starting `{run}` from the beginning");
-                    run
-                }
-            },
-            (None, false) => new_run(),
-        };
-        claim(&registry, &c.spec, &ids, &run, args.wait).await?;
+        let run = claim_run(
+            &registry,
+            &c.spec,
+            &ids,
+            args.run.as_deref(),
+            args.resume,
+            args.wait,
+            &mut |note| eprintln!("{note}"),
+        )
+        .await?;
         Some(run)
     };
-    let applier = crate::control::applier(
-        c.dynamodb.clone(),
-        c.spec.clone(),
-        &c.table,
-        c.apply_config(),
-    );
     let options = crate::backfill::BackfillOptions {
         projections: (ids.len() != c.spec.projections.len()).then_some(ids),
         segments: segment_list,
@@ -362,44 +319,6 @@ pub async fn backfill(target: Target, args: BackfillArgs) -> anyhow::Result<Exit
     }
     println!("{}", serde_json::to_string(&summary)?);
     Ok(ExitCode::SUCCESS)
-}
-
-/// Claims `ids` for `run`, waiting while a writer of another definition
-/// holds a lease (at most `wait`).
-async fn claim(
-    registry: &Registry,
-    spec: &crate::spec::Spec,
-    ids: &[ProjectionId],
-    run: &str,
-    wait: Duration,
-) -> anyhow::Result<()> {
-    let give_up = now_ms() + wait.as_millis() as u64;
-    loop {
-        match registry.claim(spec, ids, run).await? {
-            ClaimOutcome::Claimed => return Ok(()),
-            ClaimOutcome::RunUsed { projection } => bail!(
-                "backfill `{run}` already claimed `{projection}` once (it completed, or a later backfill superseded it): give a new --run (or none) to backfill again"
-            ),
-            ClaimOutcome::Wait {
-                projection,
-                other,
-                until,
-            } => {
-                if until > give_up {
-                    bail!(
-                        "a writer of another definition ({other}) of `{projection}` holds a lease until {}, past --wait: a backfill started before then could be undone by it. Deploy this spec (so that the old definition stops running) or wait, then backfill again",
-                        iso(until)
-                    );
-                }
-                eprintln!(
-                    "waiting until {} for the writers of another definition ({other}) of `{projection}` to stop",
-                    iso(until)
-                );
-                let left = until.saturating_sub(now_ms()) + 200;
-                tokio::time::sleep(Duration::from_millis(left)).await;
-            }
-        }
-    }
 }
 
 /// `prune`.

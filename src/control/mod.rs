@@ -37,6 +37,7 @@
 //! redrive with an old spec file) turns the projection back from live at
 //! once; nothing has to remember to clear a flag.
 
+mod backfill;
 mod layout;
 mod leases;
 mod registry;
@@ -44,6 +45,9 @@ mod status;
 
 use std::sync::Arc;
 
+pub use backfill::{
+    choose_projections, claim_run, open_letters, BackfillChoice, BackfillError, LettersError,
+};
 pub use layout::{current_layout, layout_refusals, CounterLayout, OldVersion};
 pub use leases::{ApplierControl, Leases};
 pub use registry::{ClaimOutcome, Completion, Registry, LEASES_VERSION};
