@@ -18,6 +18,8 @@
 //!   EMF metrics) and the event source mapping filters the spec implies.
 //! - [`backfill`]: parallel, resumable, rate-limited scans through the same
 //!   planner and applier.
+//! - [`control`]: the control plane above the applier: the lifecycle's
+//!   states, its registry, leases and counter layout.
 //! - [`dynamo`]: DynamoDB access, the floor under every module that talks
 //!   to AWS: client set-up, error classes and every retry policy, the
 //!   reserved names (`_ddbp#...`), ARN and consumer-name parsing.

@@ -1,6 +1,18 @@
-//! The projection lifecycle: which definitions of each projection wrote the
-//! derived data in the table, whether a backfill brought all of it to the
-//! spec's definition, and what a deploy needs next.
+//! The control plane: the projection lifecycle (which definitions of each
+//! projection wrote the derived data in the table, whether a backfill
+//! brought all of it to the spec's definition, and what a deploy needs
+//! next), the leases every writer holds, and where counters are laid out.
+//!
+//! It sits above the applier, which asks it for leases through
+//! [`crate::apply::Control`] ([`applier`] builds both). Its rooms, each
+//! using only those before it:
+//!
+//! - `status`: the pure state machine, the records and [`states`] (no I/O);
+//! - `registry`: the [`Registry`]'s reads and writes of its items;
+//! - `layout`: counter generations ([`Registry::layout`],
+//!   [`current_layout`]) and `leases`: [`Leases`], [`ApplierControl`];
+//! - this face, and `backfill`: the lifecycle backfill's choice of what to
+//!   backfill under which run ([`choose_projections`], [`claim_run`]).
 //!
 //! Everything is kept in the table, under the reserved partition
 //! `_ddbp#lifecycle` (tables without a sort key: `_ddbp#lifecycle#<sk>`):
