@@ -4,6 +4,7 @@
 mod bad_inputs;
 mod cli;
 mod decode;
+mod fingerprints;
 mod fuzz_regressions;
 mod iam;
 mod invariants;
