@@ -7,6 +7,9 @@
 //!
 //! - [`record`]: the one change-record model every stage shares.
 //! - [`decode`]: Lambda events, Streams API records and scanned items into records.
+//! - [`schema`]: what every spec describes and every kind compiles
+//!   against: the table, entities and key patterns, templates, conditions,
+//!   spec errors and the compile context.
 //! - [`spec`]: spec files (one per service), compiled into a validated rule set;
 //!   matching a key to an entity lives here too.
 //! - [`plan`]: the pure planner, one module per projection kind.
@@ -27,8 +30,8 @@
 //! - [`global`]: on a global table, which region projects.
 //! - [`cli`] and `main.rs`: the `ddb-projector` command line.
 //!
-//! **Architecture Invariant:** `record`, `decode`, `spec` and `plan` do no
-//! I/O; SDK types never reach the planner.
+//! **Architecture Invariant:** `record`, `schema`, `decode`, `spec` and
+//! `plan` do no I/O; SDK types never reach the planner.
 
 pub mod apply;
 pub mod audit;
@@ -46,6 +49,7 @@ pub mod logging;
 pub mod plan;
 pub mod prune;
 pub mod record;
+pub mod schema;
 pub mod source;
 pub mod spec;
 pub mod table;

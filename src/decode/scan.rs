@@ -7,7 +7,7 @@ use aws_sdk_dynamodb::types::AttributeValue as SdkValue;
 use super::sdk::{item_json, unknown_type_at, UnknownAttributeType};
 use super::DecodeProblem;
 use crate::record::{ChangeKind, ChangeRecord, Item, Origin, SequenceNumber, ViewType};
-use crate::spec::TableSpec;
+use crate::schema::TableSpec;
 
 /// Decodes a scanned item into an INSERT of its current state.
 pub fn decode_scanned_item(

@@ -14,7 +14,7 @@ pub mod aggregate;
 pub mod rollup;
 
 use crate::plan::{Effect, PlanProblem, Subject};
-use crate::spec::EntityId;
+use crate::schema::EntityId;
 
 /// The kinds kept in this folder: one variant per kind, the line that
 /// registers it. Code outside the folder matches `ProjectionKind::Recomputed`
@@ -143,7 +143,8 @@ impl Recomputed {
 
 use crate::plan::{Op, SourceQuery, Sources};
 use crate::record::{AttributeValue, Item, ItemKey};
-use crate::spec::{Entity, ProjectionId, ProjectionKind, Spec};
+use crate::schema::{Bindings, Entity, ProjectionId, Template};
+use crate::spec::{ProjectionKind, Spec};
 
 pub use crate::dynamo::names::token_attribute;
 
@@ -277,10 +278,7 @@ pub fn recompute_op(spec: &Spec, id: ProjectionId, target: &ItemKey) -> Option<O
 }
 
 /// The key variables `key` binds, if it is an item of `entity`.
-pub(crate) fn key_vars<'a>(
-    entity: &'a Entity,
-    key: &'a ItemKey,
-) -> Option<crate::spec::Bindings<'a>> {
+pub(crate) fn key_vars<'a>(entity: &'a Entity, key: &'a ItemKey) -> Option<Bindings<'a>> {
     let mut vars = Vec::new();
     if !entity.pk.match_into(&key.pk, &mut vars) {
         return None;
@@ -359,11 +357,7 @@ pub(crate) fn source_query(source: &Entity, vars: &[(&str, &str)]) -> Option<Sou
 }
 
 /// The key variables an item of `entity` binds, if it is one.
-pub(crate) fn bind<'a>(
-    spec: &'a Spec,
-    entity: &'a Entity,
-    item: &'a Item,
-) -> Option<crate::spec::Bindings<'a>> {
+pub(crate) fn bind<'a>(spec: &'a Spec, entity: &'a Entity, item: &'a Item) -> Option<Bindings<'a>> {
     let Some(AttributeValue::S(pk)) = item.get(&spec.table.partition_key) else {
         return None;
     };
@@ -388,12 +382,8 @@ pub(crate) fn bind<'a>(
 /// The entity projection `id` writes attributes on (rather than whole
 /// items), and those attributes: what another projection keeping those
 /// items must leave alone, and what pruning it strips.
-pub fn written_attributes(
-    spec: &Spec,
-    id: ProjectionId,
-) -> Option<(crate::spec::EntityId, Vec<String>)> {
-    let names =
-        |set: &[(String, crate::spec::Template)]| set.iter().map(|(a, _)| a.clone()).collect();
+pub fn written_attributes(spec: &Spec, id: ProjectionId) -> Option<(EntityId, Vec<String>)> {
+    let names = |set: &[(String, Template)]| set.iter().map(|(a, _)| a.clone()).collect();
     let name = &spec.projections[id].name;
     match &spec.projections[id].kind {
         ProjectionKind::IndexKeys(p) => Some((p.entity, names(&p.set))),

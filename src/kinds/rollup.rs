@@ -38,8 +38,9 @@ use super::TargetState;
 use crate::dynamo::names::{token_attribute, COUNT_ATTRIBUTE};
 use crate::plan::{Effect, Op, PlanProblem, Sources, Subject};
 use crate::record::{AttributeValue, Item, ItemKey};
+use crate::schema::{fingerprint, Compiler, Entity, EntityId, ProjectionId, TableSpec};
 use crate::spec::raw::RawProjection;
-use crate::spec::{Compiler, EntityId, Projection, ProjectionId, ProjectionKind, Spec, TableSpec};
+use crate::spec::{Projection, ProjectionKind, Spec};
 
 /// The `[[projections]]` section of `kind = "rollup"`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -74,7 +75,7 @@ pub(crate) fn compile(
     cx: &mut Compiler,
     context: &str,
     table: &TableSpec,
-    entities: &[crate::spec::Entity],
+    entities: &[Entity],
     all: &[RawProjection],
 ) -> Option<Rollup> {
     let target = cx.entity(context, "target", &raw.target, entities);
@@ -165,7 +166,7 @@ pub(crate) fn settle(projections: &mut [Projection]) {
         // Past a projection that did not compile, positions move: the
         // spec is refused then anyway, and nothing is mixed in.
         if let Some(counter) = counters.get(rollup.counter).copied().flatten() {
-            projection.fingerprint = crate::spec::fingerprint(&format!(
+            projection.fingerprint = fingerprint(&format!(
                 "{:016x};counter {counter:016x}",
                 projection.fingerprint
             ));
@@ -201,7 +202,7 @@ pub(crate) fn recompute_op(spec: &Spec, p: &Rollup, target: &ItemKey) -> Option<
     let values: Vec<String> = counter
         .of
         .iter()
-        .map(|(name, _)| crate::spec::template::lookup(&vars, name).map(str::to_string))
+        .map(|(name, _)| crate::schema::template::lookup(&vars, name).map(str::to_string))
         .collect::<Option<_>>()?;
     // While the counter is rebuilt, the total is the one readers read:
     // which version that is changes when the rebuild's backfill completes,
@@ -379,7 +380,7 @@ pub fn compute(_spec: &Spec, p: &Rollup, shards: &[Item]) -> Result<TargetState,
             Some(other) => {
                 return Err(format!(
                     "counter shard holds a count that is {}, not a number",
-                    crate::spec::template::type_name(other)
+                    crate::schema::template::type_name(other)
                 ))
             }
         }

@@ -10,7 +10,8 @@
 
 use super::{changed, Effect, Op, PlanProblem, SourceQuery, Sources, Subject};
 use crate::record::{AttributeValue, ChangeKind, Image, Item};
-use crate::spec::{Denormalize, EntityId, ProjectionId, RenderError, Spec};
+use crate::schema::{EntityId, ProjectionId, RenderError};
+use crate::spec::{Denormalize, Spec};
 
 pub(super) fn plan(
     spec: &Spec,

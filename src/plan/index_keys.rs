@@ -2,7 +2,8 @@
 
 use super::{Effect, Op, PlanProblem, Subject};
 use crate::record::{AttributeValue, ChangeKind, ValueRef};
-use crate::spec::{IndexKeys, ProjectionId};
+use crate::schema::ProjectionId;
+use crate::spec::IndexKeys;
 
 /// Plans the derived attributes for an inserted or modified item.
 ///

@@ -15,10 +15,8 @@ use super::{
 };
 use crate::dynamo::names::RECORDS_ATTRIBUTE;
 use crate::record::{ChangeKind, ChangeRecord, Item, ItemKey, Origin, ValueRef};
-use crate::spec::{
-    Bindings, Condition, Counter, InverseEdge, Marker, ProjectionId, ProjectionKind, RenderError,
-    Spec, Template,
-};
+use crate::schema::{Bindings, Condition, ProjectionId, RenderError, Template};
+use crate::spec::{Counter, InverseEdge, Marker, ProjectionKind, Spec};
 
 /// The shard a source item counts in: FNV-1a of its key, stable across
 /// versions and machines, so a removal always hits the shard its insert did.

@@ -28,7 +28,8 @@ use crate::record::{
     item_to_json, value_to_json, AttributeValue, ChangeRecord, Image, Item, ItemKey, Origin,
     ValueRef, ViewType,
 };
-use crate::spec::{Bindings, ProjectionId, ProjectionKind, RenderError, Spec};
+use crate::schema::{Bindings, ProjectionId, RenderError};
+use crate::spec::{ProjectionKind, Spec};
 
 /// A projection written in Rust, registered with [`crate::spec::SpecBuilder::custom`].
 ///
@@ -135,7 +136,7 @@ impl SourceGuard {
                 seen.iter()
                     .all(|(name, value)| match (item.get(name), value) {
                         (None, None) => true,
-                        (Some(have), Some(want)) => crate::spec::values_equal(have, want),
+                        (Some(have), Some(want)) => crate::schema::values_equal(have, want),
                         _ => false,
                     })
             }

@@ -28,8 +28,9 @@ use super::{bind, source_query, TargetState};
 use crate::dynamo::names::token_attribute;
 use crate::plan::{changed, Effect, Op, PlanProblem, Sources, Subject};
 use crate::record::{AttributeValue, Attributes, ChangeKind, Image, Item, ItemKey, ValueRef};
-use crate::spec::raw::RawCondition;
-use crate::spec::{Compiler, Condition, EntityId, ProjectionId, Spec, TableSpec};
+use crate::schema::raw::RawCondition;
+use crate::schema::{Compiler, Condition, Entity, EntityId, ProjectionId, TableSpec};
+use crate::spec::Spec;
 use decimal::Decimal;
 
 /// The `[[projections]]` section of `kind = "aggregate"`.
@@ -145,7 +146,7 @@ pub(crate) fn compile(
     cx: &mut Compiler,
     context: &str,
     table: &TableSpec,
-    entities: &[crate::spec::Entity],
+    entities: &[Entity],
 ) -> Option<Aggregate> {
     let source = cx.entity(context, "source", &raw.source, entities);
     let target = cx.entity(context, "target", &raw.target, entities);
@@ -294,7 +295,7 @@ fn check_value<'a, A: Attributes + ?Sized>(
         Some(ValueRef::S(_)) => Err(wrong("a string (S)")),
         Some(ValueRef::Bool(_)) => Err(wrong("a boolean (BOOL)")),
         Some(ValueRef::Null(_)) => Err(wrong("null (NULL)")),
-        Some(ValueRef::Other(value)) => Err(wrong(crate::spec::template::type_name(value))),
+        Some(ValueRef::Other(value)) => Err(wrong(crate::schema::template::type_name(value))),
     }
 }
 
