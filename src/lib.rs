@@ -12,6 +12,8 @@
 //!   spec errors and the compile context.
 //! - [`spec`]: spec files (one per service), compiled into a validated rule set;
 //!   matching a key to an entity lives here too.
+//! - [`effect`]: the vocabulary of what planning asks for (effects are
+//!   states, not deltas), which the applier writes.
 //! - [`plan`]: the pure planner, one module per projection kind.
 //! - [`apply`]: writes planned effects exactly once in effect (coalescing,
 //!   retries, dead letters).
@@ -30,8 +32,8 @@
 //! - [`global`]: on a global table, which region projects.
 //! - [`cli`] and `main.rs`: the `ddb-projector` command line.
 //!
-//! **Architecture Invariant:** `record`, `schema`, `decode`, `spec` and
-//! `plan` do no I/O; SDK types never reach the planner.
+//! **Architecture Invariant:** `record`, `schema`, `decode`, `effect`,
+//! `spec` and `plan` do no I/O; SDK types never reach the planner.
 
 pub mod apply;
 pub mod audit;
@@ -41,6 +43,7 @@ pub mod control;
 pub mod counter;
 pub mod decode;
 pub mod dynamo;
+pub mod effect;
 pub mod global;
 pub mod invariant;
 pub mod kinds;

@@ -13,7 +13,7 @@
 pub mod aggregate;
 pub mod rollup;
 
-use crate::plan::{Effect, PlanProblem, Subject};
+use crate::effect::{Effect, PlanProblem, Subject};
 use crate::schema::EntityId;
 
 /// The kinds kept in this folder: one variant per kind, the line that
@@ -141,7 +141,7 @@ impl Recomputed {
     }
 }
 
-use crate::plan::{Op, SourceQuery, Sources};
+use crate::effect::{Op, SourceQuery, Sources};
 use crate::record::{AttributeValue, Item, ItemKey};
 use crate::schema::{Bindings, Entity, ProjectionId, Template};
 use crate::spec::{ProjectionKind, Spec};
@@ -223,7 +223,7 @@ pub(crate) fn target_needs_recompute<'a>(
                 .new_image
                 .as_ref()
                 .is_some_and(|image| image.get(token).is_none());
-            lost || crate::plan::changed(record, written.into_iter().chain([token]))
+            lost || crate::effect::changed(record, written.into_iter().chain([token]))
         }
         ChangeKind::Remove => false,
     }

@@ -36,7 +36,7 @@ use serde::{Deserialize, Serialize};
 use super::Recomputed;
 use super::TargetState;
 use crate::dynamo::names::{token_attribute, COUNT_ATTRIBUTE};
-use crate::plan::{Effect, Op, PlanProblem, Sources, Subject};
+use crate::effect::{Effect, Op, PlanProblem, Sources, Subject};
 use crate::record::{AttributeValue, Item, ItemKey};
 use crate::schema::{fingerprint, Compiler, Entity, EntityId, ProjectionId, TableSpec};
 use crate::spec::raw::RawProjection;

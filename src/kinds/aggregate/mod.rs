@@ -26,7 +26,7 @@ use serde::{Deserialize, Serialize};
 
 use super::{bind, source_query, TargetState};
 use crate::dynamo::names::token_attribute;
-use crate::plan::{changed, Effect, Op, PlanProblem, Sources, Subject};
+use crate::effect::{changed, Effect, Op, PlanProblem, Sources, Subject};
 use crate::record::{AttributeValue, Attributes, ChangeKind, Image, Item, ItemKey, ValueRef};
 use crate::schema::raw::RawCondition;
 use crate::schema::{Compiler, Condition, Entity, EntityId, ProjectionId, TableSpec};
