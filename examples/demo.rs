@@ -198,14 +198,17 @@ async fn main() {
     }
     let users = Spec::from_file("projections/user-service.toml".as_ref())
         .unwrap()
+        .rules
         .table
         .name;
     let social = Spec::from_file("projections/social-service.toml".as_ref())
         .unwrap()
+        .rules
         .table
         .name;
     let ads = Spec::from_file("projections/ads-platform.toml".as_ref())
         .unwrap()
+        .rules
         .table
         .name;
 

@@ -1,26 +1,222 @@
-//! Projection kinds whose whole definition lives in one folder: the raw
-//! spec section, compilation and validation, planning, what the applier
-//! computes for a target, what the audit expects, and the description.
+//! Projection kinds, each in its own folder (`index_keys/`,
+//! `denormalize/`, `inverse_edge/`, `counter/`, `rollup/`, `aggregate/`,
+//! `custom/`), and their registration here: the raw section of a spec
+//! file ([`RawProjection`]), what a compiled projection does
+//! ([`ProjectionKind`], [`Projection`]), and the [`Rules`] every kind
+//! plans, computes and describes against.
 //!
-//! [`rollup`] and [`aggregate`] are kept here. Both are *recomputed*
-//! kinds, like `denormalize`: the planner never plans a value, only "read
-//! the target and what it is computed from, consistently, and write the
-//! result on condition that the target is unchanged". What is compared is
-//! a token the projector keeps on the target ([`token_attribute`]), which
-//! only grows between writer rewrites, so a stalled recompute can never
-//! land on a target that moved on and came back to the value it read.
+//! [`rollup`] and [`aggregate`] are *recomputed* kinds, like
+//! `denormalize`: the planner never plans a value, only "read the target
+//! and what it is computed from, consistently, and write the result on
+//! condition that the target is unchanged". What is compared is a token
+//! the projector keeps on the target ([`token_attribute`]), which only
+//! grows between writer rewrites, so a stalled recompute can never land on
+//! a target that moved on and came back to the value it read.
 
 pub mod aggregate;
+pub mod counter;
+pub mod custom;
+pub mod denormalize;
+pub mod index_keys;
+pub mod inverse_edge;
 pub mod rollup;
+mod rules;
 
-use crate::effect::{Effect, PlanProblem, Subject};
-use crate::schema::EntityId;
+use std::collections::BTreeMap;
+use std::fmt;
+use std::sync::Arc;
 
-/// The kinds kept in this folder: one variant per kind, the line that
-/// registers it. Code outside the folder matches `ProjectionKind::Recomputed`
-/// once and calls the methods below, whose matches name every kind here,
-/// so a new variant makes the compiler list exactly what it must answer,
-/// all in this file.
+use serde::{Deserialize, Serialize};
+
+use crate::effect::{Effect, Op, PlanProblem, SourceQuery, Sources, Subject};
+use crate::record::{AttributeValue, Item, ItemKey};
+use crate::schema::raw::RawCondition;
+use crate::schema::{Bindings, Entity, EntityId, ProjectionId, Template};
+use counter::Counter;
+use custom::CustomProjection;
+use denormalize::Denormalize;
+use index_keys::IndexKeys;
+use inverse_edge::InverseEdge;
+pub use rules::Rules;
+
+/// One `[[projections]]` entry.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "kebab-case", deny_unknown_fields)]
+pub enum RawProjection {
+    /// Derive attributes (usually GSI keys) on the changed item itself.
+    IndexKeys {
+        /// Projection name, unique in the spec.
+        name: String,
+        /// The entity whose items get the attributes.
+        entity: String,
+        /// Attribute name to template.
+        set: BTreeMap<String, String>,
+    },
+    /// Copy attributes from a source item onto a target item while a condition holds.
+    Denormalize {
+        /// Projection name.
+        name: String,
+        /// The entity copied from.
+        source: String,
+        /// The entity copied onto; its key variables come from the source's.
+        target: String,
+        /// The source item that counts (`{ isPrimary = true }`).
+        #[serde(default)]
+        when: RawCondition,
+        /// Target attribute to template over the source item.
+        copy: BTreeMap<String, String>,
+    },
+    /// Maintain the reverse item of a relationship.
+    InverseEdge {
+        /// Projection name.
+        name: String,
+        /// The edge entity (`follow`).
+        source: String,
+        /// The reverse edge entity (`followed_by`).
+        target: String,
+        /// Only edges for which this holds get a reverse item.
+        #[serde(default)]
+        when: RawCondition,
+        /// Target attribute to template over the source item.
+        #[serde(default)]
+        copy: BTreeMap<String, String>,
+    },
+    /// A write-sharded count of the source items per target.
+    Counter {
+        /// Counter name (`followers`), used by `counter get`.
+        name: String,
+        /// The counted entity.
+        source: String,
+        /// The counter's own variables, from the source's key variables
+        /// (`{ userId = "{followeeId}" }`).
+        of: BTreeMap<String, String>,
+        /// Only source items for which this holds are counted.
+        #[serde(default)]
+        when: RawCondition,
+        /// Number of shards (1 to 100); hot targets want more.
+        #[serde(default = "default_shards")]
+        shards: u32,
+        /// Where the counter's shards and records live: set by the tool,
+        /// never by hand. A changed counter is rebuilt beside the version
+        /// readers read, in the next generation `<name>~N` (see
+        /// `control::Registry::layout`); absent means `<name>`.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        storage: Option<String>,
+    },
+    /// A counter's total kept on an item (see [`crate::kinds::rollup`]).
+    Rollup(crate::kinds::rollup::RawRollup),
+    /// Totals over a partition's items (see [`crate::kinds::aggregate`]).
+    Aggregate(crate::kinds::aggregate::RawAggregate),
+}
+
+fn default_shards() -> u32 {
+    4
+}
+
+impl RawProjection {
+    /// The projection's name.
+    pub fn name(&self) -> &str {
+        match self {
+            RawProjection::IndexKeys { name, .. }
+            | RawProjection::Denormalize { name, .. }
+            | RawProjection::InverseEdge { name, .. }
+            | RawProjection::Counter { name, .. } => name,
+            RawProjection::Rollup(p) => &p.name,
+            RawProjection::Aggregate(p) => &p.name,
+        }
+    }
+
+    /// What its fingerprint covers: a counter's definition without where
+    /// it is stored, and an old version (`followers~0`, kept current while
+    /// the changed counter is rebuilt) as the counter it was.
+    pub fn definition(&self) -> RawProjection {
+        let mut copy = self.clone();
+        if let RawProjection::Counter { name, storage, .. } = &mut copy {
+            if storage.is_some() {
+                if let Some((base, _)) = counter::old_version_of(name) {
+                    *name = base.to_string();
+                }
+            }
+            *storage = None;
+        }
+        copy
+    }
+
+    /// The kind as written in the file.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            RawProjection::IndexKeys { .. } => "index-keys",
+            RawProjection::Denormalize { .. } => "denormalize",
+            RawProjection::InverseEdge { .. } => "inverse-edge",
+            RawProjection::Counter { .. } => "counter",
+            RawProjection::Rollup(_) => "rollup",
+            RawProjection::Aggregate(_) => "aggregate",
+        }
+    }
+}
+
+/// What a projection does.
+#[derive(Clone)]
+pub enum ProjectionKind {
+    /// See [`IndexKeys`].
+    IndexKeys(IndexKeys),
+    /// See [`Denormalize`].
+    Denormalize(Denormalize),
+    /// See [`InverseEdge`].
+    InverseEdge(InverseEdge),
+    /// See [`Counter`].
+    Counter(Counter),
+    /// The recomputed kinds kept whole in their own folder ([`Recomputed`]).
+    Recomputed(Recomputed),
+    /// A projection written in Rust.
+    Custom(Arc<dyn CustomProjection>),
+}
+
+impl fmt::Debug for ProjectionKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            ProjectionKind::IndexKeys(p) => p.fmt(f),
+            ProjectionKind::Denormalize(p) => p.fmt(f),
+            ProjectionKind::InverseEdge(p) => p.fmt(f),
+            ProjectionKind::Counter(p) => p.fmt(f),
+            ProjectionKind::Recomputed(p) => p.fmt(f),
+            ProjectionKind::Custom(p) => write!(f, "Custom({})", p.name()),
+        }
+    }
+}
+
+/// A compiled projection.
+#[derive(Debug, Clone)]
+pub struct Projection {
+    /// Unique name.
+    pub name: String,
+    /// What it does.
+    pub kind: ProjectionKind,
+    /// A stable hash of the definition (FNV-1a of its canonical JSON, the
+    /// key patterns of the entities it uses, the table's keys, a counter's
+    /// placement): another definition under the same name has another one.
+    pub fingerprint: u64,
+}
+
+impl Projection {
+    /// The kind as written in spec files.
+    pub fn kind_name(&self) -> &'static str {
+        match &self.kind {
+            ProjectionKind::IndexKeys(_) => "index-keys",
+            ProjectionKind::Denormalize(_) => "denormalize",
+            ProjectionKind::InverseEdge(_) => "inverse-edge",
+            ProjectionKind::Counter(_) => "counter",
+            ProjectionKind::Recomputed(p) => p.kind_name(),
+            ProjectionKind::Custom(_) => "custom",
+        }
+    }
+}
+
+/// The recomputed kinds: one variant per kind, the line that registers
+/// it. Code outside the folder matches `ProjectionKind::Recomputed` once
+/// and calls the methods below, whose matches name every kind here, so a
+/// new variant makes the compiler list exactly what it must answer, all
+/// in this file.
 #[derive(Debug, Clone)]
 pub enum Recomputed {
     /// See [`rollup`].
@@ -58,7 +254,7 @@ impl Recomputed {
 
     /// The entity whose changes it carries onto its target, for the loop
     /// check (`projections` as compiled so far).
-    pub fn reads_from(&self, projections: &[crate::spec::Projection]) -> Option<EntityId> {
+    pub fn reads_from(&self, projections: &[Projection]) -> Option<EntityId> {
         match self {
             Recomputed::Rollup(p) => match projections.get(p.counter).map(|c| &c.kind) {
                 Some(ProjectionKind::Counter(c)) => Some(c.source),
@@ -96,55 +292,50 @@ impl Recomputed {
     /// Plans projection `id` for a record of `entity`.
     pub(crate) fn plan(
         &self,
-        spec: &Spec,
+        rules: &Rules,
         id: ProjectionId,
         entity: EntityId,
         subject: &Subject<'_>,
         effects: &mut Vec<Effect>,
     ) -> Result<(), PlanProblem> {
         match self {
-            Recomputed::Rollup(p) => rollup::plan(spec, id, p, subject, effects),
-            Recomputed::Aggregate(p) => aggregate::plan(spec, id, p, entity, subject, effects),
+            Recomputed::Rollup(p) => rollup::plan(rules, id, p, subject, effects),
+            Recomputed::Aggregate(p) => aggregate::plan(rules, id, p, entity, subject, effects),
         }
     }
 
     /// What it computes for a target from what its recompute read.
-    pub fn compute(&self, spec: &Spec, reads: &[Item]) -> Result<TargetState, String> {
+    pub fn compute(&self, rules: &Rules, reads: &[Item]) -> Result<TargetState, String> {
         match self {
-            Recomputed::Rollup(p) => rollup::compute(spec, p, reads),
-            Recomputed::Aggregate(p) => aggregate::compute(spec, p, reads),
+            Recomputed::Rollup(p) => rollup::compute(rules, p, reads),
+            Recomputed::Aggregate(p) => aggregate::compute(rules, p, reads),
         }
     }
 
     /// The recompute of `target`, if it is an item of its target entity.
-    pub fn recompute_op(&self, spec: &Spec, target: &ItemKey) -> Option<Op> {
+    pub fn recompute_op(&self, rules: &Rules, target: &ItemKey) -> Option<Op> {
         match self {
-            Recomputed::Rollup(p) => rollup::recompute_op(spec, p, target),
-            Recomputed::Aggregate(p) => query_recompute(spec, p.source, p.target, target),
+            Recomputed::Rollup(p) => rollup::recompute_op(rules, p, target),
+            Recomputed::Aggregate(p) => query_recompute(rules, p.source, p.target, target),
         }
     }
 
     /// One line for `check`, `plan --describe` and `status`.
-    pub(crate) fn describe(&self, spec: &Spec) -> String {
+    pub(crate) fn describe(&self, rules: &Rules) -> String {
         match self {
-            Recomputed::Rollup(p) => rollup::describe(spec, p),
-            Recomputed::Aggregate(p) => aggregate::describe(spec, p),
+            Recomputed::Rollup(p) => rollup::describe(rules, p),
+            Recomputed::Aggregate(p) => aggregate::describe(rules, p),
         }
     }
 
     /// What `filters` tells a person about the records it makes pass.
-    pub(crate) fn filter_note(&self, spec: &Spec, name: &str) -> String {
+    pub(crate) fn filter_note(&self, rules: &Rules, name: &str) -> String {
         match self {
-            Recomputed::Rollup(p) => rollup::filter_note(spec, name, p),
-            Recomputed::Aggregate(p) => aggregate::filter_note(spec, name, p),
+            Recomputed::Rollup(p) => rollup::filter_note(rules, name, p),
+            Recomputed::Aggregate(p) => aggregate::filter_note(rules, name, p),
         }
     }
 }
-
-use crate::effect::{Op, SourceQuery, Sources};
-use crate::record::{AttributeValue, Item, ItemKey};
-use crate::schema::{Bindings, Entity, ProjectionId, Template};
-use crate::spec::{ProjectionKind, Spec};
 
 pub use crate::dynamo::names::token_attribute;
 
@@ -153,24 +344,25 @@ pub use crate::dynamo::names::token_attribute;
 ///
 /// Once every projection is compiled: fingerprints that depend on another
 /// projection's definition (a rollup's on its counter's).
-pub(crate) fn settle(projections: &mut [crate::spec::Projection]) {
+pub(crate) fn settle(projections: &mut [Projection]) {
     rollup::settle(projections);
 }
 
 /// After a record's effects are planned: the effects that follow from
 /// other projections' effects (a rollup's recompute after its counter's
 /// shards move).
-pub(crate) fn follow(spec: &Spec, effects: &mut Vec<Effect>) {
-    rollup::follow_counters(spec, effects);
+pub(crate) fn follow(rules: &Rules, effects: &mut Vec<Effect>) {
+    rollup::follow_counters(rules, effects);
 }
 
 /// The effects that follow counter shards (partition keys) set by hand
 /// (`audit --repair`'s recount): their rollups' recomputes.
-pub(crate) fn after_recount(spec: &Spec, shards: &[String]) -> Vec<Effect> {
+pub(crate) fn after_recount(rules: &Rules, shards: &[String]) -> Vec<Effect> {
     let moved: Vec<(ProjectionId, String)> = shards
         .iter()
         .flat_map(|shard| {
-            spec.projections
+            rules
+                .projections
                 .iter()
                 .enumerate()
                 .filter(move |(_, p)| match &p.kind {
@@ -182,27 +374,27 @@ pub(crate) fn after_recount(spec: &Spec, shards: &[String]) -> Vec<Effect> {
                 .map(move |(id, _)| (id, shard.clone()))
         })
         .collect();
-    rollup::following(spec, &moved)
+    rollup::following(rules, &moved)
 }
 
 /// `ids` with the projections that are claimed, backfilled and completed
 /// together with them (a rollup and its counter).
-pub fn with_dependencies(spec: &Spec, ids: &[ProjectionId]) -> Vec<ProjectionId> {
-    rollup::with_counters(spec, ids, false)
+pub fn with_dependencies(rules: &Rules, ids: &[ProjectionId]) -> Vec<ProjectionId> {
+    rollup::with_counters(rules, ids, false)
 }
 
 /// `ids` with the projections completed together with them: as
 /// [`with_dependencies`], but a projection whose dependency is rebuilt in
 /// this layout completes after it, in a backfill of its own (a rollup
 /// of a rebuilt counter).
-pub fn completed_with(spec: &Spec, ids: &[ProjectionId]) -> Vec<ProjectionId> {
-    rollup::with_counters(spec, ids, true)
+pub fn completed_with(rules: &Rules, ids: &[ProjectionId]) -> Vec<ProjectionId> {
+    rollup::with_counters(rules, ids, true)
 }
 
 /// Of `ids`, the projections a backfill brings only after another's
 /// backfill completed, each with the one it waits for.
-pub fn after_rebuilds(spec: &Spec, ids: &[ProjectionId]) -> Vec<(ProjectionId, ProjectionId)> {
-    rollup::after_rebuilds(spec, ids)
+pub fn after_rebuilds(rules: &Rules, ids: &[ProjectionId]) -> Vec<(ProjectionId, ProjectionId)> {
+    rollup::after_rebuilds(rules, ids)
 }
 
 /// Whether a record of a recomputed kind's target asks for a recompute:
@@ -235,26 +427,26 @@ pub type TargetState = Vec<(String, Option<AttributeValue>)>;
 /// What projection `id` computes for its target from what its recompute
 /// read (`reads`: the source items of its query, or a counter's shards).
 /// An `Err` is a dead letter's reason.
-pub fn compute(spec: &Spec, id: ProjectionId, reads: &[Item]) -> Result<TargetState, String> {
-    match &spec.projections[id].kind {
+pub fn compute(rules: &Rules, id: ProjectionId, reads: &[Item]) -> Result<TargetState, String> {
+    match &rules.projections[id].kind {
         ProjectionKind::Denormalize(p) => {
-            crate::plan::compute_denormalized(spec, p, reads).map_err(|error| error.to_string())
+            crate::plan::compute_denormalized(rules, p, reads).map_err(|error| error.to_string())
         }
-        ProjectionKind::Recomputed(p) => p.compute(spec, reads),
+        ProjectionKind::Recomputed(p) => p.compute(rules, reads),
         ProjectionKind::IndexKeys(_)
         | ProjectionKind::InverseEdge(_)
         | ProjectionKind::Counter(_)
         | ProjectionKind::Custom(_) => Err(format!(
             "`{}` is a {}, which is not recomputed",
-            spec.projections[id].name,
-            spec.projections[id].kind_name()
+            rules.projections[id].name,
+            rules.projections[id].kind_name()
         )),
     }
 }
 
 /// Whether projection `id`'s recomputes order their writes by a token.
-pub fn uses_token(spec: &Spec, id: ProjectionId) -> bool {
-    match &spec.projections[id].kind {
+pub fn uses_token(rules: &Rules, id: ProjectionId) -> bool {
+    match &rules.projections[id].kind {
         ProjectionKind::Recomputed(_) => true,
         ProjectionKind::Denormalize(_)
         | ProjectionKind::IndexKeys(_)
@@ -266,10 +458,10 @@ pub fn uses_token(spec: &Spec, id: ProjectionId) -> bool {
 
 /// The recompute of target `target` of projection `id`, if it is a
 /// recomputed kind and `target` an item of its target entity.
-pub fn recompute_op(spec: &Spec, id: ProjectionId, target: &ItemKey) -> Option<Op> {
-    match &spec.projections[id].kind {
-        ProjectionKind::Denormalize(p) => query_recompute(spec, p.source, p.target, target),
-        ProjectionKind::Recomputed(p) => p.recompute_op(spec, target),
+pub fn recompute_op(rules: &Rules, id: ProjectionId, target: &ItemKey) -> Option<Op> {
+    match &rules.projections[id].kind {
+        ProjectionKind::Denormalize(p) => query_recompute(rules, p.source, p.target, target),
+        ProjectionKind::Recomputed(p) => p.recompute_op(rules, target),
         ProjectionKind::IndexKeys(_)
         | ProjectionKind::InverseEdge(_)
         | ProjectionKind::Counter(_)
@@ -294,15 +486,15 @@ pub(crate) fn key_vars<'a>(entity: &'a Entity, key: &'a ItemKey) -> Option<Bindi
 /// The recompute of `target`, an item of `target_entity` computed from
 /// the items of `source` in the partition its key names.
 fn query_recompute(
-    spec: &Spec,
+    rules: &Rules,
     source: EntityId,
     target_entity: EntityId,
     target: &ItemKey,
 ) -> Option<Op> {
-    let vars = key_vars(&spec.entities[target_entity], target)?;
+    let vars = key_vars(&rules.entities[target_entity], target)?;
     Some(Op::Recompute {
         target: target.clone(),
-        sources: Sources::Query(source_query(&spec.entities[source], &vars)?),
+        sources: Sources::Query(source_query(&rules.entities[source], &vars)?),
     })
 }
 
@@ -311,12 +503,12 @@ fn query_recompute(
 /// key (`PERF#{region}#{date}` totalled onto `REGION#{region}`) shares
 /// its partition with other targets' sources.
 pub(crate) fn of_target(
-    spec: &Spec,
+    rules: &Rules,
     id: ProjectionId,
     target: &ItemKey,
     items: Vec<Item>,
 ) -> Vec<Item> {
-    let (source, target_entity) = match &spec.projections[id].kind {
+    let (source, target_entity) = match &rules.projections[id].kind {
         ProjectionKind::Denormalize(p) => (p.source, p.target),
         ProjectionKind::Recomputed(p) => match p.queried() {
             Some(source) => (source, p.target()),
@@ -327,10 +519,10 @@ pub(crate) fn of_target(
         | ProjectionKind::Counter(_)
         | ProjectionKind::Custom(_) => return items,
     };
-    let Some(wanted) = key_vars(&spec.entities[target_entity], target) else {
+    let Some(wanted) = key_vars(&rules.entities[target_entity], target) else {
         return items;
     };
-    let agrees = |item: &Item| match bind(spec, &spec.entities[source], item) {
+    let agrees = |item: &Item| match bind(rules, &rules.entities[source], item) {
         Some(vars) => vars
             .iter()
             .all(|(name, value)| wanted.iter().all(|(n, v)| n != name || v == value)),
@@ -357,15 +549,19 @@ pub(crate) fn source_query(source: &Entity, vars: &[(&str, &str)]) -> Option<Sou
 }
 
 /// The key variables an item of `entity` binds, if it is one.
-pub(crate) fn bind<'a>(spec: &'a Spec, entity: &'a Entity, item: &'a Item) -> Option<Bindings<'a>> {
-    let Some(AttributeValue::S(pk)) = item.get(&spec.table.partition_key) else {
+pub(crate) fn bind<'a>(
+    rules: &'a Rules,
+    entity: &'a Entity,
+    item: &'a Item,
+) -> Option<Bindings<'a>> {
+    let Some(AttributeValue::S(pk)) = item.get(&rules.table.partition_key) else {
         return None;
     };
     let mut vars = Vec::new();
     if !entity.pk.match_into(pk, &mut vars) {
         return None;
     }
-    let sk = match &spec.table.sort_key {
+    let sk = match &rules.table.sort_key {
         Some(name) => match item.get(name) {
             Some(AttributeValue::S(sk)) => Some(sk.as_str()),
             _ => return None,
@@ -382,10 +578,10 @@ pub(crate) fn bind<'a>(spec: &'a Spec, entity: &'a Entity, item: &'a Item) -> Op
 /// The entity projection `id` writes attributes on (rather than whole
 /// items), and those attributes: what another projection keeping those
 /// items must leave alone, and what pruning it strips.
-pub fn written_attributes(spec: &Spec, id: ProjectionId) -> Option<(EntityId, Vec<String>)> {
+pub fn written_attributes(rules: &Rules, id: ProjectionId) -> Option<(EntityId, Vec<String>)> {
     let names = |set: &[(String, Template)]| set.iter().map(|(a, _)| a.clone()).collect();
-    let name = &spec.projections[id].name;
-    match &spec.projections[id].kind {
+    let name = &rules.projections[id].name;
+    match &rules.projections[id].kind {
         ProjectionKind::IndexKeys(p) => Some((p.entity, names(&p.set))),
         ProjectionKind::Denormalize(p) => Some((p.target, names(&p.copy))),
         ProjectionKind::Recomputed(p) => Some((p.target(), p.written(name))),

@@ -35,12 +35,11 @@ use serde::{Deserialize, Serialize};
 
 use super::Recomputed;
 use super::TargetState;
+use super::{Projection, ProjectionKind, RawProjection, Rules};
 use crate::dynamo::names::{token_attribute, COUNT_ATTRIBUTE};
 use crate::effect::{Effect, Op, PlanProblem, Sources, Subject};
 use crate::record::{AttributeValue, Item, ItemKey};
 use crate::schema::{fingerprint, Compiler, Entity, EntityId, ProjectionId, TableSpec};
-use crate::spec::raw::RawProjection;
-use crate::spec::{Projection, ProjectionKind, Spec};
 
 /// The `[[projections]]` section of `kind = "rollup"`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -177,16 +176,16 @@ pub(crate) fn settle(projections: &mut [Projection]) {
 /// Records of the target: it appears (the total appears with it), or its
 /// total or token changed or went (a writer overwrote them).
 pub(crate) fn plan(
-    spec: &Spec,
+    rules: &Rules,
     id: ProjectionId,
     p: &Rollup,
     subject: &Subject<'_>,
     effects: &mut Vec<Effect>,
 ) -> Result<(), PlanProblem> {
     let record = subject.record;
-    let token = token_attribute(&spec.projections[id].name);
+    let token = token_attribute(&rules.projections[id].name);
     let relevant = super::target_needs_recompute(record, [&p.attribute], &token);
-    if let (true, Some(op)) = (relevant, recompute_op(spec, p, &subject.key)) {
+    if let (true, Some(op)) = (relevant, recompute_op(rules, p, &subject.key)) {
         effects.push(Effect { projection: id, op });
     }
     Ok(())
@@ -194,11 +193,11 @@ pub(crate) fn plan(
 
 /// The recompute of target `target`: a consistent read of the shards of
 /// the instance its key names.
-pub(crate) fn recompute_op(spec: &Spec, p: &Rollup, target: &ItemKey) -> Option<Op> {
-    let ProjectionKind::Counter(counter) = &spec.projections[p.counter].kind else {
+pub(crate) fn recompute_op(rules: &Rules, p: &Rollup, target: &ItemKey) -> Option<Op> {
+    let ProjectionKind::Counter(counter) = &rules.projections[p.counter].kind else {
         return None;
     };
-    let vars = super::key_vars(&spec.entities[p.target], target)?;
+    let vars = super::key_vars(&rules.entities[p.target], target)?;
     let values: Vec<String> = counter
         .of
         .iter()
@@ -207,7 +206,7 @@ pub(crate) fn recompute_op(spec: &Spec, p: &Rollup, target: &ItemKey) -> Option<
     // While the counter is rebuilt, the total is the one readers read:
     // which version that is changes when the rebuild's backfill completes,
     // so the applier asks the registry.
-    if spec.rebuilding(p.counter) {
+    if rules.rebuilding(p.counter) {
         return Some(Op::Recompute {
             target: target.clone(),
             sources: Sources::Counter {
@@ -217,7 +216,7 @@ pub(crate) fn recompute_op(spec: &Spec, p: &Rollup, target: &ItemKey) -> Option<
         });
     }
     let shards = (0..counter.shards)
-        .map(|shard| spec.counter_shard_key(&counter.storage, &values, shard))
+        .map(|shard| rules.counter_shard_key(&counter.storage, &values, shard))
         .collect();
     Some(Op::Recompute {
         target: target.clone(),
@@ -231,8 +230,8 @@ pub(crate) fn recompute_op(spec: &Spec, p: &Rollup, target: &ItemKey) -> Option<
 /// images, while the applier moves shards by the state it finds (a
 /// stream read from mid-history, a counter added over live edges), and
 /// a recompute that finds the total equal writes nothing.
-pub(crate) fn follow_counters(spec: &Spec, effects: &mut Vec<Effect>) {
-    if !spec
+pub(crate) fn follow_counters(rules: &Rules, effects: &mut Vec<Effect>) {
+    if !rules
         .projections
         .iter()
         .any(|p| matches!(p.kind, ProjectionKind::Recomputed(Recomputed::Rollup(_))))
@@ -249,7 +248,7 @@ pub(crate) fn follow_counters(spec: &Spec, effects: &mut Vec<Effect>) {
             _ => {}
         }
     }
-    for effect in following(spec, &moved) {
+    for effect in following(rules, &moved) {
         if !effects.contains(&effect) {
             effects.push(effect);
         }
@@ -258,19 +257,19 @@ pub(crate) fn follow_counters(spec: &Spec, effects: &mut Vec<Effect>) {
 
 /// The recomputes of the rollups of the counter instances whose shards
 /// (`(counter, shard partition key)`) moved, once per target.
-pub(crate) fn following(spec: &Spec, moved: &[(ProjectionId, String)]) -> Vec<Effect> {
+pub(crate) fn following(rules: &Rules, moved: &[(ProjectionId, String)]) -> Vec<Effect> {
     let mut out: Vec<Effect> = Vec::new();
     for (counter, shard) in moved {
-        for (id, projection) in spec.projections.iter().enumerate() {
+        for (id, projection) in rules.projections.iter().enumerate() {
             let ProjectionKind::Recomputed(Recomputed::Rollup(rollup)) = &projection.kind else {
                 continue;
             };
             // The counter, or the version of it readers read while it is
             // rebuilt (what the rollup totals then).
-            if rollup.counter != *counter && spec.old_version(rollup.counter) != Some(*counter) {
+            if rollup.counter != *counter && rules.old_version(rollup.counter) != Some(*counter) {
                 continue;
             }
-            let ProjectionKind::Counter(c) = &spec.projections[*counter].kind else {
+            let ProjectionKind::Counter(c) = &rules.projections[*counter].kind else {
                 continue;
             };
             let Some(values) = instance(&c.storage, c.of.len(), shard) else {
@@ -282,10 +281,10 @@ pub(crate) fn following(spec: &Spec, moved: &[(ProjectionId, String)]) -> Vec<Ef
                     .map(|(name, _)| name.as_str())
                     .zip(values.iter().map(String::as_str))
                     .collect();
-            let Some(target) = spec.entities[rollup.target].render_key(&bindings) else {
+            let Some(target) = rules.entities[rollup.target].render_key(&bindings) else {
                 continue;
             };
-            if let Some(op) = recompute_op(spec, rollup, &target) {
+            if let Some(op) = recompute_op(rules, rollup, &target) {
                 let effect = Effect { projection: id, op };
                 if !out.contains(&effect) {
                     out.push(effect);
@@ -303,16 +302,16 @@ pub(crate) fn following(spec: &Spec, moved: &[(ProjectionId, String)]) -> Vec<Ef
 /// switch to the rebuilt version when its backfill completes, and only
 /// then can a backfill bring the rollups to it (see
 /// [`crate::backfill::backfill`]).
-pub fn with_counters(spec: &Spec, ids: &[ProjectionId], apart: bool) -> Vec<ProjectionId> {
+pub fn with_counters(rules: &Rules, ids: &[ProjectionId], apart: bool) -> Vec<ProjectionId> {
     // A closure, not one pass: a rollup brings its counter, which brings
     // the counter's other rollups. One pass would pair a paired set anew,
     // and a backfill would complete more than it claimed.
     let mut out: Vec<ProjectionId> = ids.to_vec();
     loop {
         let before = out.len();
-        for (id, projection) in spec.projections.iter().enumerate() {
+        for (id, projection) in rules.projections.iter().enumerate() {
             if let ProjectionKind::Recomputed(Recomputed::Rollup(rollup)) = &projection.kind {
-                if apart && spec.rebuilding(rollup.counter) {
+                if apart && rules.rebuilding(rollup.counter) {
                     continue;
                 }
                 if out.contains(&rollup.counter) && !out.contains(&id) {
@@ -333,10 +332,10 @@ pub fn with_counters(spec: &Spec, ids: &[ProjectionId], apart: bool) -> Vec<Proj
 
 /// The rollups among `ids` whose counter is rebuilt in this layout, with
 /// that counter.
-pub fn after_rebuilds(spec: &Spec, ids: &[ProjectionId]) -> Vec<(ProjectionId, ProjectionId)> {
+pub fn after_rebuilds(rules: &Rules, ids: &[ProjectionId]) -> Vec<(ProjectionId, ProjectionId)> {
     ids.iter()
-        .filter_map(|&id| match &spec.projections[id].kind {
-            ProjectionKind::Recomputed(Recomputed::Rollup(r)) if spec.rebuilding(r.counter) => {
+        .filter_map(|&id| match &rules.projections[id].kind {
+            ProjectionKind::Recomputed(Recomputed::Rollup(r)) if rules.rebuilding(r.counter) => {
                 Some((id, r.counter))
             }
             _ => None,
@@ -367,7 +366,7 @@ fn instance(storage: &str, n: usize, shard_pk: &str) -> Option<Vec<String>> {
 }
 
 /// The total of the shards a recompute read.
-pub fn compute(_spec: &Spec, p: &Rollup, shards: &[Item]) -> Result<TargetState, String> {
+pub fn compute(_rules: &Rules, p: &Rollup, shards: &[Item]) -> Result<TargetState, String> {
     let mut total: i64 = 0;
     for shard in shards {
         match shard.get(COUNT_ATTRIBUTE) {
@@ -392,18 +391,18 @@ pub fn compute(_spec: &Spec, p: &Rollup, shards: &[Item]) -> Result<TargetState,
 }
 
 /// One line for `plan --describe` and `status`.
-pub(crate) fn describe(spec: &Spec, p: &Rollup) -> String {
+pub(crate) fn describe(rules: &Rules, p: &Rollup) -> String {
     format!(
         "{}.{} = counter `{}`",
-        spec.entities[p.target].name, p.attribute, spec.projections[p.counter].name,
+        rules.entities[p.target].name, p.attribute, rules.projections[p.counter].name,
     )
 }
 
 /// What `filters` tells a person about the records this kind makes pass.
-pub(crate) fn filter_note(spec: &Spec, name: &str, p: &Rollup) -> String {
+pub(crate) fn filter_note(rules: &Rules, name: &str, p: &Rollup) -> String {
     format!(
         "rollup `{name}`: records of its target `{}` pass (an INSERT brings the total, a writer that overwrites it is corrected), including the MODIFY of the projector's own write, which reads the shards again and writes nothing; the counted items' records already pass for counter `{}`",
-        spec.entities[p.target].name, spec.projections[p.counter].name
+        rules.entities[p.target].name, rules.projections[p.counter].name
     )
 }
 

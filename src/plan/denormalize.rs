@@ -9,9 +9,11 @@
 //! [`compute_denormalized`] says, whatever the order it gets triggers in.
 
 use super::{changed, Effect, Op, PlanProblem, SourceQuery, Sources, Subject};
+use crate::kinds::denormalize::Denormalize;
+use crate::kinds::Rules;
 use crate::record::{AttributeValue, ChangeKind, Image, Item};
 use crate::schema::{EntityId, ProjectionId, RenderError};
-use crate::spec::{Denormalize, Spec};
+use crate::spec::Spec;
 
 pub(super) fn plan(
     spec: &Spec,
@@ -80,7 +82,7 @@ pub(super) fn plan(
 /// sources satisfy the condition (an invariant violation), the one with the
 /// smallest sort key wins, so every worker picks the same one.
 pub fn compute_denormalized(
-    spec: &Spec,
+    spec: &Rules,
     p: &Denormalize,
     sources: &[Item],
 ) -> Result<Vec<(String, Option<AttributeValue>)>, RenderError> {

@@ -20,7 +20,7 @@ use std::sync::Arc;
 
 use super::raw::{RawEntity, RawGsi, RawInvariant, RawProjection, RawSpec, RawTable};
 use super::{Spec, SpecErrors};
-use crate::plan::CustomProjection;
+use crate::kinds::custom::CustomProjection;
 
 /// Builds a [`Spec`] in code.
 #[derive(Debug, Default)]

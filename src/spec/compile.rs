@@ -8,10 +8,11 @@ use std::sync::Arc;
 use super::raw::{RawInvariant, RawProjection, RawSpec};
 use super::{
     old_version_of, storage_generation, Counter, Denormalize, IndexKeys, Invariant, InvariantKind,
-    InverseEdge, Marker, Projection, ProjectionKind, RepairPolicy, Services, Spec, MAX_SHARDS,
+    InverseEdge, Marker, Projection, ProjectionKind, RepairPolicy, Rules, Services, Spec,
+    MAX_SHARDS,
 };
+use crate::kinds::custom::CustomProjection;
 use crate::kinds::Recomputed;
-use crate::plan::CustomProjection;
 use crate::schema::{
     fingerprint, suggest, Compiler, Condition, Entity, EntityId, KeyPattern, ProjectionId,
     SpecErrors, TableSpec, Template,
@@ -202,18 +203,13 @@ pub(super) fn compile(
     let invariants = invariants(cx, &raw, &projections, &entities, &table, &seen);
     let file = cx.file().to_string();
     compiler.finish()?;
-    let interested = interested(&projections, &entities);
     let services = services.unwrap_or_else(|| Services::single(&raw, &file));
     Ok(Spec {
         file,
         service: raw.service,
-        table,
-        entities,
-        projections,
+        rules: Rules::new(table, entities, projections),
         invariants,
-        interested,
         raw: RawSpec::default(),
-        frozen: Vec::new(),
         services,
     })
 }
@@ -901,31 +897,4 @@ fn reads_of(when: &Condition, copy: &[(String, Template)], source: &Entity) -> V
         }
     }
     reads
-}
-
-fn interested(projections: &[Projection], entities: &[Entity]) -> Vec<Vec<ProjectionId>> {
-    let mut out = vec![Vec::new(); entities.len()];
-    for (id, projection) in projections.iter().enumerate() {
-        let mut add = |entity: EntityId| {
-            if !out[entity].contains(&id) {
-                out[entity].push(id);
-            }
-        };
-        match &projection.kind {
-            ProjectionKind::IndexKeys(p) => add(p.entity),
-            ProjectionKind::Denormalize(p) => {
-                add(p.source);
-                add(p.target);
-            }
-            ProjectionKind::InverseEdge(p) => add(p.source),
-            ProjectionKind::Counter(p) => add(p.source),
-            ProjectionKind::Recomputed(p) => p.entities().into_iter().for_each(&mut add),
-            ProjectionKind::Custom(p) => {
-                if let Some(entity) = entities.iter().position(|e| e.name == p.source_entity()) {
-                    add(entity);
-                }
-            }
-        }
-    }
-    out
 }

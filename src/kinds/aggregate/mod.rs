@@ -24,13 +24,12 @@ use std::fmt;
 
 use serde::{Deserialize, Serialize};
 
-use super::{bind, source_query, TargetState};
+use super::{bind, source_query, Rules, TargetState};
 use crate::dynamo::names::token_attribute;
 use crate::effect::{changed, Effect, Op, PlanProblem, Sources, Subject};
 use crate::record::{AttributeValue, Attributes, ChangeKind, Image, Item, ItemKey, ValueRef};
 use crate::schema::raw::RawCondition;
 use crate::schema::{Compiler, Condition, Entity, EntityId, ProjectionId, TableSpec};
-use crate::spec::Spec;
 use decimal::Decimal;
 
 /// The `[[projections]]` section of `kind = "aggregate"`.
@@ -212,7 +211,7 @@ pub(crate) fn compile(
 /// before or after the change (and a change of what it reads), or a change
 /// to the target (it appears, or a writer overwrote the totals).
 pub(crate) fn plan(
-    spec: &Spec,
+    rules: &Rules,
     id: ProjectionId,
     p: &Aggregate,
     entity: EntityId,
@@ -240,16 +239,16 @@ pub(crate) fn plan(
         }
         relevant
     } else {
-        let token = token_attribute(&spec.projections[id].name);
+        let token = token_attribute(&rules.projections[id].name);
         super::target_needs_recompute(record, p.set.iter().map(|(attr, _)| attr), &token)
     };
     if !relevant {
         return Ok(());
     }
-    let target = spec.entities[p.target]
+    let target = rules.entities[p.target]
         .render_key(&subject.vars)
         .expect("aggregate variables are checked when the spec is compiled");
-    let query = source_query(&spec.entities[p.source], &subject.vars)
+    let query = source_query(&rules.entities[p.source], &subject.vars)
         .expect("aggregate variables are checked when the spec is compiled");
     effects.push(Effect {
         projection: id,
@@ -307,19 +306,19 @@ enum Value {
 
 /// The totals over `sources` (the items of a recompute's query; items of
 /// other entities, and those `when` rejects, are left out).
-pub fn compute(spec: &Spec, p: &Aggregate, sources: &[Item]) -> Result<TargetState, String> {
-    let entity = &spec.entities[p.source];
+pub fn compute(rules: &Rules, p: &Aggregate, sources: &[Item]) -> Result<TargetState, String> {
+    let entity = &rules.entities[p.source];
     let mut totals: Vec<Option<Value>> = vec![None; p.set.len()];
     let mut count = 0u64;
     for item in sources {
-        let Some(vars) = bind(spec, entity, item) else {
+        let Some(vars) = bind(rules, entity, item) else {
             continue;
         };
         if !p.when.holds(Some(item)) {
             continue;
         }
         count += 1;
-        let key = spec.table.item_key(item).expect("bound above");
+        let key = rules.table.item_key(item).expect("bound above");
         for ((_, function), total) in p.set.iter().zip(totals.iter_mut()) {
             let Some(value) = check_value(function, &key, item, &vars)? else {
                 continue;
@@ -373,7 +372,7 @@ pub fn compute(spec: &Spec, p: &Aggregate, sources: &[Item]) -> Result<TargetSta
 }
 
 /// One line for `plan --describe` and `status`.
-pub(crate) fn describe(spec: &Spec, p: &Aggregate) -> String {
+pub(crate) fn describe(rules: &Rules, p: &Aggregate) -> String {
     let when = if p.when.is_empty() {
         String::new()
     } else {
@@ -389,8 +388,8 @@ pub(crate) fn describe(spec: &Spec, p: &Aggregate) -> String {
     };
     format!(
         "{} -> {}{when}: {}",
-        spec.entities[p.source].name,
-        spec.entities[p.target].name,
+        rules.entities[p.source].name,
+        rules.entities[p.target].name,
         p.set
             .iter()
             .map(|(attr, function)| format!("{attr} = {function}"))
@@ -400,10 +399,10 @@ pub(crate) fn describe(spec: &Spec, p: &Aggregate) -> String {
 }
 
 /// What `filters` tells a person about the records this kind makes pass.
-pub(crate) fn filter_note(spec: &Spec, name: &str, p: &Aggregate) -> String {
+pub(crate) fn filter_note(rules: &Rules, name: &str, p: &Aggregate) -> String {
     format!(
         "aggregate `{name}`: records of its target `{}` pass (an INSERT brings the totals, a writer that overwrites them is corrected), including the MODIFY of the projector's own write, whose recompute reads the partition again and writes nothing",
-        spec.entities[p.target].name
+        rules.entities[p.target].name
     )
 }
 
