@@ -44,14 +44,7 @@ pub use rules::Rules;
 #[serde(tag = "kind", rename_all = "kebab-case", deny_unknown_fields)]
 pub enum RawProjection {
     /// Derive attributes (usually GSI keys) on the changed item itself.
-    IndexKeys {
-        /// Projection name, unique in the spec.
-        name: String,
-        /// The entity whose items get the attributes.
-        entity: String,
-        /// Attribute name to template.
-        set: BTreeMap<String, String>,
-    },
+    IndexKeys(index_keys::RawIndexKeys),
     /// Copy attributes from a source item onto a target item while a condition holds.
     Denormalize {
         /// Projection name.
@@ -117,10 +110,10 @@ impl RawProjection {
     /// The projection's name.
     pub fn name(&self) -> &str {
         match self {
-            RawProjection::IndexKeys { name, .. }
-            | RawProjection::Denormalize { name, .. }
+            RawProjection::Denormalize { name, .. }
             | RawProjection::InverseEdge { name, .. }
             | RawProjection::Counter { name, .. } => name,
+            RawProjection::IndexKeys(p) => &p.name,
             RawProjection::Rollup(p) => &p.name,
             RawProjection::Aggregate(p) => &p.name,
         }
@@ -145,7 +138,7 @@ impl RawProjection {
     /// The kind as written in the file.
     pub fn kind(&self) -> &'static str {
         match self {
-            RawProjection::IndexKeys { .. } => "index-keys",
+            RawProjection::IndexKeys(_) => "index-keys",
             RawProjection::Denormalize { .. } => "denormalize",
             RawProjection::InverseEdge { .. } => "inverse-edge",
             RawProjection::Counter { .. } => "counter",
@@ -210,6 +203,14 @@ impl Projection {
             ProjectionKind::Custom(_) => "custom",
         }
     }
+}
+
+/// `attr = template, ...`, for descriptions.
+pub(crate) fn pairs(list: &[(String, Template)]) -> String {
+    list.iter()
+        .map(|(k, t)| format!("{k} = {t}"))
+        .collect::<Vec<_>>()
+        .join(", ")
 }
 
 /// The recomputed kinds: one variant per kind, the line that registers

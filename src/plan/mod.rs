@@ -10,7 +10,6 @@
 //! [`crate::effect`]; it is re-exported here.
 
 mod denormalize;
-mod index_keys;
 mod membership;
 
 use std::fmt;
@@ -206,7 +205,9 @@ fn plan_projections(spec: &Spec, record: &ChangeRecord, selection: Selection<'_>
         any_selected = true;
         let projection = &spec.projections[id];
         let result = match &projection.kind {
-            ProjectionKind::IndexKeys(p) => index_keys::plan(id, p, &subject, &mut plan.effects),
+            ProjectionKind::IndexKeys(p) => {
+                crate::kinds::index_keys::plan(id, p, &subject, &mut plan.effects)
+            }
             ProjectionKind::Denormalize(p) => {
                 denormalize::plan(spec, id, p, entity, &subject, &mut plan.effects)
             }

@@ -21,6 +21,7 @@ use std::sync::Arc;
 use super::raw::{RawEntity, RawGsi, RawInvariant, RawProjection, RawSpec, RawTable};
 use super::{Spec, SpecErrors};
 use crate::kinds::custom::CustomProjection;
+use crate::kinds::index_keys;
 
 /// Builds a [`Spec`] in code.
 #[derive(Debug, Default)]
@@ -99,11 +100,13 @@ impl SpecBuilder {
         entity: &str,
         set: impl IntoIterator<Item = (&'a str, &'a str)>,
     ) -> Self {
-        self.raw.projections.push(RawProjection::IndexKeys {
-            name: name.to_string(),
-            entity: entity.to_string(),
-            set: map(set),
-        });
+        self.raw
+            .projections
+            .push(RawProjection::IndexKeys(index_keys::RawIndexKeys {
+                name: name.to_string(),
+                entity: entity.to_string(),
+                set: map(set),
+            }));
         self
     }
 

@@ -12,6 +12,7 @@ use super::{
     MAX_SHARDS,
 };
 use crate::kinds::custom::CustomProjection;
+use crate::kinds::index_keys;
 use crate::kinds::Recomputed;
 use crate::schema::{
     fingerprint, suggest, Compiler, Condition, Entity, EntityId, KeyPattern, ProjectionId,
@@ -358,8 +359,8 @@ fn invariant(
                 // is reported already; do not pile on.
                 let entity_name = &entities[entity].name;
                 let broken = spec.projections.iter().any(|p| {
-                    matches!(p, RawProjection::IndexKeys { entity: e, set, .. }
-                        if e == entity_name && set.contains_key(&gsi.partition_key))
+                    matches!(p, RawProjection::IndexKeys(keys)
+                        if keys.entity == *entity_name && keys.set.contains_key(&gsi.partition_key))
                 });
                 if broken {
                     return None;
@@ -403,31 +404,8 @@ fn projection(
             crate::kinds::aggregate::compile(raw, cx, context, table, entities)
                 .map(|p| ProjectionKind::Recomputed(Recomputed::Aggregate(p)))
         }
-        RawProjection::IndexKeys { entity, set, .. } => {
-            let entity = cx.entity(context, "", entity, entities)?;
-            if set.is_empty() {
-                cx.error(
-                    context,
-                    "`set` is empty: name at least one attribute to derive",
-                );
-                return None;
-            }
-            let set = cx.templates(context, "set", set, table)?;
-            let key_vars: HashSet<&str> = entities[entity].vars().collect();
-            let mut reads = Vec::new();
-            for (attr, template) in &set {
-                for name in template.names() {
-                    if set.iter().any(|(a, _)| a == name) {
-                        cx.error(
-                            context,
-                            format!("`{attr}` = `{template}` reads `{name}`, which this projection writes: every write would change its own input and loop"),
-                        );
-                    } else if !key_vars.contains(name) && !reads.iter().any(|r| r == name) {
-                        reads.push(name.to_string());
-                    }
-                }
-            }
-            Some(ProjectionKind::IndexKeys(IndexKeys { entity, set, reads }))
+        RawProjection::IndexKeys(raw) => {
+            index_keys::compile(raw, cx, context, table, entities).map(ProjectionKind::IndexKeys)
         }
         RawProjection::Denormalize {
             source,

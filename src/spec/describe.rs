@@ -5,6 +5,7 @@ use super::{
     Condition, EntityId, Invariant, InvariantKind, Marker, Projection, ProjectionKind, Spec,
     Template,
 };
+use crate::kinds::index_keys;
 
 impl Spec {
     /// A short multi-line summary for `check`.
@@ -135,7 +136,7 @@ impl Spec {
             }
         };
         match &projection.kind {
-            ProjectionKind::IndexKeys(p) => format!("{}: {}", entity(p.entity), pairs(&p.set)),
+            ProjectionKind::IndexKeys(p) => index_keys::describe(self, p),
             ProjectionKind::Denormalize(p) => format!(
                 "{} -> {}{}: {}",
                 entity(p.source),

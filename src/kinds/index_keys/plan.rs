@@ -1,16 +1,16 @@
-//! `index-keys`: derived attributes (usually GSI keys) on the changed item.
+//! Planning `index-keys`.
 
-use super::{Effect, Op, PlanProblem, Subject};
+use super::IndexKeys;
+use crate::effect::{Effect, Op, PlanProblem, Subject};
 use crate::record::{AttributeValue, ChangeKind, ValueRef};
 use crate::schema::ProjectionId;
-use crate::spec::IndexKeys;
 
 /// Plans the derived attributes for an inserted or modified item.
 ///
 /// Plans nothing when the item already carries the derived values: the
 /// projector's own write comes back through the stream as a MODIFY, and
 /// this is what stops it from looping.
-pub(super) fn plan(
+pub(crate) fn plan(
     id: ProjectionId,
     projection: &IndexKeys,
     subject: &Subject<'_>,
