@@ -22,7 +22,7 @@ pub mod inverse_edge;
 pub mod rollup;
 mod rules;
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashSet};
 use std::fmt;
 use std::sync::Arc;
 
@@ -31,7 +31,7 @@ use serde::{Deserialize, Serialize};
 use crate::effect::{Effect, Op, PlanProblem, SourceQuery, Sources, Subject};
 use crate::record::{AttributeValue, Item, ItemKey};
 use crate::schema::raw::RawCondition;
-use crate::schema::{Bindings, Entity, EntityId, ProjectionId, Template};
+use crate::schema::{Bindings, Condition, Entity, EntityId, ProjectionId, Template};
 use counter::Counter;
 use custom::CustomProjection;
 use denormalize::Denormalize;
@@ -46,19 +46,7 @@ pub enum RawProjection {
     /// Derive attributes (usually GSI keys) on the changed item itself.
     IndexKeys(index_keys::RawIndexKeys),
     /// Copy attributes from a source item onto a target item while a condition holds.
-    Denormalize {
-        /// Projection name.
-        name: String,
-        /// The entity copied from.
-        source: String,
-        /// The entity copied onto; its key variables come from the source's.
-        target: String,
-        /// The source item that counts (`{ isPrimary = true }`).
-        #[serde(default)]
-        when: RawCondition,
-        /// Target attribute to template over the source item.
-        copy: BTreeMap<String, String>,
-    },
+    Denormalize(denormalize::RawDenormalize),
     /// Maintain the reverse item of a relationship.
     InverseEdge {
         /// Projection name.
@@ -110,10 +98,9 @@ impl RawProjection {
     /// The projection's name.
     pub fn name(&self) -> &str {
         match self {
-            RawProjection::Denormalize { name, .. }
-            | RawProjection::InverseEdge { name, .. }
-            | RawProjection::Counter { name, .. } => name,
+            RawProjection::InverseEdge { name, .. } | RawProjection::Counter { name, .. } => name,
             RawProjection::IndexKeys(p) => &p.name,
+            RawProjection::Denormalize(p) => &p.name,
             RawProjection::Rollup(p) => &p.name,
             RawProjection::Aggregate(p) => &p.name,
         }
@@ -139,7 +126,7 @@ impl RawProjection {
     pub fn kind(&self) -> &'static str {
         match self {
             RawProjection::IndexKeys(_) => "index-keys",
-            RawProjection::Denormalize { .. } => "denormalize",
+            RawProjection::Denormalize(_) => "denormalize",
             RawProjection::InverseEdge { .. } => "inverse-edge",
             RawProjection::Counter { .. } => "counter",
             RawProjection::Rollup(_) => "rollup",
@@ -211,6 +198,39 @@ pub(crate) fn pairs(list: &[(String, Template)]) -> String {
         .map(|(k, t)| format!("{k} = {t}"))
         .collect::<Vec<_>>()
         .join(", ")
+}
+
+/// ` when attr = value and ...` (nothing for an empty condition), for
+/// descriptions.
+pub(crate) fn when(c: &Condition) -> String {
+    if c.is_empty() {
+        String::new()
+    } else {
+        let parts: Vec<String> =
+            c.0.iter()
+                .map(|(k, v)| format!("{k} = {}", crate::record::value_to_json(v)))
+                .collect();
+        format!(" when {}", parts.join(" and "))
+    }
+}
+
+/// The source attributes a copy over `source` reads (its condition's and
+/// its templates' that are not key variables).
+pub(crate) fn reads_of(
+    when: &Condition,
+    copy: &[(String, Template)],
+    source: &Entity,
+) -> Vec<String> {
+    let key_vars: HashSet<&str> = source.vars().collect();
+    let mut reads: Vec<String> = when.0.iter().map(|(name, _)| name.clone()).collect();
+    for (_, template) in copy {
+        for name in template.names() {
+            if !key_vars.contains(name) && !reads.iter().any(|r| r == name) {
+                reads.push(name.to_string());
+            }
+        }
+    }
+    reads
 }
 
 /// The recomputed kinds: one variant per kind, the line that registers
@@ -431,7 +451,7 @@ pub type TargetState = Vec<(String, Option<AttributeValue>)>;
 pub fn compute(rules: &Rules, id: ProjectionId, reads: &[Item]) -> Result<TargetState, String> {
     match &rules.projections[id].kind {
         ProjectionKind::Denormalize(p) => {
-            crate::plan::compute_denormalized(rules, p, reads).map_err(|error| error.to_string())
+            denormalize::compute_denormalized(rules, p, reads).map_err(|error| error.to_string())
         }
         ProjectionKind::Recomputed(p) => p.compute(rules, reads),
         ProjectionKind::IndexKeys(_)

@@ -9,14 +9,13 @@
 //! What an effect is, the vocabulary planning speaks, lives in
 //! [`crate::effect`]; it is re-exported here.
 
-mod denormalize;
 mod membership;
 
 use std::fmt;
 
 use serde_json::json;
 
-pub use denormalize::compute_denormalized;
+pub use crate::kinds::denormalize::compute_denormalized;
 pub use membership::{is_record_attribute, shard_for};
 
 pub(crate) use crate::effect::{changed, Subject};
@@ -209,7 +208,7 @@ fn plan_projections(spec: &Spec, record: &ChangeRecord, selection: Selection<'_>
                 crate::kinds::index_keys::plan(id, p, &subject, &mut plan.effects)
             }
             ProjectionKind::Denormalize(p) => {
-                denormalize::plan(spec, id, p, entity, &subject, &mut plan.effects)
+                crate::kinds::denormalize::plan(spec, id, p, entity, &subject, &mut plan.effects)
             }
             ProjectionKind::InverseEdge(p) => {
                 membership::plan_edge(spec, id, p, &subject, &mut plan.effects)

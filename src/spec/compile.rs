@@ -7,13 +7,12 @@ use std::sync::Arc;
 
 use super::raw::{RawInvariant, RawProjection, RawSpec};
 use super::{
-    old_version_of, storage_generation, Counter, Denormalize, IndexKeys, Invariant, InvariantKind,
-    InverseEdge, Marker, Projection, ProjectionKind, RepairPolicy, Rules, Services, Spec,
-    MAX_SHARDS,
+    old_version_of, storage_generation, Counter, IndexKeys, Invariant, InvariantKind, InverseEdge,
+    Marker, Projection, ProjectionKind, RepairPolicy, Rules, Services, Spec, MAX_SHARDS,
 };
 use crate::kinds::custom::CustomProjection;
-use crate::kinds::index_keys;
 use crate::kinds::Recomputed;
+use crate::kinds::{denormalize, index_keys};
 use crate::schema::{
     fingerprint, suggest, Compiler, Condition, Entity, EntityId, KeyPattern, ProjectionId,
     SpecErrors, TableSpec, Template,
@@ -407,60 +406,8 @@ fn projection(
         RawProjection::IndexKeys(raw) => {
             index_keys::compile(raw, cx, context, table, entities).map(ProjectionKind::IndexKeys)
         }
-        RawProjection::Denormalize {
-            source,
-            target,
-            when,
-            copy,
-            ..
-        } => {
-            let source = cx.entity(context, "source", source, entities);
-            let target = cx.entity(context, "target", target, entities);
-            let (source, target) = (source?, target?);
-            if source == target {
-                cx.error(context, "source and target are the same entity: its output would match its own input and loop");
-                return None;
-            }
-            if copy.is_empty() {
-                cx.error(
-                    context,
-                    "`copy` is empty: name at least one attribute to copy",
-                );
-                return None;
-            }
-            let bound = cx.bound_by_source(context, &entities[source], &entities[target]);
-            let target_vars: HashSet<&str> = entities[target].vars().collect();
-            let unqueryable: Vec<&String> = entities[source]
-                .pk
-                .vars()
-                .iter()
-                .filter(|v| !target_vars.contains(v.as_str()))
-                .collect();
-            if !unqueryable.is_empty() {
-                cx.error(
-                    context,
-                    format!(
-                        "the source items must be found by a query on the target's variables, but the pk of `{}` (`{}`) needs {} which the target `{}` does not have",
-                        entities[source].name,
-                        entities[source].pk,
-                        unqueryable.iter().map(|v| format!("`{{{v}}}`")).collect::<Vec<_>>().join(", "),
-                        entities[target].name
-                    ),
-                );
-            }
-            let when = cx.condition(context, when);
-            let copy = cx.templates(context, "copy", copy, table)?;
-            if !bound || !unqueryable.is_empty() {
-                return None;
-            }
-            let reads = reads_of(&when, &copy, &entities[source]);
-            Some(ProjectionKind::Denormalize(Denormalize {
-                source,
-                target,
-                when,
-                copy,
-                reads,
-            }))
+        RawProjection::Denormalize(raw) => {
+            denormalize::compile(raw, cx, context, table, entities).map(ProjectionKind::Denormalize)
         }
         RawProjection::InverseEdge {
             source,
@@ -483,7 +430,7 @@ fn projection(
             if !bound || !one_to_one {
                 return None;
             }
-            let reads = reads_of(&when, &copy, &entities[source]);
+            let reads = crate::kinds::reads_of(&when, &copy, &entities[source]);
             Some(ProjectionKind::InverseEdge(InverseEdge {
                 source,
                 target,
@@ -862,17 +809,4 @@ fn check_derived_items(
             }
         }
     }
-}
-
-fn reads_of(when: &Condition, copy: &[(String, Template)], source: &Entity) -> Vec<String> {
-    let key_vars: HashSet<&str> = source.vars().collect();
-    let mut reads: Vec<String> = when.0.iter().map(|(name, _)| name.clone()).collect();
-    for (_, template) in copy {
-        for name in template.names() {
-            if !key_vars.contains(name) && !reads.iter().any(|r| r == name) {
-                reads.push(name.to_string());
-            }
-        }
-    }
-    reads
 }

@@ -5,7 +5,7 @@ use super::{
     Condition, EntityId, Invariant, InvariantKind, Marker, Projection, ProjectionKind, Spec,
     Template,
 };
-use crate::kinds::index_keys;
+use crate::kinds::{denormalize, index_keys};
 
 impl Spec {
     /// A short multi-line summary for `check`.
@@ -137,13 +137,7 @@ impl Spec {
         };
         match &projection.kind {
             ProjectionKind::IndexKeys(p) => index_keys::describe(self, p),
-            ProjectionKind::Denormalize(p) => format!(
-                "{} -> {}{}: {}",
-                entity(p.source),
-                entity(p.target),
-                when(&p.when),
-                pairs(&p.copy)
-            ),
+            ProjectionKind::Denormalize(p) => denormalize::describe(self, p),
             ProjectionKind::InverseEdge(p) => format!(
                 "{} -> {}{}{}",
                 entity(p.source),

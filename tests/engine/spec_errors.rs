@@ -6,6 +6,7 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
+use ddb_projector::kinds::denormalize::RawDenormalize;
 use ddb_projector::plan::{CustomOp, CustomProjection, EntityChange};
 use ddb_projector::record::{AttributeValue, ChangeKind, Item, ItemKey};
 use ddb_projector::spec::raw::{RawInvariant, RawProjection};
@@ -736,13 +737,13 @@ fn user_service_builder() -> SpecBuilder {
                 ("GSI1SK", "USER#{userId}"),
             ],
         )
-        .projection(RawProjection::Denormalize {
+        .projection(RawProjection::Denormalize(RawDenormalize {
             name: "profile-primary-email".to_string(),
             source: "email".to_string(),
             target: "profile".to_string(),
             when: BTreeMap::from([("isPrimary".to_string(), toml::Value::Boolean(true))]),
             copy: BTreeMap::from([("email".to_string(), "{email}".to_string())]),
-        })
+        }))
         .invariant(RawInvariant::ExactlyOne {
             name: "one-primary-email".to_string(),
             entity: "email".to_string(),

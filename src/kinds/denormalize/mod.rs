@@ -1,7 +1,48 @@
 //! `denormalize`: copy attributes from the source item that satisfies a
 //! condition onto a target item.
+//!
+//! ```toml
+//! [[projections]]
+//! name = "profile-primary-email"
+//! kind = "denormalize"
+//! source = "email"               # USER#{userId} / EMAIL#{emailId}
+//! target = "profile"             # USER#{userId} / PROFILE
+//! when = { isPrimary = true }
+//! copy = { email = "{email}" }
+//! ```
+//!
+//! A recomputed kind: the planner plans a recompute of the target, never
+//! a value, and the applier writes what [`compute_denormalized`] says
+//! from a consistent read of the target's sources (`plan.rs`).
 
-use crate::schema::{Condition, EntityId, Template};
+mod plan;
+
+use std::collections::{BTreeMap, HashSet};
+
+use serde::{Deserialize, Serialize};
+
+use super::Rules;
+use crate::schema::raw::RawCondition;
+use crate::schema::{Compiler, Condition, Entity, EntityId, TableSpec, Template};
+pub use plan::compute_denormalized;
+pub(crate) use plan::plan;
+
+/// The `[[projections]]` section of `kind = "denormalize"`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawDenormalize {
+    /// Projection name.
+    pub name: String,
+    /// The entity copied from.
+    pub source: String,
+    /// The entity copied onto; its key variables come from the source's.
+    pub target: String,
+    /// The source item that counts (`{ isPrimary = true }`).
+    #[serde(default)]
+    pub when: RawCondition,
+    /// Target attribute to template over the source item.
+    pub copy: BTreeMap<String, String>,
+}
 
 /// Copy attributes from the source item that satisfies `when` onto a target.
 #[derive(Debug, Clone)]
@@ -16,4 +57,75 @@ pub struct Denormalize {
     pub copy: Vec<(String, Template)>,
     /// Source attributes that matter (condition and copies).
     pub reads: Vec<String>,
+}
+
+/// Compiles a raw `denormalize`; problems go to `cx`.
+pub(crate) fn compile(
+    raw: &RawDenormalize,
+    cx: &mut Compiler,
+    context: &str,
+    table: &TableSpec,
+    entities: &[Entity],
+) -> Option<Denormalize> {
+    let source = cx.entity(context, "source", &raw.source, entities);
+    let target = cx.entity(context, "target", &raw.target, entities);
+    let (source, target) = (source?, target?);
+    if source == target {
+        cx.error(
+            context,
+            "source and target are the same entity: its output would match its own input and loop",
+        );
+        return None;
+    }
+    if raw.copy.is_empty() {
+        cx.error(
+            context,
+            "`copy` is empty: name at least one attribute to copy",
+        );
+        return None;
+    }
+    let bound = cx.bound_by_source(context, &entities[source], &entities[target]);
+    let target_vars: HashSet<&str> = entities[target].vars().collect();
+    let unqueryable: Vec<&String> = entities[source]
+        .pk
+        .vars()
+        .iter()
+        .filter(|v| !target_vars.contains(v.as_str()))
+        .collect();
+    if !unqueryable.is_empty() {
+        cx.error(
+            context,
+            format!(
+                "the source items must be found by a query on the target's variables, but the pk of `{}` (`{}`) needs {} which the target `{}` does not have",
+                entities[source].name,
+                entities[source].pk,
+                unqueryable.iter().map(|v| format!("`{{{v}}}`")).collect::<Vec<_>>().join(", "),
+                entities[target].name
+            ),
+        );
+    }
+    let when = cx.condition(context, &raw.when);
+    let copy = cx.templates(context, "copy", &raw.copy, table)?;
+    if !bound || !unqueryable.is_empty() {
+        return None;
+    }
+    let reads = super::reads_of(&when, &copy, &entities[source]);
+    Some(Denormalize {
+        source,
+        target,
+        when,
+        copy,
+        reads,
+    })
+}
+
+/// One line for `check`, `plan --describe` and `status`.
+pub(crate) fn describe(rules: &Rules, p: &Denormalize) -> String {
+    format!(
+        "{} -> {}{}: {}",
+        rules.entities[p.source].name,
+        rules.entities[p.target].name,
+        super::when(&p.when),
+        super::pairs(&p.copy)
+    )
 }

@@ -9,7 +9,7 @@
 //! ```
 //!
 //! The planner plans the attributes' values, on condition that the item
-//! still holds what they were derived from ([`plan`]).
+//! still holds what they were derived from (`plan.rs`).
 
 mod plan;
 

@@ -1,5 +1,4 @@
-//! `denormalize`: copy attributes from the source item that satisfies a
-//! condition onto a target item.
+//! Planning `denormalize`, and what a recompute of its target writes.
 //!
 //! Copying deltas in event order does not converge when changes to
 //! *different* source items are processed out of order (e2 becomes primary,
@@ -8,15 +7,14 @@
 //! the target and all its sources consistently and writes what
 //! [`compute_denormalized`] says, whatever the order it gets triggers in.
 
-use super::{changed, Effect, Op, PlanProblem, SourceQuery, Sources, Subject};
-use crate::kinds::denormalize::Denormalize;
+use super::Denormalize;
+use crate::effect::{changed, Effect, Op, PlanProblem, SourceQuery, Sources, Subject};
 use crate::kinds::Rules;
 use crate::record::{AttributeValue, ChangeKind, Image, Item};
 use crate::schema::{EntityId, ProjectionId, RenderError};
-use crate::spec::Spec;
 
-pub(super) fn plan(
-    spec: &Spec,
+pub(crate) fn plan(
+    rules: &Rules,
     id: ProjectionId,
     projection: &Denormalize,
     entity: EntityId,
@@ -51,8 +49,8 @@ pub(super) fn plan(
     if !relevant {
         return Ok(());
     }
-    let target = &spec.entities[projection.target];
-    let source = &spec.entities[projection.source];
+    let target = &rules.entities[projection.target];
+    let source = &rules.entities[projection.source];
     let (Some(target_key), Some(pk)) = (
         target.render_key(&subject.vars),
         source.pk.render(&subject.vars),
@@ -82,17 +80,17 @@ pub(super) fn plan(
 /// sources satisfy the condition (an invariant violation), the one with the
 /// smallest sort key wins, so every worker picks the same one.
 pub fn compute_denormalized(
-    spec: &Rules,
+    rules: &Rules,
     p: &Denormalize,
     sources: &[Item],
 ) -> Result<Vec<(String, Option<AttributeValue>)>, RenderError> {
-    let entity = &spec.entities[p.source];
+    let entity = &rules.entities[p.source];
     let mut chosen: Option<(&str, &Item)> = None;
     for item in sources {
-        let Some(AttributeValue::S(pk)) = item.get(&spec.table.partition_key) else {
+        let Some(AttributeValue::S(pk)) = item.get(&rules.table.partition_key) else {
             continue;
         };
-        let sk = spec
+        let sk = rules
             .table
             .sort_key
             .as_ref()
@@ -124,7 +122,7 @@ pub fn compute_denormalized(
             .map(|(attr, _)| (attr.clone(), None))
             .collect());
     };
-    let key = spec.table.item_key(item).expect("matched above");
+    let key = rules.table.item_key(item).expect("matched above");
     let mut vars = Vec::new();
     entity.pk.match_into(&key.pk, &mut vars);
     if let (Some(pattern), Some(sk)) = (&entity.sk, key.sk.as_deref()) {
