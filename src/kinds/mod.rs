@@ -19,6 +19,7 @@ pub mod custom;
 pub mod denormalize;
 pub mod index_keys;
 pub mod inverse_edge;
+pub(crate) mod membership;
 pub mod rollup;
 mod rules;
 
@@ -48,20 +49,7 @@ pub enum RawProjection {
     /// Copy attributes from a source item onto a target item while a condition holds.
     Denormalize(denormalize::RawDenormalize),
     /// Maintain the reverse item of a relationship.
-    InverseEdge {
-        /// Projection name.
-        name: String,
-        /// The edge entity (`follow`).
-        source: String,
-        /// The reverse edge entity (`followed_by`).
-        target: String,
-        /// Only edges for which this holds get a reverse item.
-        #[serde(default)]
-        when: RawCondition,
-        /// Target attribute to template over the source item.
-        #[serde(default)]
-        copy: BTreeMap<String, String>,
-    },
+    InverseEdge(inverse_edge::RawInverseEdge),
     /// A write-sharded count of the source items per target.
     Counter {
         /// Counter name (`followers`), used by `counter get`.
@@ -98,9 +86,10 @@ impl RawProjection {
     /// The projection's name.
     pub fn name(&self) -> &str {
         match self {
-            RawProjection::InverseEdge { name, .. } | RawProjection::Counter { name, .. } => name,
+            RawProjection::Counter { name, .. } => name,
             RawProjection::IndexKeys(p) => &p.name,
             RawProjection::Denormalize(p) => &p.name,
+            RawProjection::InverseEdge(p) => &p.name,
             RawProjection::Rollup(p) => &p.name,
             RawProjection::Aggregate(p) => &p.name,
         }
@@ -127,13 +116,16 @@ impl RawProjection {
         match self {
             RawProjection::IndexKeys(_) => "index-keys",
             RawProjection::Denormalize(_) => "denormalize",
-            RawProjection::InverseEdge { .. } => "inverse-edge",
+            RawProjection::InverseEdge(_) => "inverse-edge",
             RawProjection::Counter { .. } => "counter",
             RawProjection::Rollup(_) => "rollup",
             RawProjection::Aggregate(_) => "aggregate",
         }
     }
 }
+
+/// Which projections to plan (`None`: all). Used by backfill and redrive.
+pub type Selection<'a> = Option<&'a [ProjectionId]>;
 
 /// What a projection does.
 #[derive(Clone)]

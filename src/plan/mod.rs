@@ -9,14 +9,12 @@
 //! What an effect is, the vocabulary planning speaks, lives in
 //! [`crate::effect`]; it is re-exported here.
 
-mod membership;
-
 use std::fmt;
 
 use serde_json::json;
 
 pub use crate::kinds::denormalize::compute_denormalized;
-pub use membership::{is_record_attribute, shard_for};
+pub use crate::kinds::membership::{is_record_attribute, shard_for};
 
 pub(crate) use crate::effect::{changed, Subject};
 pub use crate::effect::{
@@ -24,6 +22,7 @@ pub use crate::effect::{
 };
 pub use crate::kinds::custom::{CustomProjection, EntityChange};
 use crate::kinds::ProjectionKind;
+pub use crate::kinds::Selection;
 use crate::record::{
     item_to_json, value_to_json, AttributeValue, ChangeRecord, ItemKey, Origin, ValueRef,
 };
@@ -117,9 +116,6 @@ pub struct RecordPlan {
     pub entity: Option<usize>,
 }
 
-/// Which projections to plan (`None`: all). Used by backfill and redrive.
-pub type Selection<'a> = Option<&'a [ProjectionId]>;
-
 /// Plans one record against a spec.
 pub fn plan_record(spec: &Spec, record: &ChangeRecord, selection: Selection<'_>) -> RecordPlan {
     // A projection is planned with those it depends on, or that depend on
@@ -172,7 +168,13 @@ fn plan_projections(spec: &Spec, record: &ChangeRecord, selection: Selection<'_>
             pk: pk.to_string(),
             sk: sk.map(str::to_string),
         };
-        membership::plan_scanned_marker(spec, record, &key, selection, &mut plan.effects);
+        crate::kinds::membership::plan_scanned_marker(
+            spec,
+            record,
+            &key,
+            selection,
+            &mut plan.effects,
+        );
     }
     if pk.starts_with(crate::dynamo::names::RESERVED_PREFIX) {
         if plan.effects.is_empty() {
@@ -211,11 +213,16 @@ fn plan_projections(spec: &Spec, record: &ChangeRecord, selection: Selection<'_>
                 crate::kinds::denormalize::plan(spec, id, p, entity, &subject, &mut plan.effects)
             }
             ProjectionKind::InverseEdge(p) => {
-                membership::plan_edge(spec, id, p, &subject, &mut plan.effects)
+                crate::kinds::inverse_edge::plan(spec, id, p, &subject, &mut plan.effects)
             }
-            ProjectionKind::Counter(p) => {
-                membership::plan_counter(spec, id, p, &subject, selection, &mut plan.effects)
-            }
+            ProjectionKind::Counter(p) => crate::kinds::membership::plan_counter(
+                spec,
+                id,
+                p,
+                &subject,
+                selection,
+                &mut plan.effects,
+            ),
             ProjectionKind::Recomputed(p) => p.plan(spec, id, entity, &subject, &mut plan.effects),
             ProjectionKind::Custom(p) => plan_custom(id, p.as_ref(), &subject, &mut plan.effects),
         };

@@ -7,12 +7,12 @@ use std::sync::Arc;
 
 use super::raw::{RawInvariant, RawProjection, RawSpec};
 use super::{
-    old_version_of, storage_generation, Counter, IndexKeys, Invariant, InvariantKind, InverseEdge,
-    Marker, Projection, ProjectionKind, RepairPolicy, Rules, Services, Spec, MAX_SHARDS,
+    old_version_of, storage_generation, Counter, IndexKeys, Invariant, InvariantKind, Marker,
+    Projection, ProjectionKind, RepairPolicy, Rules, Services, Spec, MAX_SHARDS,
 };
 use crate::kinds::custom::CustomProjection;
 use crate::kinds::Recomputed;
-use crate::kinds::{denormalize, index_keys};
+use crate::kinds::{denormalize, index_keys, inverse_edge};
 use crate::schema::{
     fingerprint, suggest, Compiler, Condition, Entity, EntityId, KeyPattern, ProjectionId,
     SpecErrors, TableSpec, Template,
@@ -409,36 +409,8 @@ fn projection(
         RawProjection::Denormalize(raw) => {
             denormalize::compile(raw, cx, context, table, entities).map(ProjectionKind::Denormalize)
         }
-        RawProjection::InverseEdge {
-            source,
-            target,
-            when,
-            copy,
-            ..
-        } => {
-            let source = cx.entity(context, "source", source, entities);
-            let target = cx.entity(context, "target", target, entities);
-            let (source, target) = (source?, target?);
-            if source == target {
-                cx.error(context, "source and target are the same entity: its output would match its own input and loop");
-                return None;
-            }
-            let bound = cx.bound_by_source(context, &entities[source], &entities[target]);
-            let one_to_one = cx.covers_source(context, &entities[source], &entities[target]);
-            let when = cx.condition(context, when);
-            let copy = cx.templates(context, "copy", copy, table)?;
-            if !bound || !one_to_one {
-                return None;
-            }
-            let reads = crate::kinds::reads_of(&when, &copy, &entities[source]);
-            Some(ProjectionKind::InverseEdge(InverseEdge {
-                source,
-                target,
-                when,
-                copy,
-                reads,
-            }))
-        }
+        RawProjection::InverseEdge(raw) => inverse_edge::compile(raw, cx, context, table, entities)
+            .map(ProjectionKind::InverseEdge),
         RawProjection::Counter {
             name,
             source,

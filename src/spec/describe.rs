@@ -5,7 +5,7 @@ use super::{
     Condition, EntityId, Invariant, InvariantKind, Marker, Projection, ProjectionKind, Spec,
     Template,
 };
-use crate::kinds::{denormalize, index_keys};
+use crate::kinds::{denormalize, index_keys, inverse_edge};
 
 impl Spec {
     /// A short multi-line summary for `check`.
@@ -138,17 +138,7 @@ impl Spec {
         match &projection.kind {
             ProjectionKind::IndexKeys(p) => index_keys::describe(self, p),
             ProjectionKind::Denormalize(p) => denormalize::describe(self, p),
-            ProjectionKind::InverseEdge(p) => format!(
-                "{} -> {}{}{}",
-                entity(p.source),
-                entity(p.target),
-                when(&p.when),
-                if p.copy.is_empty() {
-                    String::new()
-                } else {
-                    format!(": {}", pairs(&p.copy))
-                }
-            ),
+            ProjectionKind::InverseEdge(p) => inverse_edge::describe(self, p),
             ProjectionKind::Counter(p) => format!(
                 "count {}{} of {} in {} shards{}",
                 entity(p.source),

@@ -1,7 +1,48 @@
 //! `inverse-edge`: the reverse item of a relationship, kept while the
 //! edge exists (and its condition holds).
+//!
+//! ```toml
+//! [[projections]]
+//! name = "followed-by"
+//! kind = "inverse-edge"
+//! source = "follow"              # USER#{followerId} / FOLLOWS#{followeeId}
+//! target = "followed_by"         # USER#{followeeId} / FOLLOWED_BY#{followerId}
+//! copy = { followedAt = "{followedAt}" }
+//! ```
+//!
+//! The reverse item is a *marker* of the edge's membership: the planner
+//! says which state it must reach (`plan.rs`, with what it shares with
+//! counters in `kinds/membership.rs`), and counters over the same source
+//! and condition record their members on it.
 
-use crate::schema::{Condition, EntityId, Template};
+mod plan;
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
+use super::Rules;
+use crate::schema::raw::RawCondition;
+use crate::schema::{Compiler, Condition, Entity, EntityId, TableSpec, Template};
+pub(crate) use plan::plan;
+
+/// The `[[projections]]` section of `kind = "inverse-edge"`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawInverseEdge {
+    /// Projection name.
+    pub name: String,
+    /// The edge entity (`follow`).
+    pub source: String,
+    /// The reverse edge entity (`followed_by`).
+    pub target: String,
+    /// Only edges for which this holds get a reverse item.
+    #[serde(default)]
+    pub when: RawCondition,
+    /// Target attribute to template over the source item.
+    #[serde(default)]
+    pub copy: BTreeMap<String, String>,
+}
 
 /// Maintain the reverse item of a relationship.
 #[derive(Debug, Clone)]
@@ -16,4 +57,54 @@ pub struct InverseEdge {
     pub copy: Vec<(String, Template)>,
     /// Source attributes that matter (condition and copies).
     pub reads: Vec<String>,
+}
+
+/// Compiles a raw `inverse-edge`; problems go to `cx`.
+pub(crate) fn compile(
+    raw: &RawInverseEdge,
+    cx: &mut Compiler,
+    context: &str,
+    table: &TableSpec,
+    entities: &[Entity],
+) -> Option<InverseEdge> {
+    let source = cx.entity(context, "source", &raw.source, entities);
+    let target = cx.entity(context, "target", &raw.target, entities);
+    let (source, target) = (source?, target?);
+    if source == target {
+        cx.error(
+            context,
+            "source and target are the same entity: its output would match its own input and loop",
+        );
+        return None;
+    }
+    let bound = cx.bound_by_source(context, &entities[source], &entities[target]);
+    let one_to_one = cx.covers_source(context, &entities[source], &entities[target]);
+    let when = cx.condition(context, &raw.when);
+    let copy = cx.templates(context, "copy", &raw.copy, table)?;
+    if !bound || !one_to_one {
+        return None;
+    }
+    let reads = super::reads_of(&when, &copy, &entities[source]);
+    Some(InverseEdge {
+        source,
+        target,
+        when,
+        copy,
+        reads,
+    })
+}
+
+/// One line for `check`, `plan --describe` and `status`.
+pub(crate) fn describe(rules: &Rules, p: &InverseEdge) -> String {
+    format!(
+        "{} -> {}{}{}",
+        rules.entities[p.source].name,
+        rules.entities[p.target].name,
+        super::when(&p.when),
+        if p.copy.is_empty() {
+            String::new()
+        } else {
+            format!(": {}", super::pairs(&p.copy))
+        }
+    )
 }

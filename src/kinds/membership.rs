@@ -10,13 +10,14 @@
 //! conditionally, with the shard moves in the same transaction, so each
 //! shard always equals the number of records naming it.
 
-use super::{
-    changed, CounterShard, Effect, MarkerState, Op, PlanProblem, Selection, SourceGuard, Subject,
-};
+use super::counter::{Counter, Marker};
+use super::{ProjectionKind, Rules, Selection};
 use crate::dynamo::names::RECORDS_ATTRIBUTE;
+use crate::effect::{
+    changed, CounterShard, Effect, MarkerState, Op, PlanProblem, SourceGuard, Subject,
+};
 use crate::record::{ChangeKind, ChangeRecord, Item, ItemKey, Origin, ValueRef};
-use crate::schema::{Bindings, Condition, ProjectionId, RenderError, Template};
-use crate::spec::{Counter, InverseEdge, Marker, ProjectionKind, Spec};
+use crate::schema::{Bindings, Condition, ProjectionId, RenderError};
 
 /// The shard a source item counts in: FNV-1a of its key, stable across
 /// versions and machines, so a removal always hits the shard its insert did.
@@ -38,15 +39,15 @@ pub fn shard_for(key: &ItemKey, shards: u32) -> u32 {
 
 /// What a change means for one membership: the state the marker must
 /// reach, and a guess of the state it was in.
-struct Wanted {
-    member: bool,
-    was_member: bool,
+pub(crate) struct Wanted {
+    pub(crate) member: bool,
+    pub(crate) was_member: bool,
 }
 
 /// The desired membership for a change, or `None` when the change cannot
 /// move the source in or out of the set and changes nothing the marker
 /// copies.
-fn desired<'a>(
+pub(crate) fn desired<'a>(
     subject: &Subject<'_>,
     when: &Condition,
     reads: impl IntoIterator<Item = &'a String>,
@@ -78,28 +79,9 @@ fn desired<'a>(
     }
 }
 
-fn render_copies(
-    copy: &[(String, Template)],
-    subject: &Subject<'_>,
-    into: &mut Item,
-) -> Result<(), PlanProblem> {
-    let image = subject.record.new_image.as_ref();
-    for (attr, template) in copy {
-        match template.value(&subject.vars, image) {
-            Ok(value) => {
-                into.insert(attr.clone(), value);
-            }
-            // A plain copy of an absent attribute mirrors the absence.
-            Err(RenderError::Missing(_)) if template.single_var().is_some() => {}
-            Err(error) => return Err(error.into()),
-        }
-    }
-    Ok(())
-}
-
 /// The shard of `counter` that `source` counts in.
-fn shard_key(
-    spec: &Spec,
+pub(crate) fn shard_key(
+    rules: &Rules,
     counter: &Counter,
     source: &ItemKey,
     vars: &[(&str, &str)],
@@ -110,24 +92,24 @@ fn shard_key(
         .map(|(_, template)| template.render(vars, None::<&Item>))
         .collect::<Result<Vec<String>, RenderError>>()?;
     let shard = shard_for(source, counter.shards);
-    Ok(spec.counter_shard_key(&counter.storage, &values, shard))
+    Ok(rules.counter_shard_key(&counter.storage, &values, shard))
 }
 
 /// The counters recording their membership on edge `edge`'s reverse
 /// items, with the shard `source` counts in.
-fn edge_counters(
-    spec: &Spec,
+pub(crate) fn edge_counters(
+    rules: &Rules,
     edge: ProjectionId,
     source: &ItemKey,
     vars: &[(&str, &str)],
 ) -> Result<Vec<CounterShard>, RenderError> {
     let mut counters = Vec::new();
-    for (id, projection) in spec.projections.iter().enumerate() {
+    for (id, projection) in rules.projections.iter().enumerate() {
         if let ProjectionKind::Counter(counter) = &projection.kind {
             if counter.marker == Marker::Edge(edge) {
                 counters.push(CounterShard {
                     counter: id,
-                    key: shard_key(spec, counter, source, vars)?,
+                    key: shard_key(rules, counter, source, vars)?,
                 });
             }
         }
@@ -137,7 +119,7 @@ fn edge_counters(
 
 /// The source state a scan-planned membership depends on: the attributes
 /// it read, as the scan saw them.
-fn guard<'a>(
+pub(crate) fn guard<'a>(
     subject: &Subject<'_>,
     reads: impl IntoIterator<Item = &'a String>,
 ) -> Option<SourceGuard> {
@@ -162,59 +144,16 @@ fn selected(selection: Selection<'_>, id: ProjectionId) -> bool {
 
 /// Whether an edge is planned under `selection`: it is, or one of the
 /// counters riding on it is.
-fn edge_selected(spec: &Spec, selection: Selection<'_>, edge: ProjectionId) -> bool {
+fn edge_selected(rules: &Rules, selection: Selection<'_>, edge: ProjectionId) -> bool {
     selected(selection, edge)
-        || spec.projections.iter().enumerate().any(|(id, p)| {
+        || rules.projections.iter().enumerate().any(|(id, p)| {
             matches!(&p.kind, ProjectionKind::Counter(c) if c.marker == Marker::Edge(edge))
                 && selected(selection, id)
         })
 }
 
-pub(super) fn plan_edge(
-    spec: &Spec,
-    id: ProjectionId,
-    edge: &InverseEdge,
-    subject: &Subject<'_>,
-    effects: &mut Vec<Effect>,
-) -> Result<(), PlanProblem> {
-    let needs_image = !edge.when.is_empty() || !edge.copy.is_empty();
-    let Some(wanted) = desired(subject, &edge.when, &edge.reads, needs_image)? else {
-        return Ok(());
-    };
-    if wanted.member
-        && wanted.was_member
-        && edge.copy.is_empty()
-        && subject.record.kind == ChangeKind::Modify
-    {
-        // Stays in the set, nothing copied: the marker is already right.
-        return Ok(());
-    }
-    let counters = edge_counters(spec, id, &subject.key, &subject.vars)?;
-    let target = spec.entities[edge.target]
-        .render_key(&subject.vars)
-        .expect("inverse-edge variables are checked when the spec is compiled");
-    let state = if wanted.member {
-        let mut item = spec.table.key_item(&target);
-        render_copies(&edge.copy, subject, &mut item)?;
-        MarkerState::Present(item)
-    } else {
-        MarkerState::Absent
-    };
-    effects.push(Effect {
-        projection: id,
-        op: Op::Membership {
-            marker: target,
-            state,
-            counters,
-            was_present: wanted.was_member,
-            guard: guard(subject, &edge.reads),
-        },
-    });
-    Ok(())
-}
-
-pub(super) fn plan_counter(
-    spec: &Spec,
+pub(crate) fn plan_counter(
+    rules: &Rules,
     id: ProjectionId,
     counter: &Counter,
     subject: &Subject<'_>,
@@ -229,7 +168,8 @@ pub(super) fn plan_counter(
             return Ok(());
         }
         let first_selected =
-            spec.projections
+            rules
+                .projections
                 .iter()
                 .enumerate()
                 .find_map(|(other, p)| match &p.kind {
@@ -248,10 +188,10 @@ pub(super) fn plan_counter(
         if first_selected != Some(id) {
             return Ok(());
         }
-        let ProjectionKind::InverseEdge(edge_projection) = &spec.projections[edge].kind else {
+        let ProjectionKind::InverseEdge(edge_projection) = &rules.projections[edge].kind else {
             unreachable!("markers point at inverse edges");
         };
-        return plan_edge(spec, edge, edge_projection, subject, effects);
+        return super::inverse_edge::plan(rules, edge, edge_projection, subject, effects);
     }
     let reads = || counter.when.0.iter().map(|(name, _)| name);
     let Some(wanted) = desired(subject, &counter.when, reads(), !counter.when.is_empty())? else {
@@ -261,9 +201,9 @@ pub(super) fn plan_counter(
         // The marker has no attributes to refresh.
         return Ok(());
     }
-    let marker = spec.counter_marker_key(spec.storage(id), &subject.key);
+    let marker = rules.counter_marker_key(rules.storage(id), &subject.key);
     let state = if wanted.member {
-        MarkerState::Present(spec.table.key_item(&marker))
+        MarkerState::Present(rules.table.key_item(&marker))
     } else {
         MarkerState::Absent
     };
@@ -274,7 +214,7 @@ pub(super) fn plan_counter(
             state,
             counters: vec![CounterShard {
                 counter: id,
-                key: shard_key(spec, counter, &subject.key, &subject.vars)?,
+                key: shard_key(rules, counter, &subject.key, &subject.vars)?,
             }],
             was_present: wanted.was_member,
             guard: guard(subject, reads()),
@@ -288,8 +228,8 @@ pub(super) fn plan_counter(
 /// condition that the source still does not exist), and a counter record
 /// on an item that is no longer where that counter records its members
 /// (the spec changed) is dropped with its shard moved back.
-pub(super) fn plan_scanned_marker(
-    spec: &Spec,
+pub(crate) fn plan_scanned_marker(
+    rules: &Rules,
     record: &ChangeRecord,
     key: &ItemKey,
     selection: Selection<'_>,
@@ -299,15 +239,15 @@ pub(super) fn plan_scanned_marker(
         return;
     };
     let mut vars: Bindings<'_> = Vec::new();
-    let entity = spec.match_entity(&key.pk, key.sk.as_deref(), &mut vars);
-    let own = spec.parse_counter_marker(key);
+    let entity = rules.match_entity(&key.pk, key.sk.as_deref(), &mut vars);
+    let own = rules.parse_counter_marker(key);
     // Records of this spec's counters on the item, and whether the item is
     // where that counter keeps them.
     if let Some(ValueRef::Other(crate::record::AttributeValue::M(records))) =
         image.get(RECORDS_ATTRIBUTE)
     {
         for (name, value) in records.iter() {
-            let Some(counter) = spec.counter_by_storage(name) else {
+            let Some(counter) = rules.counter_by_storage(name) else {
                 continue;
             };
             let crate::record::AttributeValue::S(shard) = value else {
@@ -316,13 +256,13 @@ pub(super) fn plan_scanned_marker(
             if !selected(selection, counter) {
                 continue;
             }
-            let ProjectionKind::Counter(c) = &spec.projections[counter].kind else {
+            let ProjectionKind::Counter(c) = &rules.projections[counter].kind else {
                 continue;
             };
             let in_place = match (c.marker, &own, entity) {
                 (Marker::Own, Some((marker_of, _)), _) => *marker_of == counter,
                 (Marker::Edge(edge), None, Some(entity)) => {
-                    matches!(&spec.projections[edge].kind, ProjectionKind::InverseEdge(e) if e.target == entity)
+                    matches!(&rules.projections[edge].kind, ProjectionKind::InverseEdge(e) if e.target == entity)
                 }
                 _ => false,
             };
@@ -340,20 +280,20 @@ pub(super) fn plan_scanned_marker(
     }
     // A counter's own marker whose source may be gone.
     if let Some((counter, source)) = own {
-        let ProjectionKind::Counter(c) = &spec.projections[counter].kind else {
+        let ProjectionKind::Counter(c) = &rules.projections[counter].kind else {
             return;
         };
         if c.marker != Marker::Own || !selected(selection, counter) {
             return;
         }
         let mut source_vars: Bindings<'_> = Vec::new();
-        if spec
+        if rules
             .match_entity(&source.pk, source.sk.as_deref(), &mut source_vars)
             .is_none()
         {
             return;
         }
-        let Ok(shard) = shard_key(spec, c, &source, &source_vars) else {
+        let Ok(shard) = shard_key(rules, c, &source, &source_vars) else {
             return;
         };
         effects.push(orphan_check(
@@ -369,17 +309,17 @@ pub(super) fn plan_scanned_marker(
     }
     // A reverse edge whose source may be gone.
     let Some(entity) = entity else { return };
-    for (edge_id, projection) in spec.projections.iter().enumerate() {
+    for (edge_id, projection) in rules.projections.iter().enumerate() {
         let ProjectionKind::InverseEdge(edge) = &projection.kind else {
             continue;
         };
-        if edge.target != entity || !edge_selected(spec, selection, edge_id) {
+        if edge.target != entity || !edge_selected(rules, selection, edge_id) {
             continue;
         }
-        let Some(source) = spec.entities[edge.source].render_key(&vars) else {
+        let Some(source) = rules.entities[edge.source].render_key(&vars) else {
             continue;
         };
-        let Ok(counters) = edge_counters(spec, edge_id, &source, &vars) else {
+        let Ok(counters) = edge_counters(rules, edge_id, &source, &vars) else {
             continue;
         };
         effects.push(orphan_check(edge_id, key.clone(), source, counters));
