@@ -130,9 +130,7 @@ impl Registry {
                     old_texts[&key].as_ref().and_then(|old| {
                         old.projections
                             .iter()
-                            .find(|p| {
-                                matches!(p, RawProjection::Counter { .. }) && p.name() == name
-                            })
+                            .find(|p| matches!(p, RawProjection::Counter(_)) && p.name() == name)
                             .cloned()
                     })
                 }
@@ -140,7 +138,7 @@ impl Registry {
             };
             let new_raw = raw.projections.iter().find(|p| p.name() == name).cloned();
             let source = |p: &RawProjection| match p {
-                RawProjection::Counter { source, .. } => Some(source.clone()),
+                RawProjection::Counter(counter) => Some(counter.source.clone()),
                 _ => None,
             };
             match (&old_raw, &new_raw) {
@@ -160,14 +158,9 @@ impl Registry {
                 }
                 (Some(old), _) => {
                     let mut shadow = old.definition();
-                    if let RawProjection::Counter {
-                        name: shadow_name,
-                        storage,
-                        ..
-                    } = &mut shadow
-                    {
-                        *shadow_name = old_name.clone();
-                        *storage = Some(counter_storage(name, read_gen));
+                    if let RawProjection::Counter(counter) = &mut shadow {
+                        counter.name = old_name.clone();
+                        counter.storage = Some(counter_storage(name, read_gen));
                     }
                     // The old definition must mean in this spec what it
                     // meant in its own: same fingerprint (entities,
@@ -307,12 +300,9 @@ pub async fn current_layout(
 /// Sets counter `name`'s storage to generation `generation`'s.
 fn set_storage(raw: &mut RawSpec, name: &str, generation: u32) {
     for p in &mut raw.projections {
-        if let RawProjection::Counter {
-            name: n, storage, ..
-        } = p
-        {
-            if n == name {
-                *storage = (generation != 0).then(|| counter_storage(name, generation));
+        if let RawProjection::Counter(counter) = p {
+            if counter.name == name {
+                counter.storage = (generation != 0).then(|| counter_storage(name, generation));
             }
         }
     }

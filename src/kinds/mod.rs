@@ -23,7 +23,7 @@ pub(crate) mod membership;
 pub mod rollup;
 mod rules;
 
-use std::collections::{BTreeMap, HashSet};
+use std::collections::HashSet;
 use std::fmt;
 use std::sync::Arc;
 
@@ -31,7 +31,6 @@ use serde::{Deserialize, Serialize};
 
 use crate::effect::{Effect, Op, PlanProblem, SourceQuery, Sources, Subject};
 use crate::record::{AttributeValue, Item, ItemKey};
-use crate::schema::raw::RawCondition;
 use crate::schema::{Bindings, Condition, Entity, EntityId, ProjectionId, Template};
 use counter::Counter;
 use custom::CustomProjection;
@@ -51,45 +50,21 @@ pub enum RawProjection {
     /// Maintain the reverse item of a relationship.
     InverseEdge(inverse_edge::RawInverseEdge),
     /// A write-sharded count of the source items per target.
-    Counter {
-        /// Counter name (`followers`), used by `counter get`.
-        name: String,
-        /// The counted entity.
-        source: String,
-        /// The counter's own variables, from the source's key variables
-        /// (`{ userId = "{followeeId}" }`).
-        of: BTreeMap<String, String>,
-        /// Only source items for which this holds are counted.
-        #[serde(default)]
-        when: RawCondition,
-        /// Number of shards (1 to 100); hot targets want more.
-        #[serde(default = "default_shards")]
-        shards: u32,
-        /// Where the counter's shards and records live: set by the tool,
-        /// never by hand. A changed counter is rebuilt beside the version
-        /// readers read, in the next generation `<name>~N` (see
-        /// `control::Registry::layout`); absent means `<name>`.
-        #[serde(default, skip_serializing_if = "Option::is_none")]
-        storage: Option<String>,
-    },
+    Counter(counter::RawCounter),
     /// A counter's total kept on an item (see [`crate::kinds::rollup`]).
     Rollup(crate::kinds::rollup::RawRollup),
     /// Totals over a partition's items (see [`crate::kinds::aggregate`]).
     Aggregate(crate::kinds::aggregate::RawAggregate),
 }
 
-fn default_shards() -> u32 {
-    4
-}
-
 impl RawProjection {
     /// The projection's name.
     pub fn name(&self) -> &str {
         match self {
-            RawProjection::Counter { name, .. } => name,
             RawProjection::IndexKeys(p) => &p.name,
             RawProjection::Denormalize(p) => &p.name,
             RawProjection::InverseEdge(p) => &p.name,
+            RawProjection::Counter(p) => &p.name,
             RawProjection::Rollup(p) => &p.name,
             RawProjection::Aggregate(p) => &p.name,
         }
@@ -100,13 +75,13 @@ impl RawProjection {
     /// the changed counter is rebuilt) as the counter it was.
     pub fn definition(&self) -> RawProjection {
         let mut copy = self.clone();
-        if let RawProjection::Counter { name, storage, .. } = &mut copy {
-            if storage.is_some() {
-                if let Some((base, _)) = counter::old_version_of(name) {
-                    *name = base.to_string();
+        if let RawProjection::Counter(counter) = &mut copy {
+            if counter.storage.is_some() {
+                if let Some((base, _)) = counter::old_version_of(&counter.name) {
+                    counter.name = base.to_string();
                 }
             }
-            *storage = None;
+            counter.storage = None;
         }
         copy
     }
@@ -117,7 +92,7 @@ impl RawProjection {
             RawProjection::IndexKeys(_) => "index-keys",
             RawProjection::Denormalize(_) => "denormalize",
             RawProjection::InverseEdge(_) => "inverse-edge",
-            RawProjection::Counter { .. } => "counter",
+            RawProjection::Counter(_) => "counter",
             RawProjection::Rollup(_) => "rollup",
             RawProjection::Aggregate(_) => "aggregate",
         }

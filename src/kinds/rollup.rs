@@ -80,14 +80,14 @@ pub(crate) fn compile(
     let target = cx.entity(context, "target", &raw.target, entities);
     let counters: Vec<&str> = all
         .iter()
-        .filter(|p| matches!(p, RawProjection::Counter { .. }) && !p.name().contains('~'))
+        .filter(|p| matches!(p, RawProjection::Counter(_)) && !p.name().contains('~'))
         .map(RawProjection::name)
         .collect();
     let counter = all.iter().position(|p| p.name() == raw.counter);
     let of_names = match counter.map(|id| &all[id]) {
-        Some(RawProjection::Counter { of, source, .. }) => {
-            let names: BTreeSet<&str> = of.keys().map(String::as_str).collect();
-            if target.is_some_and(|t| entities[t].name == *source) {
+        Some(RawProjection::Counter(counted)) => {
+            let names: BTreeSet<&str> = counted.of.keys().map(String::as_str).collect();
+            if target.is_some_and(|t| entities[t].name == counted.source) {
                 cx.error(
                     context,
                     format!("target `{}` is the entity counter `{}` counts: writing the total on the counted items would feed the counter its own output", raw.target, raw.counter),

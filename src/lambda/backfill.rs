@@ -546,14 +546,14 @@ mod tests {
             .find(|p| p.name() == "followers")
             .unwrap()
             .clone();
-        if let crate::spec::raw::RawProjection::Counter { name, storage, .. } = &mut old {
-            *name = "followers~0".to_string();
-            *storage = Some("followers".to_string());
+        if let crate::spec::raw::RawProjection::Counter(counter) = &mut old {
+            counter.name = "followers~0".to_string();
+            counter.storage = Some("followers".to_string());
         }
         for p in &mut raw.projections {
-            if let crate::spec::raw::RawProjection::Counter { name, storage, .. } = p {
-                if name == "followers" {
-                    *storage = Some("followers~1".to_string());
+            if let crate::spec::raw::RawProjection::Counter(counter) = p {
+                if counter.name == "followers" {
+                    counter.storage = Some("followers~1".to_string());
                 }
             }
         }

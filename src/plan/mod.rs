@@ -215,14 +215,9 @@ fn plan_projections(spec: &Spec, record: &ChangeRecord, selection: Selection<'_>
             ProjectionKind::InverseEdge(p) => {
                 crate::kinds::inverse_edge::plan(spec, id, p, &subject, &mut plan.effects)
             }
-            ProjectionKind::Counter(p) => crate::kinds::membership::plan_counter(
-                spec,
-                id,
-                p,
-                &subject,
-                selection,
-                &mut plan.effects,
-            ),
+            ProjectionKind::Counter(p) => {
+                crate::kinds::counter::plan(spec, id, p, &subject, selection, &mut plan.effects)
+            }
             ProjectionKind::Recomputed(p) => p.plan(spec, id, entity, &subject, &mut plan.effects),
             ProjectionKind::Custom(p) => plan_custom(id, p.as_ref(), &subject, &mut plan.effects),
         };

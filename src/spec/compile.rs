@@ -7,12 +7,12 @@ use std::sync::Arc;
 
 use super::raw::{RawInvariant, RawProjection, RawSpec};
 use super::{
-    old_version_of, storage_generation, Counter, IndexKeys, Invariant, InvariantKind, Marker,
-    Projection, ProjectionKind, RepairPolicy, Rules, Services, Spec, MAX_SHARDS,
+    old_version_of, IndexKeys, Invariant, InvariantKind, Marker, Projection, ProjectionKind,
+    RepairPolicy, Rules, Services, Spec,
 };
 use crate::kinds::custom::CustomProjection;
 use crate::kinds::Recomputed;
-use crate::kinds::{denormalize, index_keys, inverse_edge};
+use crate::kinds::{counter, denormalize, index_keys, inverse_edge};
 use crate::schema::{
     fingerprint, suggest, Compiler, Condition, Entity, EntityId, KeyPattern, ProjectionId,
     SpecErrors, TableSpec, Template,
@@ -124,13 +124,8 @@ pub(super) fn compile(
             );
             continue;
         }
-        let old_version = matches!(
-            raw_projection,
-            RawProjection::Counter {
-                storage: Some(_),
-                ..
-            }
-        ) && old_version_of(&name).is_some();
+        let old_version = matches!(raw_projection, RawProjection::Counter(c) if c.storage.is_some())
+            && old_version_of(&name).is_some();
         if name.contains('~') && !old_version {
             cx.error(
                 &context,
@@ -411,64 +406,8 @@ fn projection(
         }
         RawProjection::InverseEdge(raw) => inverse_edge::compile(raw, cx, context, table, entities)
             .map(ProjectionKind::InverseEdge),
-        RawProjection::Counter {
-            name,
-            source,
-            of,
-            when,
-            shards,
-            storage,
-        } => {
-            let source = cx.entity(context, "source", source, entities)?;
-            if raw.name().contains('#') {
-                cx.error(
-                    context,
-                    "a counter's name must not contain `#`: it separates the parts of its shard and marker keys",
-                );
-                return None;
-            }
-            let storage = storage.clone().unwrap_or_else(|| name.clone());
-            if storage_generation(name, &storage).is_none() {
-                cx.error(
-                    context,
-                    format!("`storage = \"{storage}\"` is not one of this counter's: the tool sets it (to `{name}` or `{name}~N`); remove it from the file"),
-                );
-                return None;
-            }
-            if !(1..=MAX_SHARDS).contains(shards) {
-                cx.error(
-                    context,
-                    format!("shards = {shards} is out of range: use 1 to {MAX_SHARDS}"),
-                );
-            }
-            let when = cx.condition(context, when);
-            let of = cx.templates(context, "of", of, table)?;
-            let key_vars: HashSet<&str> = entities[source].vars().collect();
-            for (name, template) in &of {
-                for read in template.names() {
-                    if !key_vars.contains(read) {
-                        cx.error(
-                            context,
-                            format!(
-                                "`of.{name}` = `{template}` reads `{read}`, which is not a key variable of `{}` (it has: {}); a counter's target must come from the source key so that removals find it",
-                                entities[source].name,
-                                entities[source].vars().collect::<Vec<_>>().join(", ")
-                            ),
-                        );
-                    }
-                }
-            }
-            if !(1..=MAX_SHARDS).contains(shards) {
-                return None;
-            }
-            Some(ProjectionKind::Counter(Counter {
-                source,
-                of,
-                when,
-                shards: *shards,
-                marker: Marker::Own,
-                storage,
-            }))
+        RawProjection::Counter(raw) => {
+            counter::compile(raw, cx, context, table, entities).map(ProjectionKind::Counter)
         }
     }
 }

@@ -1,11 +1,8 @@
 //! How a compiled spec describes itself: the summary `check` prints and
 //! one line per projection and invariant.
 
-use super::{
-    Condition, EntityId, Invariant, InvariantKind, Marker, Projection, ProjectionKind, Spec,
-    Template,
-};
-use crate::kinds::{denormalize, index_keys, inverse_edge};
+use super::{Condition, Invariant, InvariantKind, Projection, ProjectionKind, Spec};
+use crate::kinds::{counter, denormalize, index_keys, inverse_edge};
 
 impl Spec {
     /// A short multi-line summary for `check`.
@@ -117,39 +114,11 @@ impl Spec {
     }
 
     fn describe(&self, projection: &Projection) -> String {
-        let entity = |id: EntityId| self.entities[id].name.as_str();
-        let pairs = |list: &[(String, Template)]| {
-            list.iter()
-                .map(|(k, t)| format!("{k} = {t}"))
-                .collect::<Vec<_>>()
-                .join(", ")
-        };
-        let when = |c: &Condition| {
-            if c.is_empty() {
-                String::new()
-            } else {
-                let parts: Vec<String> =
-                    c.0.iter()
-                        .map(|(k, v)| format!("{k} = {}", crate::record::value_to_json(v)))
-                        .collect();
-                format!(" when {}", parts.join(" and "))
-            }
-        };
         match &projection.kind {
             ProjectionKind::IndexKeys(p) => index_keys::describe(self, p),
             ProjectionKind::Denormalize(p) => denormalize::describe(self, p),
             ProjectionKind::InverseEdge(p) => inverse_edge::describe(self, p),
-            ProjectionKind::Counter(p) => format!(
-                "count {}{} of {} in {} shards{}",
-                entity(p.source),
-                when(&p.when),
-                pairs(&p.of),
-                p.shards,
-                match p.marker {
-                    Marker::Edge(edge) => format!(", marked by {}", self.projections[edge].name),
-                    Marker::Own => String::new(),
-                }
-            ),
+            ProjectionKind::Counter(p) => counter::describe(self, p),
             ProjectionKind::Recomputed(p) => p.describe(self),
             ProjectionKind::Custom(p) => {
                 format!("{} (Rust)", entity_name_or(self, p.source_entity()))

@@ -1,14 +1,62 @@
 //! `counter`: a write-sharded count of the source items per instance of
-//! its `of` variables, each counted item's membership recorded on a
-//! marker item (the reverse edge of an inverse edge over the same source
-//! and condition, or a marker of its own), and the names of a counter's
-//! generations while a changed counter is rebuilt beside the one readers
-//! read.
+//! its `of` variables.
+//!
+//! ```toml
+//! [[projections]]
+//! name = "followers"
+//! kind = "counter"
+//! source = "follow"              # USER#{followerId} / FOLLOWS#{followeeId}
+//! of = { userId = "{followeeId}" }
+//! shards = 8
+//! ```
+//!
+//! Each counted item's membership is recorded on a marker item: the
+//! reverse edge of an inverse edge over the same source and condition, or
+//! a marker of its own (`plan.rs`, with what it shares with inverse edges
+//! in `kinds/membership.rs`). A changed counter is rebuilt beside the one
+//! readers read, in the next generation of its storage names (below).
+
+mod plan;
+
+use std::collections::{BTreeMap, HashSet};
+
+use serde::{Deserialize, Serialize};
 
 use super::{ProjectionKind, Rules};
 use crate::dynamo::names::COUNTER_MARKER_PREFIX;
 use crate::record::ItemKey;
-use crate::schema::{Condition, EntityId, ProjectionId, Template};
+use crate::schema::raw::RawCondition;
+use crate::schema::{Compiler, Condition, Entity, EntityId, ProjectionId, TableSpec, Template};
+pub(crate) use plan::plan;
+
+/// The `[[projections]]` section of `kind = "counter"`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawCounter {
+    /// Counter name (`followers`), used by `counter get`.
+    pub name: String,
+    /// The counted entity.
+    pub source: String,
+    /// The counter's own variables, from the source's key variables
+    /// (`{ userId = "{followeeId}" }`).
+    pub of: BTreeMap<String, String>,
+    /// Only source items for which this holds are counted.
+    #[serde(default)]
+    pub when: RawCondition,
+    /// Number of shards (1 to 100); hot targets want more.
+    #[serde(default = "default_shards")]
+    pub shards: u32,
+    /// Where the counter's shards and records live: set by the tool,
+    /// never by hand. A changed counter is rebuilt beside the version
+    /// readers read, in the next generation `<name>~N` (see
+    /// `control::Registry::layout`); absent means `<name>`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub storage: Option<String>,
+}
+
+fn default_shards() -> u32 {
+    4
+}
 
 /// The largest shard count a counter may declare.
 pub const MAX_SHARDS: u32 = 100;
@@ -85,6 +133,86 @@ pub struct Counter {
     /// projection's name, or `<name>~N` once a changed definition was
     /// rebuilt beside the one readers read ([`counter_storage`]).
     pub storage: String,
+}
+
+/// Compiles a raw `counter`; problems go to `cx`. Its marker is its own
+/// until the cross-projection checks find an edge it rides on.
+pub(crate) fn compile(
+    raw: &RawCounter,
+    cx: &mut Compiler,
+    context: &str,
+    table: &TableSpec,
+    entities: &[Entity],
+) -> Option<Counter> {
+    let source = cx.entity(context, "source", &raw.source, entities)?;
+    if raw.name.contains('#') {
+        cx.error(
+            context,
+            "a counter's name must not contain `#`: it separates the parts of its shard and marker keys",
+        );
+        return None;
+    }
+    let name = &raw.name;
+    let storage = raw.storage.clone().unwrap_or_else(|| name.clone());
+    if storage_generation(name, &storage).is_none() {
+        cx.error(
+            context,
+            format!("`storage = \"{storage}\"` is not one of this counter's: the tool sets it (to `{name}` or `{name}~N`); remove it from the file"),
+        );
+        return None;
+    }
+    if !(1..=MAX_SHARDS).contains(&raw.shards) {
+        cx.error(
+            context,
+            format!(
+                "shards = {} is out of range: use 1 to {MAX_SHARDS}",
+                raw.shards
+            ),
+        );
+    }
+    let when = cx.condition(context, &raw.when);
+    let of = cx.templates(context, "of", &raw.of, table)?;
+    let key_vars: HashSet<&str> = entities[source].vars().collect();
+    for (name, template) in &of {
+        for read in template.names() {
+            if !key_vars.contains(read) {
+                cx.error(
+                    context,
+                    format!(
+                        "`of.{name}` = `{template}` reads `{read}`, which is not a key variable of `{}` (it has: {}); a counter's target must come from the source key so that removals find it",
+                        entities[source].name,
+                        entities[source].vars().collect::<Vec<_>>().join(", ")
+                    ),
+                );
+            }
+        }
+    }
+    if !(1..=MAX_SHARDS).contains(&raw.shards) {
+        return None;
+    }
+    Some(Counter {
+        source,
+        of,
+        when,
+        shards: raw.shards,
+        marker: Marker::Own,
+        storage,
+    })
+}
+
+/// One line for `check`, `plan --describe` and `status`.
+pub(crate) fn describe(rules: &Rules, p: &Counter) -> String {
+    format!(
+        "count {}{} of {} in {} shards{}",
+        rules.entities[p.source].name,
+        super::when(&p.when),
+        super::pairs(&p.of),
+        p.shards,
+        match p.marker {
+            Marker::Edge(edge) => format!(", marked by {}", rules.projections[edge].name),
+            Marker::Own => String::new(),
+        }
+    )
 }
 
 /// What the rules answer about counters: their shard and marker keys,
