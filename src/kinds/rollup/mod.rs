@@ -421,7 +421,7 @@ mod tests {
     /// completes what it claimed).
     #[test]
     fn pairing_is_a_closure() {
-        let text = include_str!("../../projections/social-service.toml").to_string()
+        let text = include_str!("../../../projections/social-service.toml").to_string()
             + "\n[[projections]]\nname = \"followers-again\"\nkind = \"rollup\"\ncounter = \"followers\"\ntarget = \"profile\"\nattribute = \"followersAgain\"\n";
         let spec = Spec::from_toml(&text, "two-rollups.toml").expect("compiles");
         let id = |name: &str| spec.projection_id(name).expect(name);
