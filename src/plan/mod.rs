@@ -219,7 +219,9 @@ fn plan_projections(spec: &Spec, record: &ChangeRecord, selection: Selection<'_>
                 crate::kinds::counter::plan(spec, id, p, &subject, selection, &mut plan.effects)
             }
             ProjectionKind::Recomputed(p) => p.plan(spec, id, entity, &subject, &mut plan.effects),
-            ProjectionKind::Custom(p) => plan_custom(id, p.as_ref(), &subject, &mut plan.effects),
+            ProjectionKind::Custom(p) => {
+                crate::kinds::custom::plan(id, p.as_ref(), &subject, &mut plan.effects)
+            }
         };
         if let Err(problem) = result {
             plan.errors.push(PlanError {
@@ -237,24 +239,6 @@ fn plan_projections(spec: &Spec, record: &ChangeRecord, selection: Selection<'_>
         });
     }
     plan
-}
-
-fn plan_custom(
-    id: ProjectionId,
-    projection: &dyn CustomProjection,
-    subject: &Subject<'_>,
-    effects: &mut Vec<Effect>,
-) -> Result<(), PlanProblem> {
-    let change = EntityChange {
-        record: subject.record,
-        vars: &subject.vars,
-    };
-    let ops = projection.plan(&change).map_err(PlanProblem::Custom)?;
-    effects.extend(ops.into_iter().map(|op| Effect {
-        projection: id,
-        op: Op::Custom(op),
-    }));
-    Ok(())
 }
 
 impl Effect {

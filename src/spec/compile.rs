@@ -10,7 +10,7 @@ use super::{
     old_version_of, IndexKeys, Invariant, InvariantKind, Marker, Projection, ProjectionKind,
     RepairPolicy, Rules, Services, Spec,
 };
-use crate::kinds::custom::CustomProjection;
+use crate::kinds::custom::{self, CustomProjection};
 use crate::kinds::Recomputed;
 use crate::kinds::{counter, denormalize, index_keys, inverse_edge};
 use crate::schema::{
@@ -162,32 +162,7 @@ pub(super) fn compile(
             );
             continue;
         }
-        if !entities
-            .iter()
-            .any(|e| e.name == projection.source_entity())
-        {
-            let hint = suggest(
-                projection.source_entity(),
-                entities.iter().map(|e| e.name.as_str()),
-            );
-            cx.error(
-                &context,
-                format!("unknown entity `{}`{hint}", projection.source_entity()),
-            );
-            continue;
-        }
-        // A Rust projection's definition is its code: its name and
-        // source stand for it.
-        let fingerprint = fingerprint(&format!(
-            "custom\u{1}{name}\u{1}{}\u{1}{}",
-            projection.source_entity(),
-            projection.version()
-        ));
-        projections.push(Projection {
-            name,
-            kind: ProjectionKind::Custom(projection),
-            fingerprint,
-        });
+        projections.extend(custom::compile(projection, cx, &context, &entities));
     }
     assign_markers(cx, &mut projections, &table);
     set_fingerprints(&mut projections, &entities, &table);

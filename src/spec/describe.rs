@@ -2,7 +2,7 @@
 //! one line per projection and invariant.
 
 use super::{Condition, Invariant, InvariantKind, Projection, ProjectionKind, Spec};
-use crate::kinds::{counter, denormalize, index_keys, inverse_edge};
+use crate::kinds::{counter, custom, denormalize, index_keys, inverse_edge};
 
 impl Spec {
     /// A short multi-line summary for `check`.
@@ -120,15 +120,7 @@ impl Spec {
             ProjectionKind::InverseEdge(p) => inverse_edge::describe(self, p),
             ProjectionKind::Counter(p) => counter::describe(self, p),
             ProjectionKind::Recomputed(p) => p.describe(self),
-            ProjectionKind::Custom(p) => {
-                format!("{} (Rust)", entity_name_or(self, p.source_entity()))
-            }
+            ProjectionKind::Custom(p) => custom::describe(self, p.as_ref()),
         }
     }
-}
-
-fn entity_name_or<'a>(spec: &'a Spec, name: &'a str) -> &'a str {
-    spec.entity_id(name)
-        .map(|id| spec.entities[id].name.as_str())
-        .unwrap_or(name)
 }

@@ -2,9 +2,12 @@
 //! [`crate::spec::SpecBuilder::custom`].
 
 use std::fmt;
+use std::sync::Arc;
 
-use crate::effect::CustomOp;
+use super::{Projection, ProjectionKind, Rules};
+use crate::effect::{CustomOp, Effect, Op, PlanProblem, Subject};
 use crate::record::ChangeRecord;
+use crate::schema::{fingerprint, suggest, Compiler, Entity, ProjectionId};
 
 /// A projection written in Rust, registered with
 /// [`crate::spec::SpecBuilder::custom`].
@@ -34,4 +37,71 @@ pub struct EntityChange<'a> {
     pub record: &'a ChangeRecord,
     /// The key variables its entity pattern bound.
     pub vars: &'a [(&'a str, &'a str)],
+}
+
+/// Compiles a projection written in Rust: its source entity must be one
+/// of the spec's. Its definition is its code, so its name, source entity
+/// and version stand for it in its fingerprint.
+pub(crate) fn compile(
+    projection: Arc<dyn CustomProjection>,
+    cx: &mut Compiler,
+    context: &str,
+    entities: &[Entity],
+) -> Option<Projection> {
+    let name = projection.name().to_string();
+    if !entities
+        .iter()
+        .any(|e| e.name == projection.source_entity())
+    {
+        let hint = suggest(
+            projection.source_entity(),
+            entities.iter().map(|e| e.name.as_str()),
+        );
+        cx.error(
+            context,
+            format!("unknown entity `{}`{hint}", projection.source_entity()),
+        );
+        return None;
+    }
+    let fingerprint = fingerprint(&format!(
+        "custom\u{1}{name}\u{1}{}\u{1}{}",
+        projection.source_entity(),
+        projection.version()
+    ));
+    Some(Projection {
+        name,
+        kind: ProjectionKind::Custom(projection),
+        fingerprint,
+    })
+}
+
+/// Plans projection `id`'s writes for one change of its source entity.
+pub(crate) fn plan(
+    id: ProjectionId,
+    projection: &dyn CustomProjection,
+    subject: &Subject<'_>,
+    effects: &mut Vec<Effect>,
+) -> Result<(), PlanProblem> {
+    let change = EntityChange {
+        record: subject.record,
+        vars: &subject.vars,
+    };
+    let ops = projection.plan(&change).map_err(PlanProblem::Custom)?;
+    effects.extend(ops.into_iter().map(|op| Effect {
+        projection: id,
+        op: Op::Custom(op),
+    }));
+    Ok(())
+}
+
+/// One line for `check`, `plan --describe` and `status`.
+pub(crate) fn describe(rules: &Rules, p: &dyn CustomProjection) -> String {
+    format!("{} (Rust)", entity_name_or(rules, p.source_entity()))
+}
+
+fn entity_name_or<'a>(rules: &'a Rules, name: &'a str) -> &'a str {
+    rules
+        .entity_id(name)
+        .map(|id| rules.entities[id].name.as_str())
+        .unwrap_or(name)
 }
