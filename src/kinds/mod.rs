@@ -31,7 +31,9 @@ use serde::{Deserialize, Serialize};
 
 use crate::effect::{Effect, Op, PlanProblem, SourceQuery, Sources, Subject};
 use crate::record::{AttributeValue, Item, ItemKey};
-use crate::schema::{Bindings, Condition, Entity, EntityId, ProjectionId, Template};
+use crate::schema::{
+    Bindings, Compiler, Condition, Entity, EntityId, ProjectionId, TableSpec, Template,
+};
 use counter::Counter;
 use custom::CustomProjection;
 use denormalize::Denormalize;
@@ -67,6 +69,38 @@ impl RawProjection {
             RawProjection::Counter(p) => &p.name,
             RawProjection::Rollup(p) => &p.name,
             RawProjection::Aggregate(p) => &p.name,
+        }
+    }
+
+    /// Compiles it alone, problems to `cx`; `all` are the spec's raw
+    /// projections (a rollup names its counter by its position there).
+    /// What holds across projections is checked once all are compiled.
+    pub(crate) fn compile(
+        &self,
+        cx: &mut Compiler,
+        context: &str,
+        table: &TableSpec,
+        entities: &[Entity],
+        all: &[RawProjection],
+    ) -> Option<ProjectionKind> {
+        match self {
+            RawProjection::Rollup(raw) => rollup::compile(raw, cx, context, table, entities, all)
+                .map(|p| ProjectionKind::Recomputed(Recomputed::Rollup(p))),
+            RawProjection::Aggregate(raw) => aggregate::compile(raw, cx, context, table, entities)
+                .map(|p| ProjectionKind::Recomputed(Recomputed::Aggregate(p))),
+            RawProjection::IndexKeys(raw) => index_keys::compile(raw, cx, context, table, entities)
+                .map(ProjectionKind::IndexKeys),
+            RawProjection::Denormalize(raw) => {
+                denormalize::compile(raw, cx, context, table, entities)
+                    .map(ProjectionKind::Denormalize)
+            }
+            RawProjection::InverseEdge(raw) => {
+                inverse_edge::compile(raw, cx, context, table, entities)
+                    .map(ProjectionKind::InverseEdge)
+            }
+            RawProjection::Counter(raw) => {
+                counter::compile(raw, cx, context, table, entities).map(ProjectionKind::Counter)
+            }
         }
     }
 

@@ -11,8 +11,6 @@ use super::{
     RepairPolicy, Rules, Services, Spec,
 };
 use crate::kinds::custom::{self, CustomProjection};
-use crate::kinds::Recomputed;
-use crate::kinds::{counter, denormalize, index_keys, inverse_edge};
 use crate::schema::{
     fingerprint, suggest, Compiler, Condition, Entity, EntityId, KeyPattern, ProjectionId,
     SpecErrors, TableSpec, Template,
@@ -133,14 +131,9 @@ pub(super) fn compile(
             );
             continue;
         }
-        if let Some(kind) = projection(
-            cx,
-            raw_projection,
-            &context,
-            &table,
-            &entities,
-            &raw.projections,
-        ) {
+        if let Some(kind) =
+            raw_projection.compile(cx, &context, &table, &entities, &raw.projections)
+        {
             projections.push(Projection {
                 name,
                 kind,
@@ -352,37 +345,6 @@ fn invariant(
                     template,
                 },
             ))
-        }
-    }
-}
-
-fn projection(
-    cx: &mut Compiler,
-    raw: &RawProjection,
-    context: &str,
-    table: &TableSpec,
-    entities: &[Entity],
-    all: &[RawProjection],
-) -> Option<ProjectionKind> {
-    match raw {
-        RawProjection::Rollup(raw) => {
-            crate::kinds::rollup::compile(raw, cx, context, table, entities, all)
-                .map(|p| ProjectionKind::Recomputed(Recomputed::Rollup(p)))
-        }
-        RawProjection::Aggregate(raw) => {
-            crate::kinds::aggregate::compile(raw, cx, context, table, entities)
-                .map(|p| ProjectionKind::Recomputed(Recomputed::Aggregate(p)))
-        }
-        RawProjection::IndexKeys(raw) => {
-            index_keys::compile(raw, cx, context, table, entities).map(ProjectionKind::IndexKeys)
-        }
-        RawProjection::Denormalize(raw) => {
-            denormalize::compile(raw, cx, context, table, entities).map(ProjectionKind::Denormalize)
-        }
-        RawProjection::InverseEdge(raw) => inverse_edge::compile(raw, cx, context, table, entities)
-            .map(ProjectionKind::InverseEdge),
-        RawProjection::Counter(raw) => {
-            counter::compile(raw, cx, context, table, entities).map(ProjectionKind::Counter)
         }
     }
 }
