@@ -14,6 +14,7 @@
 //! a target that moved on and came back to the value it read.
 
 pub mod aggregate;
+pub(crate) mod checks;
 pub mod counter;
 pub mod custom;
 pub mod denormalize;
