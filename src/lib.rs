@@ -10,11 +10,16 @@
 //! - [`schema`]: what every spec describes and every kind compiles
 //!   against: the table, entities and key patterns, templates, conditions,
 //!   spec errors and the compile context.
-//! - [`spec`]: spec files (one per service), compiled into a validated rule set;
-//!   matching a key to an entity lives here too.
 //! - [`effect`]: the vocabulary of what planning asks for (effects are
 //!   states, not deltas), which the applier writes.
-//! - [`plan`]: the pure planner, one module per projection kind.
+//! - [`kinds`]: every projection kind in a folder of its own (raw section,
+//!   compilation, planning, description), their registration, the checks
+//!   across projections, and the rules kinds plan against; matching a key
+//!   to an entity lives here too.
+//! - [`spec`]: spec files (one per service), compiled into a validated
+//!   rule set: the compile driver, invariants, composed specs, the builder.
+//! - [`plan`]: the pure planner's driver: each interested kind plans a
+//!   record.
 //! - [`apply`]: writes planned effects exactly once in effect (coalescing,
 //!   retries, dead letters).
 //! - [`source`]: the self-hosted DynamoDB Streams runner (shard walker and
@@ -33,7 +38,8 @@
 //! - [`cli`] and `main.rs`: the `ddb-projector` command line.
 //!
 //! **Architecture Invariant:** `record`, `schema`, `decode`, `effect`,
-//! `spec` and `plan` do no I/O; SDK types never reach the planner.
+//! `kinds`, `spec` and `plan` do no I/O; SDK types never reach the
+//! planner.
 
 pub mod apply;
 pub mod audit;

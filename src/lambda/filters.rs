@@ -2,10 +2,10 @@
 //! invoke the function.
 //!
 //! A record is useful when its key matches an entity that some projection
-//! plans on ([`Spec::interested`]). Lambda filters on the record's
-//! `dynamodb.Keys`, so each interested entity becomes "partition key starts
-//! with its literal prefix and sort key starts with (or equals) its
-//! literal prefix". Entities are grouped into as few patterns as exactness
+//! plans on ([`crate::kinds::Rules::interested`]). Lambda filters on the
+//! record's `dynamodb.Keys`, so each interested entity becomes "partition
+//! key starts with its literal prefix and sort key starts with (or equals)
+//! its literal prefix". Entities are grouped into as few patterns as exactness
 //! allows; when Lambda's limits ([`MAX_FILTERS`] patterns of at most
 //! [`MAX_PATTERN_CHARS`] characters) are still exceeded, the patterns whose
 //! union admits the fewest extra key shapes are merged, which lets a few

@@ -1,8 +1,9 @@
 //! The schema's sections as written: serde models that mirror the TOML
 //! of a spec's `[table]` and `[entities]` and the conditions kinds use.
 //!
-//! Nothing here is validated beyond its shape; [`super::compile`] turns
-//! them into a [`super::TableSpec`] and [`super::Entity`]s.
+//! Nothing here is validated beyond its shape; the compile context
+//! (`compile.rs`) turns them into a [`super::TableSpec`] and
+//! [`super::Entity`]s.
 
 use std::collections::BTreeMap;
 
