@@ -55,9 +55,9 @@ pub enum RawProjection {
     /// A write-sharded count of the source items per target.
     Counter(counter::RawCounter),
     /// A counter's total kept on an item (see [`crate::kinds::rollup`]).
-    Rollup(crate::kinds::rollup::RawRollup),
+    Rollup(rollup::RawRollup),
     /// Totals over a partition's items (see [`crate::kinds::aggregate`]).
-    Aggregate(crate::kinds::aggregate::RawAggregate),
+    Aggregate(aggregate::RawAggregate),
 }
 
 impl RawProjection {

@@ -13,16 +13,15 @@ use std::fmt;
 
 use serde_json::json;
 
-pub use crate::kinds::denormalize::compute_denormalized;
-pub use crate::kinds::membership::{is_record_attribute, shard_for};
-
 pub(crate) use crate::effect::{changed, Subject};
 pub use crate::effect::{
     CounterShard, CustomOp, Effect, MarkerState, Op, PlanProblem, SourceGuard, SourceQuery, Sources,
 };
 pub use crate::kinds::custom::{CustomProjection, EntityChange};
-use crate::kinds::ProjectionKind;
+pub use crate::kinds::denormalize::compute_denormalized;
+pub use crate::kinds::membership::{is_record_attribute, shard_for};
 pub use crate::kinds::Selection;
+use crate::kinds::{counter, custom, denormalize, index_keys, inverse_edge, ProjectionKind};
 use crate::record::{
     item_to_json, value_to_json, AttributeValue, ChangeRecord, ItemKey, Origin, ValueRef,
 };
@@ -206,22 +205,18 @@ fn plan_projections(spec: &Spec, record: &ChangeRecord, selection: Selection<'_>
         any_selected = true;
         let projection = &spec.projections[id];
         let result = match &projection.kind {
-            ProjectionKind::IndexKeys(p) => {
-                crate::kinds::index_keys::plan(id, p, &subject, &mut plan.effects)
-            }
+            ProjectionKind::IndexKeys(p) => index_keys::plan(id, p, &subject, &mut plan.effects),
             ProjectionKind::Denormalize(p) => {
-                crate::kinds::denormalize::plan(spec, id, p, entity, &subject, &mut plan.effects)
+                denormalize::plan(spec, id, p, entity, &subject, &mut plan.effects)
             }
             ProjectionKind::InverseEdge(p) => {
-                crate::kinds::inverse_edge::plan(spec, id, p, &subject, &mut plan.effects)
+                inverse_edge::plan(spec, id, p, &subject, &mut plan.effects)
             }
             ProjectionKind::Counter(p) => {
-                crate::kinds::counter::plan(spec, id, p, &subject, selection, &mut plan.effects)
+                counter::plan(spec, id, p, &subject, selection, &mut plan.effects)
             }
             ProjectionKind::Recomputed(p) => p.plan(spec, id, entity, &subject, &mut plan.effects),
-            ProjectionKind::Custom(p) => {
-                crate::kinds::custom::plan(id, p.as_ref(), &subject, &mut plan.effects)
-            }
+            ProjectionKind::Custom(p) => custom::plan(id, p.as_ref(), &subject, &mut plan.effects),
         };
         if let Err(problem) = result {
             plan.errors.push(PlanError {
