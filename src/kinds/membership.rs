@@ -138,6 +138,7 @@ pub(crate) fn guard<'a>(
     })
 }
 
+/// Whether projection `id` is planned under `selection`.
 pub(crate) fn selected(selection: Selection<'_>, id: ProjectionId) -> bool {
     selection.is_none_or(|ids| ids.contains(&id))
 }

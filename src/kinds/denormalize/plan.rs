@@ -13,6 +13,8 @@ use crate::kinds::Rules;
 use crate::record::{AttributeValue, ChangeKind, Image, Item};
 use crate::schema::{EntityId, ProjectionId, RenderError};
 
+/// Plans the recompute of the target a change of its source or of the
+/// target itself may move.
 pub(crate) fn plan(
     rules: &Rules,
     id: ProjectionId,
