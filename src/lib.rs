@@ -38,8 +38,10 @@
 //! - [`cli`] and `main.rs`: the `ddb-projector` command line.
 //!
 //! **Architecture Invariant:** `record`, `schema`, `decode`, `effect`,
-//! `kinds`, `spec` and `plan` do no I/O; SDK types never reach the
-//! planner.
+//! `kinds`, `spec`, `plan` and `invariant` send no request and await
+//! nothing (`spec` reads spec files, nothing else); SDK types stop at
+//! `decode` and never reach the planner. No test checks this yet (see
+//! ARCHITECTURE.md, "Architecture invariants").
 
 pub mod apply;
 pub mod audit;

@@ -4,7 +4,10 @@
 //! **Architecture Invariant:** decoding never panics and never drops a
 //! record silently. A record that does not fit the model becomes a
 //! [`DecodeProblem`] in its place in the batch, carrying the raw record so
-//! that it can be dead-lettered whole.
+//! that it can be dead-lettered whole. Checked by the fuzz targets (their
+//! seeds run in `engine::fuzz_regressions`),
+//! `engine::decode::several_bad_records_keep_their_places` and
+//! `dynamo::applier::undecodable_records_are_dead_lettered_whole`.
 
 mod fast;
 mod guarded;

@@ -9,8 +9,10 @@
 //!   backoff policy.
 //! - [`time`]: the clock as the registry and the leases store it.
 //!
-//! **Architecture Invariant:** `dynamo` imports nothing of the crate but
-//! `record`: every room above may use it, and it knows none of them.
+//! **Architecture Invariant:** `dynamo` imports nothing of the crate above
+//! its floor (1 in ARCHITECTURE.md's module map; only `record` and
+//! `logging` stand lower): every room above may use it, and it knows none
+//! of them. Checked by the module map test, `tests/engine/architecture.rs`.
 
 pub mod arn;
 pub mod client;

@@ -28,6 +28,10 @@
 //! **Architecture Invariant:** a record is reported handled only when the
 //! applier says so; a batch that could not finish before the deadline is
 //! reported failed from its first unfinished record, never left half-known.
+//! Checked by the unit tests of [`handler`],
+//! `dynamo::lambda::lambda_with_too_little_time_reports_the_batch_failed_and_writes_nothing`,
+//! `lambda_reports_a_transient_failure_at_its_sequence_number_and_a_redelivery_converges`
+//! and `dynamo::faults::the_lambda_handler_converges_under_every_fault`.
 
 pub mod audit;
 pub mod backfill;

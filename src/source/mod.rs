@@ -14,7 +14,9 @@
 //! **Architecture Invariant:** a checkpoint never moves past a record that
 //! is not handled (applied, skipped or dead-lettered); a crash at any instant
 //! only makes the runner read again records it already applied, which the
-//! applier's idempotent effects make harmless.
+//! applier's idempotent effects make harmless. Checked by
+//! `dynamo::runner::killing_the_runner_at_random_points_loses_and_double_counts_nothing`
+//! and `dynamo::faults::the_stream_runner_drains_a_faulty_table_exactly_and_checkpoints_past_it`.
 
 pub mod checkpoint;
 pub mod recover;
