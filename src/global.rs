@@ -186,7 +186,8 @@ pub fn onto_writers_items(spec: &Spec) -> Vec<String> {
             let onto = match &p.kind {
                 ProjectionKind::IndexKeys(k) => Some(entity(k.entity)),
                 ProjectionKind::Denormalize(d) => Some(entity(d.target)),
-                ProjectionKind::Recomputed(r) => Some(entity(r.target())),
+                ProjectionKind::Rollup(r) => Some(entity(r.target)),
+                ProjectionKind::Aggregate(r) => Some(entity(r.target)),
                 ProjectionKind::InverseEdge(_) | ProjectionKind::Counter(_) => None,
                 ProjectionKind::Custom(_) => Some("items it chooses"),
             };

@@ -213,7 +213,8 @@ pub fn actions(current: &Spec, retired: &[Retired], item: &HashMap<String, Av>) 
             ProjectionKind::IndexKeys(_)
             | ProjectionKind::Denormalize(_)
             | ProjectionKind::InverseEdge(_)
-            | ProjectionKind::Recomputed(_)
+            | ProjectionKind::Rollup(_)
+            | ProjectionKind::Aggregate(_)
             | ProjectionKind::Custom(_) => None,
         })
         .collect();
@@ -281,7 +282,8 @@ pub fn actions(current: &Spec, retired: &[Retired], item: &HashMap<String, Av>) 
             }
             ProjectionKind::IndexKeys(_)
             | ProjectionKind::Denormalize(_)
-            | ProjectionKind::Recomputed(_) => {
+            | ProjectionKind::Rollup(_)
+            | ProjectionKind::Aggregate(_) => {
                 let id = r.spec.projection_id(&r.name).expect("checked");
                 let mut vars = Vec::new();
                 if let Some((entity, written)) = crate::kinds::written_attributes(&r.spec, id) {

@@ -129,7 +129,8 @@ pub(crate) fn values_precede_recomputes(spec: &crate::spec::Spec) -> bool {
             matches!(
                 spec.projections[id].kind,
                 crate::spec::ProjectionKind::Denormalize(_)
-                    | crate::spec::ProjectionKind::Recomputed(_)
+                    | crate::spec::ProjectionKind::Rollup(_)
+                    | crate::spec::ProjectionKind::Aggregate(_)
             )
         })
         .filter_map(|id| crate::kinds::written_attributes(spec, id).map(|(entity, _)| entity))

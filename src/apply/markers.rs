@@ -159,7 +159,8 @@ pub(crate) fn known_counters(spec: &Spec) -> Vec<String> {
             ProjectionKind::IndexKeys(_)
             | ProjectionKind::Denormalize(_)
             | ProjectionKind::InverseEdge(_)
-            | ProjectionKind::Recomputed(_)
+            | ProjectionKind::Rollup(_)
+            | ProjectionKind::Aggregate(_)
             | ProjectionKind::Custom(_) => None,
         })
         .chain(spec.frozen.iter().cloned())
@@ -208,7 +209,8 @@ pub(crate) fn marker_change<'e>(spec: &Spec, effect: &'e Effect) -> Option<Marke
                 ProjectionKind::IndexKeys(_)
                 | ProjectionKind::Denormalize(_)
                 | ProjectionKind::Counter(_)
-                | ProjectionKind::Recomputed(_)
+                | ProjectionKind::Rollup(_)
+                | ProjectionKind::Aggregate(_)
                 | ProjectionKind::Custom(_) => Vec::new(),
             };
             MarkerChange {

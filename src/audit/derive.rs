@@ -102,7 +102,10 @@ pub(super) fn index_keys(spec: &Spec, items: &[(usize, ItemKey, Item)], out: &mu
 pub(super) fn recomputes(spec: &Spec, id: ProjectionId, entity: usize) -> bool {
     match &spec.projections[id].kind {
         ProjectionKind::Denormalize(p) => p.target == entity,
-        ProjectionKind::Recomputed(p) => p.target() == entity,
+        ProjectionKind::Rollup(_) | ProjectionKind::Aggregate(_) => spec
+            .kind(id)
+            .recompute()
+            .is_some_and(|r| r.target() == entity),
         ProjectionKind::IndexKeys(_)
         | ProjectionKind::InverseEdge(_)
         | ProjectionKind::Counter(_)

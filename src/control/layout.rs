@@ -318,7 +318,8 @@ fn custom_projections(spec: &Spec) -> Vec<Arc<dyn crate::plan::CustomProjection>
             | ProjectionKind::Denormalize(_)
             | ProjectionKind::InverseEdge(_)
             | ProjectionKind::Counter(_)
-            | ProjectionKind::Recomputed(_) => None,
+            | ProjectionKind::Rollup(_)
+            | ProjectionKind::Aggregate(_) => None,
         })
         .collect()
 }

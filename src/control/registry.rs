@@ -590,7 +590,8 @@ impl Registry {
                 ProjectionKind::IndexKeys(_)
                 | ProjectionKind::Denormalize(_)
                 | ProjectionKind::InverseEdge(_)
-                | ProjectionKind::Recomputed(_)
+                | ProjectionKind::Rollup(_)
+                | ProjectionKind::Aggregate(_)
                 | ProjectionKind::Custom(_) => None,
             };
             let mut update = aws_sdk_dynamodb::types::Update::builder()

@@ -583,7 +583,8 @@ pub(super) fn onto_reverse_items(
                 let entity = match &p.kind {
                     ProjectionKind::IndexKeys(k) => k.entity,
                     ProjectionKind::Denormalize(d) => d.target,
-                    ProjectionKind::Recomputed(r) => r.target(),
+                    ProjectionKind::Rollup(r) => r.target,
+                    ProjectionKind::Aggregate(r) => r.target,
                     ProjectionKind::InverseEdge(_)
                     | ProjectionKind::Counter(_)
                     | ProjectionKind::Custom(_) => return None,

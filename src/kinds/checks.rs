@@ -8,10 +8,9 @@ use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
 
 use super::counter::Marker;
 use super::index_keys::IndexKeys;
-use super::{settle, Projection, ProjectionKind};
+use super::{settle, Projection, ProjectionKind, Writes};
 use crate::schema::{
     fingerprint, Compiler, Condition, Entity, EntityId, KeyPattern, ProjectionId, TableSpec,
-    Template,
 };
 
 /// Runs every check across `projections`, problems to `cx`, and settles
@@ -44,7 +43,6 @@ fn set_fingerprints(projections: &mut [Projection], entities: &[Entity], table: 
             entity.sk.as_ref().map(|sk| sk.as_str()).unwrap_or("")
         )
     };
-    let names: Vec<String> = projections.iter().map(|p| p.name.clone()).collect();
     let extras: Vec<String> = projections
         .iter()
         .map(|projection| {
@@ -53,33 +51,12 @@ fn set_fingerprints(projections: &mut [Projection], entities: &[Entity], table: 
                 table.partition_key,
                 table.sort_key.as_deref().unwrap_or("")
             )];
-            match &projection.kind {
-                ProjectionKind::IndexKeys(p) => parts.push(pattern(p.entity)),
-                ProjectionKind::Denormalize(p) => {
-                    parts.push(pattern(p.source));
-                    parts.push(pattern(p.target));
-                }
-                ProjectionKind::InverseEdge(p) => {
-                    parts.push(pattern(p.source));
-                    parts.push(pattern(p.target));
-                }
-                ProjectionKind::Counter(p) => {
-                    parts.push(pattern(p.source));
-                    match p.marker {
-                        Marker::Edge(edge) => {
-                            parts.push(format!("rides on {}", names[edge]));
-                            if let ProjectionKind::InverseEdge(e) = &projections[edge].kind {
-                                parts.push(pattern(e.target));
-                            }
-                        }
-                        Marker::Own => parts.push("own markers".to_string()),
-                    }
-                }
-                ProjectionKind::Recomputed(p) => {
-                    parts.extend(p.entities().into_iter().map(pattern));
-                }
-                ProjectionKind::Custom(_) => {}
-            }
+            parts.extend(
+                projection
+                    .kind
+                    .dispatch()
+                    .fingerprint_parts(projections, &pattern),
+            );
             parts.join(";")
         })
         .collect();
@@ -98,11 +75,7 @@ fn assign_markers(cx: &mut Compiler, projections: &mut [Projection], table: &Tab
             ProjectionKind::InverseEdge(edge) => {
                 Some((id, p.name.clone(), edge.source, edge.when.clone()))
             }
-            ProjectionKind::IndexKeys(_)
-            | ProjectionKind::Denormalize(_)
-            | ProjectionKind::Counter(_)
-            | ProjectionKind::Recomputed(_)
-            | ProjectionKind::Custom(_) => None,
+            _ => None,
         })
         .collect();
     // A counter rides on an edge of its own service only: another
@@ -144,21 +117,12 @@ fn assign_markers(cx: &mut Compiler, projections: &mut [Projection], table: &Tab
                 continue;
             }
             for writer in projections.iter() {
-                let names = |set: &[(String, Template)]| -> Vec<String> {
-                    set.iter().map(|(attr, _)| attr.clone()).collect()
+                let Some((entity, written)) = sets(writer) else {
+                    continue;
                 };
-                let written = match &writer.kind {
-                    ProjectionKind::InverseEdge(e) if e.target == edge.target => names(&e.copy),
-                    ProjectionKind::Denormalize(d) if d.target == edge.target => names(&d.copy),
-                    ProjectionKind::IndexKeys(k) if k.entity == edge.target => names(&k.set),
-                    ProjectionKind::Recomputed(r) if r.target() == edge.target => r.attributes(),
-                    ProjectionKind::IndexKeys(_)
-                    | ProjectionKind::Denormalize(_)
-                    | ProjectionKind::InverseEdge(_)
-                    | ProjectionKind::Counter(_)
-                    | ProjectionKind::Recomputed(_)
-                    | ProjectionKind::Custom(_) => continue,
-                };
+                if entity != edge.target {
+                    continue;
+                }
                 if written.iter().any(|attr| attr == ttl) {
                     cx.error(
                         format!("projection `{}`", writer.name),
@@ -174,20 +138,23 @@ fn assign_markers(cx: &mut Compiler, projections: &mut [Projection], table: &Tab
     }
 }
 
+/// The entity whose items `projection` sets attributes on, and those
+/// attributes (what no other projection may write there): derived
+/// attributes, or copies onto the reverse items it keeps.
+fn sets(projection: &Projection) -> Option<(EntityId, Vec<String>)> {
+    match projection.kind.dispatch().writes(&projection.name) {
+        Writes::Attributes { entity, set, .. } => Some((entity, set)),
+        Writes::Items { entity, copy } => Some((entity, copy)),
+        Writes::Own | Writes::Anything => None,
+    }
+}
+
 /// Rules out projections whose writes feed back into their own inputs.
 fn check_loops(cx: &mut Compiler, projections: &[Projection], entities: &[Entity]) {
     // Edges source entity -> written entity, labelled by projection.
     let mut graph: HashMap<EntityId, Vec<(EntityId, &str)>> = HashMap::new();
     for projection in projections {
-        let edge = match &projection.kind {
-            ProjectionKind::Denormalize(p) => Some((p.source, p.target)),
-            ProjectionKind::InverseEdge(p) => Some((p.source, p.target)),
-            ProjectionKind::Recomputed(p) => p.reads_from(projections).map(|s| (s, p.target())),
-            ProjectionKind::IndexKeys(_)
-            | ProjectionKind::Counter(_)
-            | ProjectionKind::Custom(_) => None,
-        };
-        if let Some((from, to)) = edge {
+        if let Some((from, to)) = projection.kind.dispatch().carries(projections) {
             graph
                 .entry(from)
                 .or_default()
@@ -233,9 +200,9 @@ fn check_attributes(cx: &mut Compiler, projections: &[Projection], entities: &[E
     // edge's membership; two edges would create and delete it in turn.
     let mut reverse: BTreeMap<EntityId, Vec<&str>> = BTreeMap::new();
     for projection in projections {
-        if let ProjectionKind::InverseEdge(edge) = &projection.kind {
+        if let Writes::Items { entity, .. } = projection.kind.dispatch().writes(&projection.name) {
             reverse
-                .entry(edge.target)
+                .entry(entity)
                 .or_default()
                 .push(projection.name.as_str());
         }
@@ -255,15 +222,8 @@ fn check_attributes(cx: &mut Compiler, projections: &[Projection], entities: &[E
     }
     let mut writers: BTreeMap<(EntityId, String), Vec<&str>> = BTreeMap::new();
     for projection in projections {
-        let names = |set: &[(String, Template)]| -> Vec<String> {
-            set.iter().map(|(attr, _)| attr.clone()).collect()
-        };
-        let (entity, written) = match &projection.kind {
-            ProjectionKind::IndexKeys(p) => (p.entity, names(&p.set)),
-            ProjectionKind::Denormalize(p) => (p.target, names(&p.copy)),
-            ProjectionKind::InverseEdge(p) => (p.target, names(&p.copy)),
-            ProjectionKind::Recomputed(p) => (p.target(), p.attributes()),
-            ProjectionKind::Counter(_) | ProjectionKind::Custom(_) => continue,
+        let Some((entity, written)) = sets(projection) else {
+            continue;
         };
         for attr in written {
             writers
@@ -295,11 +255,7 @@ fn check_attributes(cx: &mut Compiler, projections: &[Projection], entities: &[E
         .iter()
         .filter_map(|p| match &p.kind {
             ProjectionKind::IndexKeys(keys) => Some((p.name.as_str(), keys)),
-            ProjectionKind::Denormalize(_)
-            | ProjectionKind::InverseEdge(_)
-            | ProjectionKind::Counter(_)
-            | ProjectionKind::Recomputed(_)
-            | ProjectionKind::Custom(_) => None,
+            _ => None,
         })
         .collect();
     let feeds = |a: &IndexKeys, b: &IndexKeys| {

@@ -5,6 +5,13 @@
 //! ([`ProjectionKind`], [`Projection`]), and the [`Rules`] every kind
 //! plans, computes and describes against.
 //!
+//! Code outside `kinds/` never matches a kind: it asks the [`Kind`] trait
+//! (through [`ProjectionKind::dispatch`], the one match over every kind)
+//! and runs the mechanism the answer names ([`Writes`], [`Expectation`],
+//! [`Pruning`], [`Recompute`]). Adding a kind is a folder that implements
+//! [`Kind`], plus its registration here: a variant of [`RawProjection`]
+//! and of [`ProjectionKind`], and their arms in the matches below.
+//!
 //! [`rollup`] and [`aggregate`] are *recomputed* kinds, like
 //! `denormalize`: the planner never plans a value, only "read the target
 //! and what it is computed from, consistently, and write the result on
@@ -85,10 +92,12 @@ impl RawProjection {
         all: &[RawProjection],
     ) -> Option<ProjectionKind> {
         match self {
-            RawProjection::Rollup(raw) => rollup::compile(raw, cx, context, table, entities, all)
-                .map(|p| ProjectionKind::Recomputed(Recomputed::Rollup(p))),
-            RawProjection::Aggregate(raw) => aggregate::compile(raw, cx, context, table, entities)
-                .map(|p| ProjectionKind::Recomputed(Recomputed::Aggregate(p))),
+            RawProjection::Rollup(raw) => {
+                rollup::compile(raw, cx, context, table, entities, all).map(ProjectionKind::Rollup)
+            }
+            RawProjection::Aggregate(raw) => {
+                aggregate::compile(raw, cx, context, table, entities).map(ProjectionKind::Aggregate)
+            }
             RawProjection::IndexKeys(raw) => index_keys::compile(raw, cx, context, table, entities)
                 .map(ProjectionKind::IndexKeys),
             RawProjection::Denormalize(raw) => {
@@ -148,8 +157,10 @@ pub enum ProjectionKind {
     InverseEdge(InverseEdge),
     /// See [`Counter`].
     Counter(Counter),
-    /// The recomputed kinds kept whole in their own folder ([`Recomputed`]).
-    Recomputed(Recomputed),
+    /// See [`rollup::Rollup`].
+    Rollup(rollup::Rollup),
+    /// See [`aggregate::Aggregate`].
+    Aggregate(aggregate::Aggregate),
     /// A projection written in Rust.
     Custom(Arc<dyn CustomProjection>),
 }
@@ -161,7 +172,8 @@ impl fmt::Debug for ProjectionKind {
             ProjectionKind::Denormalize(p) => p.fmt(f),
             ProjectionKind::InverseEdge(p) => p.fmt(f),
             ProjectionKind::Counter(p) => p.fmt(f),
-            ProjectionKind::Recomputed(p) => p.fmt(f),
+            ProjectionKind::Rollup(p) => p.fmt(f),
+            ProjectionKind::Aggregate(p) => p.fmt(f),
             ProjectionKind::Custom(p) => write!(f, "Custom({})", p.name()),
         }
     }
@@ -183,14 +195,7 @@ pub struct Projection {
 impl Projection {
     /// The kind as written in spec files.
     pub fn kind_name(&self) -> &'static str {
-        match &self.kind {
-            ProjectionKind::IndexKeys(_) => "index-keys",
-            ProjectionKind::Denormalize(_) => "denormalize",
-            ProjectionKind::InverseEdge(_) => "inverse-edge",
-            ProjectionKind::Counter(_) => "counter",
-            ProjectionKind::Recomputed(p) => p.kind_name(),
-            ProjectionKind::Custom(_) => "custom",
-        }
+        self.kind.dispatch().kind_name()
     }
 }
 
@@ -235,127 +240,191 @@ pub(crate) fn reads_of(
     reads
 }
 
-/// The recomputed kinds: one variant per kind, the line that registers
-/// it. Code outside the folder matches `ProjectionKind::Recomputed` once
-/// and calls the methods below, whose matches name every kind here, so a
-/// new variant makes the compiler list exactly what it must answer, all
-/// in this file.
-#[derive(Debug, Clone)]
-pub enum Recomputed {
-    /// See [`rollup`].
-    Rollup(rollup::Rollup),
-    /// See [`aggregate`].
-    Aggregate(aggregate::Aggregate),
+/// What a projection is to the planner's driver: projection `id`, a
+/// record of `entity` (its key and bindings in `subject`), in a run that
+/// plans `selection`.
+pub(crate) struct Planning<'a> {
+    /// The rules planned against.
+    pub rules: &'a Rules,
+    /// The projection planned.
+    pub id: ProjectionId,
+    /// The entity of the record.
+    pub entity: EntityId,
+    /// The record, its key and its bindings.
+    pub subject: &'a Subject<'a>,
+    /// The projections this run plans (`None`: all).
+    pub selection: Selection<'a>,
 }
 
-impl Recomputed {
-    /// The kind as written in spec files.
-    pub fn kind_name(&self) -> &'static str {
-        match self {
-            Recomputed::Rollup(_) => "rollup",
-            Recomputed::Aggregate(_) => "aggregate",
-        }
-    }
+/// The one dispatch: every question the crate asks of a projection kind,
+/// answered in the kind's folder. No question has a default, so a new
+/// kind's folder is made to answer each one (the compiler lists them).
+pub(crate) trait Kind {
+    /// The kind as written in spec files (`kind = "..."`).
+    fn kind_name(&self) -> &'static str;
 
+    /// The entities whose records it plans on (of `entities`, the spec's),
+    /// in order: what [`Rules::interested`] and the Lambda filters follow.
+    fn planned_on(&self, entities: &[Entity]) -> Vec<EntityId>;
+
+    /// What its fingerprint covers beyond its own text (the key patterns
+    /// of the entities it reads and writes, each rendered by `pattern`;
+    /// for a counter, the edge it rides on), `projections` as compiled.
+    fn fingerprint_parts(
+        &self,
+        projections: &[Projection],
+        pattern: &dyn Fn(EntityId) -> String,
+    ) -> Vec<String>;
+
+    /// Plans a record (see [`Planning`]).
+    fn plan(&self, at: &Planning<'_>, effects: &mut Vec<Effect>) -> Result<(), PlanProblem>;
+
+    /// One line for `check`, `status` and `plan --describe`.
+    fn describe(&self, rules: &Rules) -> String;
+
+    /// What `filters` tells a person about the records of the projector's
+    /// own writes that its filter lets through (`None`: none pass).
+    fn filter_note(&self, rules: &Rules, name: &str) -> Option<String>;
+
+    /// What projection `name` of this kind writes, and onto whose items.
+    fn writes(&self, name: &str) -> Writes;
+
+    /// The entity whose changes it carries onto the items of another, for
+    /// the loop check (`projections` as compiled so far).
+    fn carries(&self, projections: &[Projection]) -> Option<(EntityId, EntityId)>;
+
+    /// Its recompute, if it is a recomputed kind.
+    fn recompute(&self) -> Option<&dyn Recompute>;
+
+    // TRANSITIONAL: its consumer moves onto it in a later commit.
+    #[allow(dead_code)]
+    /// What the audit checks of it.
+    fn expectation(&self) -> Expectation;
+
+    // TRANSITIONAL: its consumer moves onto it in a later commit.
+    #[allow(dead_code)]
+    /// What `prune` deletes of projection `name` once it is retired.
+    fn pruning(&self, name: &str) -> Pruning;
+
+    // TRANSITIONAL: its consumer moves onto it in a later commit.
+    #[allow(dead_code)]
+    /// Whether it writes in transactions (a global table's replication
+    /// does not keep them whole across regions).
+    fn transactional(&self) -> bool;
+}
+
+/// The recompute of a recomputed kind (`denormalize`, `rollup`,
+/// `aggregate`): read the target and what it is computed from,
+/// consistently, and write the result on condition that the target is
+/// unchanged.
+pub(crate) trait Recompute {
     /// The entity whose items it writes on.
-    pub fn target(&self) -> EntityId {
-        match self {
-            Recomputed::Rollup(p) => p.target,
-            Recomputed::Aggregate(p) => p.target,
-        }
-    }
-
-    /// The entities whose records it plans from (the ones its filters must
-    /// let through and its fingerprint names the key patterns of).
-    pub fn entities(&self) -> Vec<EntityId> {
-        match self {
-            // The counted items' records reach it through its counter.
-            Recomputed::Rollup(p) => vec![p.target],
-            Recomputed::Aggregate(p) => vec![p.source, p.target],
-        }
-    }
-
-    /// The entity whose changes it carries onto its target, for the loop
-    /// check (`projections` as compiled so far).
-    pub fn reads_from(&self, projections: &[Projection]) -> Option<EntityId> {
-        match self {
-            Recomputed::Rollup(p) => match projections.get(p.counter).map(|c| &c.kind) {
-                Some(ProjectionKind::Counter(c)) => Some(c.source),
-                _ => None,
-            },
-            Recomputed::Aggregate(p) => Some(p.source),
-        }
-    }
+    fn target(&self) -> EntityId;
 
     /// The entity whose items in the target's partition it reads with a
     /// query, if it reads with one.
-    pub fn queried(&self) -> Option<EntityId> {
-        match self {
-            Recomputed::Rollup(_) => None,
-            Recomputed::Aggregate(p) => Some(p.source),
-        }
-    }
-
-    /// The attributes it sets on its target (the token aside).
-    pub fn attributes(&self) -> Vec<String> {
-        match self {
-            Recomputed::Rollup(p) => vec![p.attribute.clone()],
-            Recomputed::Aggregate(p) => p.set.iter().map(|(a, _)| a.clone()).collect(),
-        }
-    }
-
-    /// The attributes it writes on its target, the token included.
-    pub fn written(&self, name: &str) -> Vec<String> {
-        match self {
-            Recomputed::Rollup(p) => rollup::written(name, p),
-            Recomputed::Aggregate(p) => aggregate::written(name, p),
-        }
-    }
-
-    /// Plans projection `id` for a record of `entity`.
-    pub(crate) fn plan(
-        &self,
-        rules: &Rules,
-        id: ProjectionId,
-        entity: EntityId,
-        subject: &Subject<'_>,
-        effects: &mut Vec<Effect>,
-    ) -> Result<(), PlanProblem> {
-        match self {
-            Recomputed::Rollup(p) => rollup::plan(rules, id, p, subject, effects),
-            Recomputed::Aggregate(p) => aggregate::plan(rules, id, p, entity, subject, effects),
-        }
-    }
+    fn queried(&self) -> Option<EntityId>;
 
     /// What it computes for a target from what its recompute read.
-    pub fn compute(&self, rules: &Rules, reads: &[Item]) -> Result<TargetState, String> {
-        match self {
-            Recomputed::Rollup(p) => rollup::compute(rules, p, reads),
-            Recomputed::Aggregate(p) => aggregate::compute(rules, p, reads),
-        }
-    }
+    fn compute(&self, rules: &Rules, reads: &[Item]) -> Result<TargetState, String>;
 
     /// The recompute of `target`, if it is an item of its target entity.
-    pub fn recompute_op(&self, rules: &Rules, target: &ItemKey) -> Option<Op> {
-        match self {
-            Recomputed::Rollup(p) => rollup::recompute_op(rules, p, target),
-            Recomputed::Aggregate(p) => query_recompute(rules, p.source, p.target, target),
-        }
-    }
+    fn op(&self, rules: &Rules, target: &ItemKey) -> Option<Op>;
 
-    /// One line for `check`, `plan --describe` and `status`.
-    pub(crate) fn describe(&self, rules: &Rules) -> String {
-        match self {
-            Recomputed::Rollup(p) => rollup::describe(rules, p),
-            Recomputed::Aggregate(p) => aggregate::describe(rules, p),
-        }
-    }
+    /// Whether its writes are ordered by a token kept on the target.
+    fn uses_token(&self) -> bool;
+}
 
-    /// What `filters` tells a person about the records it makes pass.
-    pub(crate) fn filter_note(&self, rules: &Rules, name: &str) -> String {
+/// What a projection writes, and onto whose items.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Writes {
+    /// Attributes on items of `entity`, items writers write too: another
+    /// projection keeping those items leaves them alone, `prune` strips
+    /// them, and a global table refuses them without the writers in the
+    /// home region.
+    Attributes {
+        /// The entity.
+        entity: EntityId,
+        /// The attributes it derives (no other projection may write them).
+        set: Vec<String>,
+        /// What it keeps there for itself besides (a recompute's token).
+        own: Vec<String>,
+    },
+    /// Whole items of `entity` (reverse items), which only it keeps, with
+    /// the attributes it copies onto them.
+    Items {
+        /// The entity.
+        entity: EntityId,
+        /// The copied attributes.
+        copy: Vec<String>,
+    },
+    /// Items of its own, apart from every entity (a counter's shards).
+    Own,
+    /// Whatever its code chooses (a projection written in Rust).
+    Anything,
+}
+
+/// What the audit checks of a projection: a mechanism the audit runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Expectation {
+    /// Every item of `entity` carries what planning it alone sets on it
+    /// (`index-keys`): each `SetAttributes` such a plan still has is a
+    /// finding, and its repair.
+    OnChangedItem(EntityId),
+    /// Every item of its recompute's target holds what the recompute
+    /// computes from the sources it reads now; a wrong target absent of
+    /// everything it computes is `missing` when `absent_is_missing`
+    /// (else stale).
+    Recomputed {
+        /// How an absent value is reported.
+        absent_is_missing: bool,
+    },
+    /// Memberships: each item planned as a backfill plans it, the markers
+    /// and records the plan names checked against the table (reverse
+    /// edges, counter markers and records); a plan error is a finding.
+    Memberships,
+    /// Nothing the audit can check (a projection written in Rust).
+    Nothing,
+}
+
+/// What `prune` does with a retired projection: a mechanism prune runs.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Pruning {
+    /// Remove `attributes` from the items of `entity` (but those the
+    /// current spec derives there).
+    Strip {
+        /// The entity.
+        entity: EntityId,
+        /// The attributes.
+        attributes: Vec<String>,
+    },
+    /// Delete its items of `entity` (reverse items), or only strip `copy`
+    /// from those the current spec keeps too.
+    DeleteItems {
+        /// The entity.
+        entity: EntityId,
+        /// The attributes copied onto them.
+        copy: Vec<String>,
+    },
+    /// Delete what a counter stored under this name: its shards, own
+    /// markers, and its records on other items.
+    Storage(String),
+    /// It cannot be pruned: why.
+    Refuse(String),
+}
+
+impl ProjectionKind {
+    /// The kind's answers: the one match over every kind, but for the
+    /// registration's own.
+    pub(crate) fn dispatch(&self) -> &dyn Kind {
         match self {
-            Recomputed::Rollup(p) => rollup::filter_note(rules, name, p),
-            Recomputed::Aggregate(p) => aggregate::filter_note(rules, name, p),
+            ProjectionKind::IndexKeys(p) => p,
+            ProjectionKind::Denormalize(p) => p,
+            ProjectionKind::InverseEdge(p) => p,
+            ProjectionKind::Counter(p) => p,
+            ProjectionKind::Rollup(p) => p,
+            ProjectionKind::Aggregate(p) => p,
+            ProjectionKind::Custom(p) => p,
         }
     }
 }
@@ -385,16 +454,9 @@ pub(crate) fn after_recount(rules: &Rules, shards: &[String]) -> Vec<Effect> {
         .iter()
         .flat_map(|shard| {
             rules
-                .projections
-                .iter()
-                .enumerate()
-                .filter(move |(_, p)| match &p.kind {
-                    ProjectionKind::Counter(c) => {
-                        shard.starts_with(&format!("COUNTER#{}#", c.storage))
-                    }
-                    _ => false,
-                })
-                .map(move |(id, _)| (id, shard.clone()))
+                .counters()
+                .filter(move |(_, _, c)| shard.starts_with(&format!("COUNTER#{}#", c.storage)))
+                .map(move |(id, _, _)| (id, shard.clone()))
         })
         .collect();
     rollup::following(rules, &moved)
@@ -451,15 +513,9 @@ pub type TargetState = Vec<(String, Option<AttributeValue>)>;
 /// read (`reads`: the source items of its query, or a counter's shards).
 /// An `Err` is a dead letter's reason.
 pub fn compute(rules: &Rules, id: ProjectionId, reads: &[Item]) -> Result<TargetState, String> {
-    match &rules.projections[id].kind {
-        ProjectionKind::Denormalize(p) => {
-            denormalize::compute_denormalized(rules, p, reads).map_err(|error| error.to_string())
-        }
-        ProjectionKind::Recomputed(p) => p.compute(rules, reads),
-        ProjectionKind::IndexKeys(_)
-        | ProjectionKind::InverseEdge(_)
-        | ProjectionKind::Counter(_)
-        | ProjectionKind::Custom(_) => Err(format!(
+    match rules.kind(id).recompute() {
+        Some(recompute) => recompute.compute(rules, reads),
+        None => Err(format!(
             "`{}` is a {}, which is not recomputed",
             rules.projections[id].name,
             rules.projections[id].kind_name()
@@ -469,27 +525,13 @@ pub fn compute(rules: &Rules, id: ProjectionId, reads: &[Item]) -> Result<Target
 
 /// Whether projection `id`'s recomputes order their writes by a token.
 pub fn uses_token(rules: &Rules, id: ProjectionId) -> bool {
-    match &rules.projections[id].kind {
-        ProjectionKind::Recomputed(_) => true,
-        ProjectionKind::Denormalize(_)
-        | ProjectionKind::IndexKeys(_)
-        | ProjectionKind::InverseEdge(_)
-        | ProjectionKind::Counter(_)
-        | ProjectionKind::Custom(_) => false,
-    }
+    rules.kind(id).recompute().is_some_and(|r| r.uses_token())
 }
 
 /// The recompute of target `target` of projection `id`, if it is a
 /// recomputed kind and `target` an item of its target entity.
 pub fn recompute_op(rules: &Rules, id: ProjectionId, target: &ItemKey) -> Option<Op> {
-    match &rules.projections[id].kind {
-        ProjectionKind::Denormalize(p) => query_recompute(rules, p.source, p.target, target),
-        ProjectionKind::Recomputed(p) => p.recompute_op(rules, target),
-        ProjectionKind::IndexKeys(_)
-        | ProjectionKind::InverseEdge(_)
-        | ProjectionKind::Counter(_)
-        | ProjectionKind::Custom(_) => None,
-    }
+    rules.kind(id).recompute()?.op(rules, target)
 }
 
 /// The key variables `key` binds, if it is an item of `entity`.
@@ -508,7 +550,7 @@ pub(crate) fn key_vars<'a>(entity: &'a Entity, key: &'a ItemKey) -> Option<Bindi
 
 /// The recompute of `target`, an item of `target_entity` computed from
 /// the items of `source` in the partition its key names.
-fn query_recompute(
+pub(crate) fn query_recompute(
     rules: &Rules,
     source: EntityId,
     target_entity: EntityId,
@@ -531,16 +573,11 @@ pub(crate) fn of_target(
     target: &ItemKey,
     items: Vec<Item>,
 ) -> Vec<Item> {
-    let (source, target_entity) = match &rules.projections[id].kind {
-        ProjectionKind::Denormalize(p) => (p.source, p.target),
-        ProjectionKind::Recomputed(p) => match p.queried() {
-            Some(source) => (source, p.target()),
-            None => return items,
-        },
-        ProjectionKind::IndexKeys(_)
-        | ProjectionKind::InverseEdge(_)
-        | ProjectionKind::Counter(_)
-        | ProjectionKind::Custom(_) => return items,
+    let Some(recompute) = rules.kind(id).recompute() else {
+        return items;
+    };
+    let (Some(source), target_entity) = (recompute.queried(), recompute.target()) else {
+        return items;
     };
     let Some(wanted) = key_vars(&rules.entities[target_entity], target) else {
         return items;
@@ -602,14 +639,10 @@ pub(crate) fn bind<'a>(
 /// items), and those attributes: what another projection keeping those
 /// items must leave alone, and what pruning it strips.
 pub fn written_attributes(rules: &Rules, id: ProjectionId) -> Option<(EntityId, Vec<String>)> {
-    let names = |set: &[(String, Template)]| set.iter().map(|(a, _)| a.clone()).collect();
-    let name = &rules.projections[id].name;
-    match &rules.projections[id].kind {
-        ProjectionKind::IndexKeys(p) => Some((p.entity, names(&p.set))),
-        ProjectionKind::Denormalize(p) => Some((p.target, names(&p.copy))),
-        ProjectionKind::Recomputed(p) => Some((p.target(), p.written(name))),
-        ProjectionKind::InverseEdge(_) | ProjectionKind::Counter(_) | ProjectionKind::Custom(_) => {
-            None
+    match rules.kind(id).writes(&rules.projections[id].name) {
+        Writes::Attributes { entity, set, own } => {
+            Some((entity, set.into_iter().chain(own).collect()))
         }
+        Writes::Items { .. } | Writes::Own | Writes::Anything => None,
     }
 }

@@ -1,6 +1,6 @@
 //! [`Rules`]: what the kinds plan, compute and describe against.
 
-use super::{Projection, ProjectionKind};
+use super::{Kind, Projection};
 use crate::dynamo::names::RESERVED_PREFIX;
 use crate::schema::{fingerprint, Bindings, Entity, EntityId, ProjectionId, TableSpec};
 
@@ -86,14 +86,15 @@ impl Rules {
     /// The name counter `id`'s shards, own markers and records carry (its
     /// projection name for any other kind).
     pub fn storage(&self, id: ProjectionId) -> &str {
-        match &self.projections[id].kind {
-            ProjectionKind::Counter(c) => &c.storage,
-            ProjectionKind::IndexKeys(_)
-            | ProjectionKind::Denormalize(_)
-            | ProjectionKind::InverseEdge(_)
-            | ProjectionKind::Recomputed(_)
-            | ProjectionKind::Custom(_) => &self.projections[id].name,
+        match self.counter(id) {
+            Some(c) => &c.storage,
+            None => &self.projections[id].name,
         }
+    }
+
+    /// What projection `id`'s kind answers (see [`Kind`]).
+    pub(crate) fn kind(&self, id: ProjectionId) -> &dyn Kind {
+        self.projections[id].kind.dispatch()
     }
 
     /// Every projection a backfill of the whole spec brings to its
@@ -110,16 +111,12 @@ impl Rules {
         let all: Vec<String> = self
             .projections
             .iter()
-            .map(|p| match &p.kind {
-                ProjectionKind::Counter(c) if c.storage != p.name => {
+            .enumerate()
+            .map(|(id, p)| match self.counter(id) {
+                Some(c) if c.storage != p.name => {
                     format!("{}={:016x}@{}", p.name, p.fingerprint, c.storage)
                 }
-                ProjectionKind::IndexKeys(_)
-                | ProjectionKind::Denormalize(_)
-                | ProjectionKind::InverseEdge(_)
-                | ProjectionKind::Counter(_)
-                | ProjectionKind::Recomputed(_)
-                | ProjectionKind::Custom(_) => format!("{}={:016x}", p.name, p.fingerprint),
+                _ => format!("{}={:016x}", p.name, p.fingerprint),
             })
             .collect();
         fingerprint(&all.join(","))
@@ -130,24 +127,9 @@ impl Rules {
 fn interested(projections: &[Projection], entities: &[Entity]) -> Vec<Vec<ProjectionId>> {
     let mut out = vec![Vec::new(); entities.len()];
     for (id, projection) in projections.iter().enumerate() {
-        let mut add = |entity: EntityId| {
+        for entity in projection.kind.dispatch().planned_on(entities) {
             if !out[entity].contains(&id) {
                 out[entity].push(id);
-            }
-        };
-        match &projection.kind {
-            ProjectionKind::IndexKeys(p) => add(p.entity),
-            ProjectionKind::Denormalize(p) => {
-                add(p.source);
-                add(p.target);
-            }
-            ProjectionKind::InverseEdge(p) => add(p.source),
-            ProjectionKind::Counter(p) => add(p.source),
-            ProjectionKind::Recomputed(p) => p.entities().into_iter().for_each(&mut add),
-            ProjectionKind::Custom(p) => {
-                if let Some(entity) = entities.iter().position(|e| e.name == p.source_entity()) {
-                    add(entity);
-                }
             }
         }
     }

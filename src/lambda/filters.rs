@@ -347,7 +347,9 @@ fn echo_notes(spec: &Spec) -> Vec<String> {
                 "index-keys `{}`: the projector's own writes of the derived attributes come back as MODIFY records of `{}`, which pass and write nothing",
                 projection.name, spec.entities[p.entity].name
             )),
-            ProjectionKind::Recomputed(p) => notes.push(p.filter_note(spec, &projection.name)),
+            ProjectionKind::Rollup(_) | ProjectionKind::Aggregate(_) => notes.extend(
+    projection.kind.dispatch().filter_note(spec, &projection.name),
+),
             ProjectionKind::InverseEdge(_) | ProjectionKind::Counter(_) | ProjectionKind::Custom(_) => {}
         }
     }

@@ -215,7 +215,18 @@ fn plan_projections(spec: &Spec, record: &ChangeRecord, selection: Selection<'_>
             ProjectionKind::Counter(p) => {
                 counter::plan(spec, id, p, &subject, selection, &mut plan.effects)
             }
-            ProjectionKind::Recomputed(p) => p.plan(spec, id, entity, &subject, &mut plan.effects),
+            ProjectionKind::Rollup(_) | ProjectionKind::Aggregate(_) => {
+                projection.kind.dispatch().plan(
+                    &crate::kinds::Planning {
+                        rules: spec,
+                        id,
+                        entity,
+                        subject: &subject,
+                        selection,
+                    },
+                    &mut plan.effects,
+                )
+            }
             ProjectionKind::Custom(p) => custom::plan(id, p.as_ref(), &subject, &mut plan.effects),
         };
         if let Err(problem) = result {

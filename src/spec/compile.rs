@@ -245,12 +245,7 @@ fn invariant(
                         .iter()
                         .find(|(attr, _)| *attr == gsi.partition_key)
                         .map(|(_, template)| (id, template.clone())),
-                    ProjectionKind::IndexKeys(_)
-                    | ProjectionKind::Denormalize(_)
-                    | ProjectionKind::InverseEdge(_)
-                    | ProjectionKind::Counter(_)
-                    | ProjectionKind::Recomputed(_)
-                    | ProjectionKind::Custom(_) => None,
+                    _ => None,
                 });
             let Some((projection, template)) = derived else {
                 // A projection that would derive it but did not compile

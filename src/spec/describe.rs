@@ -1,8 +1,7 @@
 //! How a compiled spec describes itself: the summary `check` prints and
 //! one line per projection and invariant.
 
-use super::{Condition, Invariant, InvariantKind, Projection, ProjectionKind, Spec};
-use crate::kinds::{counter, custom, denormalize, index_keys, inverse_edge};
+use super::{Condition, Invariant, InvariantKind, Projection, Spec};
 
 impl Spec {
     /// A short multi-line summary for `check`.
@@ -114,13 +113,6 @@ impl Spec {
     }
 
     fn describe(&self, projection: &Projection) -> String {
-        match &projection.kind {
-            ProjectionKind::IndexKeys(p) => index_keys::describe(self, p),
-            ProjectionKind::Denormalize(p) => denormalize::describe(self, p),
-            ProjectionKind::InverseEdge(p) => inverse_edge::describe(self, p),
-            ProjectionKind::Counter(p) => counter::describe(self, p),
-            ProjectionKind::Recomputed(p) => p.describe(self),
-            ProjectionKind::Custom(p) => custom::describe(self, p.as_ref()),
-        }
+        projection.kind.dispatch().describe(self)
     }
 }

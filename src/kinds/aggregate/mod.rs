@@ -24,7 +24,10 @@ use std::fmt;
 
 use serde::{Deserialize, Serialize};
 
-use super::{bind, source_query, Rules, TargetState};
+use super::{
+    bind, source_query, Expectation, Kind, Planning, Projection, Pruning, Recompute, Rules,
+    TargetState, Writes,
+};
 use crate::dynamo::names::token_attribute;
 use crate::effect::{changed, Effect, Op, PlanProblem, Sources, Subject};
 use crate::record::{AttributeValue, Attributes, ChangeKind, Image, Item, ItemKey, ValueRef};
@@ -413,4 +416,92 @@ pub(crate) fn written(name: &str, p: &Aggregate) -> Vec<String> {
         .map(|(attr, _)| attr.clone())
         .chain([token_attribute(name)])
         .collect()
+}
+
+/// An aggregate is recomputed from the source items of its target's
+/// partition.
+impl Kind for Aggregate {
+    fn kind_name(&self) -> &'static str {
+        "aggregate"
+    }
+
+    fn planned_on(&self, _entities: &[Entity]) -> Vec<EntityId> {
+        vec![self.source, self.target]
+    }
+
+    fn fingerprint_parts(
+        &self,
+        _projections: &[Projection],
+        pattern: &dyn Fn(EntityId) -> String,
+    ) -> Vec<String> {
+        vec![pattern(self.source), pattern(self.target)]
+    }
+
+    fn plan(&self, at: &Planning<'_>, effects: &mut Vec<Effect>) -> Result<(), PlanProblem> {
+        plan(at.rules, at.id, self, at.entity, at.subject, effects)
+    }
+
+    fn describe(&self, rules: &Rules) -> String {
+        describe(rules, self)
+    }
+
+    fn filter_note(&self, rules: &Rules, name: &str) -> Option<String> {
+        Some(filter_note(rules, name, self))
+    }
+
+    fn writes(&self, name: &str) -> Writes {
+        Writes::Attributes {
+            entity: self.target,
+            set: self.set.iter().map(|(attr, _)| attr.clone()).collect(),
+            own: vec![token_attribute(name)],
+        }
+    }
+
+    fn carries(&self, _projections: &[Projection]) -> Option<(EntityId, EntityId)> {
+        Some((self.source, self.target))
+    }
+
+    fn recompute(&self) -> Option<&dyn Recompute> {
+        Some(self)
+    }
+
+    fn expectation(&self) -> Expectation {
+        Expectation::Recomputed {
+            absent_is_missing: true,
+        }
+    }
+
+    fn pruning(&self, name: &str) -> Pruning {
+        Pruning::Strip {
+            entity: self.target,
+            attributes: written(name, self),
+        }
+    }
+
+    fn transactional(&self) -> bool {
+        false
+    }
+}
+
+/// The target reads the source items of its partition with a query.
+impl Recompute for Aggregate {
+    fn target(&self) -> EntityId {
+        self.target
+    }
+
+    fn queried(&self) -> Option<EntityId> {
+        Some(self.source)
+    }
+
+    fn compute(&self, rules: &Rules, reads: &[Item]) -> Result<TargetState, String> {
+        compute(rules, self, reads)
+    }
+
+    fn op(&self, rules: &Rules, target: &ItemKey) -> Option<Op> {
+        super::query_recompute(rules, self.source, self.target, target)
+    }
+
+    fn uses_token(&self) -> bool {
+        true
+    }
 }

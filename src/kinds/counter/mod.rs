@@ -22,8 +22,11 @@ use std::collections::{BTreeMap, HashSet};
 
 use serde::{Deserialize, Serialize};
 
-use super::{ProjectionKind, Rules};
+use super::{
+    Expectation, Kind, Planning, Projection, ProjectionKind, Pruning, Recompute, Rules, Writes,
+};
 use crate::dynamo::names::COUNTER_MARKER_PREFIX;
+use crate::effect::{Effect, PlanProblem};
 use crate::record::ItemKey;
 use crate::schema::raw::RawCondition;
 use crate::schema::{Compiler, Condition, Entity, EntityId, ProjectionId, TableSpec, Template};
@@ -215,9 +218,95 @@ pub(crate) fn describe(rules: &Rules, p: &Counter) -> String {
     )
 }
 
+/// A counter writes its own items: shards apart from every entity, and
+/// its records on the reverse items of the edge it rides on (or on
+/// markers of its own), in transactions.
+impl Kind for Counter {
+    fn kind_name(&self) -> &'static str {
+        "counter"
+    }
+
+    fn planned_on(&self, _entities: &[Entity]) -> Vec<EntityId> {
+        vec![self.source]
+    }
+
+    fn fingerprint_parts(
+        &self,
+        projections: &[Projection],
+        pattern: &dyn Fn(EntityId) -> String,
+    ) -> Vec<String> {
+        let mut parts = vec![pattern(self.source)];
+        match self.marker {
+            Marker::Edge(edge) => {
+                parts.push(format!("rides on {}", projections[edge].name));
+                if let ProjectionKind::InverseEdge(e) = &projections[edge].kind {
+                    parts.push(pattern(e.target));
+                }
+            }
+            Marker::Own => parts.push("own markers".to_string()),
+        }
+        parts
+    }
+
+    fn plan(&self, at: &Planning<'_>, effects: &mut Vec<Effect>) -> Result<(), PlanProblem> {
+        plan(at.rules, at.id, self, at.subject, at.selection, effects)
+    }
+
+    fn describe(&self, rules: &Rules) -> String {
+        describe(rules, self)
+    }
+
+    fn filter_note(&self, _rules: &Rules, _name: &str) -> Option<String> {
+        None
+    }
+
+    fn writes(&self, _name: &str) -> Writes {
+        Writes::Own
+    }
+
+    fn carries(&self, _projections: &[Projection]) -> Option<(EntityId, EntityId)> {
+        None
+    }
+
+    fn recompute(&self) -> Option<&dyn Recompute> {
+        None
+    }
+
+    fn expectation(&self) -> Expectation {
+        Expectation::Memberships
+    }
+
+    fn pruning(&self, _name: &str) -> Pruning {
+        Pruning::Storage(self.storage.clone())
+    }
+
+    fn transactional(&self) -> bool {
+        true
+    }
+}
+
 /// What the rules answer about counters: their shard and marker keys,
 /// the versions of a counter rebuilt beside the one readers read.
 impl Rules {
+    /// Projection `id`, if it is a counter.
+    pub fn counter(&self, id: ProjectionId) -> Option<&Counter> {
+        match &self.projections[id].kind {
+            ProjectionKind::Counter(counter) => Some(counter),
+            _ => None,
+        }
+    }
+
+    /// Every counter: its id, projection and definition.
+    pub fn counters(&self) -> impl Iterator<Item = (ProjectionId, &Projection, &Counter)> {
+        self.projections
+            .iter()
+            .enumerate()
+            .filter_map(|(id, p)| match &p.kind {
+                ProjectionKind::Counter(counter) => Some((id, p, counter)),
+                _ => None,
+            })
+    }
+
     /// The key of a counter shard item.
     pub fn counter_shard_key(&self, counter: &str, of_values: &[String], shard: u32) -> ItemKey {
         let mut pk = String::with_capacity(32);

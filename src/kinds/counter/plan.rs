@@ -40,7 +40,8 @@ pub(crate) fn plan(
                     | ProjectionKind::Denormalize(_)
                     | ProjectionKind::InverseEdge(_)
                     | ProjectionKind::Counter(_)
-                    | ProjectionKind::Recomputed(_)
+                    | ProjectionKind::Rollup(_)
+                    | ProjectionKind::Aggregate(_)
                     | ProjectionKind::Custom(_) => None,
                 });
         if first_selected != Some(id) {

@@ -4,10 +4,12 @@
 use std::fmt;
 use std::sync::Arc;
 
-use super::{Projection, ProjectionKind, Rules};
+use super::{
+    Expectation, Kind, Planning, Projection, ProjectionKind, Pruning, Recompute, Rules, Writes,
+};
 use crate::effect::{CustomOp, Effect, Op, PlanProblem, Subject};
 use crate::record::ChangeRecord;
-use crate::schema::{fingerprint, suggest, Compiler, Entity, ProjectionId};
+use crate::schema::{fingerprint, suggest, Compiler, Entity, EntityId, ProjectionId};
 
 /// A projection written in Rust, registered with
 /// [`crate::spec::SpecBuilder::custom`].
@@ -104,4 +106,82 @@ fn entity_name_or<'a>(rules: &'a Rules, name: &'a str) -> &'a str {
         .entity_id(name)
         .map(|id| rules.entities[id].name.as_str())
         .unwrap_or(name)
+}
+
+/// A projection written in Rust answers through its code: it plans, and
+/// what it writes is its own business.
+impl Kind for Arc<dyn CustomProjection> {
+    fn kind_name(&self) -> &'static str {
+        "custom"
+    }
+
+    fn planned_on(&self, entities: &[Entity]) -> Vec<EntityId> {
+        entities
+            .iter()
+            .position(|e| e.name == self.source_entity())
+            .into_iter()
+            .collect()
+    }
+
+    fn fingerprint_parts(
+        &self,
+        _projections: &[Projection],
+        _pattern: &dyn Fn(EntityId) -> String,
+    ) -> Vec<String> {
+        // Its name, source entity and version stand for it (`compile`).
+        Vec::new()
+    }
+
+    fn plan(&self, at: &Planning<'_>, effects: &mut Vec<Effect>) -> Result<(), PlanProblem> {
+        plan(at.id, self.as_ref(), at.subject, effects)
+    }
+
+    fn describe(&self, rules: &Rules) -> String {
+        describe(rules, self.as_ref())
+    }
+
+    fn filter_note(&self, _rules: &Rules, _name: &str) -> Option<String> {
+        None
+    }
+
+    fn writes(&self, _name: &str) -> Writes {
+        Writes::Anything
+    }
+
+    fn carries(&self, _projections: &[Projection]) -> Option<(EntityId, EntityId)> {
+        None
+    }
+
+    fn recompute(&self) -> Option<&dyn Recompute> {
+        None
+    }
+
+    fn expectation(&self) -> Expectation {
+        Expectation::Nothing
+    }
+
+    fn pruning(&self, name: &str) -> Pruning {
+        Pruning::Refuse(format!(
+            "`{name}` is a projection written in Rust: what it derived is its code's to remove"
+        ))
+    }
+
+    fn transactional(&self) -> bool {
+        false
+    }
+}
+
+/// The projections of the rules written in Rust (re-attached to a spec
+/// laid out anew from its text).
+impl Rules {
+    /// Every projection written in Rust.
+    pub fn custom_projections(&self) -> Vec<Arc<dyn CustomProjection>> {
+        self.projections
+            .iter()
+            .filter_map(|p| match &p.kind {
+                ProjectionKind::Custom(custom) => Some(custom.clone()),
+                _ => None,
+            })
+            .collect()
+    }
 }

@@ -21,7 +21,11 @@ use std::collections::{BTreeMap, HashSet};
 
 use serde::{Deserialize, Serialize};
 
-use super::Rules;
+use super::{
+    Expectation, Kind, Planning, Projection, Pruning, Recompute, Rules, TargetState, Writes,
+};
+use crate::effect::{Effect, Op, PlanProblem};
+use crate::record::{Item, ItemKey};
 use crate::schema::raw::RawCondition;
 use crate::schema::{Compiler, Condition, Entity, EntityId, TableSpec, Template};
 pub use plan::compute_denormalized;
@@ -128,4 +132,100 @@ pub(crate) fn describe(rules: &Rules, p: &Denormalize) -> String {
         super::when(&p.when),
         super::pairs(&p.copy)
     )
+}
+
+/// A denormalized copy is recomputed: its target reads its sources.
+impl Kind for Denormalize {
+    fn kind_name(&self) -> &'static str {
+        "denormalize"
+    }
+
+    fn planned_on(&self, _entities: &[Entity]) -> Vec<EntityId> {
+        vec![self.source, self.target]
+    }
+
+    fn fingerprint_parts(
+        &self,
+        _projections: &[Projection],
+        pattern: &dyn Fn(EntityId) -> String,
+    ) -> Vec<String> {
+        vec![pattern(self.source), pattern(self.target)]
+    }
+
+    fn plan(&self, at: &Planning<'_>, effects: &mut Vec<Effect>) -> Result<(), PlanProblem> {
+        plan(at.rules, at.id, self, at.entity, at.subject, effects)
+    }
+
+    fn describe(&self, rules: &Rules) -> String {
+        describe(rules, self)
+    }
+
+    fn filter_note(&self, rules: &Rules, name: &str) -> Option<String> {
+        Some(format!(
+            "denormalize `{name}`: records of its target `{}` pass (its INSERTs and MODIFYs make the projector recompute the copied attributes, so a writer that overwrites them is corrected), including the MODIFY of the projector's own write, whose recompute reads the items again and writes nothing",
+            rules.entities[self.target].name
+        ))
+    }
+
+    fn writes(&self, _name: &str) -> Writes {
+        Writes::Attributes {
+            entity: self.target,
+            set: copied(self),
+            own: Vec::new(),
+        }
+    }
+
+    fn carries(&self, _projections: &[Projection]) -> Option<(EntityId, EntityId)> {
+        Some((self.source, self.target))
+    }
+
+    fn recompute(&self) -> Option<&dyn Recompute> {
+        Some(self)
+    }
+
+    fn expectation(&self) -> Expectation {
+        // A denormalized copy that is absent has always been called stale.
+        Expectation::Recomputed {
+            absent_is_missing: false,
+        }
+    }
+
+    fn pruning(&self, _name: &str) -> Pruning {
+        Pruning::Strip {
+            entity: self.target,
+            attributes: copied(self),
+        }
+    }
+
+    fn transactional(&self) -> bool {
+        false
+    }
+}
+
+/// The target reads the source items of its partition with a query.
+impl Recompute for Denormalize {
+    fn target(&self) -> EntityId {
+        self.target
+    }
+
+    fn queried(&self) -> Option<EntityId> {
+        Some(self.source)
+    }
+
+    fn compute(&self, rules: &Rules, reads: &[Item]) -> Result<TargetState, String> {
+        compute_denormalized(rules, self, reads).map_err(|error| error.to_string())
+    }
+
+    fn op(&self, rules: &Rules, target: &ItemKey) -> Option<Op> {
+        super::query_recompute(rules, self.source, self.target, target)
+    }
+
+    fn uses_token(&self) -> bool {
+        false
+    }
+}
+
+/// The attributes it copies onto its target.
+fn copied(p: &Denormalize) -> Vec<String> {
+    p.copy.iter().map(|(attr, _)| attr.clone()).collect()
 }

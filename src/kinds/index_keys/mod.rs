@@ -17,7 +17,8 @@ use std::collections::{BTreeMap, HashSet};
 
 use serde::{Deserialize, Serialize};
 
-use super::Rules;
+use super::{Expectation, Kind, Planning, Projection, Pruning, Recompute, Rules, Writes};
+use crate::effect::{Effect, PlanProblem};
 use crate::schema::{Compiler, Entity, EntityId, TableSpec, Template};
 pub(crate) use plan::plan;
 
@@ -85,4 +86,69 @@ pub(crate) fn describe(rules: &Rules, p: &IndexKeys) -> String {
         rules.entities[p.entity].name,
         super::pairs(&p.set)
     )
+}
+
+/// Index keys write attributes on the changed item itself.
+impl Kind for IndexKeys {
+    fn kind_name(&self) -> &'static str {
+        "index-keys"
+    }
+
+    fn planned_on(&self, _entities: &[Entity]) -> Vec<EntityId> {
+        vec![self.entity]
+    }
+
+    fn fingerprint_parts(
+        &self,
+        _projections: &[Projection],
+        pattern: &dyn Fn(EntityId) -> String,
+    ) -> Vec<String> {
+        vec![pattern(self.entity)]
+    }
+
+    fn plan(&self, at: &Planning<'_>, effects: &mut Vec<Effect>) -> Result<(), PlanProblem> {
+        plan(at.id, self, at.subject, effects)
+    }
+
+    fn describe(&self, rules: &Rules) -> String {
+        describe(rules, self)
+    }
+
+    fn filter_note(&self, rules: &Rules, name: &str) -> Option<String> {
+        Some(format!(
+            "index-keys `{name}`: the projector's own writes of the derived attributes come back as MODIFY records of `{}`, which pass and write nothing",
+            rules.entities[self.entity].name
+        ))
+    }
+
+    fn writes(&self, _name: &str) -> Writes {
+        Writes::Attributes {
+            entity: self.entity,
+            set: self.set.iter().map(|(attr, _)| attr.clone()).collect(),
+            own: Vec::new(),
+        }
+    }
+
+    fn carries(&self, _projections: &[Projection]) -> Option<(EntityId, EntityId)> {
+        None
+    }
+
+    fn recompute(&self) -> Option<&dyn Recompute> {
+        None
+    }
+
+    fn expectation(&self) -> Expectation {
+        Expectation::OnChangedItem(self.entity)
+    }
+
+    fn pruning(&self, _name: &str) -> Pruning {
+        Pruning::Strip {
+            entity: self.entity,
+            attributes: self.set.iter().map(|(attr, _)| attr.clone()).collect(),
+        }
+    }
+
+    fn transactional(&self) -> bool {
+        false
+    }
 }

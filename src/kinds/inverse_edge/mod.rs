@@ -21,7 +21,8 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
-use super::Rules;
+use super::{Expectation, Kind, Planning, Projection, Pruning, Recompute, Rules, Writes};
+use crate::effect::{Effect, PlanProblem};
 use crate::schema::raw::RawCondition;
 use crate::schema::{Compiler, Condition, Entity, EntityId, TableSpec, Template};
 pub(crate) use plan::plan;
@@ -107,4 +108,71 @@ pub(crate) fn describe(rules: &Rules, p: &InverseEdge) -> String {
             format!(": {}", super::pairs(&p.copy))
         }
     )
+}
+
+/// An inverse edge keeps whole items, its reverse items, whose
+/// membership counters may record themselves on.
+impl Kind for InverseEdge {
+    fn kind_name(&self) -> &'static str {
+        "inverse-edge"
+    }
+
+    fn planned_on(&self, _entities: &[Entity]) -> Vec<EntityId> {
+        vec![self.source]
+    }
+
+    fn fingerprint_parts(
+        &self,
+        _projections: &[Projection],
+        pattern: &dyn Fn(EntityId) -> String,
+    ) -> Vec<String> {
+        vec![pattern(self.source), pattern(self.target)]
+    }
+
+    fn plan(&self, at: &Planning<'_>, effects: &mut Vec<Effect>) -> Result<(), PlanProblem> {
+        plan(at.rules, at.id, self, at.subject, effects)
+    }
+
+    fn describe(&self, rules: &Rules) -> String {
+        describe(rules, self)
+    }
+
+    fn filter_note(&self, _rules: &Rules, _name: &str) -> Option<String> {
+        None
+    }
+
+    fn writes(&self, _name: &str) -> Writes {
+        Writes::Items {
+            entity: self.target,
+            copy: copied(self),
+        }
+    }
+
+    fn carries(&self, _projections: &[Projection]) -> Option<(EntityId, EntityId)> {
+        Some((self.source, self.target))
+    }
+
+    fn recompute(&self) -> Option<&dyn Recompute> {
+        None
+    }
+
+    fn expectation(&self) -> Expectation {
+        Expectation::Memberships
+    }
+
+    fn pruning(&self, _name: &str) -> Pruning {
+        Pruning::DeleteItems {
+            entity: self.target,
+            copy: copied(self),
+        }
+    }
+
+    fn transactional(&self) -> bool {
+        false
+    }
+}
+
+/// The attributes it copies onto its reverse items.
+fn copied(p: &InverseEdge) -> Vec<String> {
+    p.copy.iter().map(|(attr, _)| attr.clone()).collect()
 }

@@ -33,9 +33,10 @@ use std::collections::BTreeSet;
 
 use serde::{Deserialize, Serialize};
 
-use super::Recomputed;
-use super::TargetState;
-use super::{Projection, ProjectionKind, RawProjection, Rules};
+use super::{
+    Expectation, Kind, Planning, Projection, ProjectionKind, Pruning, RawProjection, Recompute,
+    Rules, TargetState, Writes,
+};
 use crate::dynamo::names::{token_attribute, COUNT_ATTRIBUTE};
 use crate::effect::{Effect, Op, PlanProblem, Sources, Subject};
 use crate::record::{AttributeValue, Item, ItemKey};
@@ -159,7 +160,7 @@ pub(crate) fn settle(projections: &mut [Projection]) {
         .map(|p| matches!(p.kind, ProjectionKind::Counter(_)).then_some(p.fingerprint))
         .collect();
     for projection in projections.iter_mut() {
-        let ProjectionKind::Recomputed(Recomputed::Rollup(rollup)) = &projection.kind else {
+        let ProjectionKind::Rollup(rollup) = &projection.kind else {
             continue;
         };
         // Past a projection that did not compile, positions move: the
@@ -234,7 +235,7 @@ pub(crate) fn follow_counters(rules: &Rules, effects: &mut Vec<Effect>) {
     if !rules
         .projections
         .iter()
-        .any(|p| matches!(p.kind, ProjectionKind::Recomputed(Recomputed::Rollup(_))))
+        .any(|p| matches!(p.kind, ProjectionKind::Rollup(_)))
     {
         return;
     }
@@ -261,7 +262,7 @@ pub(crate) fn following(rules: &Rules, moved: &[(ProjectionId, String)]) -> Vec<
     let mut out: Vec<Effect> = Vec::new();
     for (counter, shard) in moved {
         for (id, projection) in rules.projections.iter().enumerate() {
-            let ProjectionKind::Recomputed(Recomputed::Rollup(rollup)) = &projection.kind else {
+            let ProjectionKind::Rollup(rollup) = &projection.kind else {
                 continue;
             };
             // The counter, or the version of it readers read while it is
@@ -310,7 +311,7 @@ pub fn with_counters(rules: &Rules, ids: &[ProjectionId], apart: bool) -> Vec<Pr
     loop {
         let before = out.len();
         for (id, projection) in rules.projections.iter().enumerate() {
-            if let ProjectionKind::Recomputed(Recomputed::Rollup(rollup)) = &projection.kind {
+            if let ProjectionKind::Rollup(rollup) = &projection.kind {
                 if apart && rules.rebuilding(rollup.counter) {
                     continue;
                 }
@@ -335,9 +336,7 @@ pub fn with_counters(rules: &Rules, ids: &[ProjectionId], apart: bool) -> Vec<Pr
 pub fn after_rebuilds(rules: &Rules, ids: &[ProjectionId]) -> Vec<(ProjectionId, ProjectionId)> {
     ids.iter()
         .filter_map(|&id| match &rules.projections[id].kind {
-            ProjectionKind::Recomputed(Recomputed::Rollup(r)) if rules.rebuilding(r.counter) => {
-                Some((id, r.counter))
-            }
+            ProjectionKind::Rollup(r) if rules.rebuilding(r.counter) => Some((id, r.counter)),
             _ => None,
         })
         .collect()
@@ -409,6 +408,97 @@ pub(crate) fn filter_note(rules: &Rules, name: &str, p: &Rollup) -> String {
 /// The attributes it writes on its target entity, the token included.
 pub(crate) fn written(name: &str, p: &Rollup) -> Vec<String> {
     vec![p.attribute.clone(), token_attribute(name)]
+}
+
+/// A rollup is recomputed from its counter's shards.
+impl Kind for Rollup {
+    fn kind_name(&self) -> &'static str {
+        "rollup"
+    }
+
+    fn planned_on(&self, _entities: &[Entity]) -> Vec<EntityId> {
+        // The counted items' records reach it through its counter.
+        vec![self.target]
+    }
+
+    fn fingerprint_parts(
+        &self,
+        _projections: &[Projection],
+        pattern: &dyn Fn(EntityId) -> String,
+    ) -> Vec<String> {
+        vec![pattern(self.target)]
+    }
+
+    fn plan(&self, at: &Planning<'_>, effects: &mut Vec<Effect>) -> Result<(), PlanProblem> {
+        plan(at.rules, at.id, self, at.subject, effects)
+    }
+
+    fn describe(&self, rules: &Rules) -> String {
+        describe(rules, self)
+    }
+
+    fn filter_note(&self, rules: &Rules, name: &str) -> Option<String> {
+        Some(filter_note(rules, name, self))
+    }
+
+    fn writes(&self, name: &str) -> Writes {
+        Writes::Attributes {
+            entity: self.target,
+            set: vec![self.attribute.clone()],
+            own: vec![token_attribute(name)],
+        }
+    }
+
+    fn carries(&self, projections: &[Projection]) -> Option<(EntityId, EntityId)> {
+        match projections.get(self.counter).map(|c| &c.kind) {
+            Some(ProjectionKind::Counter(c)) => Some((c.source, self.target)),
+            _ => None,
+        }
+    }
+
+    fn recompute(&self) -> Option<&dyn Recompute> {
+        Some(self)
+    }
+
+    fn expectation(&self) -> Expectation {
+        Expectation::Recomputed {
+            absent_is_missing: true,
+        }
+    }
+
+    fn pruning(&self, name: &str) -> Pruning {
+        Pruning::Strip {
+            entity: self.target,
+            attributes: written(name, self),
+        }
+    }
+
+    fn transactional(&self) -> bool {
+        false
+    }
+}
+
+/// The target reads the shards of its counter's instance.
+impl Recompute for Rollup {
+    fn target(&self) -> EntityId {
+        self.target
+    }
+
+    fn queried(&self) -> Option<EntityId> {
+        None
+    }
+
+    fn compute(&self, rules: &Rules, reads: &[Item]) -> Result<TargetState, String> {
+        compute(rules, self, reads)
+    }
+
+    fn op(&self, rules: &Rules, target: &ItemKey) -> Option<Op> {
+        recompute_op(rules, self, target)
+    }
+
+    fn uses_token(&self) -> bool {
+        true
+    }
 }
 
 #[cfg(test)]
