@@ -20,8 +20,8 @@ pub use crate::effect::{
 pub use crate::kinds::custom::{CustomProjection, EntityChange};
 pub use crate::kinds::denormalize::compute_denormalized;
 pub use crate::kinds::membership::{is_record_attribute, shard_for};
+use crate::kinds::Planning;
 pub use crate::kinds::Selection;
-use crate::kinds::{counter, custom, denormalize, index_keys, inverse_edge, ProjectionKind};
 use crate::record::{
     item_to_json, value_to_json, AttributeValue, ChangeRecord, ItemKey, Origin, ValueRef,
 };
@@ -203,32 +203,14 @@ fn plan_projections(spec: &Spec, record: &ChangeRecord, selection: Selection<'_>
             continue;
         }
         any_selected = true;
-        let projection = &spec.projections[id];
-        let result = match &projection.kind {
-            ProjectionKind::IndexKeys(p) => index_keys::plan(id, p, &subject, &mut plan.effects),
-            ProjectionKind::Denormalize(p) => {
-                denormalize::plan(spec, id, p, entity, &subject, &mut plan.effects)
-            }
-            ProjectionKind::InverseEdge(p) => {
-                inverse_edge::plan(spec, id, p, &subject, &mut plan.effects)
-            }
-            ProjectionKind::Counter(p) => {
-                counter::plan(spec, id, p, &subject, selection, &mut plan.effects)
-            }
-            ProjectionKind::Rollup(_) | ProjectionKind::Aggregate(_) => {
-                projection.kind.dispatch().plan(
-                    &crate::kinds::Planning {
-                        rules: spec,
-                        id,
-                        entity,
-                        subject: &subject,
-                        selection,
-                    },
-                    &mut plan.effects,
-                )
-            }
-            ProjectionKind::Custom(p) => custom::plan(id, p.as_ref(), &subject, &mut plan.effects),
+        let at = Planning {
+            rules: spec,
+            id,
+            entity,
+            subject: &subject,
+            selection,
         };
+        let result = spec.kind(id).plan(&at, &mut plan.effects);
         if let Err(problem) = result {
             plan.errors.push(PlanError {
                 projection: Some(id),
