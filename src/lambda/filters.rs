@@ -24,7 +24,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use serde_json::{json, Value};
 
 use crate::dynamo::names::RESERVED_PREFIX;
-use crate::spec::{KeyPattern, ProjectionKind, Spec};
+use crate::spec::{KeyPattern, Spec};
 
 /// Filters per event source mapping that Lambda accepts by default.
 pub const MAX_FILTERS: usize = 5;
@@ -338,20 +338,12 @@ fn split_long(rules: Vec<Rule>, spec: &Spec) -> Vec<Rule> {
 fn echo_notes(spec: &Spec) -> Vec<String> {
     let mut notes = Vec::new();
     for projection in &spec.projections {
-        match &projection.kind {
-            ProjectionKind::Denormalize(p) => notes.push(format!(
-                "denormalize `{}`: records of its target `{}` pass (its INSERTs and MODIFYs make the projector recompute the copied attributes, so a writer that overwrites them is corrected), including the MODIFY of the projector's own write, whose recompute reads the items again and writes nothing",
-                projection.name, spec.entities[p.target].name
-            )),
-            ProjectionKind::IndexKeys(p) => notes.push(format!(
-                "index-keys `{}`: the projector's own writes of the derived attributes come back as MODIFY records of `{}`, which pass and write nothing",
-                projection.name, spec.entities[p.entity].name
-            )),
-            ProjectionKind::Rollup(_) | ProjectionKind::Aggregate(_) => notes.extend(
-    projection.kind.dispatch().filter_note(spec, &projection.name),
-),
-            ProjectionKind::InverseEdge(_) | ProjectionKind::Counter(_) | ProjectionKind::Custom(_) => {}
-        }
+        notes.extend(
+            projection
+                .kind
+                .dispatch()
+                .filter_note(spec, &projection.name),
+        );
     }
     notes
 }

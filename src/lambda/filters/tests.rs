@@ -115,18 +115,10 @@ fn derived_keys(spec: &Spec) -> Vec<ItemKey> {
     for (id, entity) in spec.entities.iter().enumerate() {
         let bindings: Vec<(&str, &str)> = entity.vars().map(|v| (v, "x1")).collect();
         let source = entity.render_key(&bindings).expect("all variables bound");
-        for projection in &spec.projections {
-            if let ProjectionKind::Counter(counter) = &projection.kind {
-                if counter.source == id {
-                    out.push(spec.counter_marker_key(&counter.storage, &source));
-                    for shard in 0..counter.shards {
-                        out.push(spec.counter_shard_key(
-                            &counter.storage,
-                            &["x1".to_string()],
-                            shard,
-                        ));
-                    }
-                }
+        for (_, _, counter) in spec.counters().filter(|(_, _, c)| c.source == id) {
+            out.push(spec.counter_marker_key(&counter.storage, &source));
+            for shard in 0..counter.shards {
+                out.push(spec.counter_shard_key(&counter.storage, &["x1".to_string()], shard));
             }
         }
     }
