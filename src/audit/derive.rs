@@ -9,9 +9,10 @@ use super::sketch::{Group, Sketch};
 use super::{Finding, Fix, Problem};
 use crate::decode::scanned_record;
 use crate::invariant::Violation;
+use crate::kinds::Expectation;
 use crate::plan::{plan_record, Effect, MarkerState, Op};
 use crate::record::{item_to_json, Item, ItemKey};
-use crate::spec::{ProjectionId, ProjectionKind, Spec};
+use crate::spec::{ProjectionId, Spec};
 
 pub(super) fn finding(spec: &Spec, id: ProjectionId, problem: Problem, key: &ItemKey) -> Finding {
     Finding {
@@ -57,16 +58,16 @@ pub(super) fn show(item: Option<&Item>) -> String {
     }
 }
 
-/// `index-keys`: every item of the entity carries the attributes the
-/// planner computes from it.
-pub(super) fn index_keys(spec: &Spec, items: &[(usize, ItemKey, Item)], out: &mut Vec<Finding>) {
-    for (id, projection) in spec.projections.iter().enumerate() {
+/// [`Expectation::OnChangedItem`] (`index-keys`): every item of the
+/// entity carries the attributes the planner computes from it.
+pub(super) fn on_items(spec: &Spec, items: &[(usize, ItemKey, Item)], out: &mut Vec<Finding>) {
+    for id in 0..spec.projections.len() {
         let selection = [id];
-        let ProjectionKind::IndexKeys(keys) = &projection.kind else {
+        let Expectation::OnChangedItem(on) = spec.kind(id).expectation() else {
             continue;
         };
         for (entity, key, item) in items {
-            if *entity != keys.entity {
+            if *entity != on {
                 continue;
             }
             let Ok(record) = scanned_record(&spec.table, 0, 0, item.clone()) else {
@@ -100,17 +101,9 @@ pub(super) fn index_keys(spec: &Spec, items: &[(usize, ItemKey, Item)], out: &mu
 /// Whether projection `id` recomputes items of `entity` (`denormalize`,
 /// `rollup`, `aggregate`).
 pub(super) fn recomputes(spec: &Spec, id: ProjectionId, entity: usize) -> bool {
-    match &spec.projections[id].kind {
-        ProjectionKind::Denormalize(p) => p.target == entity,
-        ProjectionKind::Rollup(_) | ProjectionKind::Aggregate(_) => spec
-            .kind(id)
-            .recompute()
-            .is_some_and(|r| r.target() == entity),
-        ProjectionKind::IndexKeys(_)
-        | ProjectionKind::InverseEdge(_)
-        | ProjectionKind::Counter(_)
-        | ProjectionKind::Custom(_) => false,
-    }
+    let kind = spec.kind(id);
+    matches!(kind.expectation(), Expectation::Recomputed { .. })
+        && kind.recompute().is_some_and(|r| r.target() == entity)
 }
 
 /// A recomputed target (`denormalize`, `rollup`, `aggregate`) against
@@ -149,8 +142,13 @@ pub(super) fn target(
     if wrong.is_empty() {
         return None;
     }
-    // A denormalized copy that is absent has always been called stale.
-    let missing = !matches!(spec.projections[id].kind, ProjectionKind::Denormalize(_))
+    let absent_is_missing = matches!(
+        spec.kind(id).expectation(),
+        Expectation::Recomputed {
+            absent_is_missing: true
+        }
+    );
+    let missing = absent_is_missing
         && want
             .iter()
             .all(|(attr, want)| want.is_some() && !item.contains_key(attr));
@@ -179,10 +177,7 @@ pub(super) fn memberships<'i>(
         let plan = plan_record(spec, &record, None);
         for error in &plan.errors {
             let Some(id) = error.projection else { continue };
-            if matches!(
-                spec.projections[id].kind,
-                ProjectionKind::InverseEdge(_) | ProjectionKind::Counter(_)
-            ) {
+            if spec.kind(id).expectation() == Expectation::Memberships {
                 let mut f = finding(spec, id, Problem::Underivable, key);
                 f.detail = error.problem.to_string();
                 out.push(f);
@@ -430,10 +425,7 @@ impl Tally {
 /// instance's shards against its counted source items, and each shard
 /// against the records naming it.
 pub(super) fn counters(spec: &Spec, sketch: &Sketch, tally: &Tally, out: &mut Vec<Finding>) {
-    for (id, projection) in spec.projections.iter().enumerate() {
-        let ProjectionKind::Counter(counter) = &projection.kind else {
-            continue;
-        };
+    for (id, projection, counter) in spec.counters() {
         let mut targets: BTreeMap<String, (i64, i64)> = BTreeMap::new();
         for ((counter_id, joined), n) in &tally.counted {
             if *counter_id == id {

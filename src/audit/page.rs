@@ -18,7 +18,7 @@ use std::collections::{HashMap, HashSet};
 
 use futures::stream::{self, StreamExt, TryStreamExt};
 
-use super::derive::{check_marker, index_keys, marker_reads, memberships, recomputes, target};
+use super::derive::{check_marker, marker_reads, memberships, on_items, recomputes, target};
 use super::scan::{classify, Scanned};
 use super::sketch::Sketch;
 use super::Finding;
@@ -59,7 +59,7 @@ pub(super) async fn check(
         }
     }
     let mut found = Found::default();
-    index_keys(spec, &entities, &mut found.findings);
+    on_items(spec, &entities, &mut found.findings);
 
     let reader = applier.reader();
     let concurrency = applier.config().concurrency.max(1);

@@ -15,33 +15,27 @@ use crate::dynamo::names::{
     RESERVED_PREFIX,
 };
 use crate::record::{Item, ItemKey};
-use crate::spec::{ProjectionId, ProjectionKind, Spec};
+use crate::spec::{ProjectionId, Spec};
 
 /// The counter a shard partition key belongs to, and its values joined by
 /// `#` (`COUNTER#followers#b#3` -> followers, `b`; `COUNTER#total#3` ->
 /// total, nothing, for a counter without `of`).
 pub(super) fn parse_shard(spec: &Spec, pk: &str) -> Option<(ProjectionId, String)> {
     let rest = pk.strip_prefix("COUNTER#")?;
-    spec.projections
-        .iter()
-        .enumerate()
-        .find_map(|(id, projection)| {
-            let ProjectionKind::Counter(counter) = &projection.kind else {
-                return None;
-            };
-            let rest = rest
-                .strip_prefix(counter.storage.as_str())?
-                .strip_prefix('#')?;
-            // A counter without `of` (one count for the table) has its
-            // shard number right after its storage.
-            let (values, shard) = match (counter.of.is_empty(), rest.rsplit_once('#')) {
-                (true, None) => ("", rest),
-                (false, Some(split)) => split,
-                _ => return None,
-            };
-            shard.parse::<u32>().ok()?;
-            Some((id, values.to_string()))
-        })
+    spec.counters().find_map(|(id, _, counter)| {
+        let rest = rest
+            .strip_prefix(counter.storage.as_str())?
+            .strip_prefix('#')?;
+        // A counter without `of` (one count for the table) has its
+        // shard number right after its storage.
+        let (values, shard) = match (counter.of.is_empty(), rest.rsplit_once('#')) {
+            (true, None) => ("", rest),
+            (false, Some(split)) => split,
+            _ => return None,
+        };
+        shard.parse::<u32>().ok()?;
+        Some((id, values.to_string()))
+    })
 }
 
 /// What a scanned item is to the audit.
@@ -139,13 +133,8 @@ fn counted_in(
     vars: &crate::spec::Bindings<'_>,
     item: &Item,
 ) -> Vec<(ProjectionId, String)> {
-    spec.projections
-        .iter()
-        .enumerate()
-        .filter_map(|(id, projection)| {
-            let ProjectionKind::Counter(counter) = &projection.kind else {
-                return None;
-            };
+    spec.counters()
+        .filter_map(|(id, _, counter)| {
             if counter.source != entity
                 || !(counter.when.is_empty() || counter.when.holds(Some(item)))
             {

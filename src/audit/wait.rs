@@ -160,7 +160,7 @@ pub async fn check(applier: &Applier, key: &ItemKey) -> Result<Status, ApplyErro
     // Its index keys.
     if let Some(item) = &image {
         if let Some(entity) = spec.match_entity(&key.pk, key.sk.as_deref(), &mut Vec::new()) {
-            super::derive::index_keys(spec, &[(entity, key.clone(), item.clone())], &mut findings);
+            super::derive::on_items(spec, &[(entity, key.clone(), item.clone())], &mut findings);
         }
     }
 

@@ -296,8 +296,6 @@ pub(crate) trait Kind {
     /// Its recompute, if it is a recomputed kind.
     fn recompute(&self) -> Option<&dyn Recompute>;
 
-    // TRANSITIONAL: its consumer moves onto it in a later commit.
-    #[allow(dead_code)]
     /// What the audit checks of it.
     fn expectation(&self) -> Expectation;
 
