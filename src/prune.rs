@@ -40,8 +40,9 @@ use crate::dynamo::names::{
 };
 use crate::dynamo::retry::{describe as retry_describe, Retrier, PRUNE_TRANSACTIONS};
 use crate::dynamo::time::now_ms;
+use crate::kinds::{Pruning, Writes};
 use crate::record::ItemKey;
-use crate::spec::{ProjectionKind, Spec};
+use crate::spec::Spec;
 
 pub use crate::dynamo::names::PRUNE_PK as PROGRESS_PK;
 
@@ -60,10 +61,8 @@ impl Retired {
         let Some(id) = spec.projection_id(name) else {
             return Err(format!("{} has no projection `{name}`", spec.file));
         };
-        if let ProjectionKind::Custom(_) = spec.projections[id].kind {
-            return Err(format!(
-                "`{name}` is a projection written in Rust: what it derived is its code's to remove"
-            ));
+        if let Pruning::Refuse(why) = spec.kind(id).pruning(name) {
+            return Err(why);
         }
         Ok(Retired {
             name: name.to_string(),
@@ -71,9 +70,10 @@ impl Retired {
         })
     }
 
-    fn kind(&self) -> &ProjectionKind {
+    /// What pruning it does (see [`Pruning`]).
+    fn pruning(&self) -> Pruning {
         let id = self.spec.projection_id(&self.name).expect("checked");
-        &self.spec.projections[id].kind
+        self.spec.kind(id).pruning(&self.name)
     }
 }
 
@@ -174,10 +174,10 @@ fn derived_here(spec: &Spec, pk: &str, sk: Option<&str>) -> (BTreeSet<String>, b
     let mut names = BTreeSet::new();
     let mut reverse_item = false;
     for (id, projection) in spec.projections.iter().enumerate() {
-        if let ProjectionKind::InverseEdge(p) = &projection.kind {
-            if p.target == entity {
+        if let Writes::Items { entity: on, copy } = spec.kind(id).writes(&projection.name) {
+            if on == entity {
                 reverse_item = true;
-                names.extend(p.copy.iter().map(|(n, _)| n.clone()));
+                names.extend(copy);
             }
         }
         if let Some((on, written)) = crate::kinds::written_attributes(spec, id) {
@@ -206,25 +206,19 @@ pub fn actions(current: &Spec, retired: &[Retired], item: &HashMap<String, Av>) 
         _ => None,
     };
     // Records carry a counter's storage name.
-    let retired_names: BTreeSet<&str> = retired
+    let retired_names: BTreeSet<String> = retired
         .iter()
-        .filter_map(|r| match r.kind() {
-            ProjectionKind::Counter(counter) => Some(counter.storage.as_str()),
-            ProjectionKind::IndexKeys(_)
-            | ProjectionKind::Denormalize(_)
-            | ProjectionKind::InverseEdge(_)
-            | ProjectionKind::Rollup(_)
-            | ProjectionKind::Aggregate(_)
-            | ProjectionKind::Custom(_) => None,
+        .filter_map(|r| match r.pruning() {
+            Pruning::Storage(storage) => Some(storage),
+            Pruning::Strip { .. } | Pruning::DeleteItems { .. } | Pruning::Refuse(_) => None,
         })
         .collect();
     let (kept_names, derived_reverse) = derived_here(current, pk, sk);
     let mut out = Vec::new();
     let mut strip: BTreeSet<String> = BTreeSet::new();
     for r in retired {
-        match r.kind() {
-            ProjectionKind::Counter(counter) => {
-                let storage = &counter.storage;
+        match r.pruning() {
+            Pruning::Storage(storage) => {
                 if pk.starts_with(&format!("COUNTER#{storage}#"))
                     || pk.starts_with(&format!("{COUNTER_MARKER_PREFIX}{storage}#"))
                 {
@@ -233,23 +227,23 @@ pub fn actions(current: &Spec, retired: &[Retired], item: &HashMap<String, Av>) 
                         records: records.clone(),
                     }];
                 }
-                if records.as_ref().is_some_and(|m| m.contains_key(storage)) {
+                if records.as_ref().is_some_and(|m| m.contains_key(&storage)) {
                     out.push(Action::RemoveRecord {
                         key: key.clone(),
-                        counter: storage.clone(),
+                        counter: storage,
                     });
                 }
             }
-            ProjectionKind::InverseEdge(edge) => {
+            Pruning::DeleteItems { entity, copy } => {
                 let mut vars = Vec::new();
-                if r.spec.match_entity(pk, sk, &mut vars) != Some(edge.target) {
+                if r.spec.match_entity(pk, sk, &mut vars) != Some(entity) {
                     continue;
                 }
                 // The current spec derives this reverse item too (a renamed
                 // edge, another edge onto the same entity): only the copies
                 // it does not derive go.
                 if derived_reverse {
-                    strip.extend(edge.copy.iter().map(|(n, _)| n.clone()));
+                    strip.extend(copy.iter().cloned());
                     continue;
                 }
                 // Records of a storage no current counter writes (a
@@ -259,13 +253,13 @@ pub fn actions(current: &Spec, retired: &[Retired], item: &HashMap<String, Av>) 
                 let others: Vec<&String> = records
                     .iter()
                     .flat_map(|m| m.keys())
-                    .filter(|name| !retired_names.contains(name.as_str()))
+                    .filter(|name| !retired_names.contains(*name))
                     .filter(|name| {
                         current.counter_by_storage(name).is_some() || current.frozen.contains(name)
                     })
                     .collect();
                 if let Some(counter) = others.first() {
-                    strip.extend(edge.copy.iter().map(|(n, _)| n.clone()));
+                    strip.extend(copy.iter().cloned());
                     out.push(Action::Keep(format!(
                         "{} {}: holds records of counter `{counter}` (backfill it first: its records then move to markers of its own)",
                         key.pk,
@@ -280,19 +274,13 @@ pub fn actions(current: &Spec, retired: &[Retired], item: &HashMap<String, Av>) 
                     records: records.clone(),
                 }];
             }
-            ProjectionKind::IndexKeys(_)
-            | ProjectionKind::Denormalize(_)
-            | ProjectionKind::Rollup(_)
-            | ProjectionKind::Aggregate(_) => {
-                let id = r.spec.projection_id(&r.name).expect("checked");
+            Pruning::Strip { entity, attributes } => {
                 let mut vars = Vec::new();
-                if let Some((entity, written)) = crate::kinds::written_attributes(&r.spec, id) {
-                    if r.spec.match_entity(pk, sk, &mut vars) == Some(entity) {
-                        strip.extend(written);
-                    }
+                if r.spec.match_entity(pk, sk, &mut vars) == Some(entity) {
+                    strip.extend(attributes);
                 }
             }
-            ProjectionKind::Custom(_) => {}
+            Pruning::Refuse(_) => {}
         }
     }
     let attributes: Vec<String> = strip
@@ -334,13 +322,13 @@ pub async fn prune(
     // counter was rolled back to it, or rebuilt there since) is that
     // counter's data now: nothing of it is retired.
     for r in retired {
-        if let ProjectionKind::Counter(old) = r.kind() {
-            if let Some(id) = current.counter_by_storage(&old.storage) {
+        if let Pruning::Storage(storage) = r.pruning() {
+            if let Some(id) = current.counter_by_storage(&storage) {
                 return Err(ApplyError::Fatal {
                     table: table.to_string(),
                     message: format!(
                         "`{}` kept its shards and records under `{}`, where `{}` of the current spec keeps its own now: pruning it would delete them; there is nothing of `{}` to prune",
-                        r.name, old.storage, current.projections[id].name, r.name
+                        r.name, storage, current.projections[id].name, r.name
                     ),
                 });
             }
@@ -621,9 +609,10 @@ impl Run<'_> {
             .filter(|(name, _)| {
                 self.current.counter_by_storage(name).is_none()
                     && !self.current.frozen.contains(name)
-                    && !self.retired.iter().any(
-                        |r| matches!(r.kind(), ProjectionKind::Counter(c) if &c.storage == *name),
-                    )
+                    && !self
+                        .retired
+                        .iter()
+                        .any(|r| matches!(r.pruning(), Pruning::Storage(s) if &s == *name))
             })
             .filter_map(|(_, shard)| match shard {
                 Av::S(shard) => Some(shard.as_str()),

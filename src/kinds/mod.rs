@@ -299,8 +299,6 @@ pub(crate) trait Kind {
     /// What the audit checks of it.
     fn expectation(&self) -> Expectation;
 
-    // TRANSITIONAL: its consumer moves onto it in a later commit.
-    #[allow(dead_code)]
     /// What `prune` deletes of projection `name` once it is retired.
     fn pruning(&self, name: &str) -> Pruning;
 
