@@ -125,15 +125,7 @@ pub(crate) enum Part {
 /// the batch's other writes.
 pub(crate) fn values_precede_recomputes(spec: &crate::spec::Spec) -> bool {
     let recomputed: Vec<usize> = (0..spec.projections.len())
-        .filter(|&id| {
-            matches!(
-                spec.projections[id].kind,
-                crate::spec::ProjectionKind::Denormalize(_)
-                    | crate::spec::ProjectionKind::Rollup(_)
-                    | crate::spec::ProjectionKind::Aggregate(_)
-            )
-        })
-        .filter_map(|id| crate::kinds::written_attributes(spec, id).map(|(entity, _)| entity))
+        .filter_map(|id| spec.kind(id).recompute().map(|r| r.target()))
         .collect();
     spec.invariants.iter().all(|invariant| {
         !matches!(invariant.kind, InvariantKind::Unique { .. })

@@ -42,9 +42,10 @@ use crate::dynamo::names::{
     CHANGES_ATTRIBUTE, COUNTER_MARKER_PREFIX, COUNT_ATTRIBUTE, RECORDS_ATTRIBUTE,
 };
 use crate::dynamo::retry::{classify_code, policy, sdk, ErrorClass, Retrier, WriteError};
+use crate::kinds::Writes;
 use crate::plan::{CounterShard, Effect, MarkerState, Op, SourceGuard};
 use crate::record::{AttributeValue, Item, ItemKey};
-use crate::spec::{values_equal, ProjectionKind, Spec};
+use crate::spec::{values_equal, Spec};
 
 /// The most items one `TransactWriteItems` takes.
 const MAX_TRANSACTION_ITEMS: usize = 100;
@@ -152,17 +153,8 @@ fn records_pin(old: Option<&AttributeValue>) -> (Path, Option<AttributeValue>) {
 
 /// Names of every counter of the spec.
 pub(crate) fn known_counters(spec: &Spec) -> Vec<String> {
-    spec.projections
-        .iter()
-        .filter_map(|p| match &p.kind {
-            ProjectionKind::Counter(c) => Some(c.storage.clone()),
-            ProjectionKind::IndexKeys(_)
-            | ProjectionKind::Denormalize(_)
-            | ProjectionKind::InverseEdge(_)
-            | ProjectionKind::Rollup(_)
-            | ProjectionKind::Aggregate(_)
-            | ProjectionKind::Custom(_) => None,
-        })
+    spec.counters()
+        .map(|(_, _, c)| c.storage.clone())
         .chain(spec.frozen.iter().cloned())
         .collect()
 }
@@ -173,7 +165,10 @@ pub(crate) fn foreign_attributes(
     spec: &Spec,
     projection: crate::spec::ProjectionId,
 ) -> Vec<String> {
-    let ProjectionKind::InverseEdge(edge) = &spec.projections[projection].kind else {
+    let Writes::Items { entity: target, .. } = spec
+        .kind(projection)
+        .writes(&spec.projections[projection].name)
+    else {
         return Vec::new();
     };
     let mut out = Vec::new();
@@ -182,7 +177,7 @@ pub(crate) fn foreign_attributes(
             continue;
         }
         if let Some((entity, written)) = crate::kinds::written_attributes(spec, id) {
-            if entity == edge.target {
+            if entity == target {
                 out.extend(written);
             }
         }
@@ -202,16 +197,12 @@ pub(crate) fn marker_change<'e>(spec: &Spec, effect: &'e Effect) -> Option<Marke
             guard,
             ..
         } => {
-            let managed = match &spec.projections[effect.projection].kind {
-                ProjectionKind::InverseEdge(edge) => {
-                    edge.copy.iter().map(|(name, _)| name.clone()).collect()
-                }
-                ProjectionKind::IndexKeys(_)
-                | ProjectionKind::Denormalize(_)
-                | ProjectionKind::Counter(_)
-                | ProjectionKind::Rollup(_)
-                | ProjectionKind::Aggregate(_)
-                | ProjectionKind::Custom(_) => Vec::new(),
+            let managed = match spec
+                .kind(effect.projection)
+                .writes(&spec.projections[effect.projection].name)
+            {
+                Writes::Items { copy, .. } => copy,
+                Writes::Attributes { .. } | Writes::Own | Writes::Anything => Vec::new(),
             };
             MarkerChange {
                 key: marker,

@@ -134,7 +134,7 @@ async fn readers_shards(
     values: &[String],
 ) -> Result<Vec<ItemKey>, WriteError> {
     let spec = ctx.spec;
-    let crate::spec::ProjectionKind::Counter(c) = &spec.projections[counter].kind else {
+    let Some(c) = spec.counter(counter) else {
         return Err(WriteError::Fatal(format!(
             "`{}` is not a counter",
             spec.projections[counter].name
@@ -153,12 +153,9 @@ async fn readers_shards(
         Some(_) => (c.storage.clone(), c.shards),
         // None recorded (a registry from before versions were recorded):
         // the version the layout keeps beside it, as `counter get` reads.
-        None => match spec
-            .old_version(counter)
-            .map(|old| &spec.projections[old].kind)
-        {
-            Some(crate::spec::ProjectionKind::Counter(old)) => (old.storage.clone(), old.shards),
-            _ => (c.storage.clone(), c.shards),
+        None => match spec.old_version(counter).and_then(|old| spec.counter(old)) {
+            Some(old) => (old.storage.clone(), old.shards),
+            None => (c.storage.clone(), c.shards),
         },
     };
     Ok((0..shards)
