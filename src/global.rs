@@ -18,7 +18,8 @@
 //! `PROJECTOR_HOME_REGION`, the template's `HomeRegion`).
 
 use crate::dynamo::client::TableInfo;
-use crate::spec::{ProjectionKind, Spec};
+use crate::kinds::Writes;
+use crate::spec::Spec;
 
 /// The environment variable naming the home region.
 pub const HOME_REGION_VAR: &str = "PROJECTOR_HOME_REGION";
@@ -170,7 +171,7 @@ pub enum GlobalError {
 pub fn transactional(spec: &Spec) -> Vec<String> {
     spec.projections
         .iter()
-        .filter(|p| matches!(p.kind, ProjectionKind::Counter(_)))
+        .filter(|p| p.kind.dispatch().transactional())
         .map(|p| p.name.clone())
         .collect()
 }
@@ -183,13 +184,10 @@ pub fn onto_writers_items(spec: &Spec) -> Vec<String> {
     spec.projections
         .iter()
         .filter_map(|p| {
-            let onto = match &p.kind {
-                ProjectionKind::IndexKeys(k) => Some(entity(k.entity)),
-                ProjectionKind::Denormalize(d) => Some(entity(d.target)),
-                ProjectionKind::Rollup(r) => Some(entity(r.target)),
-                ProjectionKind::Aggregate(r) => Some(entity(r.target)),
-                ProjectionKind::InverseEdge(_) | ProjectionKind::Counter(_) => None,
-                ProjectionKind::Custom(_) => Some("items it chooses"),
+            let onto = match p.kind.dispatch().writes(&p.name) {
+                Writes::Attributes { entity: on, .. } => Some(entity(on)),
+                Writes::Items { .. } | Writes::Own => None,
+                Writes::Anything => Some("items it chooses"),
             };
             onto.map(|onto| format!("{} (onto {onto})", p.name))
         })

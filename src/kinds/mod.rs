@@ -302,8 +302,6 @@ pub(crate) trait Kind {
     /// What `prune` deletes of projection `name` once it is retired.
     fn pruning(&self, name: &str) -> Pruning;
 
-    // TRANSITIONAL: its consumer moves onto it in a later commit.
-    #[allow(dead_code)]
     /// Whether it writes in transactions (a global table's replication
     /// does not keep them whole across regions).
     fn transactional(&self) -> bool;
