@@ -6,7 +6,7 @@ use anyhow::{bail, Context};
 use aws_sdk_dynamodb::types::{AttributeValue as Av, KeysAndAttributes};
 
 use crate::dynamo::retry::{Retrier, UNPROCESSED_RETRIES};
-use crate::spec::{ProjectionKind, Spec};
+use crate::spec::Spec;
 
 /// The attribute that holds a counter shard's value.
 pub use crate::dynamo::names::COUNT_ATTRIBUTE;
@@ -28,19 +28,14 @@ pub async fn read_counter(
     vars: &[(String, String)],
 ) -> anyhow::Result<i64> {
     let Some(id) = spec.projection_id(name) else {
-        let counters: Vec<&str> = spec
-            .projections
-            .iter()
-            .filter(|p| matches!(p.kind, ProjectionKind::Counter(_)))
-            .map(|p| p.name.as_str())
-            .collect();
+        let counters: Vec<&str> = spec.counters().map(|(_, p, _)| p.name.as_str()).collect();
         bail!(
             "no counter `{name}` in {} (counters: {})",
             spec.file,
             counters.join(", ")
         );
     };
-    let ProjectionKind::Counter(counter) = &spec.projections[id].kind else {
+    let Some(counter) = spec.counter(id) else {
         bail!(
             "projection `{name}` is a {}, not a counter",
             spec.projections[id].kind_name()
@@ -65,8 +60,8 @@ pub async fn read_counter(
             let read = laid
                 .projection_id(name)
                 .map(|id| laid.old_version(id).unwrap_or(id));
-            match read.map(|id| &laid.projections[id].kind) {
-                Some(ProjectionKind::Counter(c)) => (
+            match read.and_then(|id| laid.counter(id)) {
+                Some(c) => (
                     c.storage.clone(),
                     c.shards,
                     c.of.iter().map(|(v, _)| v.clone()).collect(),

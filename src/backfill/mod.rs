@@ -40,7 +40,7 @@ use crate::decode::decode_scanned_item;
 use crate::dynamo::names::BACKFILL_PK;
 use crate::dynamo::retry::{self, retry_request, Retrier, PROGRESS_WRITES, SCAN_PAGES};
 use crate::record::Item;
-use crate::spec::{ProjectionId, ProjectionKind};
+use crate::spec::ProjectionId;
 
 pub use crate::dynamo::names::BACKFILL_PK as PROGRESS_PK;
 
@@ -243,7 +243,7 @@ pub async fn backfill(
     // (in an earlier call, or on another machine).
     let switched = || async {
         for &(_, counter) in &later {
-            let ProjectionKind::Counter(c) = &spec.projections[counter].kind else {
+            let Some(c) = spec.counter(counter) else {
                 return Ok(false);
             };
             let read = registry
