@@ -11,7 +11,7 @@ use super::status::{hex, WITHOUT};
 use crate::apply::{lease_length, ApplyError};
 use crate::dynamo::retry::{Retrier, LAYOUT_READS};
 use crate::spec::raw::{RawProjection, RawSpec};
-use crate::spec::{counter_storage, old_version_name, ProjectionKind, Spec};
+use crate::spec::{counter_storage, old_version_name, Spec};
 
 /// Where a changed counter is built, and whether its old version is kept
 /// current beside it.
@@ -52,13 +52,9 @@ impl Registry {
     /// registry gives `spec` as it is.
     pub async fn layout(&self, spec: &Spec) -> Result<(Spec, Vec<CounterLayout>), ApplyError> {
         let counters: Vec<&str> = spec
-            .projections
-            .iter()
-            .enumerate()
-            .filter(|(id, p)| {
-                matches!(p.kind, ProjectionKind::Counter(_)) && !spec.is_old_version(*id)
-            })
-            .map(|(_, p)| p.name.as_str())
+            .counters()
+            .filter(|(id, _, _)| !spec.is_old_version(*id))
+            .map(|(_, p, _)| p.name.as_str())
             .collect();
         if counters.is_empty() {
             return Ok((spec.clone(), Vec::new()));
@@ -171,7 +167,7 @@ impl Registry {
                     match Spec::compile_composed(
                         trial,
                         &spec.file,
-                        custom_projections(spec),
+                        spec.custom_projections(),
                         spec.services.clone(),
                     ) {
                         Ok(compiled) => {
@@ -214,7 +210,7 @@ impl Registry {
         let mut compiled = Spec::compile_composed(
             raw,
             &spec.file,
-            custom_projections(spec),
+            spec.custom_projections(),
             spec.services.clone(),
         )
         .map_err(|errors| ApplyError::Fatal {
@@ -259,11 +255,7 @@ pub async fn current_layout(
     table: &str,
     spec: &Arc<Spec>,
 ) -> Result<Arc<Spec>, ApplyError> {
-    if !spec
-        .projections
-        .iter()
-        .any(|p| matches!(p.kind, ProjectionKind::Counter(_)))
-    {
+    if spec.counters().next().is_none() {
         return Ok(spec.clone());
     }
     let key = (table.to_string(), spec.projections_fingerprint());
@@ -306,20 +298,4 @@ fn set_storage(raw: &mut RawSpec, name: &str, generation: u32) {
             }
         }
     }
-}
-
-/// The projections of `spec` written in Rust.
-fn custom_projections(spec: &Spec) -> Vec<Arc<dyn crate::plan::CustomProjection>> {
-    spec.projections
-        .iter()
-        .filter_map(|p| match &p.kind {
-            ProjectionKind::Custom(custom) => Some(custom.clone()),
-            ProjectionKind::IndexKeys(_)
-            | ProjectionKind::Denormalize(_)
-            | ProjectionKind::InverseEdge(_)
-            | ProjectionKind::Counter(_)
-            | ProjectionKind::Rollup(_)
-            | ProjectionKind::Aggregate(_) => None,
-        })
-        .collect()
 }

@@ -18,7 +18,7 @@ use super::status::{hex, iso, Applied, WITHOUT};
 use crate::apply::{ApplyConfig, ApplyError, Control, CounterVersion};
 use crate::dynamo::retry::{describe as retry_describe, is_condition_failure};
 use crate::dynamo::time::now_ms;
-use crate::spec::{ProjectionId, ProjectionKind, Spec};
+use crate::spec::{ProjectionId, Spec};
 
 /// How often a stream consumer records the last change it applied.
 pub(super) const APPLIED_EVERY: Duration = Duration::from_secs(30);
@@ -290,16 +290,13 @@ impl Leases {
             .layout(&self.spec)
             .await
             .map_err(|error| format!("reading the counters' layout: {error}"))?;
-        for (id, projection) in self.spec.projections.iter().enumerate() {
-            let ProjectionKind::Counter(mine) = &projection.kind else {
-                continue;
-            };
+        for (id, projection, mine) in self.spec.counters() {
             if self.spec.is_old_version(id) {
                 continue;
             }
-            let Some(ProjectionKind::Counter(wanted)) = laid
+            let Some(wanted) = laid
                 .projection_id(&projection.name)
-                .map(|id| &laid.projections[id].kind)
+                .and_then(|id| laid.counter(id))
             else {
                 continue;
             };

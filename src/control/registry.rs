@@ -20,9 +20,7 @@ use crate::dynamo::retry::{
 };
 use crate::dynamo::time::now_ms;
 use crate::spec::raw::{RawProjection, RawSpec};
-use crate::spec::{
-    old_version_of, storage_generation, ProjectionId, ProjectionKind, Spec, TableSpec,
-};
+use crate::spec::{old_version_of, storage_generation, ProjectionId, Spec, TableSpec};
 
 /// The leases item's attribute every lease taken anew (first, or after
 /// it ran out) adds one to: a completion
@@ -576,24 +574,16 @@ impl Registry {
                 continue;
             }
             // A counter's readers switch to the version just built.
-            let read = match &projection.kind {
-                ProjectionKind::Counter(counter) => {
-                    storage_generation(&projection.name, &counter.storage).map(|generation| {
-                        let vars = counter
-                            .of
-                            .iter()
-                            .map(|(name, _)| Av::S(name.clone()))
-                            .collect::<Vec<_>>();
-                        (generation, counter.storage.clone(), counter.shards, vars)
-                    })
-                }
-                ProjectionKind::IndexKeys(_)
-                | ProjectionKind::Denormalize(_)
-                | ProjectionKind::InverseEdge(_)
-                | ProjectionKind::Rollup(_)
-                | ProjectionKind::Aggregate(_)
-                | ProjectionKind::Custom(_) => None,
-            };
+            let read = spec.counter(id).and_then(|counter| {
+                storage_generation(&projection.name, &counter.storage).map(|generation| {
+                    let vars = counter
+                        .of
+                        .iter()
+                        .map(|(name, _)| Av::S(name.clone()))
+                        .collect::<Vec<_>>();
+                    (generation, counter.storage.clone(), counter.shards, vars)
+                })
+            });
             let mut update = aws_sdk_dynamodb::types::Update::builder()
                 .table_name(&self.table)
                 .set_key(Some(self.projection_key(&projection.name)));

@@ -8,7 +8,8 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 use serde::Serialize;
 
-use crate::spec::{old_version_of, ProjectionId, ProjectionKind, Spec};
+use crate::kinds::Writes;
+use crate::spec::{old_version_of, ProjectionId, Spec};
 
 /// The last change a projection applied, as `status` shows it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -567,11 +568,11 @@ pub(super) fn onto_reverse_items(
     let targets = |spec: &Spec| -> Vec<(String, String)> {
         spec.projections
             .iter()
-            .filter_map(|p| match &p.kind {
-                ProjectionKind::InverseEdge(e) => {
-                    Some((p.name.clone(), spec.entities[e.target].name.clone()))
+            .filter_map(|p| match p.kind.dispatch().writes(&p.name) {
+                Writes::Items { entity, .. } => {
+                    Some((p.name.clone(), spec.entities[entity].name.clone()))
                 }
-                _ => None,
+                Writes::Attributes { .. } | Writes::Own | Writes::Anything => None,
             })
             .collect()
     };
@@ -579,17 +580,11 @@ pub(super) fn onto_reverse_items(
         spec.projections
             .iter()
             .filter(|p| only.is_none_or(|names| names.contains(&p.name)))
-            .filter_map(|p| {
-                let entity = match &p.kind {
-                    ProjectionKind::IndexKeys(k) => k.entity,
-                    ProjectionKind::Denormalize(d) => d.target,
-                    ProjectionKind::Rollup(r) => r.target,
-                    ProjectionKind::Aggregate(r) => r.target,
-                    ProjectionKind::InverseEdge(_)
-                    | ProjectionKind::Counter(_)
-                    | ProjectionKind::Custom(_) => return None,
-                };
-                Some((p.name.clone(), spec.entities[entity].name.clone()))
+            .filter_map(|p| match p.kind.dispatch().writes(&p.name) {
+                Writes::Attributes { entity, .. } => {
+                    Some((p.name.clone(), spec.entities[entity].name.clone()))
+                }
+                Writes::Items { .. } | Writes::Own | Writes::Anything => None,
             })
             .collect()
     };
