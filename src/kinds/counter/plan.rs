@@ -25,25 +25,11 @@ pub(crate) fn plan(
         if selected(selection, edge) {
             return Ok(());
         }
-        let first_selected =
-            rules
-                .projections
-                .iter()
-                .enumerate()
-                .find_map(|(other, p)| match &p.kind {
-                    ProjectionKind::Counter(c)
-                        if c.marker == Marker::Edge(edge) && selected(selection, other) =>
-                    {
-                        Some(other)
-                    }
-                    ProjectionKind::IndexKeys(_)
-                    | ProjectionKind::Denormalize(_)
-                    | ProjectionKind::InverseEdge(_)
-                    | ProjectionKind::Counter(_)
-                    | ProjectionKind::Rollup(_)
-                    | ProjectionKind::Aggregate(_)
-                    | ProjectionKind::Custom(_) => None,
-                });
+        let first_selected = rules
+            .counters()
+            .map(|(other, _, c)| (other, c))
+            .find(|(other, c)| c.marker == Marker::Edge(edge) && selected(selection, *other))
+            .map(|(other, _)| other);
         if first_selected != Some(id) {
             return Ok(());
         }
