@@ -30,6 +30,8 @@ pub mod inverse_edge;
 pub(crate) mod membership;
 pub mod rollup;
 mod rules;
+#[cfg(test)]
+mod toy;
 
 use std::collections::HashSet;
 use std::fmt;
@@ -65,6 +67,9 @@ pub enum RawProjection {
     Rollup(rollup::RawRollup),
     /// Totals over a partition's items (see [`crate::kinds::aggregate`]).
     Aggregate(aggregate::RawAggregate),
+    /// A kind for tests only (see `kinds/toy/`).
+    #[cfg(test)]
+    Toy(toy::RawToy),
 }
 
 impl RawProjection {
@@ -77,6 +82,8 @@ impl RawProjection {
             RawProjection::Counter(p) => &p.name,
             RawProjection::Rollup(p) => &p.name,
             RawProjection::Aggregate(p) => &p.name,
+            #[cfg(test)]
+            RawProjection::Toy(p) => &p.name,
         }
     }
 
@@ -111,6 +118,10 @@ impl RawProjection {
             RawProjection::Counter(raw) => {
                 counter::compile(raw, cx, context, table, entities).map(ProjectionKind::Counter)
             }
+            #[cfg(test)]
+            RawProjection::Toy(raw) => {
+                toy::compile(raw, cx, context, table, entities).map(ProjectionKind::Toy)
+            }
         }
     }
 
@@ -139,6 +150,8 @@ impl RawProjection {
             RawProjection::Counter(_) => "counter",
             RawProjection::Rollup(_) => "rollup",
             RawProjection::Aggregate(_) => "aggregate",
+            #[cfg(test)]
+            RawProjection::Toy(_) => "toy",
         }
     }
 }
@@ -163,6 +176,9 @@ pub enum ProjectionKind {
     Aggregate(aggregate::Aggregate),
     /// A projection written in Rust.
     Custom(Arc<dyn CustomProjection>),
+    /// A kind for tests only (see `kinds/toy/`).
+    #[cfg(test)]
+    Toy(toy::Toy),
 }
 
 impl fmt::Debug for ProjectionKind {
@@ -175,6 +191,8 @@ impl fmt::Debug for ProjectionKind {
             ProjectionKind::Rollup(p) => p.fmt(f),
             ProjectionKind::Aggregate(p) => p.fmt(f),
             ProjectionKind::Custom(p) => write!(f, "Custom({})", p.name()),
+            #[cfg(test)]
+            ProjectionKind::Toy(p) => p.fmt(f),
         }
     }
 }
@@ -419,6 +437,8 @@ impl ProjectionKind {
             ProjectionKind::Rollup(p) => p,
             ProjectionKind::Aggregate(p) => p,
             ProjectionKind::Custom(p) => p,
+            #[cfg(test)]
+            ProjectionKind::Toy(p) => p,
         }
     }
 }
