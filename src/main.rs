@@ -1,6 +1,5 @@
-//! The `ddb-projector` command line. Errors become exit codes here only:
-//! 0 success, 1 problems found (invalid spec, unplannable records, drift),
-//! 2 the command could not run.
+//! The `ddb-projector` command line: parses, runs, and exits with the
+//! code [`ddb_projector::cli::exit_code`] gives the command's result.
 
 use std::process::ExitCode;
 
@@ -12,13 +11,7 @@ fn main() -> ExitCode {
     let cli =
         ddb_projector::cli::Cli::lambda_bootstrap().unwrap_or_else(ddb_projector::cli::Cli::parse);
     ddb_projector::logging::init(cli.log_format());
-    match ddb_projector::cli::run(cli) {
-        Ok(code) => code,
-        Err(error) => {
-            eprintln!("error: {error:#}");
-            ExitCode::from(2)
-        }
-    }
+    ddb_projector::cli::exit_code(ddb_projector::cli::run(cli))
 }
 
 /// glibc raises its mmap threshold to the size of the largest mmapped block

@@ -1,8 +1,8 @@
 //! `audit` and `violations list`.
 
+use super::Outcome;
 use std::io::Write;
 use std::path::PathBuf;
-use std::process::ExitCode;
 
 use anyhow::Context;
 
@@ -16,9 +16,9 @@ pub async fn audit(
     target: Target,
     format: OutputFormat,
     options: AuditOptions,
-) -> anyhow::Result<ExitCode> {
+) -> anyhow::Result<Outcome> {
     let Some(applier) = applier(&target, options.repair.then_some("audit --repair")).await? else {
-        return Ok(ExitCode::from(2));
+        return Ok(Outcome::Failed);
     };
     let report = run_audit(&applier, &options).await?;
     print(&report, applier.spec(), format)
@@ -31,7 +31,7 @@ pub async fn merge(
     repair: bool,
     max_rcu: Option<f64>,
     paths: Vec<PathBuf>,
-) -> anyhow::Result<ExitCode> {
+) -> anyhow::Result<Outcome> {
     let mut reports = Vec::new();
     for path in &paths {
         let text = std::fs::read_to_string(path)
@@ -45,7 +45,7 @@ pub async fn merge(
         reports.push(report);
     }
     let Some(applier) = applier(&target, repair.then_some("audit-merge --repair")).await? else {
-        return Ok(ExitCode::from(2));
+        return Ok(Outcome::Failed);
     };
     let report = merge_reports(&applier, reports, repair, max_rcu).await?;
     print(&report, applier.spec(), format)
@@ -75,7 +75,7 @@ async fn applier(target: &Target, writes: Option<&str>) -> anyhow::Result<Option
     )))
 }
 
-fn print(report: &AuditReport, spec: &Spec, format: OutputFormat) -> anyhow::Result<ExitCode> {
+fn print(report: &AuditReport, spec: &Spec, format: OutputFormat) -> anyhow::Result<Outcome> {
     let stdout = std::io::stdout();
     let mut out = stdout.lock();
     match format {
@@ -83,14 +83,14 @@ fn print(report: &AuditReport, spec: &Spec, format: OutputFormat) -> anyhow::Res
         OutputFormat::Json => writeln!(out, "{}", serde_json::to_string_pretty(report)?)?,
     }
     Ok(if report.is_clean() {
-        ExitCode::SUCCESS
+        Outcome::Done
     } else {
-        ExitCode::from(1)
+        Outcome::Found
     })
 }
 
 /// `violations list`: what the online check recorded. Exit 1 when any.
-pub async fn violations_list(target: Target, format: OutputFormat) -> anyhow::Result<ExitCode> {
+pub async fn violations_list(target: Target, format: OutputFormat) -> anyhow::Result<Outcome> {
     let c = match connect(&target).await {
         Ok(c) => c,
         Err(result) => return result,
@@ -133,8 +133,8 @@ pub async fn violations_list(target: Target, format: OutputFormat) -> anyhow::Re
     }
     eprintln!("{} recorded violations in {}", violations.len(), c.table);
     Ok(if violations.is_empty() {
-        ExitCode::SUCCESS
+        Outcome::Done
     } else {
-        ExitCode::from(1)
+        Outcome::Found
     })
 }

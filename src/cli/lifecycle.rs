@@ -1,9 +1,9 @@
 //! The lifecycle commands: `status`, and `backfill` (which claims what it
 //! backfills in the lifecycle registry and records it once complete).
 
+use super::Outcome;
 use std::collections::BTreeMap;
 use std::io::Write;
-use std::process::ExitCode;
 use std::time::Duration;
 
 use anyhow::bail;
@@ -34,7 +34,7 @@ fn commands(target: &Target) -> Commands {
 }
 
 /// `status`: exit 0 when every projection is live, 1 otherwise.
-pub async fn status(target: Target, format: OutputFormat) -> anyhow::Result<ExitCode> {
+pub async fn status(target: Target, format: OutputFormat) -> anyhow::Result<Outcome> {
     let c = match connect(&target).await {
         Ok(c) => c,
         Err(result) => return result,
@@ -177,9 +177,9 @@ pub async fn status(target: Target, format: OutputFormat) -> anyhow::Result<Exit
         }
     }
     Ok(if all_live {
-        ExitCode::SUCCESS
+        Outcome::Done
     } else {
-        ExitCode::from(1)
+        Outcome::Found
     })
 }
 
@@ -206,7 +206,7 @@ pub struct BackfillArgs {
 }
 
 /// `backfill`.
-pub async fn backfill(target: Target, args: BackfillArgs) -> anyhow::Result<ExitCode> {
+pub async fn backfill(target: Target, args: BackfillArgs) -> anyhow::Result<Outcome> {
     let c = match connect(&target).await {
         Ok(c) => c,
         Err(result) => return result,
@@ -238,7 +238,7 @@ pub async fn backfill(target: Target, args: BackfillArgs) -> anyhow::Result<Exit
                 "{}",
                 serde_json::to_string(&crate::backfill::BackfillSummary::default())?
             );
-            return Ok(ExitCode::SUCCESS);
+            return Ok(Outcome::Done);
         }
         BackfillChoice::NotLive(needed) => {
             let names: Vec<&str> = needed
@@ -318,7 +318,7 @@ pub async fn backfill(target: Target, args: BackfillArgs) -> anyhow::Result<Exit
         eprintln!("segments left: continue with --resume (or --run {run} on every machine)");
     }
     println!("{}", serde_json::to_string(&summary)?);
-    Ok(ExitCode::SUCCESS)
+    Ok(Outcome::Done)
 }
 
 /// `prune`.
@@ -327,7 +327,7 @@ pub async fn prune(
     names: Vec<String>,
     from_spec: Option<std::path::PathBuf>,
     options: crate::prune::PruneOptions,
-) -> anyhow::Result<ExitCode> {
+) -> anyhow::Result<Outcome> {
     let c = match connect(&target).await {
         Ok(c) => c,
         Err(result) => return result,
@@ -453,8 +453,8 @@ pub async fn prune(
     }
     println!("{}", serde_json::to_string(&summary)?);
     Ok(if options.dry_run || left.is_empty() {
-        ExitCode::SUCCESS
+        Outcome::Done
     } else {
-        ExitCode::from(1)
+        Outcome::Found
     })
 }

@@ -440,8 +440,47 @@ pub enum DlqCommand {
     },
 }
 
+/// What a command came to, when it could run: [`exit_code`] turns it
+/// into the process's exit code.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Outcome {
+    /// Done: exit 0.
+    Done,
+    /// Problems found, refused or pending, and said so: exit 1.
+    Found,
+    /// The command could not run, and said why already (a spec's
+    /// problems printed): exit 2.
+    Failed,
+}
+
+impl Outcome {
+    /// [`Outcome::Done`] when `done`, else [`Outcome::Found`].
+    pub fn done_if(done: bool) -> Outcome {
+        if done {
+            Outcome::Done
+        } else {
+            Outcome::Found
+        }
+    }
+}
+
+/// The one place a command's result becomes an exit code: 0 done, 1
+/// problems found (invalid spec, unplannable records, drift, refused,
+/// pending), 2 the command could not run (its error printed here).
+pub fn exit_code(result: anyhow::Result<Outcome>) -> ExitCode {
+    match result {
+        Ok(Outcome::Done) => ExitCode::SUCCESS,
+        Ok(Outcome::Found) => ExitCode::from(1),
+        Ok(Outcome::Failed) => ExitCode::from(2),
+        Err(error) => {
+            eprintln!("error: {error:#}");
+            ExitCode::from(2)
+        }
+    }
+}
+
 /// Runs a parsed command.
-pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
+pub fn run(cli: Cli) -> anyhow::Result<Outcome> {
     match cli.command {
         Command::Check { target } => match (&target.table, &target.home_region) {
             (None, None) => Ok(offline::check(&target.spec)),
@@ -531,7 +570,7 @@ pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             },
         )),
 
-        Command::Lambda => crate::lambda::run(),
+        Command::Lambda => crate::lambda::run().map(|()| Outcome::Done),
         Command::Filters { spec } => Ok(offline::filters(&spec)),
         Command::Counter {
             command: CounterCommand::Get { name, vars, target },
@@ -580,9 +619,9 @@ pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     }
 }
 
-fn block_on<F: std::future::Future<Output = anyhow::Result<ExitCode>>>(
+fn block_on<F: std::future::Future<Output = anyhow::Result<Outcome>>>(
     future: F,
-) -> anyhow::Result<ExitCode> {
+) -> anyhow::Result<Outcome> {
     tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -618,7 +657,7 @@ impl Connection {
 }
 
 /// Loads the spec and connects; a spec error is printed and becomes exit 1.
-pub async fn connect(target: &Target) -> Result<Connection, anyhow::Result<ExitCode>> {
+pub async fn connect(target: &Target) -> Result<Connection, anyhow::Result<Outcome>> {
     let spec = match load_spec(&target.spec, target.table.as_deref()) {
         Ok(spec) => spec,
         Err(code) => return Err(Ok(code)),
@@ -686,15 +725,15 @@ pub async fn require_home(c: &Connection, target: &Target, verb: &str) -> anyhow
 /// Loads a spec file or directory, printing every problem it has.
 /// `PROJECTOR_TABLE_NAMES` renames the tables the specs describe to their
 /// actual names (see [`crate::spec::SpecSet::rename_tables`]).
-fn load_specs(path: &std::path::Path) -> Result<crate::spec::SpecSet, ExitCode> {
+fn load_specs(path: &std::path::Path) -> Result<crate::spec::SpecSet, Outcome> {
     let mut set = crate::spec::SpecSet::load(path).map_err(|errors| {
         eprintln!("{errors}");
-        ExitCode::from(1)
+        Outcome::Found
     })?;
     if let Ok(map) = std::env::var(crate::lambda::TABLE_NAMES_VAR) {
         if let Err(problem) = set.rename_tables(&map) {
             eprintln!("{}: {problem}", crate::lambda::TABLE_NAMES_VAR);
-            return Err(ExitCode::from(2));
+            return Err(Outcome::Failed);
         }
     }
     Ok(set)
@@ -702,13 +741,13 @@ fn load_specs(path: &std::path::Path) -> Result<crate::spec::SpecSet, ExitCode> 
 
 /// Loads the spec of `table` (none: the only table) from a spec file or
 /// directory, printing every problem.
-fn load_spec(path: &std::path::Path, table: Option<&str>) -> Result<Spec, ExitCode> {
+fn load_spec(path: &std::path::Path, table: Option<&str>) -> Result<Spec, Outcome> {
     let set = load_specs(path)?;
     match set.select(table) {
         Ok(spec) => Ok(Spec::clone(spec)),
         Err(problem) => {
             eprintln!("{problem}");
-            Err(ExitCode::from(2))
+            Err(Outcome::Failed)
         }
     }
 }

@@ -1,8 +1,8 @@
 //! Commands that need no AWS access: `check`, `plan` and `filters`.
 
+use super::Outcome;
 use std::io::{Read, Write};
 use std::path::Path;
-use std::process::ExitCode;
 
 use anyhow::Context;
 use serde_json::json;
@@ -13,14 +13,14 @@ use crate::plan::{describe_error, plan_record};
 
 /// `check`: exit 0 and a summary of each table's spec when the spec file,
 /// or every spec of a directory and their composition, is valid.
-pub fn check(path: &Path) -> ExitCode {
+pub fn check(path: &Path) -> Outcome {
     match load_specs(path) {
         Ok(set) => {
             println!("{}: ok", path.display());
             for spec in set.specs() {
                 print!("{}", spec.summary());
             }
-            ExitCode::SUCCESS
+            Outcome::Done
         }
         Err(code) => code,
     }
@@ -29,7 +29,7 @@ pub fn check(path: &Path) -> ExitCode {
 /// `filters`: the `FilterCriteria` JSON on stdout and the notes on
 /// stderr; for a directory describing several tables, an object of them
 /// by table name (each table's specs merged into one filter).
-pub fn filters(path: &Path) -> ExitCode {
+pub fn filters(path: &Path) -> Outcome {
     let set = match load_specs(path) {
         Ok(set) => set,
         Err(code) => return code,
@@ -50,12 +50,12 @@ pub fn filters(path: &Path) -> ExitCode {
         "{}",
         serde_json::to_string_pretty(&json).expect("JSON values serialize")
     );
-    ExitCode::SUCCESS
+    Outcome::Done
 }
 
 /// `plan`: one JSON line per planned effect, per skipped record and per
 /// record that cannot be planned.
-pub fn plan(spec_path: &Path, event_path: &Path) -> anyhow::Result<ExitCode> {
+pub fn plan(spec_path: &Path, event_path: &Path) -> anyhow::Result<Outcome> {
     let spec = match load_spec(spec_path, None) {
         Ok(spec) => spec,
         Err(code) => return Ok(code),
@@ -111,8 +111,8 @@ pub fn plan(spec_path: &Path, event_path: &Path) -> anyhow::Result<ExitCode> {
         records.len()
     );
     Ok(if n_failed > 0 {
-        ExitCode::from(1)
+        Outcome::Found
     } else {
-        ExitCode::SUCCESS
+        Outcome::Done
     })
 }

@@ -1,7 +1,7 @@
 //! Commands that talk to DynamoDB: `table create`, `counter get`, `dlq`.
 
+use super::Outcome;
 use std::io::Write;
-use std::process::ExitCode;
 
 use anyhow::bail;
 
@@ -18,7 +18,7 @@ macro_rules! connect_or_return {
 }
 
 /// `table create`.
-pub async fn table_create(target: Target) -> anyhow::Result<ExitCode> {
+pub async fn table_create(target: Target) -> anyhow::Result<Outcome> {
     let c = connect_or_return!(target);
     match crate::table::create_table(&c.dynamodb, &c.spec, &c.table).await? {
         crate::table::Created::Created => {
@@ -28,7 +28,7 @@ pub async fn table_create(target: Target) -> anyhow::Result<ExitCode> {
             println!("table {} already exists with the right shape", c.table)
         }
     }
-    Ok(ExitCode::SUCCESS)
+    Ok(Outcome::Done)
 }
 
 /// `counter get NAME VAR=VALUE...`.
@@ -36,7 +36,7 @@ pub async fn counter_get(
     target: Target,
     name: String,
     vars: Vec<String>,
-) -> anyhow::Result<ExitCode> {
+) -> anyhow::Result<Outcome> {
     let c = connect_or_return!(target);
     let mut pairs = Vec::new();
     for var in vars {
@@ -47,11 +47,11 @@ pub async fn counter_get(
     }
     let value = crate::counter::read_counter(&c.dynamodb, &c.table, &c.spec, &name, &pairs).await?;
     println!("{value}");
-    Ok(ExitCode::SUCCESS)
+    Ok(Outcome::Done)
 }
 
 /// `dlq list`: JSON lines.
-pub async fn dlq_list(target: Target) -> anyhow::Result<ExitCode> {
+pub async fn dlq_list(target: Target) -> anyhow::Result<Outcome> {
     let c = connect_or_return!(target);
     let applier = crate::control::applier(
         c.dynamodb.clone(),
@@ -66,11 +66,11 @@ pub async fn dlq_list(target: Target) -> anyhow::Result<ExitCode> {
         writeln!(out, "{}", serde_json::to_string(letter)?)?;
     }
     eprintln!("{} dead letters in {}", letters.len(), c.table);
-    Ok(ExitCode::SUCCESS)
+    Ok(Outcome::Done)
 }
 
 /// `dlq redrive`.
-pub async fn dlq_redrive(target: Target, projection: Option<String>) -> anyhow::Result<ExitCode> {
+pub async fn dlq_redrive(target: Target, projection: Option<String>) -> anyhow::Result<Outcome> {
     let c = connect_or_return!(target);
     super::require_home(&c, &target, "dlq redrive").await?;
     if let Some(name) = &projection {
@@ -90,17 +90,17 @@ pub async fn dlq_redrive(target: Target, projection: Option<String>) -> anyhow::
         summary.redriven, summary.superseded, summary.still_failing, summary.skipped
     );
     Ok(if summary.still_failing > 0 {
-        ExitCode::from(1)
+        Outcome::Found
     } else {
-        ExitCode::SUCCESS
+        Outcome::Done
     })
 }
 
 /// `check --table`: the spec, then where a worker in this region stands
 /// on the table (see [`crate::global`]).
-pub async fn check_table(target: Target) -> anyhow::Result<ExitCode> {
+pub async fn check_table(target: Target) -> anyhow::Result<Outcome> {
     let code = super::offline::check(&target.spec);
-    if code != ExitCode::SUCCESS {
+    if code != Outcome::Done {
         return Ok(code);
     }
     let c = connect_or_return!(target);
@@ -118,10 +118,8 @@ pub async fn check_table(target: Target) -> anyhow::Result<ExitCode> {
             "table {}: a global table projected from its home region {home}; a worker in {region} writes nothing",
             c.table
         ),
-        Err(error) => {
-            eprintln!("error: {error:#}");
-            return Ok(ExitCode::from(2));
-        }
+        // Said and exit 2 where results become exit codes.
+        Err(error) => return Err(error),
     }
     // The specs other consumers run on the table (see `--consumer`).
     let registry = crate::control::Registry::new(c.dynamodb.clone(), &c.table, &c.spec.table);
@@ -132,9 +130,9 @@ pub async fn check_table(target: Target) -> anyhow::Result<ExitCode> {
         eprintln!("error: {conflict}");
     }
     if !conflicts.is_empty() {
-        return Ok(ExitCode::from(1));
+        return Ok(Outcome::Found);
     }
-    Ok(ExitCode::SUCCESS)
+    Ok(Outcome::Done)
 }
 
 /// `wait`: until what the spec derives from one item's current state is
@@ -144,12 +142,12 @@ pub async fn wait(
     keys: Vec<String>,
     timeout: std::time::Duration,
     format: OutputFormat,
-) -> anyhow::Result<ExitCode> {
+) -> anyhow::Result<Outcome> {
     // Exit 1 means "not projected" here: a spec that does not load is an
     // error (2), its problems printed.
     let c = match connect(&target).await {
         Ok(connection) => connection,
-        Err(Ok(_)) => return Ok(ExitCode::from(2)),
+        Err(Ok(_)) => return Ok(Outcome::Failed),
         Err(Err(error)) => return Err(error),
     };
     let key = item_key(&c.spec.table, &keys)?;
@@ -194,8 +192,8 @@ pub async fn wait(
         },
     }
     Ok(match waited.status {
-        Status::Projected => ExitCode::SUCCESS,
-        _ => ExitCode::from(1),
+        Status::Projected => Outcome::Done,
+        _ => Outcome::Found,
     })
 }
 

@@ -4,7 +4,7 @@
 //! `GetRecords` call, so per batch and checkpoint: smaller batches
 //! checkpoint more often but coalesce less.
 
-use std::process::ExitCode;
+use super::Outcome;
 
 use anyhow::bail;
 
@@ -16,7 +16,7 @@ use crate::source::stream::MAX_BATCH;
 use crate::source::{RunOptions, StreamRunner, Summary};
 
 /// `run`: tail the stream, applying projections, checkpointing per shard.
-pub async fn run(target: Target, drain: bool) -> anyhow::Result<ExitCode> {
+pub async fn run(target: Target, drain: bool) -> anyhow::Result<Outcome> {
     let c = match connect(&target).await {
         Ok(connection) => connection,
         Err(result) => return result,
@@ -38,13 +38,13 @@ pub async fn run(target: Target, drain: bool) -> anyhow::Result<ExitCode> {
             "ddb-projector {verb}: table {} is projected from its home region {home}; nothing to do in this region",
             c.table
         );
-        return Ok(ExitCode::SUCCESS);
+        return Ok(Outcome::Done);
     }
     run_stream(&c, &target, options, verb).await
 }
 
 /// `replay`: process the retained stream again from its start.
-pub async fn replay(target: Target, projections: Vec<String>) -> anyhow::Result<ExitCode> {
+pub async fn replay(target: Target, projections: Vec<String>) -> anyhow::Result<Outcome> {
     let c = match connect(&target).await {
         Ok(connection) => connection,
         Err(result) => return result,
@@ -72,7 +72,7 @@ pub async fn replay(target: Target, projections: Vec<String>) -> anyhow::Result<
 /// global table (see `docs/global-tables.md`): its whole retained
 /// stream replayed, then `audit --repair`, then the steps left to the
 /// operator printed.
-pub async fn failover(target: Target, to: String, segments: u32) -> anyhow::Result<ExitCode> {
+pub async fn failover(target: Target, to: String, segments: u32) -> anyhow::Result<Outcome> {
     let c = match connect(&target).await {
         Ok(connection) => connection,
         Err(result) => return result,
@@ -115,7 +115,7 @@ pub async fn failover(target: Target, to: String, segments: u32) -> anyhow::Resu
         c.table
     );
     let replayed = run_stream(&c, &target, RunOptions::replay(None), "failover (replay)").await?;
-    if replayed != ExitCode::SUCCESS {
+    if replayed != Outcome::Done {
         eprintln!("ddb-projector failover: the replay did not finish; run the command again");
         return Ok(replayed);
     }
@@ -150,7 +150,7 @@ pub async fn failover(target: Target, to: String, segments: u32) -> anyhow::Resu
         },
     )
     .await?;
-    if repaired == ExitCode::from(2) {
+    if repaired == Outcome::Failed {
         return Ok(repaired);
     }
     eprintln!("ddb-projector failover: 4/4: audit (exit 0: clean)");
@@ -174,7 +174,7 @@ pub async fn recover(
     backfill_trimmed: bool,
     dry_run: bool,
     format: OutputFormat,
-) -> anyhow::Result<ExitCode> {
+) -> anyhow::Result<Outcome> {
     let c = match connect(&target).await {
         Ok(connection) => connection,
         Err(result) => return result,
@@ -233,9 +233,9 @@ pub async fn recover(
         }
     }
     Ok(if summary.kept() == 0 {
-        ExitCode::SUCCESS
+        Outcome::Done
     } else {
-        ExitCode::from(1)
+        Outcome::Found
     })
 }
 
@@ -244,7 +244,7 @@ async fn run_stream(
     target: &Target,
     mut options: RunOptions,
     verb: &str,
-) -> anyhow::Result<ExitCode> {
+) -> anyhow::Result<Outcome> {
     if let Ok(text) = std::env::var("PROJECTOR_BATCH_LIMIT") {
         match text.parse::<i32>() {
             Ok(limit) if (1..=MAX_BATCH).contains(&limit) => options.batch_limit = limit,
@@ -362,7 +362,7 @@ async fn run_stream(
                         // A worker idles where it does not project; a
                         // replay stopped half-way did not do its job.
                         if options.checkpoints {
-                            return Ok(ExitCode::SUCCESS);
+                            return Ok(Outcome::Done);
                         }
                         bail!("{verb} {how}, before the end of the stream");
                     }
@@ -381,7 +381,7 @@ async fn run_stream(
                     continue;
                 }
                 print_summary(verb, &c.table, &summary, done);
-                return Ok(ExitCode::SUCCESS);
+                return Ok(Outcome::Done);
             }
             Err(error) => {
                 print_summary(verb, &c.table, &error.summary, "failed");

@@ -42,7 +42,6 @@ pub mod metrics;
 
 use std::io::{Read, Write};
 use std::path::PathBuf;
-use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -119,7 +118,7 @@ impl InitError {
 
 /// `ddb-projector lambda`: init, then serve invocations until Lambda stops
 /// the process.
-pub fn run() -> anyhow::Result<ExitCode> {
+pub fn run() -> anyhow::Result<()> {
     let Ok(api) = std::env::var(RUNTIME_API_VAR) else {
         anyhow::bail!(InitError::NotInLambda(RUNTIME_API_VAR));
     };
@@ -148,8 +147,7 @@ pub fn run() -> anyhow::Result<ExitCode> {
     });
     runtime
         .block_on(lambda_runtime::run(service))
-        .map_err(|error| anyhow::anyhow!("the Lambda runtime stopped: {error}"))?;
-    Ok(ExitCode::SUCCESS)
+        .map_err(|error| anyhow::anyhow!("the Lambda runtime stopped: {error}"))
 }
 
 /// Everything done once per execution environment.
