@@ -17,6 +17,7 @@
 //! and the home region it was given (`--home-region`,
 //! `PROJECTOR_HOME_REGION`, the template's `HomeRegion`).
 
+use crate::control::Connection;
 use crate::dynamo::client::TableInfo;
 use crate::kinds::Writes;
 use crate::spec::Spec;
@@ -355,6 +356,54 @@ pub async fn standing(
         ),
         warning,
     })
+}
+
+/// What a deployment says of a global table: its home region, and where
+/// its writers write.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Deployment {
+    /// `--home-region`, [`HOME_REGION_VAR`].
+    pub home_region: Option<String>,
+    /// Where the writers write the items projections write onto.
+    pub writers: Writers,
+}
+
+/// Where a worker of `c` in its region stands on its table: an error
+/// names what to set. A warning (the home replica not `ACTIVE`) is
+/// logged and said on stderr.
+pub async fn region_role(c: &Connection, deployment: &Deployment) -> anyhow::Result<Role> {
+    let standing = standing(
+        &c.dynamodb,
+        &c.table,
+        &c.spec,
+        &c.region(),
+        deployment.home_region.as_deref(),
+        deployment.writers,
+    )
+    .await
+    .map_err(anyhow::Error::msg)?;
+    if let Some(warning) = &standing.warning {
+        tracing::warn!(table = c.table, "{warning}");
+        eprintln!("warning: {warning}");
+    }
+    Ok(standing.role?)
+}
+
+/// For a command that writes derived state (`verb`): refuses it outside
+/// the home region of a global table, and on one without a home region.
+pub async fn require_home(
+    c: &Connection,
+    deployment: &Deployment,
+    verb: &str,
+) -> anyhow::Result<()> {
+    if let Role::Away { home } = region_role(c, deployment).await? {
+        anyhow::bail!(
+            "table `{}` is a global table projected from its home region {home}: `{verb}` writes derived state, so it runs in {home} only, not in {} (writes made here would be applied twice)",
+            c.table,
+            c.region()
+        );
+    }
+    Ok(())
 }
 
 /// Why a running worker stopped projecting (see [`stand_down`]).

@@ -62,17 +62,12 @@ async fn applier(target: &Target, writes: Option<&str>) -> anyhow::Result<Option
         Err(Err(error)) => return Err(error),
     };
     match writes {
-        Some(verb) => super::require_home(&c, target, verb).await?,
+        Some(verb) => crate::global::require_home(&c, &target.deployment(), verb).await?,
         None => {
             crate::dynamo::client::describe_table(&c.dynamodb, &c.table).await?;
         }
     }
-    Ok(Some(crate::control::applier(
-        c.dynamodb.clone(),
-        c.spec.clone(),
-        &c.table,
-        c.apply_config(),
-    )))
+    Ok(Some(c.applier()))
 }
 
 fn print(report: &AuditReport, spec: &Spec, format: OutputFormat) -> anyhow::Result<Outcome> {
@@ -95,12 +90,7 @@ pub async fn violations_list(target: Target, format: OutputFormat) -> anyhow::Re
         Ok(c) => c,
         Err(result) => return result,
     };
-    let applier = crate::control::applier(
-        c.dynamodb.clone(),
-        c.spec.clone(),
-        &c.table,
-        c.apply_config(),
-    );
+    let applier = c.applier();
     let violations = applier.recorded_violations().await?;
     let stdout = std::io::stdout();
     let mut out = stdout.lock();

@@ -42,12 +42,7 @@ pub async fn status(target: Target, format: OutputFormat) -> anyhow::Result<Outc
     crate::dynamo::client::describe_table(&c.dynamodb, &c.table).await?;
     let registry = Registry::new(c.dynamodb.clone(), &c.table, &c.spec.table);
     let snapshot = registry.snapshot(&c.spec).await?;
-    let applier = crate::control::applier(
-        c.dynamodb.clone(),
-        c.spec.clone(),
-        &c.table,
-        c.apply_config(),
-    );
+    let applier = c.applier();
     let by_projection = open_letters(&applier).await?;
     let mut rows = states(
         &c.spec,
@@ -214,15 +209,10 @@ pub async fn backfill(target: Target, args: BackfillArgs) -> anyhow::Result<Outc
     if args.dry_run {
         crate::dynamo::client::describe_table(&c.dynamodb, &c.table).await?;
     } else {
-        super::require_home(&c, &target, "backfill").await?;
+        crate::global::require_home(&c, &target.deployment(), "backfill").await?;
     }
     let registry = Registry::new(c.dynamodb.clone(), &c.table, &c.spec.table);
-    let applier = crate::control::applier(
-        c.dynamodb.clone(),
-        c.spec.clone(),
-        &c.table,
-        c.apply_config(),
-    );
+    let applier = c.applier();
     let asked = projection_ids(&c.spec, &args.projections)?;
     let choice =
         choose_projections(&registry, &applier, &commands(&target), asked, args.all).await?;
@@ -335,7 +325,7 @@ pub async fn prune(
     if options.dry_run {
         crate::dynamo::client::describe_table(&c.dynamodb, &c.table).await?;
     } else {
-        super::require_home(&c, &target, "prune").await?;
+        crate::global::require_home(&c, &target.deployment(), "prune").await?;
     }
     let registry = Registry::new(c.dynamodb.clone(), &c.table, &c.spec.table);
     let snapshot = registry.snapshot(&c.spec).await?;

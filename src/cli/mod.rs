@@ -54,12 +54,16 @@ impl Cli {
 }
 
 impl Target {
-    /// Where the writers write the items projections write onto.
-    pub fn writers(&self) -> crate::global::Writers {
-        if self.writers_in_home_region {
-            crate::global::Writers::HomeOnly
-        } else {
-            crate::global::Writers::Anywhere
+    /// What the deployment says of a global table: its home region, and
+    /// where the writers write.
+    pub fn deployment(&self) -> crate::global::Deployment {
+        crate::global::Deployment {
+            home_region: self.home_region.clone(),
+            writers: if self.writers_in_home_region {
+                crate::global::Writers::HomeOnly
+            } else {
+                crate::global::Writers::Anywhere
+            },
         }
     }
 }
@@ -629,32 +633,7 @@ fn block_on<F: std::future::Future<Output = anyhow::Result<Outcome>>>(
         .block_on(future)
 }
 
-/// A compiled spec, the table name and the AWS clients of a command.
-pub struct Connection {
-    /// The compiled spec, laid out: changed counters built beside the
-    /// version readers read ([`crate::control::Registry::layout`]).
-    pub spec: std::sync::Arc<Spec>,
-    /// The spec as the file has it.
-    pub file_spec: std::sync::Arc<Spec>,
-    /// The table name (`--table` or the spec's).
-    pub table: String,
-    /// The SDK configuration.
-    pub config: aws_config::SdkConfig,
-    /// DynamoDB.
-    pub dynamodb: aws_sdk_dynamodb::Client,
-    /// `--consumer`.
-    pub consumer: Option<String>,
-}
-
-impl Connection {
-    /// The applier settings of a command: the defaults, for its consumer.
-    pub fn apply_config(&self) -> crate::apply::ApplyConfig {
-        crate::apply::ApplyConfig {
-            consumer: self.consumer.clone(),
-            ..crate::apply::ApplyConfig::default()
-        }
-    }
-}
+pub use crate::control::Connection;
 
 /// Loads the spec and connects; a spec error is printed and becomes exit 1.
 pub async fn connect(target: &Target) -> Result<Connection, anyhow::Result<Outcome>> {
@@ -666,60 +645,9 @@ pub async fn connect(target: &Target) -> Result<Connection, anyhow::Result<Outco
         .table
         .clone()
         .unwrap_or_else(|| spec.table.name.clone());
-    let config = match crate::dynamo::client::load_config().await {
-        Ok(config) => config,
-        Err(error) => return Err(Err(error)),
-    };
-    let dynamodb = crate::dynamo::client::dynamodb(&config);
-    // A changed counter is built beside the version readers read, which
-    // every writer keeps current meanwhile (see `control::Registry::layout`).
-    let registry = crate::control::Registry::new(dynamodb.clone(), &table, &spec.table);
-    let laid = match registry.layout(&spec).await {
-        Ok((laid, _)) => laid,
-        Err(error) => return Err(Err(anyhow::anyhow!("{error}"))),
-    };
-    Ok(Connection {
-        spec: std::sync::Arc::new(laid),
-        file_spec: std::sync::Arc::new(spec),
-        table,
-        config,
-        dynamodb,
-        consumer: target.consumer.clone(),
-    })
-}
-
-/// Where a worker of `c` in this region stands on its table (see
-/// [`crate::global`]): an error names what to set.
-pub async fn region_role(c: &Connection, target: &Target) -> anyhow::Result<crate::global::Role> {
-    let region = c.config.region().map(|r| r.to_string()).unwrap_or_default();
-    let standing = crate::global::standing(
-        &c.dynamodb,
-        &c.table,
-        &c.spec,
-        &region,
-        target.home_region.as_deref(),
-        target.writers(),
-    )
-    .await
-    .map_err(anyhow::Error::msg)?;
-    if let Some(warning) = &standing.warning {
-        tracing::warn!(table = c.table, "{warning}");
-        eprintln!("warning: {warning}");
-    }
-    Ok(standing.role?)
-}
-
-/// For a command that writes derived state (`verb`): refuses it outside
-/// the home region of a global table, and on one without a home region.
-pub async fn require_home(c: &Connection, target: &Target, verb: &str) -> anyhow::Result<()> {
-    if let crate::global::Role::Away { home } = region_role(c, target).await? {
-        let region = c.config.region().map(|r| r.to_string()).unwrap_or_default();
-        anyhow::bail!(
-            "table `{}` is a global table projected from its home region {home}: `{verb}` writes derived state, so it runs in {home} only, not in {region} (writes made here would be applied twice)",
-            c.table
-        );
-    }
-    Ok(())
+    crate::control::connect(spec, table, target.consumer.clone())
+        .await
+        .map_err(Err)
 }
 
 /// Loads a spec file or directory, printing every problem it has.

@@ -53,12 +53,7 @@ pub async fn counter_get(
 /// `dlq list`: JSON lines.
 pub async fn dlq_list(target: Target) -> anyhow::Result<Outcome> {
     let c = connect_or_return!(target);
-    let applier = crate::control::applier(
-        c.dynamodb.clone(),
-        c.spec.clone(),
-        &c.table,
-        c.apply_config(),
-    );
+    let applier = c.applier();
     let letters = applier.dead_letter_store().list().await?;
     let stdout = std::io::stdout();
     let mut out = stdout.lock();
@@ -72,18 +67,13 @@ pub async fn dlq_list(target: Target) -> anyhow::Result<Outcome> {
 /// `dlq redrive`.
 pub async fn dlq_redrive(target: Target, projection: Option<String>) -> anyhow::Result<Outcome> {
     let c = connect_or_return!(target);
-    super::require_home(&c, &target, "dlq redrive").await?;
+    crate::global::require_home(&c, &target.deployment(), "dlq redrive").await?;
     if let Some(name) = &projection {
         if c.spec.projection_id(name).is_none() && name != "*" {
             bail!("no projection `{name}` in {}", c.spec.file);
         }
     }
-    let applier = crate::control::applier(
-        c.dynamodb.clone(),
-        c.spec.clone(),
-        &c.table,
-        c.apply_config(),
-    );
+    let applier = c.applier();
     let summary = applier.redrive(projection.as_deref()).await?;
     println!(
         "redriven {}, superseded by a later letter {}, still failing {}, skipped {}",
@@ -105,7 +95,7 @@ pub async fn check_table(target: Target) -> anyhow::Result<Outcome> {
     }
     let c = connect_or_return!(target);
     let region = c.config.region().map(|r| r.to_string()).unwrap_or_default();
-    match super::region_role(&c, &target).await {
+    match crate::global::region_role(&c, &target.deployment()).await {
         Ok(crate::global::Role::Single) => {
             println!("table {}: a table of one region; this worker projects it", c.table)
         }
@@ -151,12 +141,7 @@ pub async fn wait(
         Err(Err(error)) => return Err(error),
     };
     let key = item_key(&c.spec.table, &keys)?;
-    let applier = crate::control::applier(
-        c.dynamodb.clone(),
-        c.spec.clone(),
-        &c.table,
-        c.apply_config(),
-    );
+    let applier = c.applier();
     let waited = crate::audit::wait::wait(
         &applier,
         &key,

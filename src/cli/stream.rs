@@ -27,7 +27,9 @@ pub async fn run(target: Target, drain: bool) -> anyhow::Result<Outcome> {
         RunOptions::follow()
     };
     let verb = if drain { "run --drain" } else { "run" };
-    if let crate::global::Role::Away { home } = super::region_role(&c, &target).await? {
+    if let crate::global::Role::Away { home } =
+        crate::global::region_role(&c, &target.deployment()).await?
+    {
         // A worker deployed in every region idles outside the home one.
         tracing::warn!(
             table = c.table,
@@ -64,7 +66,7 @@ pub async fn replay(target: Target, projections: Vec<String>) -> anyhow::Result<
         }
     }
     let selection = (!selection.is_empty()).then_some(selection);
-    super::require_home(&c, &target, "replay").await?;
+    crate::global::require_home(&c, &target.deployment(), "replay").await?;
     run_stream(&c, &target, RunOptions::replay(selection), "replay").await
 }
 
@@ -104,7 +106,13 @@ pub async fn failover(target: Target, to: String, segments: u32) -> anyhow::Resu
     // The same checks as any worker there (strong consistency, writes
     // onto writers' items), with `to` as the home whatever the table
     // records (an earlier failover's home, maybe gone).
-    crate::global::role(&info, &c.spec, &region, Some(&to), target.writers())?;
+    crate::global::role(
+        &info,
+        &c.spec,
+        &region,
+        Some(&to),
+        target.deployment().writers,
+    )?;
     // Recorded first: replicated back to the old home, it makes that
     // region's workers stand down.
     Registry::new(c.dynamodb.clone(), &c.table, &c.spec.table)
@@ -122,14 +130,7 @@ pub async fn failover(target: Target, to: String, segments: u32) -> anyhow::Resu
     // Letters of both streams (the old home's, replicated, and the
     // replay's), each item ending at its current state.
     eprintln!("ddb-projector failover: 2/4: redriving the dead letters");
-    let redriven = crate::control::applier(
-        c.dynamodb.clone(),
-        c.spec.clone(),
-        &c.table,
-        c.apply_config(),
-    )
-    .redrive(None)
-    .await?;
+    let redriven = c.applier().redrive(None).await?;
     eprintln!(
         "ddb-projector failover: redriven {}, superseded {}, still failing {} (see `dlq list`)",
         redriven.redriven, redriven.superseded, redriven.still_failing
@@ -180,14 +181,9 @@ pub async fn recover(
         Err(result) => return result,
     };
     if !dry_run {
-        super::require_home(&c, &target, "recover").await?;
+        crate::global::require_home(&c, &target.deployment(), "recover").await?;
     }
-    let applier = crate::control::applier(
-        c.dynamodb.clone(),
-        c.spec.clone(),
-        &c.table,
-        c.apply_config(),
-    );
+    let applier = c.applier();
     let recovery = Recovery::new(
         applier,
         crate::dynamo::client::streams(&c.config),
@@ -328,7 +324,7 @@ async fn run_stream(
         let stood_down = std::sync::Mutex::new(None);
         let roles = async {
             let why = crate::global::stand_down(crate::global::ROLE_CHECK, || async {
-                match super::region_role(c, target).await {
+                match crate::global::region_role(c, &target.deployment()).await {
                     Ok(role) => Ok(Ok(role)),
                     Err(error) => match error.downcast::<crate::global::GlobalError>() {
                         Ok(refused) => Ok(Err(refused)),

@@ -71,6 +71,82 @@ pub use status::{
 use crate::apply::{Applier, ApplyConfig};
 use crate::spec::Spec;
 
+/// A command's compiled spec, laid out on its table, and its AWS clients.
+#[derive(Clone)]
+pub struct Connection {
+    /// The compiled spec, laid out: changed counters built beside the
+    /// version readers read ([`Registry::layout`]).
+    pub spec: Arc<Spec>,
+    /// The spec as the file has it.
+    pub file_spec: Arc<Spec>,
+    /// The table name (`--table` or the spec's).
+    pub table: String,
+    /// The SDK configuration.
+    pub config: aws_config::SdkConfig,
+    /// DynamoDB.
+    pub dynamodb: aws_sdk_dynamodb::Client,
+    /// `--consumer`.
+    pub consumer: Option<String>,
+}
+
+impl Connection {
+    /// The applier settings of a command: the defaults, for its consumer.
+    pub fn apply_config(&self) -> ApplyConfig {
+        ApplyConfig {
+            consumer: self.consumer.clone(),
+            ..ApplyConfig::default()
+        }
+    }
+
+    /// An applier of the laid-out spec with [`Connection::apply_config`].
+    pub fn applier(&self) -> Applier {
+        applier(
+            self.dynamodb.clone(),
+            self.spec.clone(),
+            &self.table,
+            self.apply_config(),
+        )
+    }
+
+    /// The lifecycle registry of the table.
+    pub fn registry(&self) -> Registry {
+        Registry::new(self.dynamodb.clone(), &self.table, &self.spec.table)
+    }
+
+    /// The region the SDK configuration names (empty when none).
+    pub fn region(&self) -> String {
+        self.config
+            .region()
+            .map(|r| r.to_string())
+            .unwrap_or_default()
+    }
+}
+
+/// Loads the AWS configuration and lays `spec` out on `table`: a changed
+/// counter is built beside the version readers read, which every writer
+/// keeps current meanwhile (see [`Registry::layout`]).
+pub async fn connect(
+    spec: Spec,
+    table: String,
+    consumer: Option<String>,
+) -> anyhow::Result<Connection> {
+    let config = crate::dynamo::client::load_config().await?;
+    let dynamodb = crate::dynamo::client::dynamodb(&config);
+    let registry = Registry::new(dynamodb.clone(), &table, &spec.table);
+    let (laid, _) = registry
+        .layout(&spec)
+        .await
+        .map_err(|error| anyhow::anyhow!("{error}"))?;
+    Ok(Connection {
+        spec: Arc::new(laid),
+        file_spec: Arc::new(spec),
+        table,
+        config,
+        dynamodb,
+        consumer,
+    })
+}
+
 /// An applier writing to `table` with the rules of `spec`, under this
 /// process's leases for its table, spec and role ([`ApplierControl`]).
 pub fn applier(
