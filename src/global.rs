@@ -17,6 +17,12 @@
 //! and the home region it was given (`--home-region`,
 //! `PROJECTOR_HOME_REGION`, the template's `HomeRegion`).
 
+mod failover;
+mod worker;
+
+pub use failover::{failover, Failover, Step};
+pub use worker::{run_stream, work, Ran, RunFailed, Worked};
+
 use crate::control::Connection;
 use crate::dynamo::client::TableInfo;
 use crate::kinds::Writes;

@@ -70,7 +70,12 @@ async fn applier(target: &Target, writes: Option<&str>) -> anyhow::Result<Option
     Ok(Some(c.applier()))
 }
 
-fn print(report: &AuditReport, spec: &Spec, format: OutputFormat) -> anyhow::Result<Outcome> {
+/// Prints an audit's report; clean is done, anything found is found.
+pub(super) fn print(
+    report: &AuditReport,
+    spec: &Spec,
+    format: OutputFormat,
+) -> anyhow::Result<Outcome> {
     let stdout = std::io::stdout();
     let mut out = stdout.lock();
     match format {

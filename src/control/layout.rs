@@ -289,6 +289,34 @@ pub async fn current_layout(
     }
 }
 
+/// Completes with `file_spec` laid out anew once its layout is no longer
+/// `current`'s (a rebuilt counter's backfill completed or began): a
+/// long-running runner then stops after its batches in flight and goes on
+/// with the new layout. Read once per lease period, or at once when a
+/// writer of this process was refused for a stale layout; a failed read
+/// keeps `current`.
+pub async fn relaid(registry: &Registry, file_spec: &Spec, current: &Spec) -> Spec {
+    let mut refusals = layout_refusals();
+    loop {
+        let started = tokio::time::Instant::now();
+        while started.elapsed() < lease_length() && layout_refusals() == refusals {
+            tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+        }
+        refusals = layout_refusals();
+        match registry.layout(file_spec).await {
+            Ok((laid, _))
+                if laid.projections_fingerprint() != current.projections_fingerprint() =>
+            {
+                return laid;
+            }
+            Ok(_) => {}
+            Err(error) => {
+                tracing::warn!(%error, "reading the counters' layout failed: keeping this one");
+            }
+        }
+    }
+}
+
 /// Sets counter `name`'s storage to generation `generation`'s.
 fn set_storage(raw: &mut RawSpec, name: &str, generation: u32) {
     for p in &mut raw.projections {

@@ -60,7 +60,7 @@ use std::sync::Arc;
 pub use backfill::{
     choose_projections, claim_run, open_letters, BackfillChoice, BackfillError, LettersError,
 };
-pub use layout::{current_layout, layout_refusals, CounterLayout, OldVersion};
+pub use layout::{current_layout, layout_refusals, relaid, CounterLayout, OldVersion};
 pub use leases::{ApplierControl, Leases};
 pub use registry::{ClaimOutcome, Completion, Registry, LEASES_VERSION};
 pub use status::{
@@ -111,6 +111,20 @@ impl Connection {
     /// The lifecycle registry of the table.
     pub fn registry(&self) -> Registry {
         Registry::new(self.dynamodb.clone(), &self.table, &self.spec.table)
+    }
+
+    /// The same connection with the spec laid out again (a counter's
+    /// versions may have moved since).
+    pub async fn laid_out_again(&self) -> anyhow::Result<Connection> {
+        let (laid, _) = self
+            .registry()
+            .layout(&self.file_spec)
+            .await
+            .map_err(|error| anyhow::anyhow!("{error}"))?;
+        Ok(Connection {
+            spec: Arc::new(laid),
+            ..self.clone()
+        })
     }
 
     /// The region the SDK configuration names (empty when none).
