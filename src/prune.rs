@@ -46,6 +46,95 @@ use crate::spec::Spec;
 
 pub use crate::dynamo::names::PRUNE_PK as PROGRESS_PK;
 
+/// The retired projections `names` to prune from `c`'s table, each with
+/// the spec that defined it: `from` (a spec file given), else the
+/// registry's copy of the spec that last ran it. Refuses (an error
+/// saying what to do) a projection still in the spec at `spec_path`, an
+/// old version readers still read, one another consumer runs, one a
+/// writer still holds a lease on, and one the registry knows no
+/// definition of.
+pub async fn retired(
+    c: &crate::control::Connection,
+    spec_path: &std::path::Path,
+    names: &[String],
+    from: Option<Arc<Spec>>,
+) -> anyhow::Result<Vec<Retired>> {
+    let registry = c.registry();
+    let snapshot = registry.snapshot(&c.spec).await?;
+    let retired_known: Vec<&str> = snapshot
+        .records
+        .iter()
+        .filter(|(name, record)| {
+            c.spec.projection_id(name).is_none()
+                && record.definitions.iter().any(|d| d.fingerprint != WITHOUT)
+        })
+        .map(|(name, _)| name.as_str())
+        .collect();
+    let now = now_ms();
+    let mut retired = Vec::new();
+    for name in names {
+        if let Some(id) = c.spec.projection_id(name) {
+            if c.spec.is_old_version(id) {
+                anyhow::bail!(
+                    "`{name}` is what readers read while `{}` is rebuilt: it is pruned once that backfill completes and the workers have dropped it (`status` says when)",
+                    crate::spec::old_version_of(name).map_or("", |(base, _)| base)
+                );
+            }
+            anyhow::bail!(
+                "`{name}` is in {}: prune removes what a retired projection derived; remove it from the spec and deploy first",
+                spec_path.display()
+            );
+        }
+        if snapshot.owned_by_other(name, c.consumer.as_deref()) {
+            anyhow::bail!(
+                "`{name}` is run by consumer `{}`, not this one: it is that deployment's to retire and prune (with its spec and --consumer)",
+                snapshot.owner(name).unwrap_or_default()
+            );
+        }
+        let record = snapshot.record(name);
+        if let Some(writer) = record
+            .definitions
+            .iter()
+            .filter(|d| d.fingerprint != WITHOUT)
+            .find(|d| d.writes_until >= now)
+        {
+            anyhow::bail!(
+                "a writer of `{name}` (definition {}) holds a lease until {}: deploy a spec without it first (or wait for the old workers to stop), then prune",
+                writer.fingerprint,
+                crate::control::iso(writer.writes_until)
+            );
+        }
+        let spec = match &from {
+            Some(spec) => spec.clone(),
+            None => {
+                let latest = record
+                    .definitions
+                    .iter()
+                    .filter(|d| d.fingerprint != WITHOUT)
+                    .filter_map(|d| d.spec_key.as_ref().map(|key| (d.writes_until, key)))
+                    .max();
+                let Some((_, key)) = latest else {
+                    anyhow::bail!(
+                        "the lifecycle registry of {} knows no definition of `{name}` (retired projections it knows: {}); give the spec that had it with --from-spec",
+                        c.table,
+                        if retired_known.is_empty() { "none".to_string() } else { retired_known.join(", ") }
+                    );
+                };
+                let Some(text) = registry.spec_text(key).await? else {
+                    anyhow::bail!("the lifecycle registry lost the spec text `{key}` that defined `{name}`: give it with --from-spec");
+                };
+                let label = format!("the registry's copy of the spec that last ran `{name}`");
+                match crate::spec::Spec::from_toml(&text, &label) {
+                    Ok(spec) => std::sync::Arc::new(spec),
+                    Err(errors) => anyhow::bail!("{errors}"),
+                }
+            }
+        };
+        retired.push(crate::prune::Retired::new(name, spec).map_err(anyhow::Error::msg)?);
+    }
+    Ok(retired)
+}
+
 /// A retired projection and the spec that defined it.
 #[derive(Debug, Clone)]
 pub struct Retired {

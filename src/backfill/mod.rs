@@ -799,3 +799,131 @@ impl Reporter {
         self.bar.finish();
     }
 }
+
+/// What `backfill` was asked, checked: which projections, and how.
+#[derive(Debug, Clone)]
+pub struct Request {
+    /// The projections named (none: what is not live).
+    pub projections: Vec<String>,
+    /// Every projection of the spec, live ones too.
+    pub all: bool,
+    /// The run's name (`--run`).
+    pub run: Option<String>,
+    /// How long to wait for writers of another definition to stop.
+    pub wait: Duration,
+    /// The segments this process scans.
+    pub segments: Vec<u32>,
+    /// The scan's total segments.
+    pub total_segments: u32,
+    /// Consumed write capacity units per second to stay under.
+    pub max_wcu: Option<f64>,
+    /// Consumed read capacity units per second to stay under.
+    pub max_rcu: Option<f64>,
+    /// Continue an interrupted run from its checkpoints.
+    pub resume: bool,
+    /// Count what would change without writing.
+    pub dry_run: bool,
+}
+
+/// What the lifecycle backfill did.
+#[derive(Debug)]
+pub enum Backfilled {
+    /// Nothing asked, and every projection is live: nothing done.
+    AllLive,
+    /// It ran (or counted, dry).
+    Ran {
+        /// What it did.
+        summary: BackfillSummary,
+        /// The run it worked for (none when dry).
+        run: Option<String>,
+    },
+}
+
+/// The lifecycle backfill of `c`'s table: chooses the projections
+/// (those asked, else those not live; see [`crate::control::choose_projections`]),
+/// claims them under a run (unless dry), and backfills them. `note`
+/// hears what it decided as it goes.
+pub async fn lifecycle(
+    c: &crate::control::Connection,
+    request: &Request,
+    commands: &crate::control::Commands,
+    note: &mut (dyn FnMut(&str) + Send),
+) -> anyhow::Result<Backfilled> {
+    let registry = c.registry();
+    let applier = c.applier();
+    let asked = projection_ids(&c.spec, &request.projections)?;
+    let choice =
+        crate::control::choose_projections(&registry, &applier, commands, asked, request.all)
+            .await?;
+    let ids: Vec<ProjectionId> = match choice {
+        crate::control::BackfillChoice::Asked(ids) => ids,
+        crate::control::BackfillChoice::AllLive => return Ok(Backfilled::AllLive),
+        crate::control::BackfillChoice::NotLive(needed) => {
+            let names: Vec<&str> = needed
+                .iter()
+                .map(|&id| c.spec.projections[id].name.as_str())
+                .collect();
+            note(&format!(
+                "backfilling what is not live: {}",
+                names.join(", ")
+            ));
+            needed
+        }
+    };
+    let run = if request.dry_run {
+        None
+    } else {
+        let run = crate::control::claim_run(
+            &registry,
+            &c.spec,
+            &ids,
+            request.run.as_deref(),
+            request.resume,
+            request.wait,
+            note,
+        )
+        .await?;
+        Some(run)
+    };
+    let options = BackfillOptions {
+        projections: (ids.len() != c.spec.projections.len()).then_some(ids),
+        segments: request.segments.clone(),
+        total_segments: request.total_segments,
+        max_wcu: request.max_wcu,
+        max_rcu: request.max_rcu,
+        resume: request.resume || request.run.is_some(),
+        dry_run: request.dry_run,
+        run,
+        ..Default::default()
+    };
+    let summary = backfill(&applier, &options).await?;
+    Ok(Backfilled::Ran {
+        summary,
+        run: options.run,
+    })
+}
+
+/// Resolves projection names, failing with the list of known ones.
+fn projection_ids(
+    spec: &crate::spec::Spec,
+    names: &[String],
+) -> anyhow::Result<Option<Vec<usize>>> {
+    if names.is_empty() {
+        return Ok(None);
+    }
+    let mut ids = Vec::new();
+    for name in names {
+        match spec.projection_id(name) {
+            Some(id) => ids.push(id),
+            None => {
+                let known: Vec<&str> = spec.projections.iter().map(|p| p.name.as_str()).collect();
+                anyhow::bail!(
+                    "no projection `{name}` in {} (known: {})",
+                    spec.file,
+                    known.join(", ")
+                );
+            }
+        }
+    }
+    Ok(Some(ids))
+}

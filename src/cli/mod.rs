@@ -536,24 +536,22 @@ pub fn run(cli: Cli) -> anyhow::Result<Outcome> {
             max_rcu,
             resume,
             dry_run,
-        } => block_on(lifecycle::backfill(
-            target,
-            lifecycle::BackfillArgs {
+        } => {
+            let request = lifecycle::backfill_request(
                 projections,
                 all,
                 run,
                 wait,
-                segments: online::Segments {
-                    segments,
-                    segment,
-                    total_segments,
-                },
+                segments,
+                segment,
+                total_segments,
                 max_wcu,
                 max_rcu,
                 resume,
                 dry_run,
-            },
-        )),
+            )?;
+            block_on(lifecycle::backfill(target, request))
+        }
         Command::Status { target, format } => block_on(lifecycle::status(target, format)),
         Command::Prune {
             target,

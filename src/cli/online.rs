@@ -221,38 +221,3 @@ fn item_key(table: &crate::spec::TableSpec, pairs: &[String]) -> anyhow::Result<
     };
     Ok(ItemKey { pk, sk })
 }
-
-/// Which scan segments `backfill` runs.
-pub struct Segments {
-    /// Segments in parallel in this process (when `segment` is not given).
-    pub segments: u32,
-    /// One segment only.
-    pub segment: Option<u32>,
-    /// The total when `segment` is given.
-    pub total_segments: Option<u32>,
-}
-
-/// Resolves projection names, failing with the list of known ones.
-pub fn projection_ids(
-    spec: &crate::spec::Spec,
-    names: &[String],
-) -> anyhow::Result<Option<Vec<usize>>> {
-    if names.is_empty() {
-        return Ok(None);
-    }
-    let mut ids = Vec::new();
-    for name in names {
-        match spec.projection_id(name) {
-            Some(id) => ids.push(id),
-            None => {
-                let known: Vec<&str> = spec.projections.iter().map(|p| p.name.as_str()).collect();
-                bail!(
-                    "no projection `{name}` in {} (known: {})",
-                    spec.file,
-                    known.join(", ")
-                );
-            }
-        }
-    }
-    Ok(Some(ids))
-}

@@ -10,7 +10,7 @@ use anyhow::bail;
 
 use super::{connect, OutputFormat, Target};
 use crate::global::{Ran, RunFailed, Step, Worked};
-use crate::source::recover::{RecoverOptions, Recovery};
+use crate::source::recover::RecoverOptions;
 use crate::source::stream::MAX_BATCH;
 use crate::source::RunOptions;
 
@@ -119,19 +119,12 @@ pub async fn recover(
     if !dry_run {
         crate::global::require_home(&c, &target.deployment(), "recover").await?;
     }
-    let applier = c.applier();
-    let recovery = Recovery::new(
-        applier,
-        crate::dynamo::client::streams(&c.config),
-        aws_sdk_sqs::Client::new(&c.config),
-        &queue_url,
-    );
     let options = RecoverOptions {
         backfill_trimmed,
         dry_run,
         ..RecoverOptions::default()
     };
-    let summary = recovery.run(&options).await?;
+    let summary = crate::source::recover::recover(&c, &queue_url, &options).await?;
     match format {
         OutputFormat::Json => println!("{}", serde_json::to_string(&summary)?),
         OutputFormat::Text => {
@@ -139,15 +132,7 @@ pub async fn recover(
                 "ddb-projector recover on table {} from {queue_url}:\n{summary}",
                 c.table
             );
-            let trimmed = summary.messages.iter().any(|m| {
-                matches!(
-                    m.outcome,
-                    crate::source::recover::Outcome::Trimmed {
-                        backfilled: false,
-                        ..
-                    }
-                )
-            });
+            let trimmed = summary.trimmed_left();
             if trimmed && !dry_run {
                 let table = match &target.table {
                     Some(table) => format!(" --table {table}"),
@@ -164,11 +149,7 @@ pub async fn recover(
             }
         }
     }
-    Ok(if summary.kept() == 0 {
-        Outcome::Done
-    } else {
-        Outcome::Found
-    })
+    Ok(Outcome::done_if(summary.kept() == 0))
 }
 
 /// `PROJECTOR_BATCH_LIMIT` (1 to [`MAX_BATCH`]) into `options`.

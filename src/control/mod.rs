@@ -188,3 +188,69 @@ pub fn stream_consumer(
     };
     applier(client, spec, table, config)
 }
+
+/// What `status` reports of a table: each projection's state, the open
+/// dead letters and the recorded violations.
+#[derive(Debug)]
+pub struct StatusReport {
+    /// Each projection of the spec, and the retired ones the registry
+    /// knows, with its dead letters and last change applied.
+    pub rows: Vec<ProjectionStatus>,
+    /// Open dead letters of whole records (undecodable).
+    pub whole_record_letters: usize,
+    /// The recorded violations of each invariant of the spec.
+    pub violations: std::collections::BTreeMap<String, usize>,
+}
+
+impl StatusReport {
+    /// How many projections are live.
+    pub fn live(&self) -> usize {
+        self.rows.iter().filter(|r| r.state == State::Live).count()
+    }
+
+    /// Whether every projection is live.
+    pub fn all_live(&self) -> bool {
+        self.live() == self.rows.len()
+    }
+}
+
+/// Where each projection of `c`'s spec is in its life (see [`states`]),
+/// `commands` saying how to write what it needs next.
+pub async fn status(c: &Connection, commands: &Commands) -> anyhow::Result<StatusReport> {
+    crate::dynamo::client::describe_table(&c.dynamodb, &c.table).await?;
+    let registry = c.registry();
+    let snapshot = registry.snapshot(&c.spec).await?;
+    let applier = c.applier();
+    let by_projection = open_letters(&applier).await?;
+    let mut rows = states(
+        &c.spec,
+        &snapshot,
+        crate::dynamo::time::now_ms(),
+        registry.skew_ms(),
+        &by_projection,
+        commands,
+    );
+    let applied = registry.applied().await?;
+    for row in &mut rows {
+        row.dead_letters = by_projection.get(&row.name).copied().unwrap_or(0);
+        row.applied = applied.get(&row.name).copied();
+    }
+    let whole_record_letters = by_projection
+        .get(&applier.whole_record())
+        .copied()
+        .unwrap_or(0);
+    let mut violations: std::collections::BTreeMap<String, usize> = c
+        .spec
+        .invariants
+        .iter()
+        .map(|i| (i.name.clone(), 0))
+        .collect();
+    for v in &applier.recorded_violations().await? {
+        *violations.entry(v.invariant.clone()).or_default() += 1;
+    }
+    Ok(StatusReport {
+        rows,
+        whole_record_letters,
+        violations,
+    })
+}

@@ -272,9 +272,39 @@ impl RecoverSummary {
                 .count()
     }
 
+    /// Whether some messages name ranges the stream no longer holds and
+    /// no backfill covered: what they touched is unknown.
+    pub fn trimmed_left(&self) -> bool {
+        self.messages.iter().any(|m| {
+            matches!(
+                m.outcome,
+                Outcome::Trimmed {
+                    backfilled: false,
+                    ..
+                }
+            )
+        })
+    }
+
     fn count(&self, pick: fn(&Outcome) -> bool) -> usize {
         self.messages.iter().filter(|m| pick(&m.outcome)).count()
     }
+}
+
+/// `recover`: the batches Lambda gave up on, named by the messages of
+/// the on-failure queue at `queue_url`, applied again on `c`'s table.
+pub async fn recover(
+    c: &crate::control::Connection,
+    queue_url: &str,
+    options: &RecoverOptions,
+) -> anyhow::Result<RecoverSummary> {
+    let recovery = Recovery::new(
+        c.applier(),
+        crate::dynamo::client::streams(&c.config),
+        aws_sdk_sqs::Client::new(&c.config),
+        queue_url,
+    );
+    Ok(recovery.run(options).await?)
 }
 
 impl fmt::Display for RecoverSummary {
