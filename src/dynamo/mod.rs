@@ -12,7 +12,8 @@
 //! **Architecture Invariant:** `dynamo` imports nothing of the crate above
 //! its floor (1 in ARCHITECTURE.md's module map; only `record` and
 //! `logging` stand lower): every room above may use it, and it knows none
-//! of them. Checked by the module map test, `tests/engine/architecture.rs`.
+//! of them. Checked against the module map (its test in the suite,
+//! `tests/engine/architecture.rs`, is not yet landed).
 
 pub mod arn;
 pub mod client;
