@@ -9,9 +9,12 @@
 //! that revealed them and since when), resolved ones are deleted.
 //!
 //! **Architecture Invariant:** checking never blocks projection. It runs
-//! after the batch's effects and dead letters are durable, its errors are
-//! logged and counted but change no record's status, and it is skipped when
-//! the deadline has come. `audit` finds whatever a skipped check missed.
+//! after the writes its scope reads are made (the values of `unique`
+//! invariants may be checked while the batch's recomputes are written, when
+//! no recompute writes on their entity; everything else after the batch's
+//! effects and dead letters are durable), its errors are logged and counted
+//! but change no record's status, and it is skipped when the deadline has
+//! come. `audit` finds whatever a skipped check missed.
 //!
 //! A declared repair policy (`keep-latest`) is the only way the projector
 //! writes a source item: when several items satisfy a count invariant's

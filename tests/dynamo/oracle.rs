@@ -1,7 +1,7 @@
 //! An oracle for any spec: what the derived attributes, reverse edges and
 //! counters must be, computed from a spec's TOML and the items of a scan,
-//! without `src/spec` or `src/plan` (a second, independent reading of what
-//! a spec means). It reads what generated specs use: key patterns of
+//! using nothing of the crate (a second, independent reading of what a
+//! spec means). It reads what generated specs use: key patterns of
 //! literals and variables (each variable followed by a literal or at the
 //! end), templates of literals and `{var}`, `{lower(var)}`, `{upper(var)}`
 //! and `{trim(var)}`, equality conditions, and the four projection kinds.
