@@ -9,9 +9,9 @@ use std::collections::HashMap;
 use std::time::Duration;
 
 use super::registry::{ClaimOutcome, Registry};
-use super::status::{iso, states, Commands, State};
+use super::status::{states, Commands, State};
 use crate::apply::{Applier, ApplyError};
-use crate::dynamo::time::now_ms;
+use crate::dynamo::time::{iso, now_ms};
 use crate::spec::{ProjectionId, Spec};
 
 /// Why a backfill cannot start.

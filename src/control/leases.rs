@@ -14,10 +14,10 @@ use super::layout::layout_is_stale;
 use super::registry::{
     lease_names, number, parse_leases, Registry, APPLIED, LEASES, LEASES_VERSION,
 };
-use super::status::{hex, iso, Applied, WITHOUT};
+use super::status::{hex, Applied, WITHOUT};
 use crate::apply::{ApplyConfig, ApplyError, Control, CounterVersion};
 use crate::dynamo::retry::{describe as retry_describe, is_condition_failure};
-use crate::dynamo::time::now_ms;
+use crate::dynamo::time::{iso, now_ms};
 use crate::spec::{ProjectionId, Spec};
 
 /// How often a stream consumer records the last change it applied.

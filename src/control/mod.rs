@@ -57,6 +57,7 @@ mod status;
 
 use std::sync::Arc;
 
+pub use crate::dynamo::time::iso;
 pub use backfill::{
     choose_projections, claim_run, open_letters, BackfillChoice, BackfillError, LettersError,
 };
@@ -64,7 +65,7 @@ pub use layout::{current_layout, layout_refusals, relaid, CounterLayout, OldVers
 pub use leases::{ApplierControl, Leases};
 pub use registry::{ClaimOutcome, Completion, Registry, LEASES_VERSION};
 pub use status::{
-    hex, iso, states, Applied, BackfillRun, Commands, ConsumerSpec, Definition, ProjectionStatus,
+    hex, states, Applied, BackfillRun, Commands, ConsumerSpec, Definition, ProjectionStatus,
     ReadVersion, Record, Snapshot, State, WITHOUT,
 };
 

@@ -9,7 +9,7 @@ use aws_sdk_dynamodb::types::{AttributeValue as Av, KeysAndAttributes};
 use serde::Serialize;
 
 use super::status::{
-    add_without, hex, iso, onto_reverse_items, without_done_dependencies, Applied, BackfillRun,
+    add_without, hex, onto_reverse_items, without_done_dependencies, Applied, BackfillRun,
     ConsumerSpec, Definition, ReadVersion, Record, Snapshot,
 };
 use crate::apply::{clock_skew_ms, ApplyError};
@@ -18,7 +18,7 @@ use crate::dynamo::retry::{
     describe as retry_describe, is_condition_failure, wait_for_unprocessed, Retrier,
     REGISTRY_CONTENTION,
 };
-use crate::dynamo::time::now_ms;
+use crate::dynamo::time::{iso, now_ms};
 use crate::spec::raw::{RawProjection, RawSpec};
 use crate::spec::{old_version_of, storage_generation, ProjectionId, Spec, TableSpec};
 

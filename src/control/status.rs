@@ -8,6 +8,7 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 use serde::Serialize;
 
+use crate::dynamo::time::iso;
 use crate::kinds::Writes;
 use crate::spec::{old_version_of, ProjectionId, Spec};
 
@@ -31,13 +32,6 @@ impl Applied {
 /// The fingerprint a stream consumer leases for a projection its spec
 /// lacks.
 pub const WITHOUT: &str = "-";
-
-/// A time in ms as RFC 3339.
-pub fn iso(ms: u64) -> String {
-    aws_smithy_types::DateTime::from_millis(ms as i64)
-        .fmt(aws_smithy_types::date_time::Format::DateTime)
-        .unwrap_or_default()
-}
 
 /// The hex form of a fingerprint, as stored.
 pub fn hex(fingerprint: u64) -> String {
