@@ -1,6 +1,7 @@
 //! The engine core: spec compilation, decoding and planning (all pure),
 //! and the offline commands built on them.
 
+mod architecture;
 mod bad_inputs;
 mod cli;
 mod decode;
