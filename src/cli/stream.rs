@@ -1,6 +1,7 @@
 //! `run` and `replay`: the self-hosted stream runner (see [`crate::source`]).
 //!
-//! `PROJECTOR_BATCH_LIMIT` (1 to 1000, default 1000) sets the records per
+//! `PROJECTOR_BATCH_LIMIT` (1 to 1000, default 1000; read by `run`,
+//! `replay` and `failover`'s replay) sets the records per
 //! `GetRecords` call, so per batch and checkpoint: smaller batches
 //! checkpoint more often but coalesce less.
 
@@ -78,6 +79,7 @@ pub async fn replay(target: Target, projections: Vec<String>) -> anyhow::Result<
 /// `failover --to REGION` (see [`crate::global::failover`]): its steps
 /// as they go, then what is left to the operator.
 pub async fn failover(target: Target, to: String, segments: u32) -> anyhow::Result<Outcome> {
+    let replay = batch_limit(RunOptions::replay(None))?;
     let c = match connect(&target).await {
         Ok(connection) => connection,
         Err(result) => return result,
@@ -91,7 +93,8 @@ pub async fn failover(target: Target, to: String, segments: u32) -> anyhow::Resu
             }
         }
     };
-    let done = crate::global::failover(&c, &target.deployment(), &to, segments, &mut step).await?;
+    let done =
+        crate::global::failover(&c, &target.deployment(), &to, replay, segments, &mut step).await?;
     eprintln!(
         "ddb-projector failover: {to}'s replica is repaired. Now:\n  \
          1. set HomeRegion={to} in the stack of every region (infra/deploy ... \

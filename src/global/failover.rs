@@ -31,12 +31,15 @@ pub struct Failover {
 }
 
 /// Makes `to`, the region `c` runs in, the home region of `c`'s global
-/// table; `segments`: the audits' parallel scan segments. Refuses (an
+/// table; `replay`: how to replay its stream (`RunOptions::replay`, with
+/// the caller's batch limit); `segments`: the audits' parallel scan
+/// segments. Refuses (an
 /// error) another region, or a table of one region, before writing.
 pub async fn failover(
     c: &Connection,
     deployment: &Deployment,
     to: &str,
+    replay: RunOptions,
     segments: u32,
     step: &mut dyn FnMut(Step<'_>),
 ) -> anyhow::Result<Failover> {
@@ -75,14 +78,7 @@ pub async fn failover(
         "{to} becomes the home region of {}; 1/4: replaying {to}'s stream from its oldest record",
         c.table
     )));
-    match run_stream(
-        c,
-        &deployment,
-        RunOptions::replay(None),
-        "failover (replay)",
-    )
-    .await
-    {
+    match run_stream(c, &deployment, replay, "failover (replay)").await {
         Ok(ran) => step(Step::Replayed(&ran)),
         Err(RunFailed { ran, error }) => {
             if let Some(ran) = &ran {

@@ -2,8 +2,9 @@
 //! its region is home, laying the spec out again as counters' versions
 //! move.
 //!
-//! `PROJECTOR_BATCH_LIMIT` (1 to 1000, default 1000), read by the CLI,
-//! sets the records per `GetRecords` call, so per batch and checkpoint.
+//! `PROJECTOR_BATCH_LIMIT` (1 to 1000, default 1000), read by the CLI's
+//! `run`, `replay` and `failover`, sets the records per `GetRecords`
+//! call, so per batch and checkpoint.
 
 use std::sync::Arc;
 

@@ -941,6 +941,21 @@ async fn failover_refuses_outside_its_region_and_on_a_table_of_one_region() {
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert_eq!(output.status.code(), Some(2), "{stderr}");
     assert!(stderr.contains("is not a global table"), "{stderr}");
+    // Its replay reads PROJECTOR_BATCH_LIMIT as `replay` does: a bad
+    // value is refused before anything is read or written.
+    let output = std::process::Command::new(support::binary())
+        .args(["failover", "--spec", spec_path.to_str().unwrap()])
+        .args(["--table", &table, "--to", "us-east-1"])
+        .envs(support::env())
+        .env("PROJECTOR_BATCH_LIMIT", "abc")
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(2), "{stderr}");
+    assert!(
+        stderr.contains("PROJECTOR_BATCH_LIMIT must be a whole number from 1 to 1000, not `abc`"),
+        "{stderr}"
+    );
     assert_eq!(derived(&client, &table).await, 0, "nothing done");
     // `check --table` says where a worker here stands.
     let output = std::process::Command::new(support::binary())
