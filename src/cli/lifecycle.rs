@@ -145,50 +145,80 @@ pub async fn status(target: Target, format: OutputFormat) -> anyhow::Result<Outc
     })
 }
 
-/// `backfill`'s request, built from its flags before any I/O: a segment
-/// out of range, or one without `--run`, is refused here.
-// One argument per flag of `Command::Backfill`, as clap gives them.
-#[allow(clippy::too_many_arguments)]
-pub fn backfill_request(
-    projections: Vec<String>,
-    all: bool,
-    run: Option<String>,
-    wait: Duration,
-    segments: u32,
-    segment: Option<u32>,
-    total_segments: Option<u32>,
-    max_wcu: Option<f64>,
-    max_rcu: Option<f64>,
-    resume: bool,
-    dry_run: bool,
-) -> anyhow::Result<crate::backfill::Request> {
-    let (segment_list, total) = match (segment, total_segments) {
-        (Some(segment), Some(total)) => {
-            if segment >= total {
-                bail!("--segment {segment} is out of range for --total-segments {total} (segments count from 0)");
+/// `backfill`'s flags.
+#[derive(clap::Args, Debug)]
+pub struct BackfillArgs {
+    /// Only these projections (repeatable; default: those `status` says
+    /// are not live).
+    #[arg(long = "projection")]
+    pub projections: Vec<String>,
+    /// Every projection of the spec, live ones too.
+    #[arg(long, conflicts_with = "projections")]
+    pub all: bool,
+    /// Name this backfill: every machine running a segment of it passes
+    /// the same name (default: a new name; with --resume, the backfill
+    /// under way).
+    #[arg(long)]
+    pub run: Option<String>,
+    /// How long to wait for writers of another definition to stop
+    /// before claiming the projections (e.g. `20m`, `90s`).
+    #[arg(long, default_value = "20m", value_parser = super::parse_duration)]
+    pub wait: Duration,
+    /// Scan segments to run in parallel in this process.
+    #[arg(long, default_value_t = 4)]
+    pub segments: u32,
+    /// Run only this segment (of --total-segments), e.g. one per machine.
+    #[arg(long, requires = "total_segments")]
+    pub segment: Option<u32>,
+    /// The total number of segments when --segment is given.
+    #[arg(long)]
+    pub total_segments: Option<u32>,
+    /// Consumed write capacity units per second to stay under.
+    #[arg(long)]
+    pub max_wcu: Option<f64>,
+    /// Consumed read capacity units per second to stay under.
+    #[arg(long)]
+    pub max_rcu: Option<f64>,
+    /// Continue an interrupted run from its checkpoints.
+    #[arg(long)]
+    pub resume: bool,
+    /// Count what would change without writing.
+    #[arg(long)]
+    pub dry_run: bool,
+}
+
+impl BackfillArgs {
+    /// The request, built before any I/O: a segment out of range, or one
+    /// without `--run`, is refused here.
+    pub fn request(self) -> anyhow::Result<crate::backfill::Request> {
+        let (segments, total_segments) = match (self.segment, self.total_segments) {
+            (Some(segment), Some(total)) => {
+                if segment >= total {
+                    bail!("--segment {segment} is out of range for --total-segments {total} (segments count from 0)");
+                }
+                (vec![segment], total)
             }
-            (vec![segment], total)
+            _ => {
+                let n = self.segments.clamp(1, 1_000_000);
+                ((0..n).collect(), n)
+            }
+        };
+        if self.segment.is_some() && self.run.is_none() && !self.dry_run {
+            bail!("--segment needs --run NAME: the same name on every machine, so that the segments make one backfill (its projections are recorded once every segment is done)");
         }
-        _ => {
-            let n = segments.clamp(1, 1_000_000);
-            ((0..n).collect(), n)
-        }
-    };
-    if segment.is_some() && run.is_none() && !dry_run {
-        bail!("--segment needs --run NAME: the same name on every machine, so that the segments make one backfill (its projections are recorded once every segment is done)");
+        Ok(crate::backfill::Request {
+            projections: self.projections,
+            all: self.all,
+            run: self.run,
+            wait: self.wait,
+            segments,
+            total_segments,
+            max_wcu: self.max_wcu,
+            max_rcu: self.max_rcu,
+            resume: self.resume,
+            dry_run: self.dry_run,
+        })
     }
-    Ok(crate::backfill::Request {
-        projections,
-        all,
-        run,
-        wait,
-        segments: segment_list,
-        total_segments: total,
-        max_wcu,
-        max_rcu,
-        resume,
-        dry_run,
-    })
 }
 
 /// `backfill` (see [`crate::backfill::lifecycle`]).

@@ -181,43 +181,9 @@ pub enum Command {
         /// Spec and table.
         #[command(flatten)]
         target: Target,
-        /// Only these projections (repeatable; default: those `status` says
-        /// are not live).
-        #[arg(long = "projection")]
-        projections: Vec<String>,
-        /// Every projection of the spec, live ones too.
-        #[arg(long, conflicts_with = "projections")]
-        all: bool,
-        /// Name this backfill: every machine running a segment of it passes
-        /// the same name (default: a new name; with --resume, the backfill
-        /// under way).
-        #[arg(long)]
-        run: Option<String>,
-        /// How long to wait for writers of another definition to stop
-        /// before claiming the projections (e.g. `20m`, `90s`).
-        #[arg(long, default_value = "20m", value_parser = parse_duration)]
-        wait: std::time::Duration,
-        /// Scan segments to run in parallel in this process.
-        #[arg(long, default_value_t = 4)]
-        segments: u32,
-        /// Run only this segment (of --total-segments), e.g. one per machine.
-        #[arg(long, requires = "total_segments")]
-        segment: Option<u32>,
-        /// The total number of segments when --segment is given.
-        #[arg(long)]
-        total_segments: Option<u32>,
-        /// Consumed write capacity units per second to stay under.
-        #[arg(long)]
-        max_wcu: Option<f64>,
-        /// Consumed read capacity units per second to stay under.
-        #[arg(long)]
-        max_rcu: Option<f64>,
-        /// Continue an interrupted run from its checkpoints.
-        #[arg(long)]
-        resume: bool,
-        /// Count what would change without writing.
-        #[arg(long)]
-        dry_run: bool,
+        /// What to backfill and how.
+        #[command(flatten)]
+        args: lifecycle::BackfillArgs,
     },
     /// Where each projection is in its life (new, backfilling, live,
     /// changed, retired), since when, what it needs next, its open dead
@@ -523,33 +489,8 @@ pub fn run(cli: Cli) -> anyhow::Result<Outcome> {
             dry_run,
             format,
         )),
-        Command::Backfill {
-            target,
-            projections,
-            all,
-            run,
-            wait,
-            segments,
-            segment,
-            total_segments,
-            max_wcu,
-            max_rcu,
-            resume,
-            dry_run,
-        } => {
-            let request = lifecycle::backfill_request(
-                projections,
-                all,
-                run,
-                wait,
-                segments,
-                segment,
-                total_segments,
-                max_wcu,
-                max_rcu,
-                resume,
-                dry_run,
-            )?;
+        Command::Backfill { target, args } => {
+            let request = args.request()?;
             block_on(lifecycle::backfill(target, request))
         }
         Command::Status { target, format } => block_on(lifecycle::status(target, format)),

@@ -273,3 +273,41 @@ fn plan_with_a_record_that_cannot_be_planned() {
     "#]]
     .assert_eq(&stderr(&output));
 }
+
+/// `backfill`'s segment flags are checked before anything is read or
+/// connected: no table, no endpoint, no credentials are needed to be
+/// told, and the exit code is 2.
+#[test]
+fn backfill_refuses_bad_segment_flags_before_any_io() {
+    let spec = "projections/social-service.toml";
+    let refused = |args: &[&str]| {
+        let mut all = vec!["backfill", "--spec", spec, "--table", "NoSuchTable"];
+        all.extend_from_slice(args);
+        let output = Command::new(env!("CARGO_BIN_EXE_ddb-projector"))
+            .args(&all)
+            .current_dir(repo_path(""))
+            .env_remove("RUST_LOG")
+            // Nothing listens here: a command that connected would fail
+            // with another message.
+            .env("AWS_ENDPOINT_URL", "http://127.0.0.1:9")
+            .env("AWS_REGION", "us-east-1")
+            .env("AWS_ACCESS_KEY_ID", "x")
+            .env("AWS_SECRET_ACCESS_KEY", "x")
+            .output()
+            .expect("the binary runs");
+        assert_eq!(output.status.code(), Some(2), "{}", stderr(&output));
+        stderr(&output)
+    };
+    let out_of_range = refused(&["--segment", "5", "--total-segments", "2", "--run", "r"]);
+    assert!(
+        out_of_range.contains("--segment 5 is out of range for --total-segments 2"),
+        "{out_of_range}"
+    );
+    let unnamed = refused(&["--segment", "0", "--total-segments", "2"]);
+    assert!(unnamed.contains("--segment needs --run NAME"), "{unnamed}");
+    // clap's own rules still hold on the flattened flags.
+    let alone = refused(&["--segment", "0"]);
+    assert!(alone.contains("--total-segments"), "{alone}");
+    let both = refused(&["--all", "--projection", "followers"]);
+    assert!(both.contains("cannot be used with"), "{both}");
+}
