@@ -251,6 +251,29 @@ impl Compiler {
         found
     }
 
+    /// The `source` and `target` entities of a projection that writes
+    /// onto another entity than it reads: both known, and not the same
+    /// (its output would match its own input).
+    pub(crate) fn source_and_target(
+        &mut self,
+        context: &str,
+        source: &str,
+        target: &str,
+        entities: &[Entity],
+    ) -> Option<(EntityId, EntityId)> {
+        let source = self.entity(context, "source", source, entities);
+        let target = self.entity(context, "target", target, entities);
+        let (source, target) = (source?, target?);
+        if source == target {
+            self.error(
+                context,
+                "source and target are the same entity: its output would match its own input and loop",
+            );
+            return None;
+        }
+        Some((source, target))
+    }
+
     /// Templates for attributes a projection writes, checked.
     pub(crate) fn templates(
         &mut self,

@@ -150,16 +150,7 @@ pub(crate) fn compile(
     table: &TableSpec,
     entities: &[Entity],
 ) -> Option<Aggregate> {
-    let source = cx.entity(context, "source", &raw.source, entities);
-    let target = cx.entity(context, "target", &raw.target, entities);
-    let (source, target) = (source?, target?);
-    if source == target {
-        cx.error(
-            context,
-            "source and target are the same entity: its output would match its own input and loop",
-        );
-        return None;
-    }
+    let (source, target) = cx.source_and_target(context, &raw.source, &raw.target, entities)?;
     if raw.set.is_empty() {
         cx.error(context, "`set` is empty: name at least one total to keep");
         return None;

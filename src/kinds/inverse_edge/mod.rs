@@ -68,16 +68,7 @@ pub(crate) fn compile(
     table: &TableSpec,
     entities: &[Entity],
 ) -> Option<InverseEdge> {
-    let source = cx.entity(context, "source", &raw.source, entities);
-    let target = cx.entity(context, "target", &raw.target, entities);
-    let (source, target) = (source?, target?);
-    if source == target {
-        cx.error(
-            context,
-            "source and target are the same entity: its output would match its own input and loop",
-        );
-        return None;
-    }
+    let (source, target) = cx.source_and_target(context, &raw.source, &raw.target, entities)?;
     let bound = cx.bound_by_source(context, &entities[source], &entities[target]);
     let one_to_one = cx.covers_source(context, &entities[source], &entities[target]);
     let when = cx.condition(context, &raw.when);
