@@ -789,6 +789,79 @@ async fn prune_removes_what_retired_projections_derived_and_nothing_else() {
     }
 }
 
+/// A rebuild rolled back before its backfill: the old version `followers~0`
+/// is retired, but its storage (`followers`, generation 0) is where the
+/// current spec's `followers` writes again. Pruning it would delete the
+/// current counter's shards and records: refused, and nothing is written.
+#[tokio::test]
+async fn prune_refuses_an_old_version_whose_storage_the_current_counter_writes() {
+    let dir = tempfile::tempdir().unwrap();
+    let v1 = social_spec(dir.path(), "v1.toml", |t| t);
+    let v2 = social_spec(dir.path(), "v2.toml", v2);
+    let client = support::client().await;
+    let spec1 = Arc::new(Spec::from_file(&v1).unwrap());
+    let table = support::fresh_table(&client, &spec1, "lifecycle-prune-current").await;
+    for (a, b) in [("a", "b"), ("c", "b"), ("b", "a")] {
+        put_item(&client, &table, &follow(a, b, "2026-11-27")).await;
+    }
+    run_drain(&v1, &table);
+    backfilled(&backfill_cli(&v1, &table, &[]));
+    // v2 deployed: `followers` built in generation 1, v1's kept current
+    // beside it as `followers~0` (storage `followers`).
+    std::thread::sleep(std::time::Duration::from_millis(2_600));
+    run_drain(&v2, &table);
+    // Rolled back before v2's backfill: v1's `followers` is what readers
+    // read, in generation 0, and `followers~0` is retired.
+    run_drain(&v1, &table);
+    let registry = Registry::new(client.clone(), &table, &spec1.table);
+    let (laid, _) = registry.layout(&spec1).await.unwrap();
+    let id = laid.projection_id("followers").unwrap();
+    assert_eq!(laid.counter(id).unwrap().storage, "followers");
+    assert!(laid.projection_id("followers~0").is_none());
+    std::thread::sleep(std::time::Duration::from_millis(1_600));
+    let (_, rows) = status(&v1, &table);
+    assert_eq!(state(&rows, "followers~0"), "retired", "{rows:?}");
+
+    let shards = |items: &[super::model::Attrs]| {
+        items
+            .iter()
+            .filter(|i| {
+                support::text(i, "PK").is_some_and(|pk| pk.starts_with("COUNTER#followers#"))
+            })
+            .count()
+    };
+    let before = support::scan_all(&client, &table).await;
+    assert!(shards(&before) > 0);
+    assert_eq!(
+        user_counter(&client, &table, &laid, "followers", "b").await,
+        2
+    );
+    for extra in [&[][..], &["--dry-run"]] {
+        let refused = prune_cli(
+            &v1,
+            &table,
+            &[&["--projection", "followers~0"][..], extra].concat(),
+        );
+        assert!(!refused.status.success(), "{}", stderr(&refused));
+        assert!(
+            stderr(&refused).contains(
+                "`followers~0` kept its shards and records under `followers`, where `followers` of the current spec keeps its own now"
+            ),
+            "{}",
+            stderr(&refused)
+        );
+        assert_eq!(
+            support::scan_all(&client, &table).await,
+            before,
+            "a refused prune wrote something"
+        );
+    }
+    assert_eq!(
+        user_counter(&client, &table, &laid, "followers", "b").await,
+        2
+    );
+}
+
 /// v2 of the social spec for the rebuild test: `followers` counts close
 /// follows only, on 16 shards (a definition whose values differ from v1's).
 fn close_followers(t: String) -> String {
