@@ -7,6 +7,11 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 use std::sync::Arc;
 
+use aws_smithy_runtime_api::box_error::BoxError;
+use aws_smithy_runtime_api::client::interceptors::context::BeforeTransmitInterceptorContextRef;
+use aws_smithy_runtime_api::client::interceptors::Intercept;
+use aws_smithy_runtime_api::client::runtime_components::RuntimeComponents;
+use aws_smithy_types::config_bag::ConfigBag;
 use ddb_projector::apply::{ApplyConfig, BatchOptions};
 use ddb_projector::backfill::{backfill, BackfillOptions};
 use ddb_projector::control::{self, ClaimOutcome, Registry};
@@ -1304,6 +1309,141 @@ async fn a_writer_whose_lease_ran_out_is_checked_again_before_it_writes() {
         .await
         .unwrap();
     assert_eq!(outcome.first_failure(), Some(0), "{outcome:?}");
+}
+
+/// Runs `lease` (blocking) before the first `TransactWriteItems` whose
+/// request names `needle` is sent: between the snapshot a completion reads
+/// and the transaction it writes.
+#[derive(Clone)]
+struct BeforeTransaction {
+    needle: &'static str,
+    lease: Arc<dyn Fn() + Send + Sync>,
+    fired: Arc<std::sync::atomic::AtomicUsize>,
+}
+
+impl std::fmt::Debug for BeforeTransaction {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("BeforeTransaction")
+            .field("needle", &self.needle)
+            .finish()
+    }
+}
+
+impl Intercept for BeforeTransaction {
+    fn name(&self) -> &'static str {
+        "BeforeTransaction"
+    }
+
+    fn read_before_transmit(
+        &self,
+        context: &BeforeTransmitInterceptorContextRef<'_>,
+        _components: &RuntimeComponents,
+        _cfg: &mut ConfigBag,
+    ) -> Result<(), BoxError> {
+        let request = context.request();
+        let body = String::from_utf8_lossy(request.body().bytes().unwrap_or_default());
+        if request.headers().get("x-amz-target") == Some("DynamoDB_20120810.TransactWriteItems")
+            && body.contains(self.needle)
+            && self.fired.fetch_add(1, std::sync::atomic::Ordering::SeqCst) == 0
+        {
+            (self.lease)();
+        }
+        Ok(())
+    }
+}
+
+/// A writer of another definition takes its lease after the snapshot that
+/// vouches for a completion and before the completion's transaction: the
+/// leases' version moved, so the transaction is refused, and the
+/// completion, looking again, sees the lease and names no new generation.
+#[tokio::test]
+async fn a_lease_taken_after_the_completions_snapshot_keeps_the_old_generation_read() {
+    let dir = tempfile::tempdir().unwrap();
+    let v1 = social_spec(dir.path(), "v1.toml", |t| t);
+    let v2 = social_spec(dir.path(), "v2.toml", v2);
+    let spec1 = Arc::new(Spec::from_file(&v1).unwrap());
+    let spec2 = Arc::new(Spec::from_file(&v2).unwrap());
+    let client = support::client().await;
+    let table = support::fresh_table(&client, &spec1, "lifecycle-fence").await;
+    for (a, b) in [("a", "b"), ("c", "b"), ("b", "a")] {
+        put_item(&client, &table, &follow(a, b, "2026-11-27")).await;
+    }
+    run_drain(&v1, &table);
+    backfilled(&backfill_cli(&v1, &table, &[]));
+    let registry = Registry::new(client.clone(), &table, &spec2.table);
+    let v1_read = registry.read_version("followers").await.unwrap().unwrap();
+    assert_eq!(v1_read.generation, 0);
+
+    // v2 deployed; its rebuild of `followers` (generation 1) claimed once
+    // v1's leases ended.
+    std::thread::sleep(std::time::Duration::from_millis(1_600));
+    run_drain(&v2, &table);
+    let (laid, _) = registry.layout(&spec2).await.unwrap();
+    let laid = Arc::new(laid);
+    let id = laid.projection_id("followers").unwrap();
+    assert_eq!(laid.counter(id).unwrap().storage, "followers~1");
+    loop {
+        match registry.claim(&laid, &[id], "rebuild").await.unwrap() {
+            ClaimOutcome::Claimed => break,
+            ClaimOutcome::Wait { until, .. } => {
+                let left = until.saturating_sub(ddb_projector::dynamo::time::now_ms()) + 100;
+                tokio::time::sleep(std::time::Duration::from_millis(left)).await;
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+
+    // The backfill's completion reads its snapshot; before its transaction
+    // goes out, v1's worker starts again (a rollback) and takes its lease.
+    let rollback = {
+        let v1 = v1.clone();
+        let table = table.clone();
+        move || run_drain(&v1, &table)
+    };
+    let interceptor = BeforeTransaction {
+        needle: "doneRun",
+        lease: Arc::new(rollback),
+        fired: Arc::default(),
+    };
+    let config = support::sdk_config().await;
+    let raced = aws_sdk_dynamodb::Client::from_conf(
+        aws_sdk_dynamodb::config::Builder::from(&config)
+            .interceptor(interceptor.clone())
+            .build(),
+    );
+    let filler = control::applier(raced, laid.clone(), &table, ApplyConfig::default());
+    let summary = backfill(
+        &filler,
+        &BackfillOptions {
+            projections: Some(vec![id]),
+            progress: false,
+            run: Some("rebuild".to_string()),
+            ..BackfillOptions::default()
+        },
+    )
+    .await
+    .unwrap();
+    assert!(summary.is_done(), "{summary:?}");
+    assert_eq!(
+        interceptor.fired.load(std::sync::atomic::Ordering::SeqCst),
+        1,
+        "one completion transaction, sent after the lease"
+    );
+    assert!(summary.backfilled.is_empty(), "{summary:?}");
+    assert!(
+        matches!(
+            summary.not_backfilled.as_slice(),
+            [(name, why)] if name == "followers" && why.contains("a writer of another definition")
+        ),
+        "{summary:?}"
+    );
+    // Readers still read v1's generation, and v2 is not live.
+    assert_eq!(
+        registry.read_version("followers").await.unwrap(),
+        Some(v1_read)
+    );
+    let (_, rows) = status(&v2, &table);
+    assert_ne!(state(&rows, "followers"), "live", "{rows:?}");
 }
 
 /// A changed counter whose old version cannot be kept current (a worker
