@@ -31,9 +31,11 @@
 //! in the queue, visible again at the end of the run. Messages are received
 //! one at a time, and a message's visibility is renewed while its range is
 //! worked on, so its receipt handle is valid when it is deleted. Checked by
-//! `dynamo::recover::recover_applies_the_batches_lambda_gave_up_on_and_deletes_their_messages`
-//! and `ranges_the_stream_no_longer_holds_are_kept_until_a_backfill_covers_them`;
-//! no test yet holds a range past the visibility timeout.
+//! `dynamo::recover::recover_applies_the_batches_lambda_gave_up_on_and_deletes_their_messages`,
+//! `ranges_the_stream_no_longer_holds_are_kept_until_a_backfill_covers_them`
+//! and `a_range_worked_on_past_the_visibility_timeout_stays_hidden_until_deleted`
+//! (a range held three visibility timeouts by throttled writes, while
+//! another receiver polls the queue and never gets its message).
 
 use std::collections::{HashMap, HashSet};
 use std::fmt;

@@ -451,3 +451,142 @@ async fn an_old_range_never_undoes_what_lambda_applied_after_it() {
     );
     assert!(bodies(&sqs, &url).await.is_empty());
 }
+
+/// A range whose writes take three visibility timeouts (DynamoDB throttles
+/// every transaction meanwhile): the message stays hidden from another
+/// receiver polling the queue all along, and is deleted at the end, once.
+#[tokio::test]
+async fn a_range_worked_on_past_the_visibility_timeout_stays_hidden_until_deleted() {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::Arc;
+
+    use super::faults::{Fault, Faults};
+    use ddb_projector::source::recover::{Outcome, RecoverOptions, Recovery};
+
+    let client = support::client().await;
+    let spec = support::shipped_spec("social-service.toml");
+    let table = support::fresh_table(&client, &spec, "recover-slow").await;
+    let users = social_users(3);
+    for (a, b) in [(0, 1), (2, 1), (1, 0)] {
+        put_item(&client, &table, &follow(&users[a], &users[b], "2026-11-27")).await;
+    }
+    // Lambda gave up on all three records.
+    let (arn, shard, records) = stream(&client, &table).await;
+    let sqs = sqs().await;
+    let url = queue(&sqs).await;
+    send(
+        &sqs,
+        &url,
+        &lambda_failure(&arn, &shard, seq(&records[0]), seq(&records[2]), 3),
+    )
+    .await;
+
+    let visibility = Duration::from_secs(2);
+    let hold = visibility * 3;
+    let faults = Faults::always(Fault::Throttling, &["TransactWriteItems"]);
+    let config = support::sdk_config().await;
+    let applier = control::applier(
+        faults.dynamodb(&config, false),
+        spec.clone(),
+        &table,
+        ApplyConfig::default(),
+    );
+    let recovery = Recovery::new(
+        applier,
+        aws_sdk_dynamodbstreams::Client::new(&config),
+        sqs.clone(),
+        &url,
+    );
+    // From the first throttled write (the message received, its range
+    // read), DynamoDB throttles for `hold`.
+    let lifted = tokio::spawn({
+        let faults = faults.clone();
+        async move {
+            while faults.injected(Fault::Throttling) == 0 {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            let first = Instant::now();
+            tokio::time::sleep(hold).await;
+            faults.set_enabled(false);
+            first
+        }
+    });
+    // Meanwhile another receiver polls the queue, giving back (visible at
+    // once) whatever it gets.
+    let polling = Arc::new(AtomicBool::new(true));
+    let competitor = tokio::spawn({
+        let sqs = sqs.clone();
+        let url = url.clone();
+        let faults = faults.clone();
+        let polling = polling.clone();
+        async move {
+            while faults.injected(Fault::Throttling) == 0 {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            let (mut got, mut polls) = (Vec::new(), 0);
+            while polling.load(Ordering::SeqCst) {
+                let received = sqs
+                    .receive_message()
+                    .queue_url(&url)
+                    .max_number_of_messages(10)
+                    .visibility_timeout(1)
+                    .send()
+                    .await
+                    .expect("receive");
+                polls += 1;
+                for message in received.messages() {
+                    got.push(message.message_id().unwrap_or_default().to_string());
+                    sqs.change_message_visibility()
+                        .queue_url(&url)
+                        .receipt_handle(message.receipt_handle().unwrap_or_default())
+                        .visibility_timeout(0)
+                        .send()
+                        .await
+                        .expect("give it back");
+                }
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+            (got, polls)
+        }
+    });
+
+    let summary = recovery
+        .run(&RecoverOptions {
+            visibility_timeout: visibility,
+            max_apply_time: Duration::from_secs(60),
+            progress: false,
+            ..RecoverOptions::default()
+        })
+        .await
+        .expect("recover");
+    let done = Instant::now();
+    polling.store(false, Ordering::SeqCst);
+    let first_throttled = lifted.await.unwrap();
+    let (got, polls) = competitor.await.unwrap();
+
+    let worked = done - first_throttled;
+    assert!(
+        worked > hold,
+        "the range took {worked:?}: not past the visibility timeout"
+    );
+    assert!(polls >= 10, "the other receiver polled {polls} times only");
+    assert!(
+        got.is_empty(),
+        "another receiver got the message while its range was worked on: {got:?}"
+    );
+    assert_eq!(summary.messages.len(), 1, "{summary:?}");
+    assert!(
+        matches!(
+            summary.messages[0].outcome,
+            Outcome::Recovered { records: 3, .. }
+        ),
+        "{summary:?}"
+    );
+    assert!(bodies(&sqs, &url).await.is_empty(), "message deleted");
+    let problems = check_derived(&client, &table, &spec, &users).await;
+    assert!(
+        problems.is_empty(),
+        "after recover:\n{}",
+        problems.join("\n")
+    );
+}
