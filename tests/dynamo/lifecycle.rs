@@ -1311,6 +1311,260 @@ async fn a_writer_whose_lease_ran_out_is_checked_again_before_it_writes() {
     assert_eq!(outcome.first_failure(), Some(0), "{outcome:?}");
 }
 
+/// A close follow of `b` by `a`.
+fn close_follow(a: &str, b: &str) -> super::model::Attrs {
+    let mut item = follow(a, b, "2026-11-28");
+    item.insert(
+        "close".to_string(),
+        aws_sdk_dynamodb::types::AttributeValue::Bool(true),
+    );
+    item
+}
+
+/// The sum of `user`'s shards of counter storage `storage`, read from the
+/// shard items themselves (not through the registry or `src/`).
+async fn stored_count(
+    client: &aws_sdk_dynamodb::Client,
+    table: &str,
+    storage: &str,
+    user: &str,
+) -> i64 {
+    let prefix = format!("COUNTER#{storage}#{user}#");
+    support::scan_all(client, table)
+        .await
+        .iter()
+        .filter(|item| support::text(item, "PK").is_some_and(|pk| pk.starts_with(&prefix)))
+        .map(|item| {
+            support::text(item, "count")
+                .and_then(|n| n.parse::<i64>().ok())
+                .unwrap_or(0)
+        })
+        .sum()
+}
+
+/// Dead letters in the table.
+async fn letters(client: &aws_sdk_dynamodb::Client, table: &str) -> usize {
+    support::scan_all(client, table)
+        .await
+        .iter()
+        .filter(|item| support::text(item, "PK").is_some_and(|pk| pk.starts_with("_ddbp#dlq")))
+        .count()
+}
+
+/// While a worker of v2 holds its layout (`followers` built in generation
+/// 1 beside v1's generation 0), v3 is deployed elsewhere and rebuilt:
+/// generation 1 is now what readers read, as v3's, and v2 is laid out in
+/// generation 2. Waits for the writers of other definitions to stop, as a
+/// deploy does.
+fn v3_rebuilt_elsewhere(v3: &Path, table: &str) {
+    let pause = std::time::Duration::from_millis(2_600);
+    std::thread::sleep(pause);
+    run_drain(v3, table);
+    std::thread::sleep(pause);
+    assert_eq!(
+        backfilled(&backfill_cli(v3, table, &[])),
+        vec!["followers".to_string()]
+    );
+}
+
+/// The runner holds its layout between re-reads (one per lease period,
+/// two minutes here). One laid out before a counter's rebuild completed
+/// elsewhere is refused at its first counter write (`check_layout`), lays
+/// the spec out again at once, and applies the record where the registry
+/// now puts v2: nothing lost, nothing counted twice.
+#[tokio::test]
+async fn a_runner_refused_for_a_stale_layout_lays_the_spec_out_again_at_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let v1 = social_spec(dir.path(), "v1.toml", |t| t);
+    let v2 = social_spec(dir.path(), "v2.toml", v2);
+    let v3 = social_spec(dir.path(), "v3.toml", close_followers);
+    let spec1 = Arc::new(Spec::from_file(&v1).unwrap());
+    let spec2 = Arc::new(Spec::from_file(&v2).unwrap());
+    let client = support::client().await;
+    let table = support::fresh_table(&client, &spec1, "lifecycle-runner-relaid").await;
+    put_item(&client, &table, &close_follow("a", "b")).await;
+    run_drain(&v1, &table);
+    backfilled(&backfill_cli(&v1, &table, &[]));
+    std::thread::sleep(std::time::Duration::from_millis(2_600));
+    put_item(&client, &table, &close_follow("d", "b")).await;
+    run_drain(&v2, &table);
+    // The runner's layout, read when v2 was deployed.
+    let registry = Registry::new(client.clone(), &table, &spec2.table);
+    let (stale, _) = registry.layout(&spec2).await.unwrap();
+    let id = stale.projection_id("followers").unwrap();
+    assert_eq!(stale.counter(id).unwrap().storage, "followers~1");
+    assert_eq!(stored_count(&client, &table, "followers~1", "b").await, 1);
+
+    v3_rebuilt_elsewhere(&v3, &table);
+    let read = registry.read_version("followers").await.unwrap().unwrap();
+    assert_eq!((read.generation, read.storage.as_str()), (1, "followers~1"));
+    assert_eq!(stored_count(&client, &table, "followers~1", "b").await, 2);
+
+    put_item(&client, &table, &close_follow("e", "b")).await;
+    assert!(ddb_projector::apply::lease_length() >= std::time::Duration::from_secs(60));
+    let refusals = control::layout_refusals();
+    // The runner's futures nest deep: on a thread with a large stack, with
+    // clients of its own runtime (of this test's DynamoDB Local).
+    let endpoint = support::endpoint().to_string();
+    let file_spec = spec2.clone();
+    let runner_table = table.clone();
+    let ran = std::thread::Builder::new()
+        .stack_size(64 << 20)
+        .spawn(move || {
+            let runtime = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .expect("a runtime");
+            runtime.block_on(async move {
+                let config = support::sdk_config_for(&endpoint).await;
+                let c = control::Connection {
+                    spec: Arc::new(stale),
+                    file_spec,
+                    table: runner_table,
+                    dynamodb: aws_sdk_dynamodb::Client::new(&config),
+                    config,
+                    consumer: None,
+                };
+                let deployment = ddb_projector::global::Deployment::default();
+                let run = ddb_projector::global::run_stream(
+                    &c,
+                    &deployment,
+                    ddb_projector::source::RunOptions {
+                        poll_interval: std::time::Duration::from_millis(50),
+                        ..ddb_projector::source::RunOptions::drain()
+                    },
+                    "run",
+                );
+                tokio::time::timeout(std::time::Duration::from_secs(30), Box::pin(run))
+                    .await
+                    .map(|ran| {
+                        ran.map(|ran| ran.summary)
+                            .map_err(|failed| format!("{:#}", failed.error))
+                    })
+            })
+        })
+        .expect("a thread")
+        .join()
+        .expect("the runner's thread")
+        .expect("the runner did not lay its spec out again within 30 s")
+        .unwrap_or_else(|error| panic!("{error}"));
+    assert!(
+        control::layout_refusals() > refusals,
+        "the runner was never refused: {ran:?}"
+    );
+    // v2's generation 2 counts what v2 applied since (e); readers read v3's
+    // generation 1, kept current beside it: a, d and e.
+    assert_eq!(stored_count(&client, &table, "followers~2", "b").await, 1);
+    assert_eq!(stored_count(&client, &table, "followers~1", "b").await, 3);
+    assert_eq!(
+        user_counter(&client, &table, &spec2, "followers", "b").await,
+        followers_of(&client, &table, true).await["b"]
+    );
+    assert_eq!(letters(&client, &table).await, 0);
+}
+
+/// The Lambda caches its layout for a lease period. A warm one whose
+/// cached layout went stale (a rebuild completed elsewhere while its
+/// lease had run out) is refused at its first counter write: the batch
+/// fails, the cache is dropped, and the batch delivered again is applied
+/// with the spec laid out anew, where the registry now puts v2.
+#[tokio::test]
+async fn a_lambda_refused_for_a_stale_layout_lays_the_spec_out_again_for_the_redelivery() {
+    use ddb_projector::lambda::event::{Payload, StreamsEvent};
+    use ddb_projector::lambda::{Handler, Regions, Response};
+    use ddb_projector::record::ChangeKind;
+
+    let dir = tempfile::tempdir().unwrap();
+    let v1 = social_spec(dir.path(), "v1.toml", |t| t);
+    let v2 = social_spec(dir.path(), "v2.toml", v2);
+    let v3 = social_spec(dir.path(), "v3.toml", close_followers);
+    let spec1 = Arc::new(Spec::from_file(&v1).unwrap());
+    let spec2 = Arc::new(Spec::from_file(&v2).unwrap());
+    let client = support::client().await;
+    let table = support::fresh_table(&client, &spec1, "lifecycle-lambda-relaid").await;
+    put_item(&client, &table, &close_follow("a", "b")).await;
+    run_drain(&v1, &table);
+    backfilled(&backfill_cli(&v1, &table, &[]));
+    std::thread::sleep(std::time::Duration::from_millis(2_600));
+
+    // v2's Lambda; its leases last as long as an invocation (3 s).
+    let handler = Handler {
+        specs: spec2.clone().into(),
+        client: client.clone(),
+        table: Some(table.clone()),
+        margin: std::time::Duration::from_millis(1_000),
+        config: ApplyConfig {
+            lease: std::time::Duration::from_millis(500),
+            ..ApplyConfig::default()
+        },
+        metrics: None,
+        process_started: std::time::SystemTime::now(),
+        regions: Regions::new(
+            "us-east-1".to_string(),
+            None,
+            ddb_projector::global::Writers::Anywhere,
+        ),
+    };
+    let invoke = |seq: u64, edge: super::model::Attrs| {
+        let handler = &handler;
+        async move {
+            let payload = Payload::Stream(StreamsEvent::from_records(
+                vec![super::model::change(
+                    seq,
+                    ChangeKind::Insert,
+                    None,
+                    Some(&edge),
+                )],
+                None,
+            ));
+            let mut context = lambda_runtime::Context::default();
+            context.request_id = format!("relaid-{seq}");
+            context.deadline = ddb_projector::dynamo::time::now_ms() + 3_000;
+            let answer =
+                Box::pin(handler.handle(lambda_runtime::LambdaEvent::new(payload, context)))
+                    .await
+                    .unwrap_or_else(|error| panic!("invocation failed: {error:?}"));
+            let Response::Stream(answer) = answer else {
+                panic!("a stream answer, not {answer:?}");
+            };
+            answer
+                .batch_item_failures
+                .iter()
+                .filter_map(|f| f.item_identifier.clone())
+                .collect::<Vec<String>>()
+        }
+    };
+    // A first batch lays v2 out (`followers` in generation 1) and caches it.
+    let d = close_follow("d", "b");
+    put_item(&client, &table, &d).await;
+    assert_eq!(invoke(1, d).await, Vec::<String>::new());
+    assert_eq!(stored_count(&client, &table, "followers~1", "b").await, 1);
+
+    v3_rebuilt_elsewhere(&v3, &table);
+    let registry = Registry::new(client.clone(), &table, &spec2.table);
+    let read = registry.read_version("followers").await.unwrap().unwrap();
+    assert_eq!((read.generation, read.storage.as_str()), (1, "followers~1"));
+    assert_eq!(stored_count(&client, &table, "followers~1", "b").await, 2);
+
+    // The warm Lambda's next batch: refused, nothing written.
+    let e = close_follow("e", "b");
+    put_item(&client, &table, &e).await;
+    let refusals = control::layout_refusals();
+    assert_eq!(invoke(2, e.clone()).await, vec![format!("{:021}", 2)]);
+    assert!(control::layout_refusals() > refusals);
+    assert_eq!(stored_count(&client, &table, "followers~1", "b").await, 2);
+    assert_eq!(stored_count(&client, &table, "followers~2", "b").await, 0);
+    // Delivered again: laid out anew, applied once.
+    assert_eq!(invoke(2, e).await, Vec::<String>::new());
+    assert_eq!(stored_count(&client, &table, "followers~2", "b").await, 1);
+    assert_eq!(stored_count(&client, &table, "followers~1", "b").await, 3);
+    assert_eq!(
+        user_counter(&client, &table, &spec2, "followers", "b").await,
+        followers_of(&client, &table, true).await["b"]
+    );
+    assert_eq!(letters(&client, &table).await, 0);
+}
+
 /// Runs `lease` (blocking) before the first `TransactWriteItems` whose
 /// request names `needle` is sent: between the snapshot a completion reads
 /// and the transaction it writes.
