@@ -376,7 +376,7 @@ pub struct Deployment {
 
 /// Where a worker of `c` in its region stands on its table: an error
 /// names what to set. A warning (the home replica not `ACTIVE`) is
-/// logged and said on stderr.
+/// logged (a library prints nothing of its own; the CLI's log shows it).
 pub async fn region_role(c: &Connection, deployment: &Deployment) -> anyhow::Result<Role> {
     let standing = standing(
         &c.dynamodb,
@@ -390,7 +390,6 @@ pub async fn region_role(c: &Connection, deployment: &Deployment) -> anyhow::Res
     .map_err(anyhow::Error::msg)?;
     if let Some(warning) = &standing.warning {
         tracing::warn!(table = c.table, "{warning}");
-        eprintln!("warning: {warning}");
     }
     Ok(standing.role?)
 }
