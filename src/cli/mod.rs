@@ -416,7 +416,7 @@ pub enum DlqCommand {
 pub enum Outcome {
     /// Done: exit 0.
     Done,
-    /// Problems found, refused or pending, and said so: exit 1.
+    /// Problems found or work pending, and said so: exit 1.
     Found,
     /// The command could not run, and said why already (a spec's
     /// problems printed): exit 2.
@@ -435,8 +435,10 @@ impl Outcome {
 }
 
 /// The one place a command's result becomes an exit code: 0 done, 1
-/// problems found (invalid spec, unplannable records, drift, refused,
-/// pending), 2 the command could not run (its error printed here).
+/// problems found (invalid spec, unplannable records, drift, violations,
+/// a worker's conflicts `check --table` finds, pending), 2 the command
+/// could not run or refused to (its error printed here: `prune` and
+/// `backfill` refuse with an error saying what to do first).
 pub fn exit_code(result: anyhow::Result<Outcome>) -> ExitCode {
     match result {
         Ok(Outcome::Done) => ExitCode::SUCCESS,
