@@ -847,7 +847,7 @@ async fn prune_refuses_an_old_version_whose_storage_the_current_counter_writes()
             &table,
             &[&["--projection", "followers~0"][..], extra].concat(),
         );
-        assert!(!refused.status.success(), "{}", stderr(&refused));
+        assert_eq!(refused.status.code(), Some(2), "{}", stderr(&refused));
         assert!(
             stderr(&refused).contains(
                 "`followers~0` kept its shards and records under `followers`, where `followers` of the current spec keeps its own now"
@@ -1253,12 +1253,19 @@ async fn readers_of_a_global_counter_made_per_user_read_the_global_count_until_t
     assert_eq!(value, 2);
 }
 
+/// The tests that make writers refuse a stale layout run one at a time:
+/// a refusal wakes every runner of the process to read its layout again
+/// (`control::layout_refusals` counts them process-wide), so one test's
+/// refusal could relay another's runner before it is refused itself.
+static REFUSING_LAYOUTS: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
 /// A writer that held no lease for a while (a long replay, a redrive) may
 /// have missed a rebuild's completion: it is checked again before it
 /// writes, and refused rather than write its definition into the
 /// generation readers now read as another's.
 #[tokio::test]
 async fn a_writer_whose_lease_ran_out_is_checked_again_before_it_writes() {
+    let _one_at_a_time = REFUSING_LAYOUTS.lock().await;
     let dir = tempfile::tempdir().unwrap();
     let v1 = social_spec(dir.path(), "v1.toml", |t| t);
     let v2 = social_spec(dir.path(), "v2.toml", v2);
@@ -1374,6 +1381,7 @@ fn v3_rebuilt_elsewhere(v3: &Path, table: &str) {
 /// now puts v2: nothing lost, nothing counted twice.
 #[tokio::test]
 async fn a_runner_refused_for_a_stale_layout_lays_the_spec_out_again_at_once() {
+    let _one_at_a_time = REFUSING_LAYOUTS.lock().await;
     let dir = tempfile::tempdir().unwrap();
     let v1 = social_spec(dir.path(), "v1.toml", |t| t);
     let v2 = social_spec(dir.path(), "v2.toml", v2);
@@ -1470,6 +1478,7 @@ async fn a_runner_refused_for_a_stale_layout_lays_the_spec_out_again_at_once() {
 /// with the spec laid out anew, where the registry now puts v2.
 #[tokio::test]
 async fn a_lambda_refused_for_a_stale_layout_lays_the_spec_out_again_for_the_redelivery() {
+    let _one_at_a_time = REFUSING_LAYOUTS.lock().await;
     use ddb_projector::lambda::event::{Payload, StreamsEvent};
     use ddb_projector::lambda::{Handler, Regions, Response};
     use ddb_projector::record::ChangeKind;
@@ -1519,7 +1528,7 @@ async fn a_lambda_refused_for_a_stale_layout_lays_the_spec_out_again_for_the_red
             ));
             let mut context = lambda_runtime::Context::default();
             context.request_id = format!("relaid-{seq}");
-            context.deadline = ddb_projector::dynamo::time::now_ms() + 3_000;
+            context.deadline = ddb_projector::dynamo::time::now_ms() + 60_000;
             let answer =
                 Box::pin(handler.handle(lambda_runtime::LambdaEvent::new(payload, context)))
                     .await
@@ -1678,10 +1687,11 @@ async fn a_lease_taken_after_the_completions_snapshot_keeps_the_old_generation_r
     .await
     .unwrap();
     assert!(summary.is_done(), "{summary:?}");
-    assert_eq!(
-        interceptor.fired.load(std::sync::atomic::Ordering::SeqCst),
-        1,
-        "one completion transaction, sent after the lease"
+    // At least one completion transaction, sent after the lease (an SDK
+    // retry of it, on a DynamoDB Local 500, is seen again).
+    assert!(
+        interceptor.fired.load(std::sync::atomic::Ordering::SeqCst) >= 1,
+        "no completion transaction was sent"
     );
     assert!(summary.backfilled.is_empty(), "{summary:?}");
     assert!(
