@@ -278,7 +278,16 @@ pub async fn backfill(target: Target, args: crate::backfill::Request) -> anyhow:
         eprintln!("segments left: continue with --resume (or --run {run} on every machine)");
     }
     println!("{}", serde_json::to_string(&summary)?);
-    Ok(Outcome::Done)
+    Ok(backfill_outcome(&summary))
+}
+
+/// A backfill is done (exit 0) when each projection it completed was
+/// recorded as backfilled, or its segments here are done and others are
+/// left to other machines; one it could not record (a writer of another
+/// definition could write meanwhile: backfill it again) is work pending,
+/// exit 1.
+fn backfill_outcome(summary: &crate::backfill::BackfillSummary) -> Outcome {
+    Outcome::done_if(summary.not_backfilled.is_empty())
 }
 
 /// `prune`.
@@ -342,4 +351,29 @@ pub async fn prune(
     } else {
         Outcome::Found
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::backfill::BackfillSummary;
+
+    #[test]
+    fn a_backfill_that_could_not_record_a_projection_exits_1() {
+        let done = BackfillSummary {
+            backfilled: vec!["followers".to_string()],
+            ..BackfillSummary::default()
+        };
+        assert_eq!(backfill_outcome(&done), Outcome::Done);
+        // This machine's segments done, others' left: its part is done.
+        assert_eq!(backfill_outcome(&BackfillSummary::default()), Outcome::Done);
+        let not = BackfillSummary {
+            not_backfilled: vec![(
+                "followers".to_string(),
+                "a writer of another definition could write".to_string(),
+            )],
+            ..BackfillSummary::default()
+        };
+        assert_eq!(backfill_outcome(&not), Outcome::Found);
+    }
 }

@@ -177,6 +177,8 @@ pub enum Command {
     },
     /// Scan the table and bring derived state up to date for existing items
     /// (a new GSI, a new projection). Parallel, resumable, rate-limited.
+    /// Exit 1 when a projection could not be recorded as backfilled (it
+    /// says why and what to run), 2 on errors and refusals.
     Backfill {
         /// Spec and table.
         #[command(flatten)]
