@@ -776,67 +776,6 @@ impl Applier {
         .await
     }
 
-    /// The item at `key` as it is now, read consistently, as a record that
-    /// derives it like a scanned item (guarded by the state it read): an
-    /// `INSERT` of its image, or a `REMOVE` without images when it is gone.
-    /// It takes the event id and sequence number of the record it stands
-    /// for; `raw` is that record, for the problem when the item cannot be
-    /// decoded.
-    pub(crate) async fn current_state_record(
-        &self,
-        index: usize,
-        event_id: Option<&str>,
-        sequence_number: Option<&str>,
-        raw: &serde_json::Value,
-        key: &ItemKey,
-    ) -> Result<Result<ChangeRecord, crate::decode::DecodeProblem>, WriteError> {
-        let retries = std::sync::atomic::AtomicU64::new(0);
-        let item_key: HashMap<String, Av> = self.spec.table.key_item(key).into();
-        let output = with_retries(
-            "current_state_read",
-            std::time::Duration::from_secs(20),
-            &retries,
-            || {
-                let request = self
-                    .client
-                    .get_item()
-                    .table_name(&self.table)
-                    .set_key(Some(item_key.clone()))
-                    .consistent_read(true);
-                async move { request.send().await.map_err(sdk) }
-            },
-        )
-        .await?;
-        let (kind, image) = match output.item.map(crate::decode::item_from_sdk) {
-            Some(Err(error)) => {
-                return Ok(Err(crate::decode::DecodeProblem {
-                    index,
-                    event_id: event_id.map(str::to_string),
-                    sequence_number: sequence_number.map(str::to_string),
-                    reason: format!("the item's current state {key}: {error}"),
-                    raw: raw.clone(),
-                }))
-            }
-            Some(Ok(item)) => (crate::record::ChangeKind::Insert, Some(item.into())),
-            None => (crate::record::ChangeKind::Remove, None),
-        };
-        Ok(Ok(ChangeRecord {
-            event_id: event_id.unwrap_or_default().to_string(),
-            kind,
-            keys: crate::record::Item::from(item_key).into(),
-            old_image: None,
-            new_image: image,
-            sequence_number: crate::record::SequenceNumber(
-                sequence_number.unwrap_or("0").to_string(),
-            ),
-            approximate_creation_ms: None,
-            ttl_expiry: false,
-            view_type: Some(crate::record::ViewType::NewImage),
-            size_bytes: None,
-            origin: crate::record::Origin::Scan { segment: 0 },
-        }))
-    }
-
     /// The dead-letter store of this applier's table.
     pub fn dead_letter_store(&self) -> DeadLetterStore {
         DeadLetterStore::new(self.client.clone(), &self.table, &self.spec)

@@ -22,6 +22,7 @@ mod check;
 mod coalesce;
 mod control;
 mod ctx;
+mod current;
 mod dlq;
 mod markers;
 mod reader;
@@ -37,6 +38,7 @@ pub use crate::dynamo::retry::{classify, describe as retry_describe, ErrorClass}
 pub use check::{CheckStats, RecordedViolation};
 pub use control::{clock_skew_ms, lease_length, Control, CounterVersion, DEFAULT_LEASE};
 pub use ctx::Requests;
+pub use current::CurrentStates;
 pub use dlq::{
     problem_key, whole_record, DeadLetter, DeadLetterStore, Hold, RedriveSummary, WHOLE_RECORD,
 };

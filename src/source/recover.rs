@@ -51,7 +51,7 @@ use crate::decode::decode_stream_record;
 use crate::dynamo::retry::{
     describe as retry_describe, retry_request_unless, Retrier, STREAM_REQUEST_TIME,
 };
-use crate::record::{ItemKey, SequenceNumber};
+use crate::record::SequenceNumber;
 
 /// Where a failed batch was, as Lambda's failure message says.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -712,77 +712,31 @@ impl Recovery {
                 records: records.len() as u64,
             });
         }
-        let spec = self.applier.spec();
-        // The items the range touched, each once (with the last record that
-        // touched it), in stream order of those records; and the records
-        // whose item cannot be told, applied as they are (dead-lettered with
-        // the full record and the reason).
-        let mut items: Vec<(ItemKey, String, String, serde_json::Value)> = Vec::new();
-        let mut position: HashMap<ItemKey, usize> = HashMap::new();
-        let mut unkeyed = Vec::new();
-        for (index, record) in records.iter().enumerate() {
-            let decoded = decode_stream_record(index, &batch.shard_id, record);
-            let (key, event_id, seq, raw) = match &decoded {
-                Ok(change) => match spec.table.item_key(&change.keys) {
-                    Some(key) => (
-                        key,
-                        change.event_id.clone(),
-                        change.sequence_number.0.clone(),
-                        serde_json::to_value(change).unwrap_or_default(),
-                    ),
-                    None => {
-                        unkeyed.push(decoded);
-                        continue;
-                    }
-                },
-                Err(problem) => match crate::apply::problem_key(problem, &spec.table) {
-                    Some(key) => (
-                        key,
-                        problem.event_id.clone().unwrap_or_default(),
-                        problem.sequence_number.clone().unwrap_or_default(),
-                        problem.raw.clone(),
-                    ),
-                    None => {
-                        unkeyed.push(decoded);
-                        continue;
-                    }
-                },
-            };
-            match position.get(&key) {
-                Some(&at) => items[at] = (key, event_id, seq, raw),
-                None => {
-                    position.insert(key.clone(), items.len());
-                    items.push((key, event_id, seq, raw));
-                }
-            }
-        }
+        // The items the range touched, each read once (with the others)
+        // and standing where its last record stood; the records whose item
+        // cannot be told stay as they are (dead-lettered with the full
+        // record and the reason).
         let n = records.len() as u64;
-        let n_items = items.len() as u64;
+        let decoded: Vec<_> = records
+            .iter()
+            .enumerate()
+            .map(|(index, record)| decode_stream_record(index, &batch.shard_id, record))
+            .collect();
+        let states = match self.applier.current_states(decoded, None).await {
+            Ok(states) => states,
+            Err(error) => {
+                return Ok(Outcome::Failed {
+                    reason: format!("reading the items' current state: {error}"),
+                })
+            }
+        };
+        let n_items = states.items_read as u64;
         let mut counts = (0, 0);
-        // Records without a readable key first: they can only become
-        // letters, and their order against the others does not matter.
-        if !unkeyed.is_empty() {
-            if let Some(reason) = self.apply_all(unkeyed, options, &mut counts).await? {
-                return Ok(Outcome::Failed { reason });
-            }
-        }
-        for chunk in items.chunks(super::stream::MAX_BATCH as usize) {
-            let mut states = Vec::with_capacity(chunk.len());
-            for (index, (key, event_id, seq, raw)) in chunk.iter().enumerate() {
-                let state = self
-                    .applier
-                    .current_state_record(index, Some(event_id), Some(seq), raw, key)
-                    .await;
-                match state {
-                    Ok(state) => states.push(state),
-                    Err(error) => {
-                        return Ok(Outcome::Failed {
-                            reason: format!("reading {key}: {error}"),
-                        })
-                    }
-                }
-            }
-            if let Some(reason) = self.apply_all(states, options, &mut counts).await? {
+        let mut states = states.records;
+        while !states.is_empty() {
+            let rest = states.split_off(states.len().min(super::stream::MAX_BATCH as usize));
+            let chunk = std::mem::replace(&mut states, rest);
+            if let Some(reason) = self.apply_all(chunk, options, &mut counts).await? {
                 return Ok(Outcome::Failed { reason });
             }
         }
