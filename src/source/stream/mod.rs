@@ -71,6 +71,15 @@ pub struct RunOptions {
     pub relist_interval: Duration,
     /// Records per `GetRecords` call (at most 1000).
     pub batch_limit: i32,
+    /// Apply each page's items as they are now rather than the records'
+    /// images (`replay`): every item a page's records touched is read
+    /// consistently, once, and derived like a scanned item, guarded by
+    /// the state read ([`Applier::current_states`]). An image older than
+    /// what the table already shows is then never applied again, so
+    /// readers never see the past, and an exact table is not written.
+    /// Off for `run`: its records are new, and reading each item would
+    /// cost a read per record.
+    pub derive_current: bool,
 }
 
 impl RunOptions {
@@ -84,6 +93,7 @@ impl RunOptions {
             poll_interval: Duration::from_millis(1000),
             relist_interval: Duration::from_secs(10),
             batch_limit: MAX_BATCH,
+            derive_current: false,
         }
     }
 
@@ -97,11 +107,13 @@ impl RunOptions {
     }
 
     /// Process the whole retained stream again without checkpoints, and exit
-    /// once caught up.
+    /// once caught up: each record a hint that its item changed, the item
+    /// derived as it is now ([`RunOptions::derive_current`]).
     pub fn replay(selection: Option<Vec<ProjectionId>>) -> RunOptions {
         RunOptions {
             checkpoints: false,
             selection,
+            derive_current: true,
             ..RunOptions::drain()
         }
     }
@@ -123,6 +135,9 @@ pub struct Summary {
     pub min_billed_write_units: u64,
     /// Read capacity units DynamoDB reported.
     pub read_units: f64,
+    /// Items read consistently to derive them as they are now
+    /// ([`RunOptions::derive_current`]; 0 otherwise).
+    pub items_read: u64,
     /// Requests the applier retried.
     pub retries: u64,
     /// Times a batch had a failed record and was read again from its checkpoint.
@@ -171,6 +186,7 @@ impl fmt::Display for Summary {
             "  billed at least  {billed:.1} ({:.2} per record; DynamoDB bills 2 per transaction item and 1 per other write, per KB, GSI writes extra; DynamoDB Local reports 2.0 for a whole transaction)",
             if self.records > 0 { billed / self.records as f64 } else { 0.0 }
         )?;
+        writeln!(f, "  items read       {}", self.items_read)?;
         writeln!(f, "  retries          {}", self.retries)?;
         writeln!(f, "  re-reads         {}", self.rereads)?;
         writeln!(f, "  dead letters     {}", self.dead_letters)?;
@@ -313,6 +329,10 @@ impl StreamRunner {
             bookkeeping: Skip::Reserved.to_string(),
             batch_options: BatchOptions {
                 selection: options.selection.clone(),
+                // Items derived as they are now are mostly in their state
+                // already: a marker read costs less than a cancelled
+                // transaction (as for a backfill and `recover`).
+                read_markers_first: options.derive_current,
                 ..BatchOptions::default()
             },
             options,

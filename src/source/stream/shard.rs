@@ -7,10 +7,10 @@ use std::time::{Instant, SystemTime};
 use aws_sdk_dynamodbstreams::types::Record;
 use tokio::sync::watch;
 
-use crate::apply::RecordStatus;
+use crate::apply::{ApplyError, RecordStatus};
 use crate::decode::decode_stream_record;
 use crate::dynamo::retry::{
-    classify, describe as retry_describe, sleep_or_stop, ErrorClass, UntilStopped,
+    classify, describe as retry_describe, sleep_or_stop, ErrorClass, UntilStopped, WriteError,
 };
 use crate::record::SequenceNumber;
 use crate::source::checkpoint::{Checkpoint, CheckpointError};
@@ -200,16 +200,49 @@ async fn apply_page(
         .enumerate()
         .map(|(index, record)| decode_stream_record(index, &run.shard_id, record))
         .collect();
+    let n = records.len();
+    let created: Vec<Option<i64>> = batch
+        .iter()
+        .map(|r| r.as_ref().ok().and_then(|r| r.approximate_creation_ms))
+        .collect();
     let applying = Instant::now();
+    // A replay applies what each item is now, in place of its records.
+    let (batch, stands_for, derived) = if shared.options.derive_current {
+        let selection = shared.batch_options.selection.as_deref();
+        match shared.applier.current_states(batch, selection).await {
+            Ok(states) => {
+                let derived = (states.items_read as u64, states.read_units, states.retries);
+                (states.records, states.stands_for, derived)
+            }
+            Err(WriteError::Transient(message)) => {
+                tracing::warn!(
+                    shard = %run.shard_id,
+                    records = n,
+                    %message,
+                    "reading the current state of the page's items failed; reading again from the checkpoint after a pause"
+                );
+                return Ok((false, false));
+            }
+            Err(error) => {
+                return Err(RunErrorKind::Apply(ApplyError::Fatal {
+                    table: shared.applier.table().to_string(),
+                    message: format!("reading the current state of the page's items: {error}"),
+                }))
+            }
+        }
+    } else {
+        (batch, (0..n).collect(), (0, 0.0, 0))
+    };
     let outcome = shared
         .applier
         .apply_batch(&batch, &shared.batch_options)
         .await?;
     let apply_ms = applying.elapsed().as_millis() as u64;
-    let n = records.len();
-    let handled = outcome.first_failure().unwrap_or(n);
+    // A record is handled when the record applied for it is.
+    let status_of = |i: usize| &outcome.statuses[stands_for[i]];
+    let handled = (0..n).position(|i| !status_of(i).is_handled()).unwrap_or(n);
     let first_seq = sequence_number(&records[0]);
-    let statuses = &outcome.statuses[..handled];
+    let statuses: Vec<&RecordStatus> = (0..handled).map(status_of).collect();
     if handled > 0 {
         if let Some(seq) = records[..handled].iter().rev().find_map(sequence_number) {
             run.position = Some(seq);
@@ -219,11 +252,19 @@ async fn apply_page(
     let now_ms = SystemTime::now()
         .duration_since(SystemTime::UNIX_EPOCH)
         .map_or(0, |d| d.as_millis() as i64);
-    let lag_ms = batch[..handled]
+    let lag_ms = created[..handled]
         .iter()
         .rev()
-        .find_map(|r| r.as_ref().ok().and_then(|r| r.approximate_creation_ms))
+        .find_map(|created| *created)
         .map(|created| (now_ms - created).max(0));
+    // Letters stored: one per record applied, whichever records it stands for.
+    let mut lettered: Vec<usize> = stands_for[..handled]
+        .iter()
+        .copied()
+        .filter(|&at| matches!(outcome.statuses[at], RecordStatus::DeadLettered(_)))
+        .collect();
+    lettered.sort_unstable();
+    lettered.dedup();
     let bookkeeping_only = statuses
         .iter()
         .all(|s| matches!(s, RecordStatus::Skipped(reason) if *reason == shared.bookkeeping));
@@ -236,13 +277,11 @@ async fn apply_page(
         summary.writes += stats.writes as u64;
         summary.write_units += stats.write_units;
         summary.min_billed_write_units += stats.requests.min_billed_write_units();
-        summary.read_units += stats.read_units;
-        summary.retries += stats.retries;
+        summary.read_units += stats.read_units + derived.1;
+        summary.items_read += derived.0;
+        summary.retries += stats.retries + derived.2;
         summary.batches += 1;
-        summary.dead_letters += statuses
-            .iter()
-            .filter(|s| matches!(s, RecordStatus::DeadLettered(_)))
-            .count() as u64;
+        summary.dead_letters += lettered.len() as u64;
         summary.skipped += statuses
             .iter()
             .filter(|s| matches!(s, RecordStatus::Skipped(_)))
@@ -264,6 +303,7 @@ async fn apply_page(
         last_sequence_number = run.position.as_ref().map_or("", |s| s.as_str()),
         records = n,
         handled,
+        items_read = derived.0,
         effects = outcome.stats.effects,
         writes = outcome.stats.writes,
         write_units = outcome.stats.write_units,
@@ -272,7 +312,7 @@ async fn apply_page(
         "batch applied"
     );
     if handled < n {
-        let reason = match &outcome.statuses[handled] {
+        let reason = match status_of(handled) {
             RecordStatus::Failed(reason) => reason.as_str(),
             _ => "",
         };
