@@ -18,6 +18,7 @@ mod oracle;
 mod properties;
 mod recover;
 mod registry;
+mod replay;
 mod replication;
 mod runner;
 mod specgen;

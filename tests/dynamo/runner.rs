@@ -29,7 +29,7 @@ fn shipped(name: &str) -> PathBuf {
 }
 
 /// The binary with the environment of DynamoDB Local.
-fn cli(args: &[&str]) -> Command {
+pub(super) fn cli(args: &[&str]) -> Command {
     let mut command = Command::new(support::binary());
     command
         .args(args)
@@ -42,7 +42,7 @@ fn cli(args: &[&str]) -> Command {
     command
 }
 
-fn stderr(output: &Output) -> String {
+pub(super) fn stderr(output: &Output) -> String {
     String::from_utf8_lossy(&output.stderr).into_owned()
 }
 
@@ -64,7 +64,7 @@ fn path(path: &Path) -> &str {
 }
 
 /// A number from the printed summary (`  write units      12.0 (...)`).
-fn summary_value(stderr: &str, name: &str) -> f64 {
+pub(super) fn summary_value(stderr: &str, name: &str) -> f64 {
     stderr
         .lines()
         .find_map(|line| {
@@ -75,7 +75,11 @@ fn summary_value(stderr: &str, name: &str) -> f64 {
 }
 
 /// A runner over the library API.
-async fn runner(client: &aws_sdk_dynamodb::Client, spec: Arc<Spec>, table: &str) -> StreamRunner {
+pub(super) async fn runner(
+    client: &aws_sdk_dynamodb::Client,
+    spec: Arc<Spec>,
+    table: &str,
+) -> StreamRunner {
     let (arn, _) = ddb_projector::dynamo::client::require_stream(client, table)
         .await
         .expect("the table has a stream");

@@ -1,0 +1,562 @@
+//! What readers see while `replay` runs: each record is a hint that its
+//! item changed, and the item is derived as it is now, so a replay never
+//! shows an item's past. Readers scan the social table in a loop during
+//! the replay and check every scan: no `FOLLOWED_BY#` edge of a follow
+//! that is not there, none missing, no counter or rollup off; with writers
+//! writing meanwhile, nothing older than the source when the replay began.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use aws_sdk_dynamodb::types::AttributeValue as Av;
+use ddb_projector::source::RunOptions;
+
+use super::model::{
+    assert_no_problems, check_derived, follow, profile, put_item, seed_from_env, Rng,
+};
+use super::runner::{cli, runner, stderr, summary_value};
+use super::support::{self, delete, text};
+
+/// The users: a few, and a hot one many follow.
+fn users() -> Vec<String> {
+    (0..8)
+        .map(|i| format!("u{i}"))
+        .chain(["hot".to_string()])
+        .collect()
+}
+
+fn spec_file() -> PathBuf {
+    support::repo().join("projections/social-service.toml")
+}
+
+fn seed() -> u64 {
+    seed_from_env("REPLAY_TEST_SEED", || {
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_nanos() as u64
+    })
+}
+
+/// A pair (follower, followee).
+type Pair = (String, String);
+
+/// The follows the source holds: pair to `followedAt`.
+type Follows = BTreeMap<Pair, String>;
+
+/// A follow or an unfollow of a random pair (a third of them of the hot
+/// user), written; `follows` follows it. `log` is told first.
+async fn step(
+    client: &aws_sdk_dynamodb::Client,
+    table: &str,
+    rng: &mut Rng,
+    users: &[String],
+    follows: &mut Follows,
+    at: String,
+    log: &mut (dyn FnMut(&Pair, Option<&str>) + Send),
+) {
+    let a = users[rng.below(users.len() as u64 - 1) as usize].clone();
+    let b = if rng.below(3) == 0 {
+        "hot".to_string()
+    } else {
+        loop {
+            let b = users[rng.below(users.len() as u64 - 1) as usize].clone();
+            if b != a {
+                break b;
+            }
+        }
+    };
+    let pair = (a.clone(), b.clone());
+    if rng.below(5) < 3 {
+        log(&pair, Some(&at));
+        put_item(client, table, &follow(&a, &b, &at)).await;
+        follows.insert(pair, at);
+    } else if follows.contains_key(&pair) {
+        log(&pair, None);
+        delete(client, table, &format!("USER#{a}"), &format!("FOLLOWS#{b}")).await;
+        follows.remove(&pair);
+    }
+}
+
+/// A table of the social spec with `ops` follows and unfollows among
+/// [`users`] (besides a follow and unfollow of one pair, and a follow,
+/// unfollow and follow again of the hot user), drained with `run --drain`
+/// and checked exact; the follows it holds.
+async fn drained_table(
+    client: &aws_sdk_dynamodb::Client,
+    prefix: &str,
+    ops: usize,
+    rng: &mut Rng,
+) -> (String, Follows) {
+    let spec = support::shipped_spec("social-service.toml");
+    let table = support::fresh_table(client, &spec, prefix).await;
+    let users = users();
+    for user in &users {
+        put_item(client, &table, &profile(user)).await;
+    }
+    let mut follows = Follows::new();
+    put_item(client, &table, &follow("u0", "u1", "first")).await;
+    delete(client, &table, "USER#u0", "FOLLOWS#u1").await;
+    put_item(client, &table, &follow("u2", "hot", "first")).await;
+    delete(client, &table, "USER#u2", "FOLLOWS#hot").await;
+    put_item(client, &table, &follow("u2", "hot", "again")).await;
+    follows.insert(("u2".to_string(), "hot".to_string()), "again".to_string());
+    for i in 0..ops {
+        step(
+            client,
+            &table,
+            rng,
+            &users,
+            &mut follows,
+            format!("t{i}"),
+            &mut |_, _| {},
+        )
+        .await;
+    }
+    let output = cli(&[
+        "run",
+        "--drain",
+        "--spec",
+        spec_file().to_str().unwrap(),
+        "--table",
+        &table,
+    ])
+    .output()
+    .expect("run the binary");
+    assert!(output.status.success(), "run --drain: {}", stderr(&output));
+    assert_no_problems(
+        &check_derived(client, &table, &spec, &users).await,
+        "the drained table",
+    );
+    let seen = observe(client, &table).await;
+    assert_no_problems(&seen.differences(&follows), "the drained table's scan");
+    (table, follows)
+}
+
+/// What one scan of the table showed a reader.
+#[derive(Debug, Default, Clone, PartialEq)]
+struct Seen {
+    /// `FOLLOWED_BY#` edges: pair to `followedAt`.
+    edges: BTreeMap<Pair, Option<String>>,
+    /// Profiles' rollups: user to (followersCount, followingCount).
+    profiles: BTreeMap<String, (i64, i64)>,
+    /// Counters summed from their shards: (counter, user) to the sum.
+    counters: BTreeMap<(String, String), i64>,
+    /// Each shard's `changes` stamp: shard key to stamp.
+    changes: BTreeMap<String, String>,
+}
+
+/// One scan of the whole table, consistent, page after page.
+async fn observe(client: &aws_sdk_dynamodb::Client, table: &str) -> Seen {
+    let mut seen = Seen::default();
+    let mut start = None;
+    loop {
+        let page = client
+            .scan()
+            .table_name(table)
+            .consistent_read(true)
+            .set_exclusive_start_key(start)
+            .send()
+            .await
+            .expect("scan");
+        for item in page.items() {
+            let (Some(pk), Some(sk)) = (text(item, "PK"), text(item, "SK")) else {
+                continue;
+            };
+            let number = |name: &str| match item.get(name) {
+                Some(Av::N(n)) => n.parse::<i64>().expect("a number"),
+                _ => 0,
+            };
+            if let (Some(b), Some(a)) = (pk.strip_prefix("USER#"), sk.strip_prefix("FOLLOWED_BY#"))
+            {
+                seen.edges
+                    .insert((a.to_string(), b.to_string()), text(item, "followedAt"));
+            } else if let (Some(user), "PROFILE") = (pk.strip_prefix("USER#"), sk.as_str()) {
+                seen.profiles.insert(
+                    user.to_string(),
+                    (number("followersCount"), number("followingCount")),
+                );
+            } else if let Some(rest) = pk.strip_prefix("COUNTER#") {
+                let parts: Vec<&str> = rest.split('#').collect();
+                if let [counter, user, _shard] = parts[..] {
+                    *seen
+                        .counters
+                        .entry((counter.to_string(), user.to_string()))
+                        .or_default() += number("count");
+                    seen.changes
+                        .insert(pk.clone(), text(item, "changes").unwrap_or_default());
+                }
+            }
+        }
+        match page.last_evaluated_key() {
+            Some(key) if !key.is_empty() => start = Some(key.clone()),
+            _ => return seen,
+        }
+    }
+}
+
+impl Seen {
+    /// How the scan differs from what `follows` derives.
+    fn differences(&self, follows: &Follows) -> Vec<String> {
+        let mut problems = Vec::new();
+        for (pair, at) in follows {
+            match self.edges.get(pair) {
+                None => problems.push(format!("{pair:?}: the follow's edge is missing")),
+                Some(seen) if seen.as_deref() != Some(at.as_str()) => problems.push(format!(
+                    "{pair:?}: followedAt {seen:?}, the follow has {at}"
+                )),
+                Some(_) => {}
+            }
+        }
+        for (pair, at) in &self.edges {
+            if !follows.contains_key(pair) {
+                problems.push(format!(
+                    "{pair:?}: an edge (followedAt {at:?}) of a follow that does not exist"
+                ));
+            }
+        }
+        for user in users() {
+            let followers = follows.keys().filter(|(_, b)| *b == user).count() as i64;
+            let following = follows.keys().filter(|(a, _)| *a == user).count() as i64;
+            let rollups = self.profiles.get(&user).copied().unwrap_or_default();
+            if rollups != (followers, following) {
+                problems.push(format!(
+                    "{user}: the profile shows (followersCount, followingCount) {rollups:?}, the follows make {:?}",
+                    (followers, following)
+                ));
+            }
+            for (counter, count) in [("followers", followers), ("following", following)] {
+                let sum = self.counter(counter, &user);
+                if sum != count {
+                    problems.push(format!(
+                        "{user}: the {counter} shards sum to {sum}, the follows make {count}"
+                    ));
+                }
+            }
+        }
+        problems
+    }
+
+    fn counter(&self, counter: &str, user: &str) -> i64 {
+        self.counters
+            .get(&(counter.to_string(), user.to_string()))
+            .copied()
+            .unwrap_or(0)
+    }
+}
+
+/// Scans the table in a loop while `replay` (with `extra` arguments, 20
+/// records a page so that an item's records fall in several pages) runs;
+/// each scan goes to `check`. Returns the replay's stderr and the scans.
+async fn scan_during_replay(
+    client: &aws_sdk_dynamodb::Client,
+    table: &str,
+    extra: &[&str],
+    mut check: impl FnMut(&Seen),
+) -> (String, usize) {
+    let mut args = vec![
+        "replay".to_string(),
+        "--spec".to_string(),
+        spec_file().to_str().unwrap().to_string(),
+        "--table".to_string(),
+        table.to_string(),
+    ];
+    args.extend(extra.iter().map(|a| a.to_string()));
+    // Made here: the DynamoDB Local a test uses depends on its thread.
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let mut command = cli(&args);
+    command.env("PROJECTOR_BATCH_LIMIT", "20");
+    let replay = tokio::task::spawn_blocking(move || command.output().expect("run the binary"));
+    let mut scans = 0;
+    while !replay.is_finished() {
+        check(&observe(client, table).await);
+        scans += 1;
+    }
+    let output = replay.await.expect("the replay's thread");
+    let log = stderr(&output);
+    assert!(output.status.success(), "replay failed: {log}");
+    eprintln!("{log}");
+    (log, scans)
+}
+
+/// How many of `problems` concern edges, profiles' rollups and shards.
+fn tally(problems: &[String]) -> String {
+    let count = |needle: &str| problems.iter().filter(|p| p.contains(needle)).count();
+    format!(
+        "{} about edges, {} about profiles' rollups, {} about shard sums",
+        problems.len() - count(" on the ") - count("the profile shows") - count("shards sum"),
+        count("the profile shows") + count(" on the profile"),
+        count("shards sum") + count(" on the shards"),
+    )
+}
+
+/// A replay (of `extra`'s selection) of an exact table, idle writers: every
+/// scan a reader makes equals what the follows derive, the replay writes
+/// nothing and moves no shard.
+async fn replay_of_an_exact_table(prefix: &str, extra: &[&str]) {
+    let started = Instant::now();
+    let client = support::client().await;
+    let seed = seed();
+    eprintln!("seed {seed} (REPLAY_TEST_SEED)");
+    let mut rng = Rng::new(seed);
+    let (table, follows) = drained_table(&client, prefix, 600, &mut rng).await;
+    let before = observe(&client, &table).await;
+    let mut problems = Vec::new();
+    let mut bad_scans = 0;
+    let (log, scans) = scan_during_replay(&client, &table, extra, |seen| {
+        let found = seen.differences(&follows);
+        if !found.is_empty() {
+            bad_scans += 1;
+            problems.extend(found);
+        }
+    })
+    .await;
+    eprintln!(
+        "{scans} scans during the replay, {bad_scans} showing {} differences ({}); the replay took {:.1} s of {:.1} s",
+        problems.len(),
+        tally(&problems),
+        summary_value(&log, "elapsed"),
+        started.elapsed().as_secs_f64()
+    );
+    assert!(
+        scans >= 2,
+        "the reader scanned {scans} times during the replay"
+    );
+    assert_no_problems(&problems, "what readers saw during the replay");
+    assert_eq!(summary_value(&log, "writes"), 0.0, "{log}");
+    assert!(summary_value(&log, "items read") > 0.0, "{log}");
+    let after = observe(&client, &table).await;
+    let moved: Vec<String> = before
+        .changes
+        .iter()
+        .filter(|(shard, stamp)| after.changes.get(*shard) != Some(stamp))
+        .map(|(shard, stamp)| format!("{shard}: changes {stamp} -> {:?}", after.changes.get(shard)))
+        .collect();
+    assert_no_problems(&moved, "counter shards the replay moved");
+    assert_eq!(before, after, "the replay changed the table");
+    eprintln!(
+        "timing: {prefix} took {:.1} s",
+        started.elapsed().as_secs_f64()
+    );
+}
+
+#[tokio::test]
+async fn a_replay_of_an_exact_table_writes_nothing_and_readers_never_see_the_past() {
+    replay_of_an_exact_table("replay-exact", &[]).await;
+}
+
+#[tokio::test]
+async fn a_replay_of_one_projection_writes_nothing_and_readers_never_see_the_past() {
+    replay_of_an_exact_table("replay-one", &["--projection", "followers"]).await;
+}
+
+/// Every state a pair's follow had from when the replay began: the state
+/// then, then each the writer wrote (`None`: no follow).
+type Versions = BTreeMap<Pair, Vec<Option<String>>>;
+
+/// What a scan shows that no state of the source since the replay began
+/// derives: an edge or its absence that no version of its pair has, a
+/// count outside what the versions allow (a pair counts when every
+/// version follows; may count when one does).
+fn older_than(seen: &Seen, versions: &Versions) -> Vec<String> {
+    let mut problems = Vec::new();
+    let pairs: BTreeSet<&Pair> = versions.keys().chain(seen.edges.keys()).collect();
+    for pair in pairs {
+        let state = seen.edges.get(pair).cloned().flatten();
+        let shown = seen.edges.contains_key(pair);
+        let allowed = versions.get(pair).map(Vec::as_slice).unwrap_or(&[None]);
+        let fits = allowed.iter().any(|version| match version {
+            None => !shown,
+            Some(at) => shown && state.as_deref() == Some(at.as_str()),
+        });
+        if !fits {
+            problems.push(format!(
+                "{pair:?}: shows {:?}, and the follow since the replay began was {allowed:?}",
+                shown.then_some(state)
+            ));
+        }
+    }
+    for user in users() {
+        for (counter, rollup) in [("followers", 0), ("following", 1)] {
+            let of = |pair: &Pair| {
+                if counter == "followers" {
+                    pair.1 == user
+                } else {
+                    pair.0 == user
+                }
+            };
+            let mut low = 0;
+            let mut high = 0;
+            for (pair, states) in versions {
+                if of(pair) {
+                    low += states.iter().all(Option::is_some) as i64;
+                    high += states.iter().any(Option::is_some) as i64;
+                }
+            }
+            let rollups = seen.profiles.get(&user).copied().unwrap_or_default();
+            let shown = [
+                ("shards", seen.counter(counter, &user)),
+                ("profile", [rollups.0, rollups.1][rollup]),
+            ];
+            for (where_, value) in shown {
+                if value < low || value > high {
+                    problems.push(format!(
+                        "{user}: {counter} {value} on the {where_}, the follows since the replay began allow {low} to {high}"
+                    ));
+                }
+            }
+        }
+    }
+    problems
+}
+
+#[tokio::test]
+async fn while_writers_write_a_replay_shows_readers_only_states_since_it_began() {
+    let started = Instant::now();
+    let client = support::client().await;
+    let seed = seed();
+    eprintln!("seed {seed} (REPLAY_TEST_SEED)");
+    let mut rng = Rng::new(seed);
+    let (table, follows) = drained_table(&client, "replay-live", 600, &mut rng).await;
+    let mut versions: Versions = follows
+        .iter()
+        .map(|(pair, at)| (pair.clone(), vec![Some(at.clone())]))
+        .collect();
+    // Pairs followed once and not now start unfollowed.
+    for a in users() {
+        for b in users() {
+            versions.entry((a.clone(), b)).or_insert_with(|| vec![None]);
+        }
+    }
+    let versions = Arc::new(Mutex::new(versions));
+
+    // The live worker, tailing the stream.
+    let spec = support::shipped_spec("social-service.toml");
+    let live = runner(&client, spec.clone(), &table).await;
+    let (stop_live, live_stopped) = tokio::sync::oneshot::channel::<()>();
+    let live_run = live.run(
+        RunOptions {
+            poll_interval: Duration::from_millis(100),
+            ..RunOptions::follow()
+        },
+        async {
+            let _ = live_stopped.await;
+        },
+    );
+    // A writer, until the replay ends.
+    let writing = Arc::new(AtomicBool::new(true));
+    let writer = {
+        let (client, table, writing, versions) = (
+            client.clone(),
+            table.clone(),
+            writing.clone(),
+            versions.clone(),
+        );
+        let mut follows = follows.clone();
+        let mut rng = Rng::new(seed ^ 0x5eed);
+        tokio::spawn(async move {
+            let users = users();
+            let mut n = 0;
+            // Bounded: the replay reads on until it has caught up.
+            while writing.load(Ordering::Relaxed) && n < 200 {
+                let mut log = |pair: &Pair, state: Option<&str>| {
+                    versions
+                        .lock()
+                        .unwrap()
+                        .entry(pair.clone())
+                        .or_insert_with(|| vec![None])
+                        .push(state.map(str::to_string));
+                };
+                step(
+                    &client,
+                    &table,
+                    &mut rng,
+                    &users,
+                    &mut follows,
+                    format!("w{n}"),
+                    &mut log,
+                )
+                .await;
+                n += 1;
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+            n
+        })
+    };
+    // A scan is checked against the versions logged when it ended: the
+    // writer logs a version before it writes it, so every state the scan
+    // can show a derivation of is among them.
+    let mut problems = Vec::new();
+    let mut bad_scans = 0;
+    let scenario = async {
+        let (log, scans) = scan_during_replay(&client, &table, &[], |scan| {
+            let found = older_than(scan, &versions.lock().unwrap());
+            if !found.is_empty() {
+                bad_scans += 1;
+                problems.extend(found);
+            }
+        })
+        .await;
+        writing.store(false, Ordering::Relaxed);
+        let written = writer.await.expect("the writer");
+        // Let the live worker apply the last writes, then stop it.
+        tokio::time::sleep(Duration::from_secs(3)).await;
+        let _ = stop_live.send(());
+        (log, scans, written)
+    };
+    let (live_result, (log, scans, written)) = tokio::join!(live_run, scenario);
+    let live_summary = live_result.expect("the live worker");
+    eprintln!(
+        "{scans} scans during the replay; the writer wrote {written} changes meanwhile; the live worker applied {} records",
+        live_summary.records
+    );
+    assert!(
+        scans >= 2,
+        "the reader scanned {scans} times during the replay"
+    );
+    assert!(written > 0, "the writer wrote nothing during the replay");
+    let versions = versions.lock().unwrap().clone();
+    eprintln!(
+        "{bad_scans} of {scans} scans showed {} states older than the replay's start ({}); the replay wrote {}, read {} items",
+        problems.len(),
+        tally(&problems),
+        summary_value(&log, "writes"),
+        summary_value(&log, "items read"),
+    );
+    assert_no_problems(&problems, "what readers saw during the replay");
+
+    // The end state is exact once the stream is drained.
+    let output = cli(&[
+        "run",
+        "--drain",
+        "--spec",
+        spec_file().to_str().unwrap(),
+        "--table",
+        &table,
+    ])
+    .output()
+    .expect("run the binary");
+    assert!(output.status.success(), "run --drain: {}", stderr(&output));
+    assert_no_problems(
+        &check_derived(&client, &table, &spec, &users()).await,
+        "the table after the replay and the writes",
+    );
+    let last: Follows = versions
+        .iter()
+        .filter_map(|(pair, states)| {
+            let at = states.last().cloned().flatten()?;
+            Some((pair.clone(), at))
+        })
+        .collect();
+    assert_no_problems(
+        &observe(&client, &table).await.differences(&last),
+        "the table's scan after the replay and the writes",
+    );
+    eprintln!(
+        "timing: while_writers_write_a_replay_shows_readers_only_states_since_it_began took {:.1} s",
+        started.elapsed().as_secs_f64()
+    );
+}
