@@ -106,8 +106,10 @@ pub enum Command {
         #[arg(long)]
         drain: bool,
     },
-    /// Process the whole retained stream again from its start; changes nothing
-    /// that is already right.
+    /// Process the whole retained stream again from its start, each record
+    /// a hint: the items a page of records names are read consistently
+    /// (one read per item per page) and derived as they are now, so readers
+    /// never see an older state and a table already right gets no write.
     Replay {
         /// Spec and table.
         #[command(flatten)]
