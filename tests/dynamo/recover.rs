@@ -599,3 +599,51 @@ async fn a_range_worked_on_past_the_visibility_timeout_stays_hidden_until_delete
         problems.join("\n")
     );
 }
+
+/// A range whose only record of a source took it out of a filtered
+/// recompute's `when` (an email no longer primary): derived from the
+/// source's current state, which does not count, the target must still be
+/// recomputed, since the lost record's item counted before. Found by a
+/// review: a current state that does not count planned nothing, so the
+/// profile kept the address until an audit.
+#[tokio::test]
+async fn a_range_that_took_a_source_out_of_a_filter_recomputes_its_target() {
+    use super::model::{email, profile};
+    let client = support::client().await;
+    let spec = support::shipped_spec("user-service.toml");
+    let table = support::fresh_table(&client, &spec, "recover-filter").await;
+    put_item(&client, &table, &profile("u1")).await;
+    put_item(&client, &table, &email("u1", "e1", "a@x.org", true)).await;
+    let applier = control::applier(client.clone(), spec.clone(), &table, ApplyConfig::default());
+    let (_, shard, records) = stream(&client, &table).await;
+    lambda_applies(&applier, &shard, &records).await;
+    let copied = |item: Option<
+        std::collections::HashMap<String, aws_sdk_dynamodb::types::AttributeValue>,
+    >| { item.and_then(|item| item.get("email").cloned()) };
+    assert_eq!(
+        copied(support::get(&client, &table, "USER#u1", "PROFILE").await),
+        Some(support::s("a@x.org")),
+        "the primary address copied"
+    );
+    // The email stops being primary; Lambda gives up on that record.
+    put_item(&client, &table, &email("u1", "e1", "a@x.org", false)).await;
+    let (arn, shard, records) = stream(&client, &table).await;
+    let last = records.last().expect("the MODIFY");
+    let sqs = sqs().await;
+    let url = queue(&sqs).await;
+    send(
+        &sqs,
+        &url,
+        &lambda_failure(&arn, &shard, seq(last), seq(last), 1),
+    )
+    .await;
+
+    let output = recover("user-service.toml", &table, &url, &[]);
+    assert!(output.status.success(), "{}", stderr(&output));
+    assert_eq!(
+        copied(support::get(&client, &table, "USER#u1", "PROFILE").await),
+        None,
+        "no primary email left: the profile's copy is removed\n{}",
+        stderr(&output)
+    );
+}

@@ -217,7 +217,11 @@ pub(crate) fn plan(
     let relevant = if entity == p.source {
         let counts = |image: Option<&Image>| image.is_none_or(|image| p.when.holds(Some(image)));
         let relevant = match record.kind {
-            ChangeKind::Insert => counts(new),
+            // A scanned item, or one derived from its current state, may
+            // have counted before: it recomputes either way.
+            ChangeKind::Insert => {
+                counts(new) || matches!(record.origin, crate::record::Origin::Scan { .. })
+            }
             ChangeKind::Modify => changed(record, &p.reads) && (counts(old) || counts(new)),
             ChangeKind::Remove => counts(old),
         };

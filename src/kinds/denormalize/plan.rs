@@ -31,7 +31,10 @@ pub(crate) fn plan(
             |image: Option<&Image>| image.is_none_or(|image| projection.when.holds(Some(image)));
         let (old, new) = (record.old_image.as_ref(), record.new_image.as_ref());
         match record.kind {
-            ChangeKind::Insert => counts(new),
+            // A scanned item, or one derived from its current state (a
+            // replay, `recover`), stands for changes whose states before are
+            // unknown: it may have counted, so it recomputes either way.
+            ChangeKind::Insert => counts(new) || scanned(record),
             ChangeKind::Modify => {
                 changed(record, &projection.reads) && (counts(old) || counts(new))
             }
@@ -143,4 +146,10 @@ pub fn compute_denormalized(
             }
         })
         .collect()
+}
+
+/// Whether `record` is an item as read (a scan, or its current state), not
+/// a change the stream saw.
+fn scanned(record: &crate::record::ChangeRecord) -> bool {
+    matches!(record.origin, crate::record::Origin::Scan { .. })
 }
