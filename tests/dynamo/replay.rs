@@ -152,50 +152,35 @@ struct Seen {
 /// One scan of the whole table, consistent, page after page.
 async fn observe(client: &aws_sdk_dynamodb::Client, table: &str) -> Seen {
     let mut seen = Seen::default();
-    let mut start = None;
-    loop {
-        let page = client
-            .scan()
-            .table_name(table)
-            .consistent_read(true)
-            .set_exclusive_start_key(start)
-            .send()
-            .await
-            .expect("scan");
-        for item in page.items() {
-            let (Some(pk), Some(sk)) = (text(item, "PK"), text(item, "SK")) else {
-                continue;
-            };
-            let number = |name: &str| match item.get(name) {
-                Some(Av::N(n)) => n.parse::<i64>().expect("a number"),
-                _ => 0,
-            };
-            if let (Some(b), Some(a)) = (pk.strip_prefix("USER#"), sk.strip_prefix("FOLLOWED_BY#"))
-            {
-                seen.edges
-                    .insert((a.to_string(), b.to_string()), text(item, "followedAt"));
-            } else if let (Some(user), "PROFILE") = (pk.strip_prefix("USER#"), sk.as_str()) {
-                seen.profiles.insert(
-                    user.to_string(),
-                    (number("followersCount"), number("followingCount")),
-                );
-            } else if let Some(rest) = pk.strip_prefix("COUNTER#") {
-                let parts: Vec<&str> = rest.split('#').collect();
-                if let [counter, user, _shard] = parts[..] {
-                    *seen
-                        .counters
-                        .entry((counter.to_string(), user.to_string()))
-                        .or_default() += number("count");
-                    seen.changes
-                        .insert(pk.clone(), text(item, "changes").unwrap_or_default());
-                }
+    for item in &support::scan_all(client, table).await {
+        let (Some(pk), Some(sk)) = (text(item, "PK"), text(item, "SK")) else {
+            continue;
+        };
+        let number = |name: &str| match item.get(name) {
+            Some(Av::N(n)) => n.parse::<i64>().expect("a number"),
+            _ => 0,
+        };
+        if let (Some(b), Some(a)) = (pk.strip_prefix("USER#"), sk.strip_prefix("FOLLOWED_BY#")) {
+            seen.edges
+                .insert((a.to_string(), b.to_string()), text(item, "followedAt"));
+        } else if let (Some(user), "PROFILE") = (pk.strip_prefix("USER#"), sk.as_str()) {
+            seen.profiles.insert(
+                user.to_string(),
+                (number("followersCount"), number("followingCount")),
+            );
+        } else if let Some(rest) = pk.strip_prefix("COUNTER#") {
+            let parts: Vec<&str> = rest.split('#').collect();
+            if let [counter, user, _shard] = parts[..] {
+                *seen
+                    .counters
+                    .entry((counter.to_string(), user.to_string()))
+                    .or_default() += number("count");
+                seen.changes
+                    .insert(pk.clone(), text(item, "changes").unwrap_or_default());
             }
         }
-        match page.last_evaluated_key() {
-            Some(key) if !key.is_empty() => start = Some(key.clone()),
-            _ => return seen,
-        }
     }
+    seen
 }
 
 impl Seen {
