@@ -155,8 +155,15 @@ pub enum Op {
         /// The shard partition key the record holds.
         shard: String,
     },
-    /// A custom projection's write.
-    Custom(CustomOp),
+    /// A custom projection's write; with a guard, only while the source
+    /// is in the state the plan saw (a current state, or a record that may
+    /// have been applied before with newer ones).
+    Custom {
+        /// The put or delete.
+        op: CustomOp,
+        /// The source state to check in the same transaction.
+        guard: Option<SourceGuard>,
+    },
 }
 
 /// A planned effect: which projection wants which operation.
@@ -231,6 +238,11 @@ pub(crate) struct Subject<'r> {
     pub record: &'r ChangeRecord,
     pub key: ItemKey,
     pub vars: Bindings<'r>,
+    /// Whether what the record's images say may be written only while the
+    /// item is still in the state the record shows: a scanned or current
+    /// state, or a stream record that may be delivered after newer ones
+    /// of its item were applied ([`crate::plan::plan_guarded`]).
+    pub guarded: bool,
 }
 
 impl Subject<'_> {

@@ -124,6 +124,11 @@ impl SequenceNumber {
         &self.0
     }
 
+    /// Zero-padded to 48 digits, so that stored numbers sort as text.
+    pub fn padded(&self) -> String {
+        format!("{:0>48}", self.digits())
+    }
+
     fn digits(&self) -> &str {
         let trimmed = self.0.trim_start_matches('0');
         if trimmed.is_empty() {

@@ -26,8 +26,14 @@ fn target(effect: &Effect, table: &crate::spec::TableSpec) -> Target {
         Op::Recompute { target, .. } => Target::Recompute(effect.projection, target.clone()),
         Op::Membership { marker, .. } => Target::Marker(marker.clone()),
         Op::DropRecord { item, counter, .. } => Target::Record(*counter, item.clone()),
-        Op::Custom(CustomOp::Delete(key)) => Target::Custom(effect.projection, key.clone()),
-        Op::Custom(CustomOp::Put(item)) => Target::Custom(
+        Op::Custom {
+            op: CustomOp::Delete(key),
+            ..
+        } => Target::Custom(effect.projection, key.clone()),
+        Op::Custom {
+            op: CustomOp::Put(item),
+            ..
+        } => Target::Custom(
             effect.projection,
             table.item_key(item).unwrap_or(ItemKey {
                 pk: String::new(),

@@ -81,6 +81,10 @@ pub struct Requests {
     pub batch_writes: u64,
     /// `TransactWriteItems` of markers and counter shards.
     pub transactions: u64,
+    /// The ledger of deliveries: the `UpdateItem` recording a delivery,
+    /// the entries a re-delivery spreads, deletes of completed ones.
+    #[serde(default)]
+    pub deliveries: u64,
     /// Of these, transactions DynamoDB cancelled.
     pub cancelled_transactions: u64,
     /// Items sent in `BatchWriteItem`s (not requests).
@@ -101,6 +105,7 @@ impl Requests {
         self.single_writes += other.single_writes;
         self.batch_writes += other.batch_writes;
         self.transactions += other.transactions;
+        self.deliveries += other.deliveries;
         self.cancelled_transactions += other.cancelled_transactions;
         self.batch_write_items += other.batch_write_items;
         self.transaction_items += other.transaction_items;
@@ -113,7 +118,11 @@ impl Requests {
     /// DynamoDB Local reports 2.0 for a whole transaction, so its figure can
     /// be far lower.
     pub fn min_billed_write_units(&self) -> u64 {
-        self.updates + self.single_writes + self.batch_write_items + 2 * self.transaction_items
+        self.updates
+            + self.single_writes
+            + self.batch_write_items
+            + 2 * self.transaction_items
+            + self.deliveries
     }
 
     /// Every request counted.
@@ -126,6 +135,7 @@ impl Requests {
             + self.single_writes
             + self.batch_writes
             + self.transactions
+            + self.deliveries
     }
 }
 

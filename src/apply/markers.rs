@@ -239,7 +239,7 @@ pub(crate) fn marker_change<'e>(spec: &Spec, effect: &'e Effect) -> Option<Marke
             },
             guard: None,
         },
-        Op::SetAttributes { .. } | Op::Recompute { .. } | Op::Custom(_) => return None,
+        Op::SetAttributes { .. } | Op::Recompute { .. } | Op::Custom { .. } => return None,
     })
 }
 
@@ -1083,9 +1083,9 @@ struct TransactOutcome {
     split: Option<Vec<usize>>,
 }
 
-/// The condition check of a snapshot-planned change: the source must still
-/// be as the snapshot saw it.
-fn guard_check(ctx: &Ctx<'_>, guard: &SourceGuard) -> TransactWriteItem {
+/// The condition check of a guarded change: the source must still be as
+/// the snapshot or record the change was planned from shows it.
+pub(crate) fn guard_check(ctx: &Ctx<'_>, guard: &SourceGuard) -> TransactWriteItem {
     let mut expr = Expr::default();
     let pk = expr.name(&ctx.spec.table.partition_key);
     let condition = match &guard.seen {

@@ -23,6 +23,7 @@ mod coalesce;
 mod control;
 mod ctx;
 mod current;
+mod delivered;
 mod dlq;
 mod markers;
 mod reader;
@@ -39,6 +40,7 @@ pub use check::{CheckStats, RecordedViolation};
 pub use control::{clock_skew_ms, lease_length, Control, CounterVersion, DEFAULT_LEASE};
 pub use ctx::Requests;
 pub use current::CurrentStates;
+pub use delivered::{Delivered, Delivery, Earlier};
 pub use dlq::{
     problem_key, whole_record, DeadLetter, DeadLetterStore, Hold, RedriveSummary, WHOLE_RECORD,
 };
@@ -46,8 +48,8 @@ pub(crate) use markers::{marker_change, records_of};
 
 use crate::decode::DecodeProblem;
 use crate::dynamo::retry::WriteError;
-use crate::plan::plan_record;
-use crate::record::{ChangeRecord, ItemKey};
+use crate::plan::{plan_guarded, plan_record};
+use crate::record::{ChangeRecord, ItemKey, Origin};
 use crate::spec::{ProjectionId, Spec};
 
 /// How far past what a batch needs its lease must run: writes started just
@@ -129,6 +131,15 @@ pub struct BatchOptions {
     /// their state (backfill: most are, and a read is cheaper than a
     /// cancelled transaction).
     pub read_markers_first: bool,
+    /// Every record writes what its images say only while its item is
+    /// still as it shows ([`crate::plan::plan_guarded`]): dead letters
+    /// applied again.
+    pub guarded: bool,
+    /// The delivery the batch is (a part of), recorded in the ledger of
+    /// deliveries: its records an earlier delivery held with a later
+    /// record of their item write nothing their images decide
+    /// ([`Delivery`]).
+    pub delivery: Option<Arc<Delivery>>,
 }
 
 /// What happened to one record of a batch.
@@ -280,6 +291,22 @@ impl Applier {
         self.config.lease.as_millis() as u64 / 2
     }
 
+    /// A batch's shared state, for requests made outside a batch.
+    pub(crate) fn ctx(&self) -> ctx::Ctx<'_> {
+        ctx::Ctx::new(
+            &self.client,
+            &self.table,
+            &self.spec,
+            &self.config,
+            &*self.control,
+        )
+    }
+
+    /// The spec this applier runs, shared.
+    pub fn spec_arc(&self) -> &Arc<Spec> {
+        &self.spec
+    }
+
     /// The spec this applier runs.
     pub fn spec(&self) -> &Spec {
         &self.spec
@@ -313,7 +340,9 @@ impl Applier {
         options: &BatchOptions,
     ) -> Result<BatchOutcome, ApplyError> {
         let mut written = Vec::new();
-        let outcome = self.apply_leased(batch, options, &mut written).await?;
+        // On the heap: a batch's future is large, and callers poll it on
+        // threads with small stacks.
+        let outcome = Box::pin(self.apply_leased(batch, options, &mut written)).await?;
         // A batch that outlasted its lease (throttling, a paused process)
         // records how long it wrote, so that `status` and the next claim
         // see it; no request when the lease still runs.
@@ -344,13 +373,17 @@ impl Applier {
 
         // 1. Plan.
         let selection = options.selection.as_deref();
+        let guarded = options.guarded;
         let mut plans: Vec<Option<crate::plan::RecordPlan>> = batch
             .iter()
             .map(|decoded| {
-                decoded
-                    .as_ref()
-                    .ok()
-                    .map(|record| plan_record(spec, record, selection))
+                decoded.as_ref().ok().map(|record| {
+                    if guarded {
+                        plan_guarded(spec, record, selection)
+                    } else {
+                        plan_record(spec, record, selection)
+                    }
+                })
             })
             .collect();
         let n_effects: usize = plans.iter().flatten().map(|p| p.effects.len()).sum();
@@ -479,7 +512,23 @@ impl Applier {
             ctx.count(|r| &mut r.holds_reads);
             Some(store.held(&candidates, self.config.max_retry_time).await)
         };
-        let (leased, holds, ()) = tokio::join!(lease, holds, ctx.read_targets_ahead(targets));
+        // The delivery is recorded meanwhile, and says whether an earlier
+        // one started where it starts: only for writes images decide.
+        let delivery = options
+            .delivery
+            .clone()
+            .filter(|_| plans.iter().flatten().any(image_bound));
+        let ledger = async {
+            match &delivery {
+                Some(delivery) => {
+                    let (found, ()) = tokio::join!(delivery.record(&ctx), delivered::sweep(&ctx));
+                    Some(found)
+                }
+                None => None,
+            }
+        };
+        let (leased, holds, (), ledger) =
+            tokio::join!(lease, holds, ctx.read_targets_ahead(targets), ledger);
         if lease_until.is_some() {
             if let Err(message) = leased {
                 return Ok(all_failed(message, n, n_effects, &ctx));
@@ -498,6 +547,31 @@ impl Applier {
                 }
                 Err(error) => return Err(fatal(error.to_string())),
             }
+        }
+        // What an earlier delivery held with a later record of its item
+        // is superseded: it writes nothing its images decide.
+        match (&delivery, ledger) {
+            (Some(delivery), Some(Ok(Some(earlier)))) => {
+                if let Err(message) = delivery.spread(&ctx, &earlier).await {
+                    return Ok(all_failed(message, n, n_effects, &ctx));
+                }
+                let mut superseded = 0;
+                for (plan, (decoded, source)) in plans.iter_mut().zip(batch.iter().zip(&sources)) {
+                    if let (Some(plan), Ok(record), Some(item)) = (plan, decoded, source) {
+                        if !matches!(record.origin, Origin::Scan { .. })
+                            && earlier.supersedes(item, &record.sequence_number)
+                        {
+                            superseded += drop_image_bound(plan);
+                        }
+                    }
+                }
+                metrics::counter!("projector_superseded_effects_total")
+                    .increment(superseded as u64);
+            }
+            (Some(_), Some(Err(message))) => {
+                return Ok(all_failed(message, n, n_effects, &ctx));
+            }
+            _ => {}
         }
         let is_held = |held: &HashSet<dlq::Hold>, name: &str, key: &ItemKey| {
             held.contains(&(whole.clone(), key.clone()))
@@ -897,8 +971,10 @@ impl Applier {
                 // may carry counter records, even of a counter the spec no
                 // longer has, and a record goes only with its shard moved.
                 Op::Membership { .. } | Op::DropRecord { .. } => members.push(index),
-                Op::Custom(_) => plain.push(index),
-                Op::SetAttributes { .. } | Op::Recompute { .. } => singles.push(index),
+                Op::Custom { guard: None, .. } => plain.push(index),
+                Op::SetAttributes { .. } | Op::Recompute { .. } | Op::Custom { .. } => {
+                    singles.push(index)
+                }
             }
         }
         let mut results: Vec<Option<Result<(), WriteError>>> = vec![None; groups.len()];
@@ -911,13 +987,19 @@ impl Applier {
             markers::write_markers(ctx, &changes, read_markers_first).await
         };
         let plain_writes = async {
-            // Custom writes need no condition: a put or delete of a state
-            // is idempotent.
+            // Unguarded custom writes need no condition: a put or delete
+            // of a state is idempotent.
             let requests = plain
                 .iter()
                 .map(|&index| match &groups[index].effect.op {
-                    Op::Custom(CustomOp::Put(item)) => writes::put_request(item),
-                    Op::Custom(CustomOp::Delete(key)) => writes::delete_request(ctx, key),
+                    Op::Custom {
+                        op: CustomOp::Put(item),
+                        ..
+                    } => writes::put_request(item),
+                    Op::Custom {
+                        op: CustomOp::Delete(key),
+                        ..
+                    } => writes::delete_request(ctx, key),
                     _ => unreachable!("partitioned above"),
                 })
                 .collect();
@@ -938,6 +1020,10 @@ impl Applier {
                         Op::Recompute { target, sources } => {
                             writes::recompute(ctx, group.effect.projection, target, sources).await
                         }
+                        Op::Custom {
+                            op,
+                            guard: Some(guard),
+                        } => writes::guarded_custom(ctx, op, guard).await,
                         _ => unreachable!("partitioned above"),
                     };
                     (index, result)
@@ -967,6 +1053,30 @@ impl Applier {
             })
             .collect()
     }
+}
+
+/// Whether a record's plan writes what its images say (a marker's state, a
+/// custom projection's put or delete): what a record delivered after newer
+/// ones of its item could set back.
+fn image_bound(plan: &crate::plan::RecordPlan) -> bool {
+    plan.effects.iter().any(|effect| {
+        matches!(
+            effect.op,
+            crate::plan::Op::Membership { .. } | crate::plan::Op::Custom { .. }
+        )
+    })
+}
+
+/// Drops the writes a superseded record's images decide; returns how many.
+fn drop_image_bound(plan: &mut crate::plan::RecordPlan) -> usize {
+    let before = plan.effects.len();
+    plan.effects.retain(|effect| {
+        !matches!(
+            effect.op,
+            crate::plan::Op::Membership { .. } | crate::plan::Op::Custom { .. }
+        )
+    });
+    before - plan.effects.len()
 }
 
 /// The projections an effect writes for: its own, and for a marker the

@@ -460,3 +460,74 @@ pub(crate) fn delete_request(ctx: &Ctx<'_>, key: &ItemKey) -> WriteRequest {
         )
         .build()
 }
+
+/// A custom projection's put or delete that lands only while its source is
+/// as its guard says, in one `TransactWriteItems`. A source that moved on
+/// means a newer record of it decides: done.
+pub(crate) async fn guarded_custom(
+    ctx: &Ctx<'_>,
+    op: &crate::plan::CustomOp,
+    guard: &crate::plan::SourceGuard,
+) -> Result<(), WriteError> {
+    use aws_sdk_dynamodb::operation::transact_write_items::TransactWriteItemsError;
+    use aws_sdk_dynamodb::types::{Delete, Put, TransactWriteItem};
+    let write = match op {
+        crate::plan::CustomOp::Put(item) => TransactWriteItem::builder()
+            .put(
+                Put::builder()
+                    .table_name(ctx.table)
+                    .set_item(Some(item.clone().into()))
+                    .build()
+                    .expect("table and item are set"),
+            )
+            .build(),
+        crate::plan::CustomOp::Delete(key) => TransactWriteItem::builder()
+            .delete(
+                Delete::builder()
+                    .table_name(ctx.table)
+                    .set_key(Some(ctx.key(key)))
+                    .build()
+                    .expect("table and key are set"),
+            )
+            .build(),
+    };
+    let items = vec![write, super::markers::guard_check(ctx, guard)];
+    ctx.count(|r| &mut r.transactions);
+    with_retries(
+        "custom_guarded",
+        ctx.config.max_retry_time,
+        &ctx.retries,
+        || {
+            ctx.sent();
+            let request = ctx
+                .client
+                .transact_write_items()
+                .set_transact_items(Some(items.clone()))
+                .return_consumed_capacity(ReturnConsumedCapacity::Total);
+            async move {
+                match request.send().await {
+                    Ok(output) => {
+                        ctx.count_units(output.consumed_capacity(), true);
+                        ctx.count_n(|r| &mut r.transaction_items, 2);
+                        Ok(())
+                    }
+                    Err(error) => {
+                        let guard_failed = match error.as_service_error() {
+                            Some(TransactWriteItemsError::TransactionCanceledException(c)) => c
+                                .cancellation_reasons()
+                                .get(1)
+                                .is_some_and(|r| r.code() == Some("ConditionalCheckFailed")),
+                            _ => false,
+                        };
+                        if guard_failed {
+                            // Superseded: the source's newer record decides.
+                            return Ok(());
+                        }
+                        Err(sdk(error))
+                    }
+                }
+            }
+        },
+    )
+    .await
+}

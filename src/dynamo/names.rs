@@ -27,6 +27,10 @@ pub const DLQ_PK: &str = "_ddbp#dlq";
 /// The partition key of holds: the (projection, item) pairs with letters.
 pub const HOLDS_PK: &str = "_ddbp#holds";
 
+/// The partition key of the ledger of deliveries (`apply::Delivery`):
+/// where each delivery of records started, and how far it reached.
+pub const DELIVERED_PK: &str = "_ddbp#delivered";
+
 /// The partition key of backfill progress items.
 pub const BACKFILL_PK: &str = "_ddbp#backfill";
 

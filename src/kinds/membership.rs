@@ -117,25 +117,41 @@ pub(crate) fn edge_counters(
     Ok(counters)
 }
 
-/// The source state a scan-planned membership depends on: the attributes
-/// it read, as the scan saw them.
+/// The source state a guarded membership depends on (a scanned or current
+/// state, or a record that may come after newer ones): the attributes it
+/// read, as the record shows them; `seen: None` for a removal.
 pub(crate) fn guard<'a>(
     subject: &Subject<'_>,
     reads: impl IntoIterator<Item = &'a String>,
 ) -> Option<SourceGuard> {
-    if !matches!(subject.record.origin, Origin::Scan { .. }) {
+    if !subject.guarded {
         return None;
     }
-    let image = subject.record.new_image.as_ref();
     Some(SourceGuard {
         source: subject.key.clone(),
-        seen: image.map(|image| {
-            reads
-                .into_iter()
-                .map(|name| (name.clone(), image.get(name).map(|v| v.to_value())))
-                .collect()
-        }),
+        seen: seen(subject.record, reads),
     })
+}
+
+/// What a guard expects of a record's item: absent after a removal;
+/// otherwise present, with `reads` as its new image has them (a record
+/// without a new image says only that the item exists).
+pub(crate) fn seen<'a>(
+    record: &ChangeRecord,
+    reads: impl IntoIterator<Item = &'a String>,
+) -> Option<Vec<(String, Option<crate::record::AttributeValue>)>> {
+    if record.kind == ChangeKind::Remove {
+        return None;
+    }
+    let Some(image) = record.new_image.as_ref() else {
+        return Some(Vec::new());
+    };
+    Some(
+        reads
+            .into_iter()
+            .map(|name| (name.clone(), image.get(name).map(|v| v.to_value())))
+            .collect(),
+    )
 }
 
 /// Whether projection `id` is planned under `selection`.

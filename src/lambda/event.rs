@@ -155,6 +155,37 @@ impl StreamsEvent {
     pub fn records(&self) -> Decoded {
         self.decode(0..self.len())
     }
+
+    /// The event id and sequence number of record `index`, if it has them.
+    pub fn identity(&self, index: usize) -> (Option<String>, Option<String>) {
+        match self.decode(index..index + 1).pop() {
+            Some(Ok(record)) => (Some(record.event_id), Some(record.sequence_number.0)),
+            Some(Err(problem)) => (problem.event_id, problem.sequence_number),
+            None => (None, None),
+        }
+    }
+
+    /// Every record as the ledger of deliveries records it: its event id,
+    /// its item in `table`, its sequence number.
+    pub fn delivered(&self, table: &crate::spec::TableSpec) -> Vec<crate::apply::Delivered> {
+        self.records()
+            .into_iter()
+            .map(|decoded| match decoded {
+                Ok(record) => crate::apply::Delivered {
+                    item: table.item_key(&record.keys),
+                    event_id: record.event_id,
+                    sequence_number: record.sequence_number,
+                },
+                Err(problem) => crate::apply::Delivered {
+                    item: crate::apply::problem_key(&problem, table),
+                    event_id: problem.event_id.unwrap_or_default(),
+                    sequence_number: crate::record::SequenceNumber(
+                        problem.sequence_number.unwrap_or_default(),
+                    ),
+                },
+            })
+            .collect()
+    }
 }
 
 impl<'de> Deserialize<'de> for StreamsEvent {

@@ -14,10 +14,10 @@ use tracing::Instrument;
 
 use super::backfill::{BackfillRequestError, BackfillResponse};
 use super::event::{Payload, StreamsEvent};
-use crate::apply::{ApplyConfig, ApplyError, BatchOptions, BatchStats, RecordStatus};
+use crate::apply::{ApplyConfig, ApplyError, BatchOptions, BatchStats, Delivery, RecordStatus};
 use crate::decode::{DecodeProblem, Decoded};
 use crate::dynamo::arn::table_from_stream_arn;
-use crate::record::ChangeRecord;
+use crate::record::{ChangeRecord, SequenceNumber};
 use crate::spec::{Spec, SpecSet};
 
 /// Records planned, coalesced and written together. Larger chunks coalesce
@@ -249,20 +249,45 @@ pub fn batch_response(
     statuses: &[RecordStatus],
 ) -> Result<DynamoDbEventResponse, InvocationError> {
     let mut response = DynamoDbEventResponse::default();
-    let Some(first) = statuses.iter().position(|status| !status.is_handled()) else {
+    let Some(index) = reported_index(records, statuses)? else {
         return Ok(response);
     };
-    // A record without a sequence number cannot be named; an earlier one
-    // can, and delivering that one again is harmless.
-    let identifier = records[..=first]
-        .iter()
-        .rev()
-        .find_map(sequence_number)
-        .ok_or(InvocationError::NoIdentifier { index: first })?;
     let mut failure = DynamoDbBatchItemFailure::default();
-    failure.item_identifier = Some(identifier);
+    failure.item_identifier = sequence_number(&records[index]);
     response.batch_item_failures.push(failure);
     Ok(response)
+}
+
+/// The delivery a batch is: keyed by its first record's event id, reaching
+/// its last record's sequence number (`None` when they are missing: the
+/// batch is then applied guarded whole).
+fn delivery_of(event: &Arc<StreamsEvent>, spec: &Arc<Spec>) -> Option<Delivery> {
+    let (first, _) = event.identity(0);
+    let (_, last) = event.identity(event.len().checked_sub(1)?);
+    let (all, spec) = (event.clone(), spec.clone());
+    Delivery::new(
+        &first?,
+        SequenceNumber(last?),
+        Box::new(move || all.delivered(&spec.table)),
+    )
+}
+
+/// The record an invocation reports failed: the first not handled, or,
+/// when that one has no sequence number, the last before it that has one
+/// (delivering that one again is harmless). `None`: every record is
+/// handled.
+fn reported_index(
+    records: &[Result<ChangeRecord, DecodeProblem>],
+    statuses: &[RecordStatus],
+) -> Result<Option<usize>, InvocationError> {
+    let Some(first) = statuses.iter().position(|status| !status.is_handled()) else {
+        return Ok(None);
+    };
+    (0..=first)
+        .rev()
+        .find(|&i| sequence_number(&records[i]).is_some())
+        .map(Some)
+        .ok_or(InvocationError::NoIdentifier { index: first })
 }
 
 fn sequence_number(record: &Result<ChangeRecord, DecodeProblem>) -> Option<String> {
@@ -618,8 +643,14 @@ impl Handler {
             }
         };
         let applier = crate::control::applier(self.client.clone(), spec, &table, config);
+        let event = Arc::new(event);
+        let delivery = delivery_of(&event, applier.spec_arc()).map(Arc::new);
+        // Without an event id and sequence number to record the batch by,
+        // every record writes only while its item is as it shows.
         let options = BatchOptions {
             deadline: Some(deadlines.stop_writes),
+            guarded: delivery.is_none(),
+            delivery: delivery.clone(),
             ..BatchOptions::default()
         };
 
@@ -683,7 +714,40 @@ impl Handler {
                 })
             })
             .collect();
-        let response = batch_response(&records, &statuses)?;
+        let mut response = batch_response(&records, &statuses)?;
+        if let Some(delivery) = &delivery {
+            match reported_index(&records, &statuses)? {
+                None => applier.delivery_completed(delivery),
+                // Lambda delivers again from the record reported, with
+                // records after it that did apply: it starts a delivery
+                // that reaches as far as this one.
+                Some(index) if delivery.recorded() => {
+                    let restart = match &records[index] {
+                        Ok(record) => Some(record.event_id.clone()),
+                        Err(problem) => problem.event_id.clone(),
+                    };
+                    let noted = match restart {
+                        Some(event_id) => applier
+                            .delivery_restarts_at(delivery, &event_id)
+                            .await
+                            .map_err(|error| error.to_string()),
+                        None => Err("the record has no event id".to_string()),
+                    };
+                    if let Err(error) = noted {
+                        // From the batch's first record, whose entry is
+                        // there: every record it reached comes guarded.
+                        tracing::warn!(%error, "could not record where Lambda delivers again: reporting the batch's first record instead");
+                        response = batch_response(
+                            &records,
+                            &std::iter::once(RecordStatus::Failed(error))
+                                .chain(statuses.iter().skip(1).cloned())
+                                .collect::<Vec<_>>(),
+                        )?;
+                    }
+                }
+                Some(_) => {}
+            }
+        }
         super::metrics::record_invocation(abandoned, !response.batch_item_failures.is_empty());
 
         let count = |f: fn(&RecordStatus) -> bool| statuses.iter().filter(|s| f(s)).count();

@@ -117,6 +117,22 @@ pub struct RecordPlan {
 
 /// Plans one record against a spec.
 pub fn plan_record(spec: &Spec, record: &ChangeRecord, selection: Selection<'_>) -> RecordPlan {
+    plan(spec, record, selection, false)
+}
+
+/// Plans one record whose writes must not land once its item has moved
+/// past the state the record shows: every write planned from its images
+/// (a membership's marker, a custom projection's put or delete) carries a
+/// guard on that state, checked in the same transaction. For a record
+/// that may be delivered again after newer ones of its item were applied
+/// (a retried or bisected batch, a runner restarted from its checkpoint):
+/// superseded, it changes nothing. Index keys are conditioned on the
+/// source's values and recomputes read what is there, guarded or not.
+pub fn plan_guarded(spec: &Spec, record: &ChangeRecord, selection: Selection<'_>) -> RecordPlan {
+    plan(spec, record, selection, true)
+}
+
+fn plan(spec: &Spec, record: &ChangeRecord, selection: Selection<'_>, guarded: bool) -> RecordPlan {
     // A projection is planned with those it depends on, or that depend on
     // it (a rollup and its counter): a redrive or replay of one keeps the
     // other equal to it.
@@ -128,13 +144,18 @@ pub fn plan_record(spec: &Spec, record: &ChangeRecord, selection: Selection<'_>)
         }
         None => None,
     };
-    let mut plan = plan_projections(spec, record, selection);
+    let mut plan = plan_projections(spec, record, selection, guarded);
     // Whatever may move a counter's shard, its rollups follow.
     crate::kinds::follow(spec, &mut plan.effects);
     plan
 }
 
-fn plan_projections(spec: &Spec, record: &ChangeRecord, selection: Selection<'_>) -> RecordPlan {
+fn plan_projections(
+    spec: &Spec,
+    record: &ChangeRecord,
+    selection: Selection<'_>,
+    guarded: bool,
+) -> RecordPlan {
     let mut plan = RecordPlan::default();
     let pk_name = &spec.table.partition_key;
     let pk = match record.keys.get(pk_name) {
@@ -196,6 +217,7 @@ fn plan_projections(spec: &Spec, record: &ChangeRecord, selection: Selection<'_>
             sk: sk.map(str::to_string),
         },
         vars,
+        guarded: guarded || matches!(record.origin, Origin::Scan { .. }),
     };
     let mut any_selected = false;
     for &id in spec.interested(entity) {
@@ -317,11 +339,17 @@ impl Effect {
                 "projection": projection, "op": "drop-record", "key": key(item),
                 "counter": spec.projections[*counter].name, "shard": shard,
             }),
-            Op::Custom(CustomOp::Put(item)) => json!({
+            Op::Custom {
+                op: CustomOp::Put(item),
+                ..
+            } => json!({
                 "projection": projection, "op": "put",
                 "key": spec.table.item_key(item).map(|k| key(&k)), "item": item_to_json(item),
             }),
-            Op::Custom(CustomOp::Delete(k)) => json!({
+            Op::Custom {
+                op: CustomOp::Delete(k),
+                ..
+            } => json!({
                 "projection": projection, "op": "delete", "key": key(k),
             }),
         }

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use super::{
     Expectation, Kind, Planning, Projection, ProjectionKind, Pruning, Recompute, Rules, Writes,
 };
-use crate::effect::{CustomOp, Effect, Op, PlanProblem, Subject};
+use crate::effect::{CustomOp, Effect, Op, PlanProblem, SourceGuard, Subject};
 use crate::record::ChangeRecord;
 use crate::schema::{fingerprint, suggest, Compiler, Entity, EntityId, ProjectionId};
 
@@ -89,11 +89,50 @@ pub(crate) fn plan(
         vars: &subject.vars,
     };
     let ops = projection.plan(&change).map_err(PlanProblem::Custom)?;
+    let guard = subject.guarded.then(|| whole_state(subject)).flatten();
     effects.extend(ops.into_iter().map(|op| Effect {
         projection: id,
-        op: Op::Custom(op),
+        op: Op::Custom {
+            op,
+            guard: guard.clone(),
+        },
     }));
     Ok(())
+}
+
+/// The most attributes a custom projection's guard compares: a condition
+/// expression holds at most 4 KB. A source item with more is written
+/// unguarded (logged), as every custom write was before guards.
+const MAX_GUARDED_ATTRIBUTES: usize = 100;
+
+/// The guard of a custom projection's writes: the whole item as the record
+/// shows it (what its code reads is its own), or its absence.
+fn whole_state(subject: &Subject<'_>) -> Option<SourceGuard> {
+    let seen = match subject.record.current_image() {
+        None if subject.record.kind == crate::record::ChangeKind::Remove => None,
+        // Without a new image, only that the item exists.
+        None => Some(Vec::new()),
+        Some(image) => {
+            if image.len() > MAX_GUARDED_ATTRIBUTES {
+                tracing::warn!(
+                    item = %subject.key,
+                    attributes = image.len(),
+                    "a custom projection's source item has more attributes than a guard can compare: its writes go unguarded"
+                );
+                return None;
+            }
+            Some(
+                image
+                    .iter()
+                    .map(|(name, value)| (name.to_string(), Some(value.to_value())))
+                    .collect(),
+            )
+        }
+    };
+    Some(SourceGuard {
+        source: subject.key.clone(),
+        seen,
+    })
 }
 
 /// One line for `check`, `plan --describe` and `status`.

@@ -7,7 +7,7 @@ use std::time::{Instant, SystemTime};
 use aws_sdk_dynamodbstreams::types::Record;
 use tokio::sync::watch;
 
-use crate::apply::{ApplyError, RecordStatus};
+use crate::apply::{ApplyError, BatchOptions, Delivered, Delivery, RecordStatus};
 use crate::decode::decode_stream_record;
 use crate::dynamo::retry::{
     classify, describe as retry_describe, sleep_or_stop, ErrorClass, UntilStopped, WriteError,
@@ -162,6 +162,7 @@ async fn walk(
             Some(next) => iterator = Some(next),
             None => {
                 tracing::info!(shard = %run.shard_id, records = run.records, "shard read to its end");
+                shared.applier.shard_finished(&run.shard_id);
                 return Ok(ShardExit::Finished);
             }
         }
@@ -233,10 +234,35 @@ async fn apply_page(
     } else {
         (batch, (0..n).collect(), (0, 0.0, 0))
     };
-    let outcome = shared
-        .applier
-        .apply_batch(&batch, &shared.batch_options)
-        .await?;
+    // A page read again after a restart or a failure may hold records
+    // applied before with newer ones: the shard's entry in the ledger of
+    // deliveries says how far its pages reached (a replay applies current
+    // states, guarded by what it read, instead).
+    let last = records.iter().rev().find_map(sequence_number);
+    let options = match (shared.options.derive_current, last) {
+        (false, Some(last)) => {
+            let table = &shared.applier.spec().table;
+            let delivered: Vec<Delivered> = batch
+                .iter()
+                .filter_map(|decoded| decoded.as_ref().ok())
+                .map(|record| Delivered {
+                    event_id: record.event_id.clone(),
+                    item: table.item_key(&record.keys),
+                    sequence_number: record.sequence_number.clone(),
+                })
+                .collect();
+            BatchOptions {
+                delivery: Some(Arc::new(Delivery::shard(
+                    &run.shard_id,
+                    last,
+                    Box::new(move || delivered.clone()),
+                ))),
+                ..shared.batch_options.clone()
+            }
+        }
+        _ => shared.batch_options.clone(),
+    };
+    let outcome = shared.applier.apply_batch(&batch, &options).await?;
     let apply_ms = applying.elapsed().as_millis() as u64;
     // A record is handled when the record applied for it is.
     let status_of = |i: usize| &outcome.statuses[stands_for[i]];
