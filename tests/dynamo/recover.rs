@@ -152,7 +152,10 @@ fn lambda_failure(stream_arn: &str, shard: &str, start: &str, end: &str, size: u
 // ---------------------------------------------------------------- stream ---
 
 /// The stream's ARN, its one shard (DynamoDB Local) and its records.
-async fn stream(client: &aws_sdk_dynamodb::Client, table: &str) -> (String, String, Vec<Record>) {
+pub(super) async fn stream(
+    client: &aws_sdk_dynamodb::Client,
+    table: &str,
+) -> (String, String, Vec<Record>) {
     let (arn, _) = ddb_projector::dynamo::client::require_stream(client, table)
         .await
         .expect("a stream");

@@ -225,6 +225,39 @@ impl Seen {
         problems
     }
 
+    /// How `later` differs from this scan: edges, rollups and shard sums
+    /// (shards' `changes` stamps included).
+    fn differences_from(&self, later: &Seen) -> Vec<String> {
+        let mut problems = Vec::new();
+        let pairs: BTreeSet<&Pair> = self.edges.keys().chain(later.edges.keys()).collect();
+        for pair in pairs {
+            let (was, is) = (self.edges.get(pair), later.edges.get(pair));
+            if was != is {
+                problems.push(format!("{pair:?}: the edge was {was:?}, then {is:?}"));
+            }
+        }
+        for (user, rollups) in &later.profiles {
+            let was = self.profiles.get(user).copied().unwrap_or_default();
+            if was != *rollups {
+                problems.push(format!(
+                    "{user}: the profile shows {rollups:?}, it showed {was:?}"
+                ));
+            }
+        }
+        for (key, sum) in &later.counters {
+            let was = self.counters.get(key).copied().unwrap_or_default();
+            if was != *sum {
+                problems.push(format!(
+                    "{key:?}: the shards sum to {sum}, they summed to {was}"
+                ));
+            }
+        }
+        if self.changes != later.changes {
+            problems.push("counter shards moved on the shards".to_string());
+        }
+        problems
+    }
+
     fn counter(&self, counter: &str, user: &str) -> i64 {
         self.counters
             .get(&(counter.to_string(), user.to_string()))
@@ -240,29 +273,42 @@ async fn scan_during_replay(
     client: &aws_sdk_dynamodb::Client,
     table: &str,
     extra: &[&str],
+    check: impl FnMut(&Seen),
+) -> (String, usize) {
+    scan_during(client, table, &["replay"], extra, check).await
+}
+
+/// Scans the table in a loop while the command `verb` (with `extra`
+/// arguments, 20 records a page) runs over the social spec; each scan
+/// goes to `check`. Returns the command's stderr and the scans.
+async fn scan_during(
+    client: &aws_sdk_dynamodb::Client,
+    table: &str,
+    verb: &[&str],
+    extra: &[&str],
     mut check: impl FnMut(&Seen),
 ) -> (String, usize) {
-    let mut args = vec![
-        "replay".to_string(),
+    let mut args: Vec<String> = verb.iter().map(|a| a.to_string()).collect();
+    args.extend([
         "--spec".to_string(),
         spec_file().to_str().unwrap().to_string(),
         "--table".to_string(),
         table.to_string(),
-    ];
+    ]);
     args.extend(extra.iter().map(|a| a.to_string()));
     // Made here: the DynamoDB Local a test uses depends on its thread.
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
     let mut command = cli(&args);
     command.env("PROJECTOR_BATCH_LIMIT", "20");
-    let replay = tokio::task::spawn_blocking(move || command.output().expect("run the binary"));
+    let running = tokio::task::spawn_blocking(move || command.output().expect("run the binary"));
     let mut scans = 0;
-    while !replay.is_finished() {
+    while !running.is_finished() {
         check(&observe(client, table).await);
         scans += 1;
     }
-    let output = replay.await.expect("the replay's thread");
+    let output = running.await.expect("the command's thread");
     let log = stderr(&output);
-    assert!(output.status.success(), "replay failed: {log}");
+    assert!(output.status.success(), "{verb:?} failed: {log}");
     eprintln!("{log}");
     (log, scans)
 }
@@ -542,6 +588,169 @@ async fn while_writers_write_a_replay_shows_readers_only_states_since_it_began()
     );
     eprintln!(
         "timing: while_writers_write_a_replay_shows_readers_only_states_since_it_began took {:.1} s",
+        started.elapsed().as_secs_f64()
+    );
+}
+
+/// The runner's checkpoints go (as if it had crashed after applying every
+/// page and before writing one checkpoint): a restarted `run --drain`
+/// reads the whole stream again as live records. Its pages are cut
+/// elsewhere than the first run's, so a page may hold a follow without
+/// the unfollow the first run applied after it; the shard's entry in the
+/// ledger of deliveries says how far its pages reached, and such records
+/// apply only while their items are as they show. Readers see the table
+/// exact on every scan, and no shard moves.
+#[tokio::test]
+async fn a_runner_restarted_behind_what_it_applied_never_shows_the_past() {
+    let started = Instant::now();
+    let client = support::client().await;
+    let seed = seed();
+    eprintln!("seed {seed} (REPLAY_TEST_SEED)");
+    let mut rng = Rng::new(seed);
+    let (table, follows) = drained_table(&client, "restart-behind", 600, &mut rng).await;
+    for item in support::scan_all(&client, &table).await {
+        if text(&item, "PK").as_deref() == Some("_ddbp#checkpoint") {
+            delete(
+                &client,
+                &table,
+                "_ddbp#checkpoint",
+                &text(&item, "SK").unwrap(),
+            )
+            .await;
+        }
+    }
+    let before = observe(&client, &table).await;
+    let mut problems = Vec::new();
+    let mut bad_scans = 0;
+    let (log, scans) = scan_during(&client, &table, &["run", "--drain"], &[], |seen| {
+        let found = seen.differences(&follows);
+        if !found.is_empty() {
+            bad_scans += 1;
+            problems.extend(found);
+        }
+    })
+    .await;
+    eprintln!(
+        "{scans} scans while the restarted runner read the stream again, {bad_scans} showing {} differences ({})",
+        problems.len(),
+        tally(&problems),
+    );
+    assert!(summary_value(&log, "records") > 600.0, "{log}");
+    assert!(scans >= 2, "the reader scanned {scans} times");
+    assert_no_problems(&problems, "what readers saw while the runner read again");
+    assert_eq!(
+        before,
+        observe(&client, &table).await,
+        "the runner changed the table"
+    );
+    eprintln!(
+        "timing: restart-behind took {:.1} s",
+        started.elapsed().as_secs_f64()
+    );
+}
+
+/// Lambda bisects a batch that failed and sends its first half alone. A
+/// batch applied whole by an invocation that then timed out comes again
+/// in halves and quarters, as bisection sends it, before the next batch:
+/// after every invocation readers see what the whole batch left (no
+/// follow its unfollow had removed comes back, no counter moves), and the
+/// table ends exact.
+#[tokio::test]
+async fn a_bisected_batch_sent_again_never_shows_the_past() {
+    use ddb_projector::lambda::event::{Payload, StreamsEvent};
+    use ddb_projector::lambda::{Handler, Response};
+
+    let started = Instant::now();
+    let client = support::client().await;
+    let seed = seed();
+    eprintln!("seed {seed} (REPLAY_TEST_SEED)");
+    let mut rng = Rng::new(seed);
+    let spec = support::shipped_spec("social-service.toml");
+    let table = support::fresh_table(&client, &spec, "bisected").await;
+    let users = users();
+    for user in &users {
+        put_item(&client, &table, &profile(user)).await;
+    }
+    let mut follows = Follows::new();
+    for i in 0..400 {
+        step(
+            &client,
+            &table,
+            &mut rng,
+            &users,
+            &mut follows,
+            format!("t{i}"),
+            &mut |_, _| {},
+        )
+        .await;
+    }
+    let (arn, shard, records) = super::recover::stream(&client, &table).await;
+    let records: Vec<_> = records
+        .iter()
+        .enumerate()
+        .map(|(i, r)| ddb_projector::decode::decode_stream_record(i, &shard, r))
+        .collect();
+    let handler = Handler {
+        specs: spec.clone().into(),
+        client: client.clone(),
+        table: Some(table.clone()),
+        margin: Duration::from_millis(1500),
+        config: Default::default(),
+        metrics: None,
+        process_started: std::time::SystemTime::now(),
+        regions: Default::default(),
+    };
+    let mut invocations = 0;
+    let mut problems = Vec::new();
+    // Lambda's default batch of 100.
+    for batch in records.chunks(100) {
+        let (h, q) = (batch.len() / 2, batch.len() / 4);
+        let mut left = None;
+        for part in [batch, &batch[..h], &batch[..q], &batch[q..h], &batch[h..]] {
+            if part.is_empty() {
+                continue;
+            }
+            invocations += 1;
+            let mut context = lambda_runtime::Context::default();
+            context.request_id = format!("r{invocations}");
+            context.deadline = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .unwrap()
+                .as_millis() as u64
+                + 60_000;
+            let payload =
+                Payload::Stream(StreamsEvent::from_records(part.to_vec(), Some(arn.clone())));
+            let answer =
+                Box::pin(handler.handle(lambda_runtime::LambdaEvent::new(payload, context)))
+                    .await
+                    .expect("an invocation");
+            let Response::Stream(answer) = answer else {
+                panic!("a stream answer");
+            };
+            assert!(answer.batch_item_failures.is_empty(), "{answer:?}");
+            let seen = observe(&client, &table).await;
+            match &left {
+                None => left = Some(seen),
+                Some(left) => {
+                    let mut found = left.differences_from(&seen);
+                    problems.append(&mut found);
+                }
+            }
+        }
+    }
+    eprintln!(
+        "{} records, {invocations} invocations; {} differences from what the whole batch left ({})",
+        records.len(),
+        problems.len(),
+        tally(&problems)
+    );
+    assert_no_problems(&problems, "what readers saw between the invocations");
+    assert_no_problems(
+        &observe(&client, &table).await.differences(&follows),
+        "the table once every batch is applied",
+    );
+    eprintln!(
+        "timing: bisected took {:.1} s",
         started.elapsed().as_secs_f64()
     );
 }
