@@ -123,6 +123,23 @@ impl DeadLetter {
         }
     }
 
+    /// Whether the letter's record is an item's current state standing in
+    /// the place of a stream record (it carries that record's event id),
+    /// not a record as delivered or a backfill's scanned item.
+    pub fn is_derived(&self) -> bool {
+        let scanned = self
+            .record
+            .get("origin")
+            .and_then(|origin| origin.get("type"))
+            .is_some_and(|kind| kind == "scan");
+        scanned
+            && self.decoded
+            && self
+                .event_id
+                .as_deref()
+                .is_some_and(|id| !id.is_empty() && !id.starts_with("scan:"))
+    }
+
     /// A letter for a record that could not be decoded (`source_key`: its
     /// item, when its keys could be read).
     pub fn for_problem(
@@ -308,13 +325,24 @@ impl DeadLetterStore {
             let mut sets: Vec<(&str, &str)> = vec![
                 ("projection", ":projection"),
                 ("service", ":service"),
-                ("error", ":error"),
-                ("record", ":record"),
-                ("decoded", ":decoded"),
                 ("lastFailedAt", ":at"),
+                ("lastError", ":error"),
                 ("sequenceNumber", ":seq"),
                 ("eventId", ":event"),
             ];
+            // An item's current state stands in the place of its record
+            // (replay, recover, redrive) with its sequence number: failing
+            // too, it leaves the letter of that record its record and
+            // reason, and says its own in `lastError`.
+            let kept: &[(&str, &str)] = &[
+                ("error", ":error"),
+                ("record", ":record"),
+                ("decoded", ":decoded"),
+            ];
+            let derived = letter.is_derived();
+            if !derived {
+                sets.extend_from_slice(kept);
+            }
             if omitted.is_some() {
                 sets.push(("imagesOmitted", ":omitted"));
             }
@@ -333,6 +361,12 @@ impl DeadLetterStore {
             for (i, (name, value)) in sets.iter().enumerate() {
                 names.insert(format!("#a{i}"), name.to_string());
                 parts.push(format!("#a{i} = {value}"));
+            }
+            if derived {
+                for (i, (name, value)) in kept.iter().enumerate() {
+                    names.insert(format!("#k{i}"), name.to_string());
+                    parts.push(format!("#k{i} = if_not_exists(#k{i}, {value})"));
+                }
             }
             names.insert("#first".to_string(), "firstFailedAt".to_string());
             names.insert("#attempts".to_string(), "attempts".to_string());
@@ -898,9 +932,14 @@ impl Applier {
                     decode_lambda_record(index, &letter.record)
                 });
             }
+            // A letter's record is older than what may have applied of
+            // its item since (another projection's records, a later state
+            // the probe below applies): it writes only while its item is
+            // as it shows.
             let options = BatchOptions {
                 selection,
                 redrive: true,
+                guarded: true,
                 ..BatchOptions::default()
             };
             let outcome = self.apply_batch(&batch, &options).await?;

@@ -272,6 +272,52 @@ async fn a_redrive_that_fails_again_keeps_the_letters_full_record() {
     assert_eq!(after[0].attempts, 2);
 }
 
+/// A replay applies an item's current state in the place of its last
+/// record, with that record's sequence number. The item is still poison:
+/// the current state fails too, and its letter is the record's letter.
+/// It keeps the record as delivered and the reason it first failed for,
+/// and says the current state's in `lastError`.
+#[tokio::test]
+async fn a_current_state_that_fails_keeps_the_letter_of_the_record_it_stands_for() {
+    let applier = support::fixture(support::shipped_spec("user-service.toml"), "derived-letter")
+        .await
+        .applier;
+    let client = applier.client().clone();
+    let mut history = History::default();
+    for item in [email("u1", "e1", s("a@x.org")), email("u1", "e1", poison())] {
+        put_item(&client, applier.table(), &item).await;
+        history.put(item);
+    }
+    let outcome = applier
+        .apply_batch(&history.records, &BatchOptions::default())
+        .await
+        .unwrap();
+    assert!(matches!(outcome.statuses[1], RecordStatus::DeadLettered(_)));
+    let before = applier.dead_letter_store().list().await.unwrap();
+    assert_eq!(before.len(), 1);
+    // What a replay of the two records applies: the item as it is now.
+    let states = applier
+        .current_states(history.records.clone(), None)
+        .await
+        .unwrap();
+    assert_eq!(states.records.len(), 1);
+    let outcome = applier
+        .apply_batch(&states.records, &BatchOptions::default())
+        .await
+        .unwrap();
+    assert!(
+        matches!(outcome.statuses[0], RecordStatus::DeadLettered(_)),
+        "{:?}",
+        outcome.statuses
+    );
+    let after = applier.dead_letter_store().list().await.unwrap();
+    assert_eq!(after.len(), 1, "{after:#?}");
+    assert_eq!(after[0].record, before[0].record, "the record as delivered");
+    assert_eq!(after[0].record["kind"], serde_json::json!("MODIFY"));
+    assert_eq!(after[0].error, before[0].error);
+    assert_eq!(after[0].attempts, 2);
+}
+
 /// Found in review: in a table without a sort key every dead letter was
 /// written to the one item `PK = _ddbp#dlq`, each overwriting the one
 /// before: two poison records of two items left one letter.
