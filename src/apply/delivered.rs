@@ -376,20 +376,89 @@ fn completed_list() -> &'static Mutex<Completed> {
     LIST.get_or_init(Default::default)
 }
 
+/// How often a process looks for entries that expired (left by processes
+/// that ended before deleting theirs), per table.
+const EXPIRED_EVERY: Duration = Duration::from_secs(3600);
+
 /// Deletes the entries of this table's deliveries that completed long
-/// enough ago (best effort: what is left expires).
+/// enough ago and, once an hour, up to 100 entries that expired (best
+/// effort: what is left is found next time, or by the table's TTL).
 pub(crate) async fn sweep(ctx: &Ctx<'_>) {
-    let due: Vec<HashMap<String, Av>> = {
-        let mut list = completed_list().lock().expect("not poisoned");
-        let Some(entries) = list.get_mut(ctx.table) else {
-            return;
-        };
-        let (due, keep): (Vec<_>, Vec<_>) = entries
-            .drain(..)
-            .partition(|(_, at)| at.elapsed() >= KEEP_COMPLETED);
-        *entries = keep;
-        due.into_iter().map(|(key, _)| key).collect()
+    let mut due = completed_due(ctx);
+    if expired_due(ctx) {
+        due.extend(expired(ctx).await);
+    }
+    delete_entries(ctx, due).await;
+}
+
+/// Whether this process should look for expired entries of the table now.
+fn expired_due(ctx: &Ctx<'_>) -> bool {
+    static LAST: OnceLock<Mutex<HashMap<String, Instant>>> = OnceLock::new();
+    let mut last = LAST
+        .get_or_init(Default::default)
+        .lock()
+        .expect("not poisoned");
+    match last.get(ctx.table) {
+        Some(at) if at.elapsed() < EXPIRED_EVERY => false,
+        _ => {
+            last.insert(ctx.table.to_string(), Instant::now());
+            true
+        }
+    }
+}
+
+/// Up to 100 keys of entries of the table that expired.
+async fn expired(ctx: &Ctx<'_>) -> Vec<HashMap<String, Av>> {
+    let table = &ctx.spec.table;
+    let Some(sk) = &table.sort_key else {
+        // Entries are partitions of their own: the TTL attribute, or
+        // `expires`, is all there is.
+        return Vec::new();
     };
+    let pk = entry_key(ctx, "")
+        .remove(&table.partition_key)
+        .expect("the key has a partition key");
+    let now = crate::dynamo::time::now_ms() / 1000;
+    ctx.count(|r| &mut r.deliveries);
+    let page = ctx
+        .client
+        .query()
+        .table_name(ctx.table)
+        .key_condition_expression("#pk = :pk")
+        .filter_expression("#e < :now")
+        .expression_attribute_names("#pk", &table.partition_key)
+        .expression_attribute_names("#e", "expires")
+        .expression_attribute_values(":pk", pk)
+        .expression_attribute_values(":now", Av::N(now.to_string()))
+        .projection_expression("#pk, #sk")
+        .expression_attribute_names("#sk", sk)
+        .limit(100)
+        .send()
+        .await;
+    match page {
+        Ok(page) => page.items().to_vec(),
+        Err(error) => {
+            tracing::debug!(error = %crate::dynamo::retry::describe(&error), "looking for expired entries of the ledger of deliveries failed");
+            Vec::new()
+        }
+    }
+}
+
+/// The entries of completed deliveries whose time has come.
+fn completed_due(ctx: &Ctx<'_>) -> Vec<HashMap<String, Av>> {
+    let mut list = completed_list().lock().expect("not poisoned");
+    let Some(entries) = list.get_mut(ctx.table) else {
+        return Vec::new();
+    };
+    let (due, keep): (Vec<_>, Vec<_>) = entries
+        .drain(..)
+        .partition(|(_, at)| at.elapsed() >= KEEP_COMPLETED);
+    *entries = keep;
+    due.into_iter().map(|(key, _)| key).collect()
+}
+
+/// Deletes entries, 25 to a request, best effort.
+async fn delete_entries(ctx: &Ctx<'_>, due: Vec<HashMap<String, Av>>) {
     for chunk in due.chunks(25) {
         let requests: Vec<WriteRequest> = chunk
             .iter()

@@ -918,3 +918,88 @@ copy = { lastSeenNs = "{seenNs}" }
         Some(&Av::N("1700000000000000002".into()))
     );
 }
+
+/// The ledger of deliveries cleans up after processes that ended before
+/// deleting their entries: the first batch of a table with a delivery, in
+/// a process, deletes the entries that expired, and records its own.
+#[tokio::test]
+async fn expired_entries_of_the_ledger_of_deliveries_are_deleted() {
+    use ddb_projector::apply::{Delivered, Delivery};
+    use ddb_projector::record::SequenceNumber;
+
+    let support::Fixture {
+        applier,
+        client,
+        table,
+        ..
+    } = support::fixture(
+        support::shipped_spec("social-service.toml"),
+        "ledger-expired",
+    )
+    .await;
+    let entry = |sk: &str, expires: u64| {
+        attrs(&[
+            ("PK", s("_ddbp#delivered")),
+            ("SK", s(sk)),
+            ("through", s("1")),
+            ("expires", n(expires as i64)),
+        ])
+    };
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs();
+    write(&client, &table, &entry("long-gone", 1)).await;
+    write(&client, &table, &entry("still-current", now + 3600)).await;
+    let records = vec![change(
+        1,
+        ChangeKind::Insert,
+        None,
+        Some(&follow("a", "b", FOLLOWED_AT)),
+    )];
+    let delivered: Vec<Delivered> = records
+        .iter()
+        .flatten()
+        .map(|r| Delivered {
+            event_id: r.event_id.clone(),
+            item: applier.spec().table.item_key(&r.keys),
+            sequence_number: r.sequence_number.clone(),
+        })
+        .collect();
+    let delivery = Delivery::new(
+        "e1",
+        SequenceNumber("1".into()),
+        Box::new(move || delivered.clone()),
+    )
+    .map(Arc::new);
+    let outcome = applier
+        .apply_batch(
+            &records,
+            &BatchOptions {
+                delivery,
+                ..BatchOptions::default()
+            },
+        )
+        .await
+        .unwrap();
+    assert_eq!(outcome.first_failure(), None, "{:?}", outcome.statuses);
+    assert!(
+        outcome.stats.requests.deliveries >= 2,
+        "{:?}",
+        outcome.stats.requests
+    );
+    let key = |sk: &'static str| get(&client, &table, "_ddbp#delivered", sk);
+    assert!(
+        key("long-gone").await.is_none(),
+        "the expired entry is deleted"
+    );
+    assert!(
+        key("still-current").await.is_some(),
+        "a current entry stays"
+    );
+    let own = key("e1").await.expect("the batch's own entry");
+    assert_eq!(
+        text(&own, "through").unwrap(),
+        SequenceNumber("1".into()).padded()
+    );
+}
