@@ -74,7 +74,9 @@ use aws_smithy_runtime_api::client::orchestrator::HttpRequest;
 use aws_smithy_runtime_api::client::runtime_components::RuntimeComponents;
 use aws_smithy_types::config_bag::{ConfigBag, Storable, StoreReplace};
 use clap::{Parser, Subcommand};
-use ddb_projector::apply::{Applier, ApplyConfig, BatchOptions, BatchStats, RecordStatus};
+use ddb_projector::apply::{
+    Applier, ApplyConfig, BatchOptions, BatchStats, Delivered, Delivery, RecordStatus,
+};
 use ddb_projector::control;
 use ddb_projector::decode::{decode_stream_record, DecodeProblem};
 use ddb_projector::record::{ChangeKind, ChangeRecord, Image, ValueRef};
@@ -1127,8 +1129,13 @@ struct Processing {
 
 /// ddb-projector: each table's records in batches through `apply_batch`;
 /// a batch with a record not handled is delivered again from it, as Lambda
-/// does with `batchItemFailures`.
-async fn run_projector(appliers: &[(Applier, &[Record])], batch: usize) -> Processing {
+/// does with `batchItemFailures`. With `ledger`, each delivery is recorded
+/// in the ledger of deliveries, as the Lambda handler and the runner do.
+async fn run_projector(
+    appliers: &[(Applier, &[Record])],
+    batch: usize,
+    ledger: bool,
+) -> Processing {
     let mut processing = Processing::default();
     for (applier, records) in appliers {
         let table_started = Instant::now();
@@ -1139,8 +1146,12 @@ async fn run_projector(appliers: &[(Applier, &[Record])], batch: usize) -> Proce
             for pass in 1.. {
                 assert!(pass <= 10, "a batch was still not handled after 10 passes");
                 processing.passes += 1;
+                let options = BatchOptions {
+                    delivery: ledger.then(|| delivery(applier, &chunk[start..])).flatten(),
+                    ..BatchOptions::default()
+                };
                 let outcome = applier
-                    .apply_batch(&chunk[start..], &BatchOptions::default())
+                    .apply_batch(&chunk[start..], &options)
                     .await
                     .unwrap_or_else(|error| panic!("the batch failed as a whole: {error}"));
                 processing.stats.add(&outcome.stats);
@@ -1167,6 +1178,23 @@ async fn run_projector(appliers: &[(Applier, &[Record])], batch: usize) -> Proce
             .push(table_started.elapsed().as_secs_f64());
     }
     processing
+}
+
+/// The delivery `records` are, as the Lambda handler records it.
+fn delivery(applier: &Applier, records: &[Record]) -> Option<Arc<Delivery>> {
+    let table = &applier.spec().table;
+    let delivered: Vec<Delivered> = records
+        .iter()
+        .flatten()
+        .map(|record| Delivered {
+            event_id: record.event_id.clone(),
+            item: table.item_key(&record.keys),
+            sequence_number: record.sequence_number.clone(),
+        })
+        .collect();
+    let first = delivered.first()?.event_id.clone();
+    let last = delivered.last()?.sequence_number.clone();
+    Delivery::new(&first, last, Box::new(move || delivered.clone())).map(Arc::new)
 }
 
 /// The baseline: a stream handler as a team writes it by hand. For each
@@ -1737,9 +1765,9 @@ async fn run(
     let _ = std::fs::write("/proc/self/clear_refs", "5");
     let started = Instant::now();
     let (processing, is_projector) = match contender {
-        "projector" | "projector-nochecks" => {
+        "projector" | "projector-nochecks" | "projector-noledger" => {
             let apply = ApplyConfig {
-                check_invariants: contender == "projector",
+                check_invariants: contender != "projector-nochecks",
                 ..ApplyConfig::default()
             };
             let appliers = [
@@ -1757,7 +1785,8 @@ async fn run(
                     user.as_slice(),
                 ),
             ];
-            (run_projector(&appliers, batch).await, true)
+            let ledger = contender != "projector-noledger";
+            (run_projector(&appliers, batch, ledger).await, true)
         }
         "baseline" => {
             let baseline = Baseline {
@@ -1767,7 +1796,9 @@ async fn run(
             };
             (run_baseline(&baseline, &social, &user, batch).await, false)
         }
-        other => panic!("unknown contender `{other}` (projector, projector-nochecks, baseline)"),
+        other => panic!(
+            "unknown contender `{other}` (projector, projector-nochecks, projector-noledger, baseline)"
+        ),
     };
     let seconds = started.elapsed().as_secs_f64();
     let peak_rss_mb = status_kib("VmHWM:") / 1024.0;
@@ -1877,6 +1908,7 @@ fn label(contender: &str) -> &str {
     match contender {
         "projector" => "ddb-projector",
         "projector-nochecks" => "ddb-projector, checks off",
+        "projector-noledger" => "ddb-projector, no ledger of deliveries",
         "baseline" => "hand-written baseline",
         other => other,
     }
@@ -1907,7 +1939,8 @@ fn report(runs_dir: &Path, json: &Path, svg: &Path) {
     let order = |c: &str| match c {
         "projector" => 0,
         "projector-nochecks" => 1,
-        _ => 2,
+        "projector-noledger" => 2,
+        _ => 3,
     };
     runs.sort_by_key(|r| {
         (
