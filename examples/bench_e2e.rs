@@ -1192,9 +1192,10 @@ fn delivery(applier: &Applier, records: &[Record]) -> Option<Arc<Delivery>> {
             sequence_number: record.sequence_number.clone(),
         })
         .collect();
-    let first = delivered.first()?.event_id.clone();
+    let first_id = delivered.first()?.event_id.clone();
+    let first = delivered.first()?.sequence_number.clone();
     let last = delivered.last()?.sequence_number.clone();
-    Delivery::new(&first, last, Box::new(move || delivered.clone())).map(Arc::new)
+    Delivery::new(&first_id, first, last, Box::new(move || delivered.clone())).map(Arc::new)
 }
 
 /// The baseline: a stream handler as a team writes it by hand. For each

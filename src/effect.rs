@@ -243,6 +243,11 @@ pub(crate) struct Subject<'r> {
     /// state, or a stream record that may be delivered after newer ones
     /// of its item were applied ([`crate::plan::plan_guarded`]).
     pub guarded: bool,
+    /// Whether the record stands for its item as a whole (a scanned or
+    /// current state, or the last record of an item a re-delivery plans
+    /// as its item): every projection plans the state its image derives,
+    /// not the change from its old image ([`crate::plan::plan_complete`]).
+    pub complete: bool,
 }
 
 impl Subject<'_> {

@@ -217,6 +217,18 @@ impl ChangeRecord {
         }
     }
 
+    /// The record as its item: an `INSERT` of its new image (a `REMOVE`
+    /// stays one), for planning the item whatever the record changed
+    /// ([`crate::plan::plan_complete`]).
+    pub fn as_item(&self) -> ChangeRecord {
+        let mut item = self.clone();
+        if item.kind != ChangeKind::Remove && item.new_image.is_some() {
+            item.kind = ChangeKind::Insert;
+            item.old_image = None;
+        }
+        item
+    }
+
     /// A string key attribute of the record, if present.
     pub fn key_string(&self, name: &str) -> Option<&str> {
         self.keys.get(name).and_then(ValueRef::as_str)

@@ -5,48 +5,52 @@
 //! applies each record's images as they come: an image it applies is the
 //! newest it has seen of its item. That holds until a source delivers
 //! again what it delivered before, cut shorter: Lambda bisects a failed
-//! batch and sends its first half alone, or retries from a reported
-//! failure; a runner restarted from its checkpoint reads again, in other
-//! pages, what its predecessor applied. Applied again from its images, an
-//! old follow in such a piece puts back an edge that its unfollow, later
-//! in the longer delivery and applied with it, had removed, until the
+//! batch and sends its halves alone, or retries from a reported failure;
+//! a runner restarted from its checkpoint reads again, in other pages,
+//! what its predecessor applied. Applied again from its images, an old
+//! follow in such a piece puts back an edge that its unfollow, later in
+//! the longer delivery and applied with it, had removed, until the
 //! unfollow comes round again.
 //!
 //! So each delivery records, before anything of it is written, what it
-//! holds: an entry keyed by its first record's event id (a runner's page:
-//! by its shard), with the last sequence number it reached (`through`)
-//! and, for each item with more than one record in it, the sequence number
-//! of the item's last record (`last`). A delivery that finds an entry from
-//! an earlier one knows which of its records that one may have applied
-//! together with newer records of the same item: a record at or before
-//! `through` whose item's `last` is later is superseded, and writes
-//! nothing its images decide (markers, custom projections; index keys are
-//! conditioned on the source and recomputes read it, so those write as
-//! they always do). Every other record applies as it is: it is the newest
-//! of its item that was ever delivered. Nothing is compared with the
-//! table's state, so an item that went back to an earlier state (a follow,
-//! an unfollow, the same follow again) is never taken for the newer one.
+//! holds (a *root* entry): the last sequence number it reached
+//! (`through`), the hashes of its records' event ids (`ids`), and, for
+//! each item with more than one record in it, the sequence number of the
+//! last one (`last`). A Lambda batch keys it by its first record's event
+//! id; a runner's page by its shard and the checkpoint it read from. A
+//! delivery that finds an entry at its key is a re-delivery: it merges
+//! what the earlier ones held with what it holds, stores the merged root
+//! and points at it from every record it names (any piece Lambda cuts
+//! from it starts at one), and plans each of its records by what the
+//! merged root says of its item:
 //!
-//! Lambda may cut a re-delivery anywhere again, so a re-delivery records
-//! at each of its records an entry pointing at the one it found; and an
-//! invocation that reports a failure records one at the record Lambda
-//! restarts from. A runner's pages start at its checkpoint, so its shard's
-//! entry, replaced by each page that reaches further, covers what it read
-//! past the checkpoint.
+//! - a record at or before the earlier deliveries' `through` whose item
+//!   has a later record in the root is superseded: it writes nothing its
+//!   images decide (markers, custom projections);
+//! - the item's last record in the root is planned *complete*: as the
+//!   item its new image shows, whatever the record changed
+//!   ([`crate::plan::plan_complete`]), so that what the skipped records
+//!   would have written is written from it (a later record that changes
+//!   nothing a projection reads plans nothing on its own);
+//! - every other record (the only one of its item, or never delivered
+//!   before) applies as it is.
 //!
-//! The entry is one `UpdateItem` sent beside the batch's first reads (no
-//! round trip on the batch's path), only for batches with writes images
-//! decide. Entries of deliveries that completed are deleted a while later,
-//! beside a later batch's first reads; the few a recycled process leaves
+//! Index keys are conditioned on the source and recomputes read it, so
+//! those write as always. Nothing is compared with the table's state, so
+//! an item that went back to an earlier state is never taken for a newer
+//! one. The entry is one `PutItem` sent beside the batch's first reads (no
+//! round trip on the batch's path); a re-delivery, a rare path, reads and
+//! writes more before it writes. Entries of deliveries that completed go
+//! an hour later, from a task of their own; those a process leaves behind
 //! expire (`expires`, and the table's TTL attribute when the spec names
-//! one).
+//! one) and are deleted by the hourly look for expired ones.
 
-use std::collections::HashMap;
+use std::collections::{BTreeSet, HashMap};
 use std::sync::{Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 use aws_sdk_dynamodb::types::{
-    AttributeValue as Av, DeleteRequest, ReturnValue, ReturnValuesOnConditionCheckFailure,
+    AttributeValue as Av, DeleteRequest, PutRequest, ReturnValuesOnConditionCheckFailure,
     WriteRequest,
 };
 use aws_smithy_types::Blob;
@@ -58,11 +62,25 @@ use crate::dynamo::retry::{sdk, with_retries, ErrorClass, WriteError};
 use crate::record::{ItemKey, SequenceNumber};
 
 /// How long an entry stays once its delivery completed: Lambda may still
-/// send a batch twice shortly after it succeeded.
-const KEEP_COMPLETED: Duration = Duration::from_secs(300);
+/// send a batch again after it succeeded (a lane of a parallelized shard
+/// holding the checkpoint back, a restarted event source mapping).
+const KEEP_COMPLETED: Duration = Duration::from_secs(3600);
 
 /// How long an entry lives at most: a DynamoDB stream keeps records 24 h.
 const EXPIRES_AFTER: Duration = Duration::from_secs(2 * 24 * 3600);
+
+/// How often a process looks for entries that expired, per table.
+const EXPIRED_EVERY: Duration = Duration::from_secs(3600);
+
+/// Partitions the ledger's entries spread over, by key.
+const PARTITIONS: u64 = 16;
+
+/// A root's stored size beyond which its event ids are left out (an item
+/// holds 400 KB): its pieces then find it only from its first record.
+const MAX_ROOT_BYTES: usize = 300 * 1024;
+
+/// How many pointers a re-delivery follows to its root.
+const MAX_HOPS: usize = 4;
 
 /// One record of a delivery, as its entry needs it.
 #[derive(Debug, Clone)]
@@ -78,51 +96,166 @@ pub struct Delivered {
 /// Gives a delivery's records, in order (read once, when it is recorded).
 pub type Records = Box<dyn Fn() -> Vec<Delivered> + Send + Sync>;
 
-/// What an earlier delivery starting where this one starts held.
+/// What a root entry holds.
+#[derive(Debug, Clone, Default, PartialEq)]
+struct Root {
+    /// The last sequence number any delivery it stands for reached.
+    through: Option<SequenceNumber>,
+    /// For each item with several records, the last one's.
+    last: HashMap<u64, SequenceNumber>,
+    /// The hashes of the records' event ids.
+    ids: BTreeSet<u64>,
+}
+
+impl Root {
+    fn of(records: &[Delivered]) -> Root {
+        let mut seen: HashMap<u64, (usize, SequenceNumber)> = HashMap::new();
+        for record in records {
+            let Some(item) = &record.item else { continue };
+            let entry = seen
+                .entry(hash_item(item))
+                .or_insert((0, record.sequence_number.clone()));
+            entry.0 += 1;
+            if record.sequence_number > entry.1 {
+                entry.1 = record.sequence_number.clone();
+            }
+        }
+        Root {
+            through: records.iter().map(|r| r.sequence_number.clone()).max(),
+            last: seen
+                .into_iter()
+                .filter(|(_, (n, _))| *n > 1)
+                .map(|(hash, (_, last))| (hash, last))
+                .collect(),
+            ids: records
+                .iter()
+                .filter(|r| !r.event_id.is_empty())
+                .map(|r| hash_text(&r.event_id))
+                .collect(),
+        }
+    }
+
+    /// This root and `other`: what both stand for. A delivery starting
+    /// where an earlier one did holds all of it that comes after its start
+    /// (records are contiguous), so an item with several records in the
+    /// two has them in one of them.
+    fn merge(mut self, other: &Root) -> Root {
+        for (hash, seq) in &other.last {
+            let entry = self.last.entry(*hash).or_insert_with(|| seq.clone());
+            if seq > entry {
+                *entry = seq.clone();
+            }
+        }
+        self.ids.extend(other.ids.iter().copied());
+        self.through = self.through.max(other.through.clone());
+        self
+    }
+}
+
+/// How a record of a delivery is planned, by what the ledger says.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Treatment {
+    /// As it is.
+    AsIs,
+    /// An earlier delivery held a later record of its item: it writes
+    /// nothing its images decide.
+    Superseded,
+    /// Its item's last record in the earlier deliveries: planned as the
+    /// item its new image shows.
+    Complete,
+}
+
+/// What earlier deliveries starting where this one starts held, merged
+/// with what it holds.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Earlier {
-    /// The last sequence number it reached.
-    pub through: SequenceNumber,
-    /// For each item with several records in it, the last one's.
-    pub last: HashMap<u64, SequenceNumber>,
+    /// How far the earlier deliveries reached.
+    through: SequenceNumber,
+    /// Per item with several records, the last one's.
+    last: HashMap<u64, SequenceNumber>,
+    /// The earlier root could not be read (gone, or too many pointers
+    /// away): every record they reached is planned complete.
+    unknown: bool,
 }
 
 impl Earlier {
-    /// Whether the record at `sequence_number` of `item` is superseded:
-    /// the earlier delivery held it and a later record of its item.
-    pub fn supersedes(&self, item: &ItemKey, sequence_number: &SequenceNumber) -> bool {
-        *sequence_number <= self.through
-            && self
-                .last
-                .get(&item_hash(item))
-                .is_some_and(|last| last > sequence_number)
+    /// How the record at `sequence_number` of `item` is planned.
+    pub fn treatment(&self, item: &ItemKey, sequence_number: &SequenceNumber) -> Treatment {
+        if *sequence_number > self.through {
+            return Treatment::AsIs;
+        }
+        if self.unknown {
+            return Treatment::Complete;
+        }
+        match self.last.get(&hash_item(item)) {
+            Some(last) if last > sequence_number => Treatment::Superseded,
+            Some(_) => Treatment::Complete,
+            None => Treatment::AsIs,
+        }
     }
 }
 
 /// One delivery of records by a source: a Lambda batch, or a runner's
-/// page. It is recorded once, by the first batch of it the applier
-/// writes, and the answer serves every later chunk of it.
+/// page. It is recorded once, by the first batch of it the applier writes
+/// (a Lambda batch over 1,000 records is applied a chunk at a time), and
+/// the answer serves every later chunk of it.
 pub struct Delivery {
-    /// The entry's key: the first record's event id, or the shard's.
+    /// The entry's key.
     key: String,
+    /// The first record's sequence number.
+    first: SequenceNumber,
     /// The last sequence number of the delivery.
     through: SequenceNumber,
     /// Its records, read when it is recorded.
     records: Records,
-    /// What an earlier delivery starting here held, if there was one.
+    /// A Lambda batch, or a runner's page.
+    kind: Kind,
+    /// What earlier deliveries held, if there were any.
     found: tokio::sync::OnceCell<Option<Earlier>>,
-    /// The records' event ids, once read (a re-delivery's pointers).
-    event_ids: Mutex<Vec<String>>,
-    /// The entries at each record point at the one found (a re-delivery).
-    spread: tokio::sync::OnceCell<()>,
-    /// Whether a re-delivery points at its entry from each of its records
-    /// (a Lambda batch, which Lambda may cut anywhere); a shard's entry
-    /// covers every record read past the checkpoint already.
-    spreads: bool,
     /// This delivery's mark on its entry: an answer lost after the write
     /// lands, and the write sent again finds its own mark, not an earlier
     /// delivery's.
     nonce: String,
+}
+
+/// Where a delivery comes from.
+enum Kind {
+    /// A Lambda batch: it points at its root from each of its records
+    /// (Lambda may cut a re-delivery anywhere).
+    Batch,
+    /// A runner's page, read after the checkpoint `from`: the runner keeps
+    /// what its shard's pages held since that checkpoint in `ledger`.
+    Page {
+        ledger: std::sync::Arc<Mutex<ShardLedger>>,
+        from: Option<SequenceNumber>,
+    },
+}
+
+/// What a runner keeps of one shard in the ledger: what its pages held
+/// since its durable checkpoint `base`, merged, as the shard's entry
+/// holds it.
+#[derive(Debug, Clone, Default)]
+pub struct ShardLedger {
+    shard_id: String,
+    base: Option<SequenceNumber>,
+    merged: Root,
+}
+
+/// What the shard's entry says when a runner starts reading it.
+#[derive(Debug, Clone, PartialEq)]
+pub enum ShardStart {
+    /// Nothing was read past the checkpoint.
+    Fresh,
+    /// A runner read past the checkpoint (up to this sequence number)
+    /// before it stopped: what it held is known, and a page read again
+    /// writes nothing older than what it applied.
+    Continue(SequenceNumber),
+    /// The checkpoint is behind where the shard was already read and
+    /// checkpointed (up to this sequence number: the checkpoints were
+    /// deleted, or another consumer's were taken): what was applied
+    /// between is not known, and records read again apply their items as
+    /// they are now until the shard is caught up, as a replay does.
+    Behind(SequenceNumber),
 }
 
 impl std::fmt::Debug for Delivery {
@@ -136,32 +269,68 @@ impl std::fmt::Debug for Delivery {
 }
 
 impl Delivery {
-    /// A Lambda batch: it starts at the record with event id `first` and
-    /// ends at sequence number `through`; `records` gives its records when
-    /// it is recorded. `None` when there is no first event id to key it by.
-    pub fn new(first: &str, through: SequenceNumber, records: Records) -> Option<Delivery> {
-        if first.is_empty() {
+    /// A Lambda batch from the record with event id `first_id` (sequence
+    /// number `first`) to sequence number `through`; `records` gives its
+    /// records when it is recorded. `None` when there is no event id to
+    /// key it by.
+    pub fn new(
+        first_id: &str,
+        first: SequenceNumber,
+        through: SequenceNumber,
+        records: Records,
+    ) -> Option<Delivery> {
+        if first_id.is_empty() {
             return None;
         }
-        Some(Delivery::keyed(first.to_string(), through, records, true))
-    }
-
-    /// A page a runner read from shard `shard_id`, from its checkpoint on.
-    /// Its entry is the shard's, replaced by each page that reaches
-    /// further: what was read past the checkpoint.
-    pub fn shard(shard_id: &str, through: SequenceNumber, records: Records) -> Delivery {
-        Delivery::keyed(format!("shard#{shard_id}"), through, records, false)
-    }
-
-    fn keyed(key: String, through: SequenceNumber, records: Records, spreads: bool) -> Delivery {
-        Delivery {
-            key,
+        Some(Delivery::keyed(
+            id_key(hash_text(first_id)),
+            first,
             through,
             records,
+            Kind::Batch,
+        ))
+    }
+
+    /// A page a runner read from a shard after its checkpoint `from`
+    /// (`None`: from the shard's start), from sequence number `first` to
+    /// `through`; `ledger` is what the runner keeps of the shard
+    /// ([`super::Applier::shard_ledger`]). The shard's entry holds what
+    /// every page read since the checkpoint held: a runner restarted there
+    /// finds it, however its pages were cut.
+    pub fn page(
+        ledger: std::sync::Arc<Mutex<ShardLedger>>,
+        from: Option<&SequenceNumber>,
+        first: SequenceNumber,
+        through: SequenceNumber,
+        records: Records,
+    ) -> Delivery {
+        let key = shard_key(&ledger.lock().expect("not poisoned").shard_id);
+        Delivery::keyed(
+            key,
+            first,
+            through,
+            records,
+            Kind::Page {
+                ledger,
+                from: from.cloned(),
+            },
+        )
+    }
+
+    fn keyed(
+        key: String,
+        first: SequenceNumber,
+        through: SequenceNumber,
+        records: Records,
+        kind: Kind,
+    ) -> Delivery {
+        Delivery {
+            key,
+            first,
+            through,
+            records,
+            kind,
             found: tokio::sync::OnceCell::new(),
-            event_ids: Mutex::new(Vec::new()),
-            spread: tokio::sync::OnceCell::new(),
-            spreads,
             nonce: nonce(),
         }
     }
@@ -176,107 +345,140 @@ impl Delivery {
         self.found.get().is_some()
     }
 
-    /// Records this delivery, once, and returns what an earlier one that
-    /// started where it starts held, if there was one. An error leaves it
-    /// unrecorded (the caller fails the batch, to be delivered again).
+    /// Records this delivery, once, and returns what earlier deliveries
+    /// starting where it starts held, merged with it; `None` when there
+    /// were none. An error leaves it unrecorded (the caller fails the
+    /// batch, to be delivered again).
     pub(crate) async fn record(&self, ctx: &Ctx<'_>) -> Result<Option<Earlier>, String> {
         self.found
             .get_or_try_init(|| async {
-                let records = (self.records)();
-                let last = last_of_repeated(&records);
-                *self.event_ids.lock().expect("not poisoned") =
-                    records.into_iter().map(|r| r.event_id).collect();
-                let earlier = write_entry(
-                    ctx,
-                    &self.key,
-                    &self.through,
-                    Content::Items(&last),
-                    &self.nonce,
-                )
-                .await?;
-                if let Some(earlier) = &earlier {
+                let own = Root::of(&(self.records)());
+                if let Kind::Page { ledger, from } = &self.kind {
+                    return self.record_page(ctx, ledger, from.as_ref(), own).await;
+                }
+                let Some(held) = create(ctx, &self.key, &own, &self.nonce).await? else {
+                    return Ok(None);
+                };
+                let (earlier, unknown) = match resolve(ctx, held).await? {
+                    Some(root) => (root, false),
+                    None => (Root::default(), true),
+                };
+                // Gone (expired, or swept too soon): how far it reached is
+                // lost too, so this delivery's records count as held.
+                let reached = match &earlier.through {
+                    Some(through) if !unknown => through.clone(),
+                    _ => self.through.clone(),
+                };
+                // Pages of one checkpoint after a failed save, or a batch
+                // whose earlier pieces all came before it: nothing of it
+                // was delivered before.
+                let again = reached >= self.first;
+                let merged = earlier.merge(&own);
+                store(ctx, &self.key, &merged).await?;
+                point(ctx, &self.key, &merged).await?;
+                if again {
                     metrics::counter!("projector_redeliveries_total").increment(1);
                     tracing::info!(
                         delivery = %self.key,
-                        delivered_through = earlier.through.as_str(),
-                        "a delivery starts where an earlier one did: its records that one held with a later record of their item write nothing their images decide"
+                        delivered_through = reached.as_str(),
+                        unknown,
+                        "records delivered again: those an earlier delivery held with a later record of their item write nothing their images decide, and that later record is planned as its item"
                     );
                 }
-                Ok(earlier)
+                Ok(Some(Earlier {
+                    through: reached,
+                    last: merged.last,
+                    unknown,
+                }))
             })
             .await
             .cloned()
     }
 
-    /// For a re-delivery: an entry at each of its records pointing at the
-    /// one it found, before it writes, so that any shorter piece Lambda
-    /// cuts from it is known as one too.
-    pub(crate) async fn spread(&self, ctx: &Ctx<'_>, earlier: &Earlier) -> Result<(), String> {
-        if !self.spreads {
-            return Ok(());
+    /// A runner's page: merged into what the shard's pages held since the
+    /// checkpoint, and stored as the shard's entry. What the pages before
+    /// it held says how its records are planned.
+    async fn record_page(
+        &self,
+        ctx: &Ctx<'_>,
+        ledger: &Mutex<ShardLedger>,
+        from: Option<&SequenceNumber>,
+        own: Root,
+    ) -> Result<Option<Earlier>, String> {
+        let (earlier, merged) = {
+            let mut ledger = ledger.lock().expect("not poisoned");
+            if ledger.base.as_ref() != from {
+                // The checkpoint moved: what came before it is not read
+                // again, what was read past it still may be.
+                ledger.base = from.cloned();
+                if let Some(from) = from {
+                    let past = ledger.merged.through.as_ref().is_some_and(|t| t > from);
+                    if past {
+                        ledger.merged.last.retain(|_, last| &*last > from);
+                    } else {
+                        ledger.merged = Root::default();
+                    }
+                }
+            }
+            let earlier = ledger.merged.clone();
+            ledger.merged = std::mem::take(&mut ledger.merged).merge(&own);
+            (earlier, ledger.merged.clone())
+        };
+        let mut fields = root_fields(&Root {
+            ids: BTreeSet::new(),
+            ..merged.clone()
+        });
+        fields.push((
+            "base",
+            Av::S(from.map_or_else(|| "start".to_string(), SequenceNumber::padded)),
+        ));
+        store_fields(ctx, &self.key, fields).await?;
+        let Some(reached) = earlier.through else {
+            return Ok(None);
+        };
+        if reached >= self.first {
+            metrics::counter!("projector_redeliveries_total").increment(1);
+            tracing::info!(
+                delivery = %self.key,
+                delivered_through = reached.as_str(),
+                "records read again past the checkpoint: those read before with a later record of their item write nothing their images decide, and that later record is planned as its item"
+            );
         }
-        self.spread
-            .get_or_try_init(|| async {
-                let through = earlier.through.clone().max(self.through.clone());
-                let ids = self.event_ids.lock().expect("not poisoned").clone();
-                let writes: Vec<_> = ids
-                    .iter()
-                    .filter(|id| !id.is_empty() && **id != self.key)
-                    .map(|id| {
-                        let through = through.clone();
-                        async move {
-                            write_entry(ctx, id, &through, Content::Root(&self.key), &self.nonce)
-                                .await
-                                .map(|_| ())
-                        }
-                    })
-                    .collect();
-                let results: Vec<Result<(), String>> = futures::stream::iter(writes)
-                    .buffer_unordered(ctx.config.concurrency.max(1))
-                    .collect()
-                    .await;
-                results.into_iter().collect::<Result<(), String>>()
-            })
-            .await
-            .map(|_| ())
+        Ok(Some(Earlier {
+            through: reached,
+            last: merged.last,
+            unknown: false,
+        }))
     }
 
     /// The delivery completed: its entry may go once the source can no
-    /// longer deliver it again.
+    /// longer deliver it again (a runner's page: its shard's entry stays,
+    /// replaced by the next page's).
     fn completed(&self, ctx: &Ctx<'_>) {
-        if self.found.get().is_none() {
+        if self.found.get().is_none() || matches!(self.kind, Kind::Page { .. }) {
             return;
         }
-        let key = entry_key(ctx, &self.key);
         completed_list()
             .lock()
             .expect("not poisoned")
             .entry(ctx.table.to_string())
             .or_default()
-            .push((key, Instant::now()));
+            .push((entry_key(ctx, &self.key), Instant::now()));
     }
 }
 
 impl super::Applier {
-    /// Records that the source will deliver again, from the record
-    /// `event_id`, what `delivery` reached: Lambda restarts at the first
-    /// record an invocation reports failed, and the records after it that
-    /// did apply come again.
+    /// Records that Lambda will deliver again, from the record `event_id`,
+    /// what `delivery` reached: it restarts at the first record an
+    /// invocation reports failed, and the records after it that did apply
+    /// come again.
     pub async fn delivery_restarts_at(
         &self,
         delivery: &Delivery,
         event_id: &str,
     ) -> Result<(), String> {
         let ctx = self.ctx();
-        write_entry(
-            &ctx,
-            event_id,
-            &delivery.through,
-            Content::Root(&delivery.key),
-            &nonce(),
-        )
-        .await
-        .map(|_| ())
+        put_pointer(&ctx, &id_key(hash_text(event_id)), &delivery.key).await
     }
 
     /// `delivery` was applied whole: its entry goes once the source can no
@@ -285,60 +487,98 @@ impl super::Applier {
         delivery.completed(&self.ctx());
     }
 
-    /// Shard `shard_id` was read to its end: its entry goes.
-    pub fn shard_finished(&self, shard_id: &str) {
+    /// What a runner starting to read shard `shard_id` from its checkpoint
+    /// `from` keeps of the shard in the ledger, and what the shard's entry
+    /// says of what was read past the checkpoint before.
+    pub async fn shard_ledger(
+        &self,
+        shard_id: &str,
+        from: Option<&SequenceNumber>,
+    ) -> Result<(ShardLedger, ShardStart), String> {
         let ctx = self.ctx();
-        let key = entry_key(&ctx, &format!("shard#{shard_id}"));
-        completed_list()
-            .lock()
-            .expect("not poisoned")
-            .entry(ctx.table.to_string())
-            .or_default()
-            .push((key, Instant::now()));
+        let mut ledger = ShardLedger {
+            shard_id: shard_id.to_string(),
+            base: from.cloned(),
+            merged: Root::default(),
+        };
+        let key = entry_key(&ctx, &shard_key(shard_id));
+        ctx.count(|r| &mut r.deliveries);
+        let retries = std::sync::atomic::AtomicU64::new(0);
+        let item = with_retries("deliveries", ctx.config.max_retry_time, &retries, || {
+            let request = ctx
+                .client
+                .get_item()
+                .table_name(ctx.table)
+                .set_key(Some(key.clone()))
+                .consistent_read(true);
+            async move { request.send().await.map_err(sdk) }
+        })
+        .await
+        .map_err(failed)?
+        .item;
+        let Some(item) = item else {
+            return Ok((ledger, ShardStart::Fresh));
+        };
+        let base = match item.get("base") {
+            Some(Av::S(base)) if base != "start" => Some(SequenceNumber(base.clone())),
+            _ => None,
+        };
+        let Some(Held::Root(root)) = held(&item) else {
+            return Ok((ledger, ShardStart::Fresh));
+        };
+        let Some(through) = root.through.clone() else {
+            return Ok((ledger, ShardStart::Fresh));
+        };
+        let start = match (base.as_ref(), from) {
+            (b, f) if b == f => {
+                ledger.merged = root;
+                ShardStart::Continue(through)
+            }
+            (Some(_), None) => ShardStart::Behind(through),
+            (Some(b), Some(f)) if b > f => ShardStart::Behind(through),
+            _ => ShardStart::Fresh,
+        };
+        Ok((ledger, start))
     }
 }
 
-/// The item of a record as the ledger keys it: FNV-1a of its key, 64 bits.
-fn item_hash(item: &ItemKey) -> u64 {
+/// The key of a shard's entry.
+fn shard_key(shard_id: &str) -> String {
+    format!("shard#{shard_id}")
+}
+
+/// The key of the entry a record with event id hash `hash` points from.
+fn id_key(hash: u64) -> String {
+    format!("id#{hash:016x}")
+}
+
+/// FNV-1a, 64 bits.
+fn fnv(parts: &[&[u8]]) -> u64 {
     let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
-    let mut feed = |bytes: &[u8]| {
-        for byte in bytes {
+    for part in parts {
+        for byte in *part {
             hash ^= u64::from(*byte);
             hash = hash.wrapping_mul(0x0100_0000_01b3);
         }
-    };
-    feed(item.pk.as_bytes());
-    feed(&[0]);
-    if let Some(sk) = &item.sk {
-        feed(&[1]);
-        feed(sk.as_bytes());
     }
     hash
 }
 
-/// For each item with more than one record in `records`, the last one's
-/// sequence number: only such an item has a record a later one supersedes.
-fn last_of_repeated(records: &[Delivered]) -> HashMap<u64, SequenceNumber> {
-    let mut seen: HashMap<u64, (usize, SequenceNumber)> = HashMap::new();
-    for record in records {
-        let Some(item) = &record.item else { continue };
-        let entry = seen
-            .entry(item_hash(item))
-            .or_insert((0, record.sequence_number.clone()));
-        entry.0 += 1;
-        if record.sequence_number > entry.1 {
-            entry.1 = record.sequence_number.clone();
-        }
+fn hash_text(text: &str) -> u64 {
+    fnv(&[text.as_bytes()])
+}
+
+/// An item as the ledger keys it.
+fn hash_item(item: &ItemKey) -> u64 {
+    match &item.sk {
+        Some(sk) => fnv(&[item.pk.as_bytes(), &[0], &[1], sk.as_bytes()]),
+        None => fnv(&[item.pk.as_bytes(), &[0]]),
     }
-    seen.into_iter()
-        .filter(|(_, (n, _))| *n > 1)
-        .map(|(hash, (_, last))| (hash, last))
-        .collect()
 }
 
 /// `last` as stored: per item, 8 bytes of hash, a byte of length, the
 /// sequence number's digits.
-fn encode(last: &HashMap<u64, SequenceNumber>) -> Vec<u8> {
+fn encode_last(last: &HashMap<u64, SequenceNumber>) -> Vec<u8> {
     let mut out = Vec::with_capacity(last.len() * 34);
     for (hash, seq) in last {
         let digits = seq.as_str().trim_start_matches('0').as_bytes();
@@ -350,7 +590,7 @@ fn encode(last: &HashMap<u64, SequenceNumber>) -> Vec<u8> {
     out
 }
 
-fn decode(bytes: &[u8]) -> HashMap<u64, SequenceNumber> {
+fn decode_last(bytes: &[u8]) -> HashMap<u64, SequenceNumber> {
     let mut out = HashMap::new();
     let mut at = 0;
     while at + 9 <= bytes.len() {
@@ -368,6 +608,17 @@ fn decode(bytes: &[u8]) -> HashMap<u64, SequenceNumber> {
     out
 }
 
+fn encode_ids(ids: &BTreeSet<u64>) -> Vec<u8> {
+    ids.iter().flat_map(|id| id.to_be_bytes()).collect()
+}
+
+fn decode_ids(bytes: &[u8]) -> BTreeSet<u64> {
+    bytes
+        .chunks_exact(8)
+        .map(|chunk| u64::from_be_bytes(chunk.try_into().expect("8 bytes")))
+        .collect()
+}
+
 /// Entries of completed deliveries, by table, and when they completed.
 type Completed = HashMap<String, Vec<(HashMap<String, Av>, Instant)>>;
 
@@ -376,19 +627,31 @@ fn completed_list() -> &'static Mutex<Completed> {
     LIST.get_or_init(Default::default)
 }
 
-/// How often a process looks for entries that expired (left by processes
-/// that ended before deleting theirs), per table.
-const EXPIRED_EVERY: Duration = Duration::from_secs(3600);
-
-/// Deletes the entries of this table's deliveries that completed long
-/// enough ago and, once an hour, up to 100 entries that expired (best
-/// effort: what is left is found next time, or by the table's TTL).
-pub(crate) async fn sweep(ctx: &Ctx<'_>) {
+/// Starts deleting, off the batch's path, the entries of this table's
+/// deliveries that completed an hour ago and, once an hour, those that
+/// expired (best effort: what is left is found next time, or by the
+/// table's TTL).
+pub(crate) fn sweep(ctx: &Ctx<'_>) {
     let mut due = completed_due(ctx);
-    if expired_due(ctx) {
-        due.extend(expired(ctx).await);
+    let look = expired_due(ctx);
+    if due.is_empty() && !look {
+        return;
     }
-    delete_entries(ctx, due).await;
+    let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+        return;
+    };
+    let client = ctx.client.clone();
+    let table = ctx.table.to_string();
+    let spec_table = ctx.spec.table.clone();
+    let pks: Vec<String> = (0..PARTITIONS)
+        .map(|n| partition(ctx.config.consumer.as_deref(), n))
+        .collect();
+    runtime.spawn(async move {
+        if look {
+            due.extend(expired(&client, &table, &spec_table, &pks).await);
+        }
+        delete_entries(&client, &table, due).await;
+    });
 }
 
 /// Whether this process should look for expired entries of the table now.
@@ -407,41 +670,43 @@ fn expired_due(ctx: &Ctx<'_>) -> bool {
     }
 }
 
-/// Up to 100 keys of entries of the table that expired.
-async fn expired(ctx: &Ctx<'_>) -> Vec<HashMap<String, Av>> {
-    let table = &ctx.spec.table;
-    let Some(sk) = &table.sort_key else {
+/// The keys of expired entries of the table, a page of each partition at
+/// most (the rest are found next time).
+async fn expired(
+    client: &aws_sdk_dynamodb::Client,
+    table: &str,
+    spec: &crate::spec::TableSpec,
+    pks: &[String],
+) -> Vec<HashMap<String, Av>> {
+    let Some(sk) = &spec.sort_key else {
         // Entries are partitions of their own: the TTL attribute, or
         // `expires`, is all there is.
         return Vec::new();
     };
-    let pk = entry_key(ctx, "")
-        .remove(&table.partition_key)
-        .expect("the key has a partition key");
     let now = crate::dynamo::time::now_ms() / 1000;
-    ctx.count(|r| &mut r.deliveries);
-    let page = ctx
-        .client
-        .query()
-        .table_name(ctx.table)
-        .key_condition_expression("#pk = :pk")
-        .filter_expression("#e < :now")
-        .expression_attribute_names("#pk", &table.partition_key)
-        .expression_attribute_names("#e", "expires")
-        .expression_attribute_values(":pk", pk)
-        .expression_attribute_values(":now", Av::N(now.to_string()))
-        .projection_expression("#pk, #sk")
-        .expression_attribute_names("#sk", sk)
-        .limit(100)
-        .send()
-        .await;
-    match page {
-        Ok(page) => page.items().to_vec(),
-        Err(error) => {
-            tracing::debug!(error = %crate::dynamo::retry::describe(&error), "looking for expired entries of the ledger of deliveries failed");
-            Vec::new()
+    let mut found = Vec::new();
+    for pk in pks {
+        let page = client
+            .query()
+            .table_name(table)
+            .key_condition_expression("#pk = :pk")
+            .filter_expression("#e < :now")
+            .expression_attribute_names("#pk", &spec.partition_key)
+            .expression_attribute_names("#e", "expires")
+            .expression_attribute_names("#sk", sk)
+            .expression_attribute_values(":pk", Av::S(pk.clone()))
+            .expression_attribute_values(":now", Av::N(now.to_string()))
+            .projection_expression("#pk, #sk")
+            .send()
+            .await;
+        match page {
+            Ok(page) => found.extend(page.items().iter().cloned()),
+            Err(error) => {
+                tracing::debug!(error = %crate::dynamo::retry::describe(&error), "looking for expired entries of the ledger of deliveries failed");
+            }
         }
     }
+    found
 }
 
 /// The entries of completed deliveries whose time has come.
@@ -458,9 +723,13 @@ fn completed_due(ctx: &Ctx<'_>) -> Vec<HashMap<String, Av>> {
 }
 
 /// Deletes entries, 25 to a request, best effort.
-async fn delete_entries(ctx: &Ctx<'_>, due: Vec<HashMap<String, Av>>) {
+async fn delete_entries(
+    client: &aws_sdk_dynamodb::Client,
+    table: &str,
+    due: Vec<HashMap<String, Av>>,
+) {
     for chunk in due.chunks(25) {
-        let requests: Vec<WriteRequest> = chunk
+        let mut requests: Vec<WriteRequest> = chunk
             .iter()
             .map(|key| {
                 WriteRequest::builder()
@@ -473,15 +742,28 @@ async fn delete_entries(ctx: &Ctx<'_>, due: Vec<HashMap<String, Av>>) {
                     .build()
             })
             .collect();
-        ctx.count(|r| &mut r.deliveries);
-        let sent = ctx
-            .client
-            .batch_write_item()
-            .request_items(ctx.table, requests)
-            .send()
-            .await;
-        if let Err(error) = sent {
-            tracing::debug!(error = %crate::dynamo::retry::describe(&error), "deleting entries of completed deliveries failed; they expire");
+        for _ in 0..3 {
+            let sent = client
+                .batch_write_item()
+                .request_items(table, requests.clone())
+                .send()
+                .await;
+            match sent {
+                Ok(output) => {
+                    requests = output
+                        .unprocessed_items()
+                        .and_then(|u| u.get(table))
+                        .cloned()
+                        .unwrap_or_default();
+                    if requests.is_empty() {
+                        break;
+                    }
+                }
+                Err(error) => {
+                    tracing::debug!(error = %crate::dynamo::retry::describe(&error), "deleting entries of the ledger of deliveries failed; they expire");
+                    break;
+                }
+            }
         }
     }
 }
@@ -498,13 +780,18 @@ fn nonce() -> String {
     )
 }
 
-/// The key of the entry at `at` (an event id, or `shard#<id>`).
+/// The ledger's partition `n` (of [`PARTITIONS`]), for a consumer.
+fn partition(consumer: Option<&str>, n: u64) -> String {
+    match consumer {
+        Some(name) => format!("{DELIVERED_PK}@{name}#{n:x}"),
+        None => format!("{DELIVERED_PK}#{n:x}"),
+    }
+}
+
+/// The key of the entry at `at`.
 fn entry_key(ctx: &Ctx<'_>, at: &str) -> HashMap<String, Av> {
     let table = &ctx.spec.table;
-    let pk = match &ctx.config.consumer {
-        Some(name) => format!("{DELIVERED_PK}@{name}"),
-        None => DELIVERED_PK.to_string(),
-    };
+    let pk = partition(ctx.config.consumer.as_deref(), hash_text(at) % PARTITIONS);
     let mut key = HashMap::new();
     match &table.sort_key {
         Some(sk) => {
@@ -518,91 +805,114 @@ fn entry_key(ctx: &Ctx<'_>, at: &str) -> HashMap<String, Av> {
     key
 }
 
-/// What an entry holds besides how far it reached.
-enum Content<'a> {
-    /// The delivery's items with several records.
-    Items(&'a HashMap<u64, SequenceNumber>),
-    /// The entry (its key) of the delivery this one is a piece of.
-    Root(&'a str),
-}
-
-/// What an entry held before a write, when another delivery wrote it.
-enum Held {
-    Items(SequenceNumber, HashMap<u64, SequenceNumber>),
-    Root(SequenceNumber, String),
-}
-
-/// Writes the entry at `at` to reach `through` with `content`, unless it
-/// reaches as far already; returns what an earlier delivery left there
-/// (following a piece's pointer to its root).
-async fn write_entry(
-    ctx: &Ctx<'_>,
-    at: &str,
-    through: &SequenceNumber,
-    content: Content<'_>,
-    nonce: &str,
-) -> Result<Option<Earlier>, String> {
-    let key = entry_key(ctx, at);
+/// An entry's item: its key, when it expires (and the table's TTL
+/// attribute, unless that names one of the entry's own), and `fields`.
+fn entry_item(ctx: &Ctx<'_>, at: &str, fields: Vec<(&str, Av)>) -> HashMap<String, Av> {
+    let mut item = entry_key(ctx, at);
     let expires = (crate::dynamo::time::now_ms() / 1000) + EXPIRES_AFTER.as_secs();
-    let mut update = "SET #t = :t, #e = :e, #b = :b".to_string();
-    let mut names = HashMap::from([
-        ("#t".to_string(), "through".to_string()),
-        ("#e".to_string(), "expires".to_string()),
-        ("#b".to_string(), "by".to_string()),
-    ]);
-    let mut values = HashMap::from([
-        (":t".to_string(), Av::S(through.padded())),
-        (":e".to_string(), Av::N(expires.to_string())),
-        (":b".to_string(), Av::S(nonce.to_string())),
-    ]);
-    match content {
-        Content::Items(last) => {
-            update.push_str(", #l = :l REMOVE #r");
-            names.insert("#l".to_string(), "last".to_string());
-            names.insert("#r".to_string(), "root".to_string());
-            values.insert(":l".to_string(), Av::B(Blob::new(encode(last))));
-        }
-        Content::Root(root) => {
-            update.push_str(", #r = :r REMOVE #l");
-            names.insert("#l".to_string(), "last".to_string());
-            names.insert("#r".to_string(), "root".to_string());
-            values.insert(":r".to_string(), Av::S(root.to_string()));
-        }
+    item.insert("expires".to_string(), Av::N(expires.to_string()));
+    for (name, value) in fields {
+        item.insert(name.to_string(), value);
     }
     if let Some(ttl) = &ctx.spec.table.ttl_attribute {
-        let at = update.find(" REMOVE").unwrap_or(update.len());
-        update.insert_str(at, ", #ttl = :e");
-        names.insert("#ttl".to_string(), ttl.clone());
+        if !item.contains_key(ttl) {
+            item.insert(ttl.clone(), Av::N(expires.to_string()));
+        }
     }
+    item
+}
+
+/// What an entry holds, as read.
+enum Held {
+    Root(Root),
+    Pointer(String),
+}
+
+fn held(item: &HashMap<String, Av>) -> Option<Held> {
+    if let Some(Av::S(root)) = item.get("root") {
+        return Some(Held::Pointer(root.clone()));
+    }
+    let through = match item.get("through") {
+        Some(Av::S(through)) => Some(SequenceNumber(through.clone())),
+        _ => return None,
+    };
+    Some(Held::Root(Root {
+        through,
+        last: match item.get("last") {
+            Some(Av::B(bytes)) => decode_last(bytes.as_ref()),
+            _ => HashMap::new(),
+        },
+        ids: match item.get("ids") {
+            Some(Av::B(bytes)) => decode_ids(bytes.as_ref()),
+            _ => BTreeSet::new(),
+        },
+    }))
+}
+
+fn root_fields(root: &Root) -> Vec<(&'static str, Av)> {
+    let mut fields = vec![
+        (
+            "through",
+            Av::S(
+                root.through
+                    .as_ref()
+                    .map_or_else(String::new, SequenceNumber::padded),
+            ),
+        ),
+        ("last", Av::B(Blob::new(encode_last(&root.last)))),
+    ];
+    let ids = encode_ids(&root.ids);
+    if ids.len() + root.last.len() * 34 <= MAX_ROOT_BYTES {
+        fields.push(("ids", Av::B(Blob::new(ids))));
+    } else {
+        tracing::warn!(
+            records = root.ids.len(),
+            "a delivery too large to point at from each record: a piece of it is known only from its first record"
+        );
+    }
+    fields
+}
+
+fn failed(error: WriteError) -> String {
+    match error {
+        WriteError::Transient(message) | WriteError::Poison(message) => {
+            format!("the ledger of deliveries: {message}")
+        }
+        WriteError::Fatal(message) => message,
+    }
+}
+
+/// Creates the root entry at `at` unless one is there; returns what was
+/// there (`None` also when it is this delivery's own, written before an
+/// answer was lost).
+async fn create(ctx: &Ctx<'_>, at: &str, own: &Root, nonce: &str) -> Result<Option<Held>, String> {
+    let mut fields = root_fields(own);
+    fields.push(("by", Av::S(nonce.to_string())));
+    let item = entry_item(ctx, at, fields);
+    let pk = ctx.spec.table.partition_key.clone();
     ctx.count(|r| &mut r.deliveries);
     let retries = std::sync::atomic::AtomicU64::new(0);
-    let old = with_retries("deliveries", ctx.config.max_retry_time, &retries, || {
+    let result = with_retries("deliveries", ctx.config.max_retry_time, &retries, || {
         let request = ctx
             .client
-            .update_item()
+            .put_item()
             .table_name(ctx.table)
-            .set_key(Some(key.clone()))
-            .update_expression(&update)
-            .condition_expression("attribute_not_exists(#t) OR #t < :t")
-            .set_expression_attribute_names(Some(names.clone()))
-            .set_expression_attribute_values(Some(values.clone()))
-            .return_values(ReturnValue::AllOld)
+            .set_item(Some(item.clone()))
+            .condition_expression("attribute_not_exists(#pk)")
+            .expression_attribute_names("#pk", &pk)
             .return_values_on_condition_check_failure(ReturnValuesOnConditionCheckFailure::AllOld);
         async move {
             match request.send().await {
-                Ok(output) => Ok(held(output.attributes(), nonce)),
+                Ok(_) => Ok(None),
                 Err(error) => {
-                    use aws_sdk_dynamodb::operation::update_item::UpdateItemError;
+                    use aws_sdk_dynamodb::operation::put_item::PutItemError;
                     let returned = match error.as_service_error() {
-                        Some(UpdateItemError::ConditionalCheckFailedException(c)) => {
-                            c.item().map(|item| held(Some(item), nonce))
-                        }
+                        Some(PutItemError::ConditionalCheckFailedException(c)) => c.item().cloned(),
                         _ => None,
                     };
                     let (class, text) = sdk(error);
                     match (class, returned) {
-                        // It reaches as far already.
-                        (ErrorClass::Conditional, Some(old)) => Ok(old),
+                        (ErrorClass::Conditional, Some(old)) => Ok(Some(old)),
                         (class, _) => Err((class, text)),
                     }
                 }
@@ -614,47 +924,31 @@ async fn write_entry(
         retries.load(std::sync::atomic::Ordering::Relaxed),
         std::sync::atomic::Ordering::Relaxed,
     );
-    let old = old.map_err(|error| match error {
-        WriteError::Transient(message) | WriteError::Poison(message) => {
-            format!("recording the delivery in the ledger failed: {message}")
-        }
-        WriteError::Fatal(message) => message,
-    })?;
-    match old {
-        None => Ok(None),
-        Some(Held::Items(through, last)) => Ok(Some(Earlier { through, last })),
-        Some(Held::Root(through, root)) => {
-            // A piece of a longer delivery: that one's items.
-            let root = read_root(ctx, &root).await?;
-            Ok(Some(Earlier {
-                through,
-                last: root.map(|r| r.last).unwrap_or_default(),
-            }))
-        }
-    }
-}
-
-/// What the entry `item` (as it was) says an earlier delivery held; `None`
-/// when there was none, or the entry is this delivery's own (its write
-/// landed and was sent again).
-fn held(item: Option<&HashMap<String, Av>>, nonce: &str) -> Option<Held> {
-    let item = item?;
-    if matches!(item.get("by"), Some(Av::S(by)) if by == nonce) {
-        return None;
-    }
-    let through = match item.get("through") {
-        Some(Av::S(through)) => SequenceNumber(through.clone()),
-        _ => return None,
+    let Some(old) = result.map_err(failed)? else {
+        return Ok(None);
     };
-    Some(match (item.get("root"), item.get("last")) {
-        (Some(Av::S(root)), _) => Held::Root(through, root.clone()),
-        (_, Some(Av::B(last))) => Held::Items(through, decode(last.as_ref())),
-        _ => Held::Items(through, HashMap::new()),
-    })
+    if matches!(old.get("by"), Some(Av::S(by)) if by == nonce) {
+        return Ok(None);
+    }
+    Ok(held(&old))
 }
 
-/// The root entry `at`, read consistently.
-async fn read_root(ctx: &Ctx<'_>, at: &str) -> Result<Option<Earlier>, String> {
+/// The root `held` stands for, following pointers; `None` when it is gone.
+async fn resolve(ctx: &Ctx<'_>, mut held: Held) -> Result<Option<Root>, String> {
+    for _ in 0..MAX_HOPS {
+        match held {
+            Held::Root(root) => return Ok(Some(root)),
+            Held::Pointer(at) => match read(ctx, &at).await? {
+                Some(next) => held = next,
+                None => return Ok(None),
+            },
+        }
+    }
+    Ok(None)
+}
+
+/// The entry at `at`, read consistently.
+async fn read(ctx: &Ctx<'_>, at: &str) -> Result<Option<Held>, String> {
     let key = entry_key(ctx, at);
     ctx.count(|r| &mut r.deliveries);
     let retries = std::sync::atomic::AtomicU64::new(0);
@@ -668,12 +962,86 @@ async fn read_root(ctx: &Ctx<'_>, at: &str) -> Result<Option<Earlier>, String> {
         async move { request.send().await.map_err(sdk) }
     })
     .await
-    .map_err(|error| format!("reading the ledger of deliveries failed: {error}"))?
+    .map_err(failed)?
     .item;
-    Ok(match held(item.as_ref(), "") {
-        Some(Held::Items(through, last)) => Some(Earlier { through, last }),
-        _ => None,
+    Ok(item.as_ref().and_then(held))
+}
+
+/// Stores `root` at `at`, whatever was there (it holds all of that).
+async fn store(ctx: &Ctx<'_>, at: &str, root: &Root) -> Result<(), String> {
+    store_fields(ctx, at, root_fields(root)).await
+}
+
+/// Stores an entry of `fields` at `at`, whatever was there.
+async fn store_fields(ctx: &Ctx<'_>, at: &str, fields: Vec<(&str, Av)>) -> Result<(), String> {
+    let item = entry_item(ctx, at, fields);
+    ctx.count(|r| &mut r.deliveries);
+    let retries = std::sync::atomic::AtomicU64::new(0);
+    with_retries("deliveries", ctx.config.max_retry_time, &retries, || {
+        let request = ctx
+            .client
+            .put_item()
+            .table_name(ctx.table)
+            .set_item(Some(item.clone()));
+        async move { request.send().await.map(|_| ()).map_err(sdk) }
     })
+    .await
+    .map_err(failed)
+}
+
+/// A pointer from `at` to the root at `root`.
+async fn put_pointer(ctx: &Ctx<'_>, at: &str, root: &str) -> Result<(), String> {
+    let item = entry_item(ctx, at, vec![("root", Av::S(root.to_string()))]);
+    ctx.count(|r| &mut r.deliveries);
+    let retries = std::sync::atomic::AtomicU64::new(0);
+    with_retries("deliveries", ctx.config.max_retry_time, &retries, || {
+        let request = ctx
+            .client
+            .put_item()
+            .table_name(ctx.table)
+            .set_item(Some(item.clone()));
+        async move { request.send().await.map(|_| ()).map_err(sdk) }
+    })
+    .await
+    .map_err(failed)
+}
+
+/// Points at the root at `at` from every record it names but its own
+/// first, 25 to a `BatchWriteItem`, as many in flight as the applier's
+/// concurrency allows.
+async fn point(ctx: &Ctx<'_>, at: &str, root: &Root) -> Result<(), String> {
+    let pointers: Vec<WriteRequest> = root
+        .ids
+        .iter()
+        .map(|hash| id_key(*hash))
+        .filter(|key| key != at)
+        .map(|key| {
+            let item = entry_item(ctx, &key, vec![("root", Av::S(at.to_string()))]);
+            WriteRequest::builder()
+                .put_request(
+                    PutRequest::builder()
+                        .set_item(Some(item))
+                        .build()
+                        .expect("item is set"),
+                )
+                .build()
+        })
+        .collect();
+    let requests: Vec<Vec<WriteRequest>> = pointers.chunks(25).map(<[_]>::to_vec).collect();
+    let writes = requests.into_iter().map(|chunk| async move {
+        super::writes::batch_write(ctx, chunk)
+            .await
+            .into_iter()
+            .collect::<Result<(), WriteError>>()
+    });
+    let results: Vec<Result<(), WriteError>> = futures::stream::iter(writes)
+        .buffer_unordered(ctx.config.concurrency.max(1))
+        .collect()
+        .await;
+    results
+        .into_iter()
+        .collect::<Result<(), _>>()
+        .map_err(failed)
 }
 
 #[cfg(test)]
@@ -692,6 +1060,14 @@ mod tests {
         }
     }
 
+    fn earlier(root: Root) -> Earlier {
+        Earlier {
+            through: root.through.clone().unwrap(),
+            last: root.last,
+            unknown: false,
+        }
+    }
+
     #[test]
     fn only_items_with_several_records_are_kept_with_their_last() {
         let records = [
@@ -701,33 +1077,55 @@ mod tests {
             delivered("c", 4),
             delivered("a", 5),
         ];
-        let last = last_of_repeated(&records);
-        assert_eq!(last.len(), 1);
-        assert_eq!(last[&item_hash(&ItemKey::new("a", "X"))], seq(5));
-        let round = decode(&encode(&last));
-        assert_eq!(round, last);
+        let root = Root::of(&records);
+        assert_eq!(root.last.len(), 1);
+        assert_eq!(root.last[&hash_item(&ItemKey::new("a", "X"))], seq(5));
+        assert_eq!(root.through, Some(seq(5)));
+        assert_eq!(root.ids.len(), 5);
+        assert_eq!(decode_last(&encode_last(&root.last)), root.last);
+        assert_eq!(decode_ids(&encode_ids(&root.ids)), root.ids);
     }
 
     #[test]
-    fn a_record_is_superseded_only_by_a_later_one_of_its_item_that_was_held() {
+    fn superseded_records_skip_the_last_is_complete_the_rest_apply_as_they_are() {
         let records = [delivered("a", 1), delivered("b", 2), delivered("a", 3)];
-        let earlier = Earlier {
-            through: seq(3),
-            last: last_of_repeated(&records),
-        };
+        let earlier = earlier(Root::of(&records));
         let a = ItemKey::new("a", "X");
         let b = ItemKey::new("b", "X");
-        assert!(earlier.supersedes(&a, &seq(1)));
-        assert!(!earlier.supersedes(&a, &seq(3)), "the item's last applies");
-        assert!(!earlier.supersedes(&b, &seq(2)), "a lone record applies");
-        assert!(!earlier.supersedes(&a, &seq(4)), "never delivered");
+        assert_eq!(earlier.treatment(&a, &seq(1)), Treatment::Superseded);
+        assert_eq!(earlier.treatment(&a, &seq(3)), Treatment::Complete);
+        assert_eq!(earlier.treatment(&b, &seq(2)), Treatment::AsIs);
+        assert_eq!(
+            earlier.treatment(&a, &seq(4)),
+            Treatment::AsIs,
+            "never delivered"
+        );
+        let unknown = Earlier {
+            unknown: true,
+            ..earlier
+        };
+        assert_eq!(unknown.treatment(&b, &seq(2)), Treatment::Complete);
+        assert_eq!(unknown.treatment(&b, &seq(4)), Treatment::AsIs);
+    }
+
+    #[test]
+    fn a_merged_root_holds_both_deliveries() {
+        let first = Root::of(&[delivered("a", 1), delivered("a", 3), delivered("b", 4)]);
+        let longer = Root::of(&[delivered("a", 3), delivered("b", 4), delivered("b", 9)]);
+        let merged = first.clone().merge(&longer);
+        assert_eq!(merged.through, Some(seq(9)));
+        assert_eq!(merged.last[&hash_item(&ItemKey::new("a", "X"))], seq(3));
+        assert_eq!(merged.last[&hash_item(&ItemKey::new("b", "X"))], seq(9));
+        assert_eq!(merged.ids.len(), 4);
+        // Merging is the same either way round.
+        assert_eq!(longer.merge(&first), merged);
     }
 
     #[test]
     fn stored_sequence_numbers_compare_as_numbers() {
         let mut last = HashMap::new();
         last.insert(7, SequenceNumber("000000000000000000100".into()));
-        let back = decode(&encode(&last));
+        let back = decode_last(&encode_last(&last));
         assert_eq!(back[&7], SequenceNumber("100".into()));
         assert!(back[&7] > SequenceNumber("99".into()));
     }

@@ -40,7 +40,8 @@ pub use check::{CheckStats, RecordedViolation};
 pub use control::{clock_skew_ms, lease_length, Control, CounterVersion, DEFAULT_LEASE};
 pub use ctx::Requests;
 pub use current::CurrentStates;
-pub use delivered::{Delivered, Delivery, Earlier};
+use delivered::Treatment;
+pub use delivered::{Delivered, Delivery, Earlier, ShardLedger, ShardStart};
 pub use dlq::{
     problem_key, whole_record, DeadLetter, DeadLetterStore, Hold, RedriveSummary, WHOLE_RECORD,
 };
@@ -48,7 +49,7 @@ pub(crate) use markers::{marker_change, records_of};
 
 use crate::decode::DecodeProblem;
 use crate::dynamo::retry::WriteError;
-use crate::plan::{plan_guarded, plan_record};
+use crate::plan::{plan_complete, plan_guarded, plan_record};
 use crate::record::{ChangeRecord, ItemKey, Origin};
 use crate::spec::{ProjectionId, Spec};
 
@@ -485,6 +486,31 @@ impl Applier {
                 }
             }
         }
+        // The delivery is recorded meanwhile, and says whether earlier ones
+        // started where it starts: only for writes images decide. A record
+        // it says to plan as its item may plan for any projection of its
+        // entity, each of which may hold it.
+        let delivery = options
+            .delivery
+            .clone()
+            .filter(|_| plans.iter().flatten().any(image_bound));
+        if holding && delivery.is_some() {
+            for (plan, source) in plans.iter().zip(&sources) {
+                if let (
+                    Some(crate::plan::RecordPlan {
+                        entity: Some(entity),
+                        ..
+                    }),
+                    Some(source),
+                ) = (plan, source)
+                {
+                    for &id in spec.interested(*entity) {
+                        candidates.insert((spec.projections[id].name.clone(), source.clone()));
+                    }
+                    candidates.insert((whole.clone(), source.clone()));
+                }
+            }
+        }
         // The targets of recomputes that write on condition of a token are
         // read meanwhile: one round trip fewer on the batch's critical
         // path. (A target read earlier only makes a retry likelier: any
@@ -512,17 +538,11 @@ impl Applier {
             ctx.count(|r| &mut r.holds_reads);
             Some(store.held(&candidates, self.config.max_retry_time).await)
         };
-        // The delivery is recorded meanwhile, and says whether an earlier
-        // one started where it starts: only for writes images decide.
-        let delivery = options
-            .delivery
-            .clone()
-            .filter(|_| plans.iter().flatten().any(image_bound));
         let ledger = async {
             match &delivery {
                 Some(delivery) => {
-                    let (found, ()) = tokio::join!(delivery.record(&ctx), delivered::sweep(&ctx));
-                    Some(found)
+                    delivered::sweep(&ctx);
+                    Some(delivery.record(&ctx).await)
                 }
                 None => None,
             }
@@ -548,25 +568,32 @@ impl Applier {
                 Err(error) => return Err(fatal(error.to_string())),
             }
         }
-        // What an earlier delivery held with a later record of its item
-        // is superseded: it writes nothing its images decide.
+        // Records earlier deliveries held: one with a later record of its
+        // item writes nothing its images decide; the item's last is planned
+        // as its item, for what the skipped ones would have written.
         match (&delivery, ledger) {
-            (Some(delivery), Some(Ok(Some(earlier)))) => {
-                if let Err(message) = delivery.spread(&ctx, &earlier).await {
-                    return Ok(all_failed(message, n, n_effects, &ctx));
-                }
-                let mut superseded = 0;
+            (Some(_), Some(Ok(Some(earlier)))) => {
+                let (mut superseded, mut complete) = (0, 0);
                 for (plan, (decoded, source)) in plans.iter_mut().zip(batch.iter().zip(&sources)) {
-                    if let (Some(plan), Ok(record), Some(item)) = (plan, decoded, source) {
-                        if !matches!(record.origin, Origin::Scan { .. })
-                            && earlier.supersedes(item, &record.sequence_number)
-                        {
-                            superseded += drop_image_bound(plan);
+                    let (Some(plan), Ok(record), Some(item)) = (plan, decoded, source) else {
+                        continue;
+                    };
+                    if matches!(record.origin, Origin::Scan { .. }) {
+                        continue;
+                    }
+                    match earlier.treatment(item, &record.sequence_number) {
+                        Treatment::AsIs => {}
+                        Treatment::Superseded => superseded += drop_image_bound(plan),
+                        Treatment::Complete => {
+                            complete += 1;
+                            *plan = plan_complete(spec, &record.as_item(), selection);
                         }
                     }
                 }
                 metrics::counter!("projector_superseded_effects_total")
                     .increment(superseded as u64);
+                metrics::counter!("projector_records_planned_complete_total")
+                    .increment(complete as u64);
             }
             (Some(_), Some(Err(message))) => {
                 return Ok(all_failed(message, n, n_effects, &ctx));

@@ -16,7 +16,7 @@ use crate::dynamo::names::RECORDS_ATTRIBUTE;
 use crate::effect::{
     changed, CounterShard, Effect, MarkerState, Op, PlanProblem, SourceGuard, Subject,
 };
-use crate::record::{ChangeKind, ChangeRecord, Item, ItemKey, Origin, ValueRef};
+use crate::record::{ChangeKind, ChangeRecord, Item, ItemKey, ValueRef};
 use crate::schema::{Bindings, Condition, ProjectionId, RenderError};
 
 /// The shard a source item counts in: FNV-1a of its key, stable across
@@ -69,7 +69,9 @@ pub(crate) fn desired<'a>(
         subject.new_image(record.view_type)?;
     }
     let member = when.is_empty() || when.holds(record.new_image.as_ref());
-    let scanned = matches!(record.origin, Origin::Scan { .. });
+    // A record that stands for its whole item may find a marker left
+    // from what it does not show (an older spec, records skipped).
+    let scanned = subject.complete;
     match record.kind {
         // A new item that is not a member needs nothing, unless a scan saw
         // it: then its marker may be left from an older spec.

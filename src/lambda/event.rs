@@ -168,8 +168,10 @@ impl StreamsEvent {
     /// Every record as the ledger of deliveries records it: its event id,
     /// its item in `table`, its sequence number.
     pub fn delivered(&self, table: &crate::spec::TableSpec) -> Vec<crate::apply::Delivered> {
-        self.records()
-            .into_iter()
+        // A chunk at a time: what is kept of a record is small.
+        (0..self.len())
+            .step_by(1000)
+            .flat_map(|start| self.decode(start..(start + 1000).min(self.len())))
             .map(|decoded| match decoded {
                 Ok(record) => crate::apply::Delivered {
                     item: table.item_key(&record.keys),

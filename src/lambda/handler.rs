@@ -262,11 +262,12 @@ pub fn batch_response(
 /// its last record's sequence number (`None` when they are missing: the
 /// batch is then applied guarded whole).
 fn delivery_of(event: &Arc<StreamsEvent>, spec: &Arc<Spec>) -> Option<Delivery> {
-    let (first, _) = event.identity(0);
+    let (first_id, first) = event.identity(0);
     let (_, last) = event.identity(event.len().checked_sub(1)?);
     let (all, spec) = (event.clone(), spec.clone());
     Delivery::new(
-        &first?,
+        &first_id?,
+        SequenceNumber(first?),
         SequenceNumber(last?),
         Box::new(move || all.delivered(&spec.table)),
     )
@@ -645,11 +646,10 @@ impl Handler {
         let applier = crate::control::applier(self.client.clone(), spec, &table, config);
         let event = Arc::new(event);
         let delivery = delivery_of(&event, applier.spec_arc()).map(Arc::new);
-        // Without an event id and sequence number to record the batch by,
-        // every record writes only while its item is as it shows.
+        // A batch without an event id and sequence number to record it by
+        // (one built by hand) is applied as it comes.
         let options = BatchOptions {
             deadline: Some(deadlines.stop_writes),
-            guarded: delivery.is_none(),
             delivery: delivery.clone(),
             ..BatchOptions::default()
         };
@@ -726,11 +726,19 @@ impl Handler {
                         Ok(record) => Some(record.event_id.clone()),
                         Err(problem) => problem.event_id.clone(),
                     };
+                    // Bounded: the answer must reach Lambda before its
+                    // deadline, or the whole batch comes again (harmless).
+                    let left = deadlines
+                        .abandon
+                        .saturating_duration_since(Instant::now())
+                        .max(self.margin / 6);
                     let noted = match restart {
-                        Some(event_id) => applier
-                            .delivery_restarts_at(delivery, &event_id)
-                            .await
-                            .map_err(|error| error.to_string()),
+                        Some(event_id) => tokio::time::timeout(
+                            left,
+                            applier.delivery_restarts_at(delivery, &event_id),
+                        )
+                        .await
+                        .unwrap_or_else(|_| Err("no time left".to_string())),
                         None => Err("the record has no event id".to_string()),
                     };
                     if let Err(error) = noted {

@@ -117,7 +117,18 @@ pub struct RecordPlan {
 
 /// Plans one record against a spec.
 pub fn plan_record(spec: &Spec, record: &ChangeRecord, selection: Selection<'_>) -> RecordPlan {
-    plan(spec, record, selection, false)
+    plan(spec, record, selection, false, false)
+}
+
+/// Plans a record as the item it shows, whatever it changed: every
+/// projection plans the state the item derives (an `INSERT` that derives
+/// nothing removes a marker), as for a scanned item but without guards.
+/// For the last record of an item that a re-delivery held after records
+/// it skips ([`crate::apply::Delivery`]): what they would have written is
+/// written from it. Give it the record as its item
+/// ([`ChangeRecord::as_item`]).
+pub fn plan_complete(spec: &Spec, record: &ChangeRecord, selection: Selection<'_>) -> RecordPlan {
+    plan(spec, record, selection, false, true)
 }
 
 /// Plans one record whose writes must not land once its item has moved
@@ -129,10 +140,16 @@ pub fn plan_record(spec: &Spec, record: &ChangeRecord, selection: Selection<'_>)
 /// superseded, it changes nothing. Index keys are conditioned on the
 /// source's values and recomputes read what is there, guarded or not.
 pub fn plan_guarded(spec: &Spec, record: &ChangeRecord, selection: Selection<'_>) -> RecordPlan {
-    plan(spec, record, selection, true)
+    plan(spec, record, selection, true, false)
 }
 
-fn plan(spec: &Spec, record: &ChangeRecord, selection: Selection<'_>, guarded: bool) -> RecordPlan {
+fn plan(
+    spec: &Spec,
+    record: &ChangeRecord,
+    selection: Selection<'_>,
+    guarded: bool,
+    complete: bool,
+) -> RecordPlan {
     // A projection is planned with those it depends on, or that depend on
     // it (a rollup and its counter): a redrive or replay of one keeps the
     // other equal to it.
@@ -144,7 +161,7 @@ fn plan(spec: &Spec, record: &ChangeRecord, selection: Selection<'_>, guarded: b
         }
         None => None,
     };
-    let mut plan = plan_projections(spec, record, selection, guarded);
+    let mut plan = plan_projections(spec, record, selection, guarded, complete);
     // Whatever may move a counter's shard, its rollups follow.
     crate::kinds::follow(spec, &mut plan.effects);
     plan
@@ -155,6 +172,7 @@ fn plan_projections(
     record: &ChangeRecord,
     selection: Selection<'_>,
     guarded: bool,
+    complete: bool,
 ) -> RecordPlan {
     let mut plan = RecordPlan::default();
     let pk_name = &spec.table.partition_key;
@@ -218,6 +236,7 @@ fn plan_projections(
         },
         vars,
         guarded: guarded || matches!(record.origin, Origin::Scan { .. }),
+        complete: complete || matches!(record.origin, Origin::Scan { .. }),
     };
     let mut any_selected = false;
     for &id in spec.interested(entity) {

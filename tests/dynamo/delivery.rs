@@ -7,7 +7,9 @@
 use std::collections::BTreeMap;
 use std::sync::OnceLock;
 
-use ddb_projector::apply::{Applier, BatchOptions};
+use std::sync::Arc;
+
+use ddb_projector::apply::{Applier, BatchOptions, Delivered, Delivery as ApplyDelivery};
 use proptest::prelude::*;
 use proptest::test_runner::TestCaseError;
 
@@ -105,10 +107,68 @@ pub fn interleave(records: &[Record], shuffle: &[u32]) -> Vec<usize> {
     out
 }
 
-/// Applies `batch` as Lambda delivers it: again from the first record not
-/// handled, until all are.
+/// Applies `batch` as Lambda delivers it to the handler: recorded in the
+/// ledger of deliveries, and again from the first record not handled (the
+/// handler records where Lambda restarts), until all are.
 pub async fn apply(applier: &Applier, batch: &[Record]) -> Result<(), TestCaseError> {
-    apply_with(applier, batch, &BatchOptions::default()).await
+    let mut start = 0;
+    for _ in 0..40 {
+        if start >= batch.len() {
+            return Ok(());
+        }
+        let delivery = lambda_delivery(applier, &batch[start..]);
+        let options = BatchOptions {
+            delivery: delivery.clone(),
+            ..BatchOptions::default()
+        };
+        let outcome = applier
+            .apply_batch(&batch[start..], &options)
+            .await
+            .map_err(|error| TestCaseError::fail(format!("the batch failed whole: {error}")))?;
+        match outcome.first_failure() {
+            Some(index) => {
+                if let (Some(delivery), Ok(record)) = (&delivery, &batch[start + index]) {
+                    if delivery.recorded() {
+                        applier
+                            .delivery_restarts_at(delivery, &record.event_id)
+                            .await
+                            .map_err(TestCaseError::fail)?;
+                    }
+                }
+                start += index;
+            }
+            None => return Ok(()),
+        }
+    }
+    Err(TestCaseError::fail(
+        "a batch was not handled after 40 passes",
+    ))
+}
+
+/// `records` as one Lambda batch in the ledger of deliveries: keyed by its
+/// first record, reaching its highest sequence number (the generated
+/// stream interleaves items, keeping each item's records in order).
+pub fn lambda_delivery(applier: &Applier, records: &[Record]) -> Option<Arc<ApplyDelivery>> {
+    let table = &applier.spec().table;
+    let delivered: Vec<Delivered> = records
+        .iter()
+        .flatten()
+        .map(|record| Delivered {
+            event_id: record.event_id.clone(),
+            item: table.item_key(&record.keys),
+            sequence_number: record.sequence_number.clone(),
+        })
+        .collect();
+    let first_id = records.first()?.as_ref().ok()?.event_id.clone();
+    let first = delivered.iter().map(|d| d.sequence_number.clone()).min()?;
+    let through = delivered.iter().map(|d| d.sequence_number.clone()).max()?;
+    ApplyDelivery::new(
+        &first_id,
+        first,
+        through,
+        Box::new(move || delivered.clone()),
+    )
+    .map(Arc::new)
 }
 
 /// [`apply`] with options (a replay of some projections).
@@ -190,10 +250,13 @@ pub async fn deliver(
             Mishap::None => apply(applier, &batch).await?,
             Mishap::CrashThenBisect { percent } => {
                 let done = batch.len() * usize::from(percent) / 100;
-                // What the crashed invocation got done is unknown to Lambda.
-                let _ = applier
-                    .apply_batch(&batch[..done], &BatchOptions::default())
-                    .await;
+                // What the crashed invocation got done is unknown to Lambda
+                // (it had recorded the whole batch in the ledger first).
+                let options = BatchOptions {
+                    delivery: lambda_delivery(applier, &batch),
+                    ..BatchOptions::default()
+                };
+                let _ = applier.apply_batch(&batch[..done], &options).await;
                 let half = batch.len().div_ceil(2);
                 apply(applier, &batch[..half]).await?;
                 apply(applier, &batch[half..]).await?;
@@ -223,6 +286,11 @@ pub async fn snapshot(client: &aws_sdk_dynamodb::Client, table: &str) -> Vec<Att
         .await
         .into_iter()
         .filter(|item| !text(item, "PK").is_some_and(|pk| pk.starts_with("_ddbp#violation#")))
+        // The ledger of deliveries: each delivery records itself.
+        .filter(|item| {
+            !text(item, "PK")
+                .is_some_and(|pk| pk.starts_with(ddb_projector::dynamo::names::DELIVERED_PK))
+        })
         // The lifecycle registry: leases are renewed as time passes.
         .filter(|item| {
             !text(item, "PK")

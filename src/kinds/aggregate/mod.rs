@@ -219,9 +219,7 @@ pub(crate) fn plan(
         let relevant = match record.kind {
             // A scanned item, or one derived from its current state, may
             // have counted before: it recomputes either way.
-            ChangeKind::Insert => {
-                counts(new) || matches!(record.origin, crate::record::Origin::Scan { .. })
-            }
+            ChangeKind::Insert => counts(new) || subject.complete,
             ChangeKind::Modify => changed(record, &p.reads) && (counts(old) || counts(new)),
             ChangeKind::Remove => counts(old),
         };

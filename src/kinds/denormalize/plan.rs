@@ -34,7 +34,7 @@ pub(crate) fn plan(
             // A scanned item, or one derived from its current state (a
             // replay, `recover`), stands for changes whose states before are
             // unknown: it may have counted, so it recomputes either way.
-            ChangeKind::Insert => counts(new) || scanned(record),
+            ChangeKind::Insert => counts(new) || subject.complete,
             ChangeKind::Modify => {
                 changed(record, &projection.reads) && (counts(old) || counts(new))
             }
@@ -146,10 +146,4 @@ pub fn compute_denormalized(
             }
         })
         .collect()
-}
-
-/// Whether `record` is an item as read (a scan, or its current state), not
-/// a change the stream saw.
-fn scanned(record: &crate::record::ChangeRecord) -> bool {
-    matches!(record.origin, crate::record::Origin::Scan { .. })
 }

@@ -149,6 +149,8 @@ impl Coordinator {
                 durable: None,
                 unconfirmed: Vec::new(),
                 records: 0,
+                ledger: None,
+                catching_up: false,
             };
             let mut state = ShardState::Waiting;
             if let Some(store) = &self.shared.checkpoints {

@@ -583,6 +583,12 @@ struct ShardRun {
     unconfirmed: Vec<SequenceNumber>,
     /// Records handled in the shard up to `position`.
     records: u64,
+    /// What the runner keeps of the shard in the ledger of deliveries,
+    /// once its entry was read (`None`: not yet, or no checkpoints).
+    ledger: Option<Arc<std::sync::Mutex<crate::apply::ShardLedger>>>,
+    /// The checkpoint is behind where the shard was read before: pages
+    /// apply their items as they are now until the shard is caught up.
+    catching_up: bool,
 }
 
 /// How a shard task ended.

@@ -117,6 +117,10 @@ async fn walk(
                 return Ok(ShardExit::Finished);
             };
             empty_pages += 1;
+            if run.catching_up {
+                tracing::info!(shard = %run.shard_id, "caught up: records apply as they come again");
+                run.catching_up = false;
+            }
             metrics::gauge!("projector_iterator_age_ms", "shard" => run.shard_id.clone()).set(0.0);
             if options.drain && empty_pages >= options.empty_polls.max(1) {
                 tracing::debug!(shard = %run.shard_id, empty_pages, "shard caught up");
@@ -162,7 +166,6 @@ async fn walk(
             Some(next) => iterator = Some(next),
             None => {
                 tracing::info!(shard = %run.shard_id, records = run.records, "shard read to its end");
-                shared.applier.shard_finished(&run.shard_id);
                 return Ok(ShardExit::Finished);
             }
         }
@@ -207,8 +210,35 @@ async fn apply_page(
         .map(|r| r.as_ref().ok().and_then(|r| r.approximate_creation_ms))
         .collect();
     let applying = Instant::now();
+    // Pages read from a checkpoint are recorded in the ledger of
+    // deliveries, which says what was read past it before.
+    let recorded = shared.checkpoints.is_some() && !shared.options.derive_current;
+    if recorded && run.ledger.is_none() {
+        let (ledger, start) = match shared
+            .applier
+            .shard_ledger(&run.shard_id, run.durable.as_ref())
+            .await
+        {
+            Ok(read) => read,
+            Err(message) => {
+                tracing::warn!(shard = %run.shard_id, %message, "reading the shard's entry in the ledger of deliveries failed; reading again from the checkpoint after a pause");
+                return Ok((false, false));
+            }
+        };
+        if let crate::apply::ShardStart::Behind(through) = &start {
+            tracing::warn!(
+                shard = %run.shard_id,
+                read_through = through.as_str(),
+                checkpoint = run.durable.as_ref().map_or("none", |s| s.as_str()),
+                "the checkpoint is behind where the shard was read before: its items are applied as they are now until the shard is caught up, as a replay does"
+            );
+            run.catching_up = true;
+        }
+        run.ledger = Some(Arc::new(std::sync::Mutex::new(ledger)));
+    }
     // A replay applies what each item is now, in place of its records.
-    let (batch, stands_for, derived) = if shared.options.derive_current {
+    let derive = shared.options.derive_current || run.catching_up;
+    let (batch, stands_for, derived) = if derive {
         let selection = shared.batch_options.selection.as_deref();
         match shared.applier.current_states(batch, selection).await {
             Ok(states) => {
@@ -238,9 +268,10 @@ async fn apply_page(
     // applied before with newer ones: the shard's entry in the ledger of
     // deliveries says how far its pages reached (a replay applies current
     // states, guarded by what it read, instead).
+    let first = records.iter().find_map(sequence_number);
     let last = records.iter().rev().find_map(sequence_number);
-    let options = match (shared.options.derive_current, last) {
-        (false, Some(last)) => {
+    let delivery = match (run.ledger.clone().filter(|_| !derive), first, last) {
+        (Some(ledger), Some(first), Some(last)) => {
             let table = &shared.applier.spec().table;
             let delivered: Vec<Delivered> = batch
                 .iter()
@@ -251,18 +282,24 @@ async fn apply_page(
                     sequence_number: record.sequence_number.clone(),
                 })
                 .collect();
-            BatchOptions {
-                delivery: Some(Arc::new(Delivery::shard(
-                    &run.shard_id,
-                    last,
-                    Box::new(move || delivered.clone()),
-                ))),
-                ..shared.batch_options.clone()
-            }
+            Some(Arc::new(Delivery::page(
+                ledger,
+                run.durable.as_ref(),
+                first,
+                last,
+                Box::new(move || delivered.clone()),
+            )))
         }
-        _ => shared.batch_options.clone(),
+        _ => None,
+    };
+    let options = BatchOptions {
+        delivery: delivery.clone(),
+        ..shared.batch_options.clone()
     };
     let outcome = shared.applier.apply_batch(&batch, &options).await?;
+    if let (Some(delivery), None) = (&delivery, outcome.first_failure()) {
+        shared.applier.delivery_completed(delivery);
+    }
     let apply_ms = applying.elapsed().as_millis() as u64;
     // A record is handled when the record applied for it is.
     let status_of = |i: usize| &outcome.statuses[stands_for[i]];
