@@ -102,31 +102,42 @@ struct Root {
     /// The last sequence number any delivery it stands for reached.
     through: Option<SequenceNumber>,
     /// For each item with several records, the last one's.
-    last: HashMap<u64, SequenceNumber>,
+    last: HashMap<ItemKey, SequenceNumber>,
     /// The hashes of the records' event ids.
     ids: BTreeSet<u64>,
 }
 
+/// Each item's records in a delivery: how many, and the last one's.
+type Seen = HashMap<ItemKey, (usize, SequenceNumber)>;
+
+fn count(seen: &mut Seen, item: &ItemKey, sequence_number: &SequenceNumber) {
+    let entry = seen
+        .entry(item.clone())
+        .or_insert((0, sequence_number.clone()));
+    entry.0 += 1;
+    if *sequence_number > entry.1 {
+        entry.1 = sequence_number.clone();
+    }
+}
+
+fn repeated(seen: &Seen) -> HashMap<ItemKey, SequenceNumber> {
+    seen.iter()
+        .filter(|(_, (n, _))| *n > 1)
+        .map(|(item, (_, last))| (item.clone(), last.clone()))
+        .collect()
+}
+
 impl Root {
     fn of(records: &[Delivered]) -> Root {
-        let mut seen: HashMap<u64, (usize, SequenceNumber)> = HashMap::new();
+        let mut seen = Seen::new();
         for record in records {
-            let Some(item) = &record.item else { continue };
-            let entry = seen
-                .entry(hash_item(item))
-                .or_insert((0, record.sequence_number.clone()));
-            entry.0 += 1;
-            if record.sequence_number > entry.1 {
-                entry.1 = record.sequence_number.clone();
+            if let Some(item) = &record.item {
+                count(&mut seen, item, &record.sequence_number);
             }
         }
         Root {
             through: records.iter().map(|r| r.sequence_number.clone()).max(),
-            last: seen
-                .into_iter()
-                .filter(|(_, (n, _))| *n > 1)
-                .map(|(hash, (_, last))| (hash, last))
-                .collect(),
+            last: repeated(&seen),
             ids: records
                 .iter()
                 .filter(|r| !r.event_id.is_empty())
@@ -140,8 +151,8 @@ impl Root {
     /// (records are contiguous), so an item with several records in the
     /// two has them in one of them.
     fn merge(mut self, other: &Root) -> Root {
-        for (hash, seq) in &other.last {
-            let entry = self.last.entry(*hash).or_insert_with(|| seq.clone());
+        for (item, seq) in &other.last {
+            let entry = self.last.entry(item.clone()).or_insert_with(|| seq.clone());
             if seq > entry {
                 *entry = seq.clone();
             }
@@ -171,26 +182,24 @@ pub enum Treatment {
 pub struct Earlier {
     /// How far the earlier deliveries reached.
     through: SequenceNumber,
-    /// Per item with several records, the last one's.
-    last: HashMap<u64, SequenceNumber>,
-    /// The earlier root could not be read (gone, or too many pointers
-    /// away): every record they reached is planned complete.
-    unknown: bool,
+    /// Per item with several records in them and this delivery, the last
+    /// one's.
+    last: HashMap<ItemKey, SequenceNumber>,
 }
 
 impl Earlier {
-    /// How the record at `sequence_number` of `item` is planned.
+    /// How the record at `sequence_number` of `item` is planned: one the
+    /// earlier deliveries reached, with a later record of its item, is
+    /// superseded; the item's last record, wherever it stands, is planned
+    /// as its item (what the superseded ones would have written, it
+    /// writes); any other applies as it is.
     pub fn treatment(&self, item: &ItemKey, sequence_number: &SequenceNumber) -> Treatment {
-        if *sequence_number > self.through {
-            return Treatment::AsIs;
-        }
-        if self.unknown {
-            return Treatment::Complete;
-        }
-        match self.last.get(&hash_item(item)) {
-            Some(last) if last > sequence_number => Treatment::Superseded,
-            Some(_) => Treatment::Complete,
-            None => Treatment::AsIs,
+        match self.last.get(item) {
+            Some(last) if last == sequence_number => Treatment::Complete,
+            Some(last) if last > sequence_number && *sequence_number <= self.through => {
+                Treatment::Superseded
+            }
+            _ => Treatment::AsIs,
         }
     }
 }
@@ -212,6 +221,8 @@ pub struct Delivery {
     kind: Kind,
     /// What earlier deliveries held, if there were any.
     found: tokio::sync::OnceCell<Option<Earlier>>,
+    /// The pointers a re-delivery wrote at its records.
+    pointers: Mutex<Vec<String>>,
     /// This delivery's mark on its entry: an answer lost after the write
     /// lands, and the write sent again finds its own mark, not an earlier
     /// delivery's.
@@ -237,8 +248,50 @@ enum Kind {
 #[derive(Debug, Clone, Default)]
 pub struct ShardLedger {
     shard_id: String,
+    /// The checkpoint the pages counted were read after.
     base: Option<SequenceNumber>,
-    merged: Root,
+    /// How far they reached.
+    through: Option<SequenceNumber>,
+    /// Each item's records in them: how many, and the last one's.
+    seen: Seen,
+    /// What a runner before this one read past the same checkpoint.
+    loaded: HashMap<ItemKey, SequenceNumber>,
+}
+
+impl ShardLedger {
+    /// The checkpoint is now `from`: what came before it is not read
+    /// again, what was read past it still may be.
+    fn moved_to(&mut self, from: Option<&SequenceNumber>) {
+        if self.base.as_ref() == from {
+            return;
+        }
+        self.base = from.cloned();
+        let Some(from) = from else { return };
+        if self.through.as_ref().is_none_or(|through| through <= from) {
+            self.through = None;
+            self.seen.clear();
+            self.loaded.clear();
+        } else {
+            self.seen.retain(|_, (_, last)| &*last > from);
+            self.loaded.retain(|_, last| &*last > from);
+        }
+    }
+
+    /// What the shard's entry holds.
+    fn root(&self) -> Root {
+        let mut last = repeated(&self.seen);
+        for (item, seq) in &self.loaded {
+            let entry = last.entry(item.clone()).or_insert_with(|| seq.clone());
+            if seq > entry {
+                *entry = seq.clone();
+            }
+        }
+        Root {
+            through: self.through.clone(),
+            last,
+            ids: BTreeSet::new(),
+        }
+    }
 }
 
 /// What the shard's entry says when a runner starts reading it.
@@ -331,6 +384,7 @@ impl Delivery {
             records,
             kind,
             found: tokio::sync::OnceCell::new(),
+            pointers: Mutex::new(Vec::new()),
             nonce: nonce(),
         }
     }
@@ -346,108 +400,92 @@ impl Delivery {
     }
 
     /// Records this delivery, once, and returns what earlier deliveries
-    /// starting where it starts held, merged with it; `None` when there
-    /// were none. An error leaves it unrecorded (the caller fails the
-    /// batch, to be delivered again).
+    /// that reached into it held, merged with it; `None` when none did.
+    /// An error leaves it unrecorded (the caller fails the batch, to be
+    /// delivered again).
     pub(crate) async fn record(&self, ctx: &Ctx<'_>) -> Result<Option<Earlier>, String> {
         self.found
             .get_or_try_init(|| async {
-                let own = Root::of(&(self.records)());
+                let records = (self.records)();
                 if let Kind::Page { ledger, from } = &self.kind {
-                    return self.record_page(ctx, ledger, from.as_ref(), own).await;
+                    return self.record_page(ctx, ledger, from.as_ref(), &records).await;
                 }
+                let own = Root::of(&records);
                 let Some(held) = create(ctx, &self.key, &own, &self.nonce).await? else {
                     return Ok(None);
                 };
-                let (earlier, unknown) = match resolve(ctx, held).await? {
-                    Some(root) => (root, false),
-                    None => (Root::default(), true),
+                // A root gone (expired, or swept too soon) takes what it
+                // held with it: this delivery's own records count as
+                // delivered before, superseded by their items' later ones
+                // in it.
+                let (earlier, known) = match resolve(ctx, held).await? {
+                    Some(root) => (root, true),
+                    None => (Root::default(), false),
                 };
-                // Gone (expired, or swept too soon): how far it reached is
-                // lost too, so this delivery's records count as held.
                 let reached = match &earlier.through {
-                    Some(through) if !unknown => through.clone(),
+                    Some(through) if known => through.clone(),
                     _ => self.through.clone(),
                 };
-                // Pages of one checkpoint after a failed save, or a batch
-                // whose earlier pieces all came before it: nothing of it
-                // was delivered before.
-                let again = reached >= self.first;
                 let merged = earlier.merge(&own);
                 store(ctx, &self.key, &merged).await?;
-                point(ctx, &self.key, &merged).await?;
-                if again {
-                    metrics::counter!("projector_redeliveries_total").increment(1);
-                    tracing::info!(
-                        delivery = %self.key,
-                        delivered_through = reached.as_str(),
-                        unknown,
-                        "records delivered again: those an earlier delivery held with a later record of their item write nothing their images decide, and that later record is planned as its item"
-                    );
-                }
+                let pointers = point(ctx, &self.key, &merged).await?;
+                *self.pointers.lock().expect("not poisoned") = pointers;
+                metrics::counter!("projector_redeliveries_total").increment(1);
+                tracing::info!(
+                    delivery = %self.key,
+                    delivered_through = reached.as_str(),
+                    known,
+                    "records delivered again: those an earlier delivery held with a later record of their item write no marker, and their item's last record is planned as the item"
+                );
                 Ok(Some(Earlier {
                     through: reached,
                     last: merged.last,
-                    unknown,
                 }))
             })
             .await
             .cloned()
     }
 
-    /// A runner's page: merged into what the shard's pages held since the
-    /// checkpoint, and stored as the shard's entry. What the pages before
-    /// it held says how its records are planned.
+    /// A runner's page: counted into what the shard's pages read since the
+    /// checkpoint, stored as the shard's entry. A page reaching into what
+    /// was read before is planned by it.
     async fn record_page(
         &self,
         ctx: &Ctx<'_>,
         ledger: &Mutex<ShardLedger>,
         from: Option<&SequenceNumber>,
-        own: Root,
+        records: &[Delivered],
     ) -> Result<Option<Earlier>, String> {
-        let (earlier, merged) = {
+        let (reached, stored) = {
             let mut ledger = ledger.lock().expect("not poisoned");
-            if ledger.base.as_ref() != from {
-                // The checkpoint moved: what came before it is not read
-                // again, what was read past it still may be.
-                ledger.base = from.cloned();
-                if let Some(from) = from {
-                    let past = ledger.merged.through.as_ref().is_some_and(|t| t > from);
-                    if past {
-                        ledger.merged.last.retain(|_, last| &*last > from);
-                    } else {
-                        ledger.merged = Root::default();
-                    }
+            ledger.moved_to(from);
+            let reached = ledger.through.clone();
+            for record in records {
+                if let Some(item) = &record.item {
+                    count(&mut ledger.seen, item, &record.sequence_number);
                 }
             }
-            let earlier = ledger.merged.clone();
-            ledger.merged = std::mem::take(&mut ledger.merged).merge(&own);
-            (earlier, ledger.merged.clone())
+            ledger.through = ledger.through.clone().max(Some(self.through.clone()));
+            (reached, ledger.root())
         };
-        let mut fields = root_fields(&Root {
-            ids: BTreeSet::new(),
-            ..merged.clone()
-        });
+        let mut fields = root_fields(&stored);
         fields.push((
             "base",
             Av::S(from.map_or_else(|| "start".to_string(), SequenceNumber::padded)),
         ));
         store_fields(ctx, &self.key, fields).await?;
-        let Some(reached) = earlier.through else {
+        let Some(reached) = reached.filter(|reached| *reached >= self.first) else {
             return Ok(None);
         };
-        if reached >= self.first {
-            metrics::counter!("projector_redeliveries_total").increment(1);
-            tracing::info!(
-                delivery = %self.key,
-                delivered_through = reached.as_str(),
-                "records read again past the checkpoint: those read before with a later record of their item write nothing their images decide, and that later record is planned as its item"
-            );
-        }
+        metrics::counter!("projector_redeliveries_total").increment(1);
+        tracing::info!(
+            delivery = %self.key,
+            delivered_through = reached.as_str(),
+            "records read again past the checkpoint: those read before with a later record of their item write no marker, and their item's last record is planned as the item"
+        );
         Ok(Some(Earlier {
             through: reached,
-            last: merged.last,
-            unknown: false,
+            last: stored.last,
         }))
     }
 
@@ -458,12 +496,18 @@ impl Delivery {
         if self.found.get().is_none() || matches!(self.kind, Kind::Page { .. }) {
             return;
         }
+        let now = Instant::now();
+        let pointers = std::mem::take(&mut *self.pointers.lock().expect("not poisoned"));
         completed_list()
             .lock()
             .expect("not poisoned")
             .entry(ctx.table.to_string())
             .or_default()
-            .push((entry_key(ctx, &self.key), Instant::now()));
+            .extend(
+                std::iter::once(self.key.clone())
+                    .chain(pointers)
+                    .map(|at| (entry_key(ctx, &at), now)),
+            );
     }
 }
 
@@ -499,7 +543,7 @@ impl super::Applier {
         let mut ledger = ShardLedger {
             shard_id: shard_id.to_string(),
             base: from.cloned(),
-            merged: Root::default(),
+            ..ShardLedger::default()
         };
         let key = entry_key(&ctx, &shard_key(shard_id));
         ctx.count(|r| &mut r.deliveries);
@@ -531,7 +575,8 @@ impl super::Applier {
         };
         let start = match (base.as_ref(), from) {
             (b, f) if b == f => {
-                ledger.merged = root;
+                ledger.through = Some(through.clone());
+                ledger.loaded = root.last;
                 ShardStart::Continue(through)
             }
             (Some(_), None) => ShardStart::Behind(through),
@@ -568,42 +613,49 @@ fn hash_text(text: &str) -> u64 {
     fnv(&[text.as_bytes()])
 }
 
-/// An item as the ledger keys it.
-fn hash_item(item: &ItemKey) -> u64 {
-    match &item.sk {
-        Some(sk) => fnv(&[item.pk.as_bytes(), &[0], &[1], sk.as_bytes()]),
-        None => fnv(&[item.pk.as_bytes(), &[0]]),
-    }
-}
-
-/// `last` as stored: per item, 8 bytes of hash, a byte of length, the
-/// sequence number's digits.
-fn encode_last(last: &HashMap<u64, SequenceNumber>) -> Vec<u8> {
-    let mut out = Vec::with_capacity(last.len() * 34);
-    for (hash, seq) in last {
-        let digits = seq.as_str().trim_start_matches('0').as_bytes();
-        let digits = &digits[..digits.len().min(255)];
-        out.extend_from_slice(&hash.to_be_bytes());
-        out.push(digits.len() as u8);
-        out.extend_from_slice(digits);
+/// `last` as stored: per item, its partition key, a flag and its sort
+/// key, and the sequence number's digits, each with its length.
+fn encode_last(last: &HashMap<ItemKey, SequenceNumber>) -> Vec<u8> {
+    let mut out = Vec::with_capacity(last.len() * 64);
+    let mut put = |bytes: &[u8]| {
+        out.extend_from_slice(&(bytes.len() as u32).to_be_bytes());
+        out.extend_from_slice(bytes);
+    };
+    for (item, seq) in last {
+        put(item.pk.as_bytes());
+        match &item.sk {
+            Some(sk) => {
+                put(b"1");
+                put(sk.as_bytes());
+            }
+            None => put(b"0"),
+        }
+        put(seq.as_str().trim_start_matches('0').as_bytes());
     }
     out
 }
 
-fn decode_last(bytes: &[u8]) -> HashMap<u64, SequenceNumber> {
+fn decode_last(bytes: &[u8]) -> HashMap<ItemKey, SequenceNumber> {
     let mut out = HashMap::new();
     let mut at = 0;
-    while at + 9 <= bytes.len() {
-        let hash = u64::from_be_bytes(bytes[at..at + 8].try_into().expect("8 bytes"));
-        let len = bytes[at + 8] as usize;
-        let Some(digits) = bytes.get(at + 9..at + 9 + len) else {
-            break;
+    let mut take = || -> Option<String> {
+        let len = u32::from_be_bytes(bytes.get(at..at + 4)?.try_into().ok()?) as usize;
+        let text = String::from_utf8_lossy(bytes.get(at + 4..at + 4 + len)?).into_owned();
+        at += 4 + len;
+        Some(text)
+    };
+    while let Some(pk) = take() {
+        let Some(flag) = take() else { break };
+        let sk = if flag == "1" {
+            match take() {
+                Some(sk) => Some(sk),
+                None => break,
+            }
+        } else {
+            None
         };
-        out.insert(
-            hash,
-            SequenceNumber(String::from_utf8_lossy(digits).into_owned()),
-        );
-        at += 9 + len;
+        let Some(seq) = take() else { break };
+        out.insert(ItemKey { pk, sk }, SequenceNumber(seq));
     }
     out
 }
@@ -862,7 +914,8 @@ fn root_fields(root: &Root) -> Vec<(&'static str, Av)> {
         ("last", Av::B(Blob::new(encode_last(&root.last)))),
     ];
     let ids = encode_ids(&root.ids);
-    if ids.len() + root.last.len() * 34 <= MAX_ROOT_BYTES {
+    let last = encode_last(&root.last).len();
+    if ids.len() + last <= MAX_ROOT_BYTES {
         fields.push(("ids", Av::B(Blob::new(ids))));
     } else {
         tracing::warn!(
@@ -1009,14 +1062,17 @@ async fn put_pointer(ctx: &Ctx<'_>, at: &str, root: &str) -> Result<(), String> 
 /// Points at the root at `at` from every record it names but its own
 /// first, 25 to a `BatchWriteItem`, as many in flight as the applier's
 /// concurrency allows.
-async fn point(ctx: &Ctx<'_>, at: &str, root: &Root) -> Result<(), String> {
-    let pointers: Vec<WriteRequest> = root
+async fn point(ctx: &Ctx<'_>, at: &str, root: &Root) -> Result<Vec<String>, String> {
+    let keys: Vec<String> = root
         .ids
         .iter()
         .map(|hash| id_key(*hash))
         .filter(|key| key != at)
+        .collect();
+    let pointers: Vec<WriteRequest> = keys
+        .iter()
         .map(|key| {
-            let item = entry_item(ctx, &key, vec![("root", Av::S(at.to_string()))]);
+            let item = entry_item(ctx, key, vec![("root", Av::S(at.to_string()))]);
             WriteRequest::builder()
                 .put_request(
                     PutRequest::builder()
@@ -1041,7 +1097,8 @@ async fn point(ctx: &Ctx<'_>, at: &str, root: &Root) -> Result<(), String> {
     results
         .into_iter()
         .collect::<Result<(), _>>()
-        .map_err(failed)
+        .map_err(failed)?;
+    Ok(keys)
 }
 
 #[cfg(test)]
@@ -1060,12 +1117,8 @@ mod tests {
         }
     }
 
-    fn earlier(root: Root) -> Earlier {
-        Earlier {
-            through: root.through.clone().unwrap(),
-            last: root.last,
-            unknown: false,
-        }
+    fn key(item: &str) -> ItemKey {
+        ItemKey::new(item, "X")
     }
 
     #[test]
@@ -1079,33 +1132,44 @@ mod tests {
         ];
         let root = Root::of(&records);
         assert_eq!(root.last.len(), 1);
-        assert_eq!(root.last[&hash_item(&ItemKey::new("a", "X"))], seq(5));
+        assert_eq!(root.last[&key("a")], seq(5));
         assert_eq!(root.through, Some(seq(5)));
         assert_eq!(root.ids.len(), 5);
         assert_eq!(decode_last(&encode_last(&root.last)), root.last);
         assert_eq!(decode_ids(&encode_ids(&root.ids)), root.ids);
+        let mut no_sort_key = HashMap::new();
+        no_sort_key.insert(
+            ItemKey {
+                pk: "P".into(),
+                sk: None,
+            },
+            seq(7),
+        );
+        assert_eq!(decode_last(&encode_last(&no_sort_key)), no_sort_key);
     }
 
     #[test]
-    fn superseded_records_skip_the_last_is_complete_the_rest_apply_as_they_are() {
-        let records = [delivered("a", 1), delivered("b", 2), delivered("a", 3)];
-        let earlier = earlier(Root::of(&records));
-        let a = ItemKey::new("a", "X");
-        let b = ItemKey::new("b", "X");
-        assert_eq!(earlier.treatment(&a, &seq(1)), Treatment::Superseded);
-        assert_eq!(earlier.treatment(&a, &seq(3)), Treatment::Complete);
-        assert_eq!(earlier.treatment(&b, &seq(2)), Treatment::AsIs);
-        assert_eq!(
-            earlier.treatment(&a, &seq(4)),
-            Treatment::AsIs,
-            "never delivered"
-        );
-        let unknown = Earlier {
-            unknown: true,
-            ..earlier
+    fn superseded_records_skip_and_each_items_last_is_planned_as_the_item() {
+        // Delivered before: a1 b2 a3; now again, with a later a6.
+        let earlier = Earlier {
+            through: seq(3),
+            last: Root::of(&[
+                delivered("a", 1),
+                delivered("b", 2),
+                delivered("a", 3),
+                delivered("a", 6),
+            ])
+            .last,
         };
-        assert_eq!(unknown.treatment(&b, &seq(2)), Treatment::Complete);
-        assert_eq!(unknown.treatment(&b, &seq(4)), Treatment::AsIs);
+        assert_eq!(earlier.treatment(&key("a"), &seq(1)), Treatment::Superseded);
+        assert_eq!(earlier.treatment(&key("a"), &seq(3)), Treatment::Superseded);
+        assert_eq!(
+            earlier.treatment(&key("a"), &seq(6)),
+            Treatment::Complete,
+            "the item's last, past what was delivered before, writes what a1 and a3 would have"
+        );
+        assert_eq!(earlier.treatment(&key("b"), &seq(2)), Treatment::AsIs);
+        assert_eq!(earlier.treatment(&key("c"), &seq(9)), Treatment::AsIs);
     }
 
     #[test]
@@ -1114,19 +1178,30 @@ mod tests {
         let longer = Root::of(&[delivered("a", 3), delivered("b", 4), delivered("b", 9)]);
         let merged = first.clone().merge(&longer);
         assert_eq!(merged.through, Some(seq(9)));
-        assert_eq!(merged.last[&hash_item(&ItemKey::new("a", "X"))], seq(3));
-        assert_eq!(merged.last[&hash_item(&ItemKey::new("b", "X"))], seq(9));
+        assert_eq!(merged.last[&key("a")], seq(3));
+        assert_eq!(merged.last[&key("b")], seq(9));
         assert_eq!(merged.ids.len(), 4);
-        // Merging is the same either way round.
         assert_eq!(longer.merge(&first), merged);
     }
 
     #[test]
-    fn stored_sequence_numbers_compare_as_numbers() {
-        let mut last = HashMap::new();
-        last.insert(7, SequenceNumber("000000000000000000100".into()));
-        let back = decode_last(&encode_last(&last));
-        assert_eq!(back[&7], SequenceNumber("100".into()));
-        assert!(back[&7] > SequenceNumber("99".into()));
+    fn a_shard_ledger_counts_an_items_records_across_pages_until_the_checkpoint_passes_them() {
+        let mut ledger = ShardLedger::default();
+        for (item, n) in [("a", 1), ("b", 2)] {
+            count(&mut ledger.seen, &key(item), &seq(n));
+        }
+        ledger.through = Some(seq(2));
+        // The next page, the checkpoint's save having failed.
+        count(&mut ledger.seen, &key("a"), &seq(3));
+        ledger.through = Some(seq(3));
+        assert_eq!(ledger.root().last[&key("a")], seq(3), "a once in each page");
+        // The checkpoint moves to 2: a's last record is still ahead.
+        ledger.moved_to(Some(&seq(2)));
+        assert_eq!(ledger.root().last[&key("a")], seq(3));
+        assert!(!ledger.seen.contains_key(&key("b")));
+        // Past everything read: nothing is kept.
+        ledger.moved_to(Some(&seq(3)));
+        assert!(ledger.root().last.is_empty());
+        assert_eq!(ledger.through, None);
     }
 }

@@ -430,6 +430,23 @@ impl Applier {
             .flatten()
             .flat_map(|plan| plan.effects.iter().flat_map(effect_projections))
             .collect();
+        // The delivery is recorded in the ledger meanwhile, and says whether
+        // earlier ones reached into it: for a spec that keeps markers, and
+        // any batch of its entities' records (one planning nothing may be
+        // the last of its item, which the ledger plans as the item).
+        let markers = markers_of(spec);
+        let delivery = options.delivery.clone().filter(|_| {
+            plans.iter().flatten().any(|plan| {
+                plan.entity.is_some_and(|entity| {
+                    spec.interested(entity)
+                        .iter()
+                        .any(|id| markers.contains(id))
+                })
+            }) && whole_images(batch)
+        });
+        if delivery.is_some() {
+            ids.extend(markers);
+        }
         ids.sort_unstable();
         ids.dedup();
         // A consumer's own lease renewals come back on the stream: they do
@@ -486,14 +503,8 @@ impl Applier {
                 }
             }
         }
-        // The delivery is recorded meanwhile, and says whether earlier ones
-        // started where it starts: only for writes images decide. A record
-        // it says to plan as its item may plan for any projection of its
-        // entity, each of which may hold it.
-        let delivery = options
-            .delivery
-            .clone()
-            .filter(|_| plans.iter().flatten().any(image_bound));
+        // A record the ledger says to plan as its item may plan for any
+        // projection of its entity, each of which may hold it.
         if holding && delivery.is_some() {
             for (plan, source) in plans.iter().zip(&sources) {
                 if let (
@@ -583,10 +594,13 @@ impl Applier {
                     }
                     match earlier.treatment(item, &record.sequence_number) {
                         Treatment::AsIs => {}
-                        Treatment::Superseded => superseded += drop_image_bound(plan),
+                        Treatment::Superseded => superseded += drop_markers(plan),
                         Treatment::Complete => {
                             complete += 1;
-                            *plan = plan_complete(spec, &record.as_item(), selection);
+                            drop_markers(plan);
+                            let whole = plan_complete(spec, &record.as_item(), selection);
+                            plan.effects
+                                .extend(whole.effects.into_iter().filter(is_marker));
                         }
                     }
                 }
@@ -1082,28 +1096,40 @@ impl Applier {
     }
 }
 
-/// Whether a record's plan writes what its images say (a marker's state, a
-/// custom projection's put or delete): what a record delivered after newer
-/// ones of its item could set back.
-fn image_bound(plan: &crate::plan::RecordPlan) -> bool {
-    plan.effects.iter().any(|effect| {
-        matches!(
-            effect.op,
-            crate::plan::Op::Membership { .. } | crate::plan::Op::Custom { .. }
-        )
-    })
+/// Whether an effect brings a marker to a state its record's images
+/// decide: what a record delivered after newer ones of its item could set
+/// back. (Index keys are conditioned on the source, recomputes read it;
+/// a custom projection's writes are its code's, applied as they come.)
+fn is_marker(effect: &crate::plan::Effect) -> bool {
+    matches!(effect.op, crate::plan::Op::Membership { .. })
 }
 
-/// Drops the writes a superseded record's images decide; returns how many.
-fn drop_image_bound(plan: &mut crate::plan::RecordPlan) -> usize {
+/// Drops a superseded record's marker writes; returns how many.
+fn drop_markers(plan: &mut crate::plan::RecordPlan) -> usize {
     let before = plan.effects.len();
-    plan.effects.retain(|effect| {
-        !matches!(
-            effect.op,
-            crate::plan::Op::Membership { .. } | crate::plan::Op::Custom { .. }
-        )
-    });
+    plan.effects.retain(|effect| !is_marker(effect));
     before - plan.effects.len()
+}
+
+/// The projections that keep markers, and the counters on them.
+fn markers_of(spec: &Spec) -> Vec<ProjectionId> {
+    (0..spec.projections.len())
+        .filter(|&id| {
+            matches!(
+                spec.kind(id).writes(&spec.projections[id].name),
+                crate::kinds::Writes::Items { .. } | crate::kinds::Writes::Own
+            )
+        })
+        .collect()
+}
+
+/// Whether every record can be planned as its item: it carries its new
+/// image, or removes it. A stream without new images (`KEYS_ONLY`,
+/// `OLD_IMAGE`) cannot: its deliveries are applied as they come.
+fn whole_images(batch: &[Result<ChangeRecord, DecodeProblem>]) -> bool {
+    batch.iter().flatten().all(|record| {
+        record.new_image.is_some() || record.kind == crate::record::ChangeKind::Remove
+    })
 }
 
 /// The projections an effect writes for: its own, and for a marker the

@@ -150,7 +150,7 @@ impl Coordinator {
                 unconfirmed: Vec::new(),
                 records: 0,
                 ledger: None,
-                catching_up: false,
+                catching_up: None,
             };
             let mut state = ShardState::Waiting;
             if let Some(store) = &self.shared.checkpoints {

@@ -586,9 +586,10 @@ struct ShardRun {
     /// What the runner keeps of the shard in the ledger of deliveries,
     /// once its entry was read (`None`: not yet, or no checkpoints).
     ledger: Option<Arc<std::sync::Mutex<crate::apply::ShardLedger>>>,
-    /// The checkpoint is behind where the shard was read before: pages
-    /// apply their items as they are now until the shard is caught up.
-    catching_up: bool,
+    /// The checkpoint is behind where the shard was read before (up to
+    /// this sequence number): pages apply their items as they are now
+    /// until the shard is past it and caught up.
+    catching_up: Option<SequenceNumber>,
 }
 
 /// How a shard task ended.

@@ -117,9 +117,15 @@ async fn walk(
                 return Ok(ShardExit::Finished);
             };
             empty_pages += 1;
-            if run.catching_up {
+            // Caught up as a drain is (several empty pages in a row: one
+            // may come before records), and past what was read before.
+            let past = run
+                .catching_up
+                .as_ref()
+                .is_some_and(|behind| run.position.as_ref().is_some_and(|at| at >= behind));
+            if past && empty_pages >= options.empty_polls.max(1) {
                 tracing::info!(shard = %run.shard_id, "caught up: records apply as they come again");
-                run.catching_up = false;
+                run.catching_up = None;
             }
             metrics::gauge!("projector_iterator_age_ms", "shard" => run.shard_id.clone()).set(0.0);
             if options.drain && empty_pages >= options.empty_polls.max(1) {
@@ -232,12 +238,12 @@ async fn apply_page(
                 checkpoint = run.durable.as_ref().map_or("none", |s| s.as_str()),
                 "the checkpoint is behind where the shard was read before: its items are applied as they are now until the shard is caught up, as a replay does"
             );
-            run.catching_up = true;
+            run.catching_up = Some(through.clone());
         }
         run.ledger = Some(Arc::new(std::sync::Mutex::new(ledger)));
     }
     // A replay applies what each item is now, in place of its records.
-    let derive = shared.options.derive_current || run.catching_up;
+    let derive = shared.options.derive_current || run.catching_up.is_some();
     let (batch, stands_for, derived) = if derive {
         let selection = shared.batch_options.selection.as_deref();
         match shared.applier.current_states(batch, selection).await {
