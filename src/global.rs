@@ -466,6 +466,8 @@ mod tests {
     fn table(replicas: &[&str], strong: bool) -> TableInfo {
         TableInfo {
             name: "Social".to_string(),
+            partition_key: "PK".to_string(),
+            sort_key: Some("SK".to_string()),
             stream_arn: None,
             view_type: None,
             replicas: replicas.iter().map(|r| r.to_string()).collect(),

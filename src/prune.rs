@@ -49,13 +49,13 @@ pub use crate::dynamo::names::PRUNE_PK as PROGRESS_PK;
 /// The retired projections `names` to prune from `c`'s table, each with
 /// the spec that defined it: `from` (a spec file given), else the
 /// registry's copy of the spec that last ran it. Refuses (an error
-/// saying what to do) a projection still in the spec at `spec_path`, an
+/// saying what to do) a projection still in the spec `spec_source` names, an
 /// old version readers still read, one another consumer runs, one a
 /// writer still holds a lease on, and one the registry knows no
 /// definition of.
 pub async fn retired(
     c: &crate::control::Connection,
-    spec_path: &std::path::Path,
+    spec_source: &str,
     names: &[String],
     from: Option<Arc<Spec>>,
 ) -> anyhow::Result<Vec<Retired>> {
@@ -82,7 +82,7 @@ pub async fn retired(
             }
             anyhow::bail!(
                 "`{name}` is in {}: prune removes what a retired projection derived; remove it from the spec and deploy first",
-                spec_path.display()
+                spec_source
             );
         }
         if snapshot.owned_by_other(name, c.consumer.as_deref()) {

@@ -13,16 +13,14 @@ use crate::control::Commands;
 
 /// How `status` writes the commands it suggests for this target.
 fn commands(target: &Target) -> Commands {
-    let mut line = format!("--spec {}", target.spec.display());
-    if let Some(table) = &target.table {
-        line.push_str(&format!(" --table {table}"));
-    }
+    let mut line = target.args();
     if let Some(consumer) = &target.consumer {
         line.push_str(&format!(" --consumer {consumer}"));
     }
     Commands {
         target: line,
         consumer: target.consumer.clone(),
+        registered: target.spec.is_none(),
     }
 }
 
@@ -46,7 +44,7 @@ pub async fn status(target: Target, format: OutputFormat) -> anyhow::Result<Outc
         OutputFormat::Json => {
             let value = json!({
                 "table": c.table,
-                "spec": target.spec.display().to_string(),
+                "spec": target.source(),
                 "service": c.spec.service,
                 "consumer": target.consumer,
                 "projections": rows,
@@ -61,7 +59,7 @@ pub async fn status(target: Target, format: OutputFormat) -> anyhow::Result<Outc
                 out,
                 "table {}, spec {} (service {}{})",
                 c.table,
-                target.spec.display(),
+                target.source(),
                 c.spec.service,
                 target
                     .consumer
@@ -240,7 +238,7 @@ pub async fn backfill(target: Target, args: crate::backfill::Request) -> anyhow:
         crate::backfill::Backfilled::AllLive => {
             eprintln!(
                 "every projection of {} is live on {}: nothing to backfill (--all backfills them anyway)",
-                target.spec.display(),
+                target.source(),
                 c.table
             );
             println!(
@@ -313,7 +311,7 @@ pub async fn prune(
         },
         None => None,
     };
-    let retired = crate::prune::retired(&c, &target.spec, &names, from).await?;
+    let retired = crate::prune::retired(&c, &target.source(), &names, from).await?;
     let summary = crate::prune::prune(&c.dynamodb, &c.table, &c.spec, &retired, &options).await?;
     eprintln!(
         "{}prune of {} from {}: {} items scanned, {} deleted, {} stripped of derived attributes, {} counter records removed, {} kept, {} dead letters removed, {:.1} WCU, {:.1} s",

@@ -4,6 +4,7 @@ mod audit;
 mod lifecycle;
 mod offline;
 mod online;
+mod register;
 mod stream;
 
 use std::path::PathBuf;
@@ -54,6 +55,31 @@ impl Cli {
 }
 
 impl Target {
+    /// Where the spec comes from, for messages: the file, or the registry.
+    pub fn source(&self) -> String {
+        match (&self.spec, &self.table) {
+            (Some(path), _) => path.display().to_string(),
+            (None, Some(table)) => format!("the specs registered for `{table}`"),
+            (None, None) => "no spec".to_string(),
+        }
+    }
+
+    /// The arguments that name this spec and table again in a suggested
+    /// command (`--spec FILE --table T`, or `--table T`).
+    pub fn args(&self) -> String {
+        let mut line = String::new();
+        if let Some(path) = &self.spec {
+            line.push_str(&format!("--spec {}", path.display()));
+        }
+        if let Some(table) = &self.table {
+            if !line.is_empty() {
+                line.push(' ');
+            }
+            line.push_str(&format!("--table {table}"));
+        }
+        line
+    }
+
     /// What the deployment says of a global table: its home region, and
     /// where the writers write.
     pub fn deployment(&self) -> crate::global::Deployment {
@@ -306,6 +332,78 @@ pub enum Command {
         #[arg(required = true)]
         reports: Vec<PathBuf>,
     },
+    /// Register a service's spec into a table's registry: the table's
+    /// workers (`run --table T`, the Lambda without PROJECTOR_SPEC) serve
+    /// it within one lease period, without a rebuild or a redeploy. The
+    /// spec is composed with the other services' registered specs (every
+    /// rule of `check --spec DIR`), and what changes is printed, with what
+    /// the lifecycle will ask for next. Registering an earlier version's
+    /// text (`specs --service S --version N`) is the rollback. Exit 0
+    /// registered (or would be, with --dry-run), 1 refused (a conflict, a
+    /// spec that does not compile; nothing stored), 2 error.
+    Register {
+        /// The service's spec file (its `service` names the service).
+        #[arg(long)]
+        spec: PathBuf,
+        /// The table.
+        #[arg(long, env = "PROJECTOR_TABLE")]
+        table: String,
+        /// Print what would change; store nothing.
+        #[arg(long)]
+        dry_run: bool,
+        /// Who registers (default: the OS user).
+        #[arg(long)]
+        by: Option<String>,
+        /// Output format.
+        #[arg(long, value_enum, default_value_t = OutputFormat::Text)]
+        format: OutputFormat,
+        /// On a global table, its home region: registrations are made there.
+        #[arg(long, env = "PROJECTOR_HOME_REGION")]
+        home_region: Option<String>,
+    },
+    /// Unregister a service: its projections become retired (the
+    /// workers stop projecting them within one lease period); `prune`
+    /// then deletes what they derived. Exit codes as `register`.
+    Unregister {
+        /// The service.
+        #[arg(long)]
+        service: String,
+        /// The table.
+        #[arg(long, env = "PROJECTOR_TABLE")]
+        table: String,
+        /// Print what would change; store nothing.
+        #[arg(long)]
+        dry_run: bool,
+        /// Who unregisters (default: the OS user).
+        #[arg(long)]
+        by: Option<String>,
+        /// Output format.
+        #[arg(long, value_enum, default_value_t = OutputFormat::Text)]
+        format: OutputFormat,
+        /// On a global table, its home region.
+        #[arg(long, env = "PROJECTOR_HOME_REGION")]
+        home_region: Option<String>,
+    },
+    /// What is registered for a table: each service's current version;
+    /// with --service, its text (or --version N's, or --history: every
+    /// version). Exit 0, 1 when the service or version is unknown, 2 error.
+    Specs {
+        /// The table.
+        #[arg(long, env = "PROJECTOR_TABLE")]
+        table: String,
+        /// One service.
+        #[arg(long)]
+        service: Option<String>,
+        /// Every version of the service, oldest first.
+        #[arg(long, requires = "service")]
+        history: bool,
+        /// The text of this version of the service.
+        #[arg(long, requires = "service", conflicts_with = "history")]
+        version: Option<u64>,
+        /// Output format.
+        #[arg(long, value_enum, default_value_t = OutputFormat::Text)]
+        format: OutputFormat,
+    },
     /// Invariant violations recorded by the online check.
     Violations {
         /// What to do.
@@ -340,9 +438,10 @@ pub enum ViolationsCommand {
 #[derive(Debug, Clone, clap::Args)]
 pub struct Target {
     /// The spec file, or a directory of them (one per service; the specs
-    /// of one table compose into one).
-    #[arg(long, env = "PROJECTOR_SPEC")]
-    pub spec: PathBuf,
+    /// of one table compose into one). Without it, `--table` names the
+    /// table and the specs registered for it are served (`register`).
+    #[arg(long, env = "PROJECTOR_SPEC", required_unless_present = "table")]
+    pub spec: Option<PathBuf>,
     /// The table (default: the spec's table name; with a directory
     /// describing several tables, the one to use).
     #[arg(long)]
@@ -459,7 +558,10 @@ pub fn exit_code(result: anyhow::Result<Outcome>) -> ExitCode {
 pub fn run(cli: Cli) -> anyhow::Result<Outcome> {
     match cli.command {
         Command::Check { target } => match (&target.table, &target.home_region) {
-            (None, None) => Ok(offline::check(&target.spec)),
+            (None, None) => match &target.spec {
+                Some(path) => Ok(offline::check(path)),
+                None => unreachable!("clap requires --spec or --table"),
+            },
             _ => block_on(online::check_table(target)),
         },
         Command::Plan { spec, event } => offline::plan(&spec, &event),
@@ -565,6 +667,51 @@ pub fn run(cli: Cli) -> anyhow::Result<Outcome> {
         Command::Violations {
             command: ViolationsCommand::List { target, format },
         } => block_on(audit::violations_list(target, format)),
+        Command::Register {
+            spec,
+            table,
+            dry_run,
+            by,
+            format,
+            home_region,
+        } => block_on(register::register(
+            &spec,
+            table,
+            dry_run,
+            by,
+            format,
+            home_deployment(home_region),
+        )),
+        Command::Unregister {
+            service,
+            table,
+            dry_run,
+            by,
+            format,
+            home_region,
+        } => block_on(register::unregister(
+            service,
+            table,
+            dry_run,
+            by,
+            format,
+            home_deployment(home_region),
+        )),
+        Command::Specs {
+            table,
+            service,
+            history,
+            version,
+            format,
+        } => block_on(register::specs(table, service, history, version, format)),
+    }
+}
+
+/// The deployment a registration is judged against: its home region.
+fn home_deployment(home_region: Option<String>) -> crate::global::Deployment {
+    crate::global::Deployment {
+        home_region,
+        ..Default::default()
     }
 }
 
@@ -581,8 +728,19 @@ fn block_on<F: std::future::Future<Output = anyhow::Result<Outcome>>>(
 pub use crate::control::Connection;
 
 /// Loads the spec and connects; a spec error is printed and becomes exit 1.
+/// Without `--spec`, the specs registered for `--table`.
 pub async fn connect(target: &Target) -> Result<Connection, anyhow::Result<Outcome>> {
-    let spec = match load_spec(&target.spec, target.table.as_deref()) {
+    let Some(path) = &target.spec else {
+        let Some(table) = target.table.clone() else {
+            return Err(Err(anyhow::anyhow!(
+                "name a spec (--spec FILE or PROJECTOR_SPEC) or a table whose registered specs to serve (--table)"
+            )));
+        };
+        return crate::control::connect_registered(table, target.consumer.clone())
+            .await
+            .map_err(Err);
+    };
+    let spec = match load_spec(path, target.table.as_deref()) {
         Ok(spec) => spec,
         Err(code) => return Err(Ok(code)),
     };

@@ -89,9 +89,11 @@ pub async fn dlq_redrive(target: Target, projection: Option<String>) -> anyhow::
 /// `check --table`: the spec, then where a worker in this region stands
 /// on the table (see [`crate::global`]).
 pub async fn check_table(target: Target) -> anyhow::Result<Outcome> {
-    let code = super::offline::check(&target.spec);
-    if code != Outcome::Done {
-        return Ok(code);
+    if let Some(path) = &target.spec {
+        let code = super::offline::check(path);
+        if code != Outcome::Done {
+            return Ok(code);
+        }
     }
     let c = connect_or_return!(target);
     let region = c.config.region().map(|r| r.to_string()).unwrap_or_default();

@@ -137,17 +137,13 @@ pub async fn recover(
             );
             let trimmed = summary.trimmed_left();
             if trimmed && !dry_run {
-                let table = match &target.table {
-                    Some(table) => format!(" --table {table}"),
-                    None => String::new(),
-                };
-                let spec = target.spec.display();
+                let args = target.args();
                 eprintln!(
                     "The stream no longer holds some ranges, and Lambda's failure messages do not carry \
                      the records' keys, so what they touched is unknown. Run \
-                     `ddb-projector recover --spec {spec}{table} --queue-url {queue_url} --backfill-trimmed` \
+                     `ddb-projector recover {args} --queue-url {queue_url} --backfill-trimmed` \
                      (a guarded backfill of the whole table, then those messages are deleted), or \
-                     `ddb-projector audit --spec {spec}{table} --repair` and delete the messages yourself."
+                     `ddb-projector audit {args} --repair` and delete the messages yourself."
                 );
             }
         }

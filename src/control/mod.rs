@@ -52,7 +52,9 @@
 mod backfill;
 mod layout;
 mod leases;
+mod register;
 mod registry;
+mod services;
 mod status;
 
 use std::sync::Arc;
@@ -64,6 +66,13 @@ pub use backfill::{
 pub use layout::{current_layout, layout_refusals, relaid, CounterLayout, OldVersion};
 pub use leases::{ApplierControl, Leases};
 pub use registry::{ClaimOutcome, Completion, Registry, LEASES_VERSION};
+pub use register::{
+    admit, empty_spec, register, Change, Planned, PlannedProjection, RegisterError, Stored,
+};
+pub use services::{
+    check_service_name, compose_texts, Registered, Registration, Registrations, Written,
+    MAX_SPEC_BYTES,
+};
 pub use status::{
     hex, states, Applied, BackfillRun, Commands, ConsumerSpec, Definition, ProjectionStatus,
     ReadVersion, Record, Snapshot, State, WITHOUT,
@@ -88,6 +97,10 @@ pub struct Connection {
     pub dynamodb: aws_sdk_dynamodb::Client,
     /// `--consumer`.
     pub consumer: Option<String>,
+    /// The table's registry version the spec was composed from, when it
+    /// is what the table has registered (no spec file): workers watch it
+    /// and serve each new registration.
+    pub registered: Option<u64>,
 }
 
 impl Connection {
@@ -147,6 +160,16 @@ pub async fn connect(
 ) -> anyhow::Result<Connection> {
     let config = crate::dynamo::client::load_config().await?;
     let dynamodb = crate::dynamo::client::dynamodb(&config);
+    connect_with(spec, table, consumer, config, dynamodb).await
+}
+
+async fn connect_with(
+    spec: Spec,
+    table: String,
+    consumer: Option<String>,
+    config: aws_config::SdkConfig,
+    dynamodb: aws_sdk_dynamodb::Client,
+) -> anyhow::Result<Connection> {
     let registry = Registry::new(dynamodb.clone(), &table, &spec.table);
     let (laid, _) = registry
         .layout(&spec)
@@ -159,7 +182,112 @@ pub async fn connect(
         config,
         dynamodb,
         consumer,
+        registered: None,
     })
+}
+
+/// Connects to `table` with the specs registered for it composed into one
+/// (see [`Registrations`]; a table nothing is registered for gets a spec
+/// of its keys alone, projecting nothing), laid out as [`connect`] does.
+pub async fn connect_registered(
+    table: String,
+    consumer: Option<String>,
+) -> anyhow::Result<Connection> {
+    if let Some(consumer) = &consumer {
+        anyhow::bail!(
+            "registrations are served by the table's unnamed consumer; consumer `{consumer}` runs a spec file (--spec)"
+        );
+    }
+    let config = crate::dynamo::client::load_config().await?;
+    let dynamodb = crate::dynamo::client::dynamodb(&config);
+    let (spec, version) = registered_spec(&dynamodb, &table).await?;
+    let mut c = connect_with(spec, table, None, config, dynamodb).await?;
+    c.registered = Some(version);
+    Ok(c)
+}
+
+/// How often a worker serving the registry reads its version
+/// (`PROJECTOR_REGISTRY_POLL_SECONDS`, default 10): a registration is
+/// served within this, well within one lease period.
+pub fn registry_poll() -> std::time::Duration {
+    std::env::var("PROJECTOR_REGISTRY_POLL_SECONDS")
+        .ok()
+        .and_then(|s| s.parse::<f64>().ok())
+        .filter(|s| *s > 0.0 && s.is_finite())
+        .map_or(std::time::Duration::from_secs(10), std::time::Duration::from_secs_f64)
+}
+
+/// Waits until `table`'s registry moves past `version`, then returns the
+/// new registration composed and laid out: (laid out, (registry version,
+/// composed)). A registration that does not compose (a newer binary's
+/// rules, say) is logged and waited past: the workers keep serving the
+/// last one that did.
+pub async fn next_registration(
+    client: &aws_sdk_dynamodb::Client,
+    table: &str,
+    version: u64,
+) -> (Spec, Option<(u64, Spec)>) {
+    let mut skipped = version;
+    loop {
+        tokio::time::sleep(registry_poll()).await;
+        let now = match Registrations::of_table(client, table).await {
+            Ok(registrations) => registrations.version().await.map(|(v, _)| v),
+            Err(error) => Err(crate::apply::ApplyError::Fatal {
+                table: table.to_string(),
+                message: format!("{error:#}"),
+            }),
+        };
+        match now {
+            Ok(now) if now != version && now != skipped => {}
+            Ok(_) => continue,
+            Err(error) => {
+                tracing::warn!(%error, table, "reading the registry version failed: serving the last registration");
+                continue;
+            }
+        }
+        let composed = match registered_spec(client, table).await {
+            Ok(composed) => composed,
+            Err(error) => {
+                tracing::error!(error = format!("{error:#}"), table, "the new registration cannot be served: serving the last one");
+                if let Ok(registrations) = Registrations::of_table(client, table).await {
+                    if let Ok((now, _)) = registrations.version().await {
+                        skipped = now;
+                    }
+                }
+                continue;
+            }
+        };
+        let (spec, now) = composed;
+        let registry = Registry::new(client.clone(), table, &spec.table);
+        match registry.layout(&spec).await {
+            Ok((laid, _)) => return (laid, Some((now, spec))),
+            Err(error) => {
+                tracing::warn!(%error, table, "laying the new registration out failed: trying again");
+            }
+        }
+    }
+}
+
+/// The spec registered for `table` now, composed, and the registry
+/// version it was composed from.
+pub async fn registered_spec(
+    client: &aws_sdk_dynamodb::Client,
+    table: &str,
+) -> anyhow::Result<(Spec, u64)> {
+    let registrations = Registrations::of_table(client, table).await?;
+    let registered = registrations.read().await?;
+    let spec = match registered.compose(table, None) {
+        Ok(Some(spec)) => spec,
+        Ok(None) => {
+            let (pk, sk) = registrations.keys();
+            empty_spec(table, (pk, sk))
+        }
+        Err(errors) => anyhow::bail!(
+            "the specs registered for table `{table}` (registry version {}) do not compose:\n{errors}",
+            registered.version
+        ),
+    };
+    Ok((spec, registered.version))
 }
 
 /// An applier writing to `table` with the rules of `spec`, under this

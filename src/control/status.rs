@@ -263,9 +263,21 @@ pub struct Commands {
     /// The consumer asking (`--consumer`): projections another named
     /// consumer runs are its own, not retired ones of this spec.
     pub consumer: Option<String>,
+    /// The spec is what the table has registered (no spec file): its
+    /// workers serve a registration by themselves, nothing is deployed.
+    pub registered: bool,
 }
 
 impl Commands {
+    /// What makes the table's workers run this spec.
+    fn deploy(&self) -> &'static str {
+        if self.registered {
+            "wait for the table's workers to serve the registration (within one lease period)"
+        } else {
+            "deploy this spec"
+        }
+    }
+
     fn backfill(&self, name: &str) -> String {
         format!("ddb-projector backfill {} --projection {name}", self.target)
     }
@@ -377,7 +389,8 @@ pub fn states(
             Some(format!("ddb-projector dlq redrive {}", commands.target))
         } else if !deployed {
             Some(format!(
-                "deploy this spec (no Lambda or runner runs this definition yet), then {}",
+                "{} (no Lambda or runner runs this definition yet), then {}",
+                commands.deploy(),
                 commands.backfill(&projection.name)
             ))
         } else if let Some((until, g)) = other_consumer_running {
@@ -440,7 +453,8 @@ pub fn states(
             deployed: running.is_some(),
             next: Some(match running {
                 Some(until) => format!(
-                    "deploy this spec: a worker still runs it (lease until {}); then {}",
+                    "{}: a worker still runs it (lease until {}); then {}",
+                    commands.deploy(),
                     iso(until),
                     commands.prune(name)
                 ),
@@ -735,6 +749,7 @@ mod tests {
         let commands = Commands {
             target: "--spec s.toml".to_string(),
             consumer: None,
+            registered: false,
         };
         let with = |record: Record| Snapshot {
             records: [(name.clone(), record)].into_iter().collect(),
@@ -858,6 +873,7 @@ mod tests {
         let commands = Commands {
             target: "--spec s.toml".to_string(),
             consumer: None,
+            registered: false,
         };
         let rows = states(&spec, &snapshot, 1_000, 0, &HashMap::new(), &commands);
         let r = row(&rows, "gone");
@@ -888,6 +904,7 @@ mod tests {
         let commands = Commands {
             target: "--spec s.toml".to_string(),
             consumer: None,
+            registered: false,
         };
         for letters in [
             HashMap::from([(name.clone(), 2)]),

@@ -60,6 +60,10 @@ pub fn streams(config: &SdkConfig) -> aws_sdk_dynamodbstreams::Client {
 pub struct TableInfo {
     /// The table name.
     pub name: String,
+    /// The partition key attribute's name.
+    pub partition_key: String,
+    /// The sort key attribute's name, when the table has one.
+    pub sort_key: Option<String>,
     /// The latest stream's ARN, when a stream is enabled.
     pub stream_arn: Option<String>,
     /// The stream's view type.
@@ -91,8 +95,17 @@ pub async fn describe_table(
     let description = output.table().context("DescribeTable returned no table")?;
     let stream = description.stream_specification();
     let enabled = stream.is_some_and(|s| s.stream_enabled());
+    let key = |kind: aws_sdk_dynamodb::types::KeyType| {
+        description
+            .key_schema()
+            .iter()
+            .find(|k| *k.key_type() == kind)
+            .map(|k| k.attribute_name().to_string())
+    };
     Ok(TableInfo {
         name: table.to_string(),
+        partition_key: key(aws_sdk_dynamodb::types::KeyType::Hash).unwrap_or_default(),
+        sort_key: key(aws_sdk_dynamodb::types::KeyType::Range),
         stream_arn: if enabled {
             description.latest_stream_arn().map(str::to_string)
         } else {

@@ -18,6 +18,16 @@ pub const RESERVED_PREFIX: &str = "_ddbp#";
 /// The partition key of the lifecycle registry's items.
 pub const LIFECYCLE_PK: &str = "_ddbp#lifecycle";
 
+/// The partition key of the table's service registry: one item (sort key
+/// `registry`) holding the registry version and the registered services'
+/// names, never a spec text (see `control::services`).
+pub const REGISTRY_PK: &str = "_ddbp#registry";
+
+/// The partition key prefix of one service's registrations
+/// (`_ddbp#svc#<service>`): its versions and texts, under a key a service
+/// team's role can be scoped to with `dynamodb:LeadingKeys`.
+pub const SERVICE_PK_PREFIX: &str = "_ddbp#svc#";
+
 /// The partition key of the stream runner's checkpoint items.
 pub const CHECKPOINT_PK: &str = "_ddbp#checkpoint";
 

@@ -101,6 +101,8 @@ pub async fn run_stream(
         }
     }
     let mut spec = c.spec.clone();
+    let mut file_spec = c.file_spec.clone();
+    let mut registered = c.registered;
     loop {
         let applier = crate::control::applier(
             c.dynamodb.clone(),
@@ -121,9 +123,26 @@ pub async fn run_stream(
         // layout, it starts over with the new one (replays change nothing
         // they already applied).
         let relaid = std::sync::Mutex::new(None);
+        let laid_again = async {
+            let laid = crate::control::relaid(&registry, &file_spec, &spec).await;
+            *relaid.lock().expect("layout lock") = Some((laid, None));
+        };
+        // Serving the registry: a registration is served from the batch
+        // after it is read whole.
+        let reregistered = async {
+            match registered {
+                Some(version) => {
+                    let next = crate::control::next_registration(&c.dynamodb, &c.table, version).await;
+                    *relaid.lock().expect("layout lock") = Some(next);
+                }
+                None => std::future::pending().await,
+            }
+        };
         let watch = async {
-            let laid = crate::control::relaid(&registry, &c.file_spec, &spec).await;
-            *relaid.lock().expect("layout lock") = Some(laid);
+            tokio::select! {
+                _ = laid_again => {}
+                _ = reregistered => {}
+            }
         };
         // Where this worker stands is asked again as the Lambda does: a
         // failover elsewhere, or a replica added, stops it.
@@ -183,11 +202,24 @@ pub async fn run_stream(
                     }
                     None => {}
                 }
-                if let Some(laid) = relaid.lock().expect("layout lock").take() {
-                    tracing::info!(
-                        records = summary.records,
-                        "a counter's versions changed (a rebuild completed or began): going on with the new layout"
-                    );
+                if let Some((laid, from)) = relaid.lock().expect("layout lock").take() {
+                    match from {
+                        Some((version, composed)) => {
+                            tracing::info!(
+                                records = summary.records,
+                                registry_version = version,
+                                projections = laid.projections.len(),
+                                "a registration changed what the table's workers serve: going on with it"
+                            );
+                            metrics::counter!("projector_registrations_served_total").increment(1);
+                            registered = Some(version);
+                            file_spec = Arc::new(composed);
+                        }
+                        None => tracing::info!(
+                            records = summary.records,
+                            "a counter's versions changed (a rebuild completed or began): going on with the new layout"
+                        ),
+                    }
                     spec = Arc::new(laid);
                     continue;
                 }

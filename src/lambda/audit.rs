@@ -443,7 +443,7 @@ impl Handler {
     ) -> Result<AuditResponse, InvocationError> {
         let started = Instant::now();
         request.check()?;
-        let (table, file_spec) = self.payload_table(request.table.as_deref())?;
+        let (table, file_spec) = self.payload_table(request.table.as_deref()).await?;
         let spec = crate::control::current_layout(&self.client, &table, &file_spec).await?;
         let (deadlines, config) = self.budget(context, started);
         if deadlines.stop_writes <= started {

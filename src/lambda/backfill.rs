@@ -370,7 +370,7 @@ impl Handler {
         let started = Instant::now();
         // A backfill payload names no stream: the table is the request's,
         // PROJECTOR_TABLE, else the only spec's.
-        let (table, file_spec) = self.payload_table(request.table.as_deref())?;
+        let (table, file_spec) = self.payload_table(request.table.as_deref()).await?;
         // A changed counter is built beside the version readers read.
         let spec = crate::control::current_layout(&self.client, &table, &file_spec).await?;
         let plan = request.plan(&spec)?;

@@ -101,6 +101,10 @@ pub struct StreamsEvent {
     records: Records,
     /// The first `eventSourceARN` of the batch (the stream ARN).
     pub event_source_arn: Option<String>,
+    /// The first record whose `eventSourceARN` names another table than
+    /// the first record's (a hand-made pipeline mixing streams): its
+    /// index and ARN.
+    other_table: Option<(usize, String)>,
 }
 
 #[derive(Debug)]
@@ -124,7 +128,25 @@ impl StreamsEvent {
         StreamsEvent {
             records: Records::Decoded(records),
             event_source_arn,
+            other_table: None,
         }
+    }
+
+    /// The first record of another table than the first record's: its
+    /// index and its stream's ARN.
+    pub fn other_table(&self) -> Option<&(usize, String)> {
+        self.other_table.as_ref()
+    }
+
+    /// The records of the first record's table, and, when the batch goes
+    /// on with another table's records, the first of them (index, its
+    /// stream's ARN): those are left out, to be delivered again.
+    pub fn split_at_other_table(mut self) -> (StreamsEvent, Option<(usize, String)>) {
+        let other = self.other_table.take();
+        if let (Some((index, _)), Records::Json(raw)) = (&other, &mut self.records) {
+            raw.truncate(*index);
+        }
+        (self, other)
     }
 
     /// The number of records.
@@ -293,13 +315,22 @@ impl<'de> Visitor<'de> for RecordsSeed {
             arn: Option<std::borrow::Cow<'a, str>>,
         }
         let mut raw: Vec<Box<RawValue>> = Vec::with_capacity(seq.size_hint().unwrap_or(0));
-        let mut event_source_arn = None;
+        let mut event_source_arn: Option<String> = None;
+        let mut other_table = None;
         while let Some(record) = seq.next_element::<Box<RawValue>>()? {
-            if event_source_arn.is_none() {
-                event_source_arn = serde_json::from_str::<Source>(record.get())
-                    .ok()
-                    .and_then(|source| source.arn)
-                    .map(|arn| arn.into_owned());
+            let arn = serde_json::from_str::<Source>(record.get())
+                .ok()
+                .and_then(|source| source.arn);
+            match (&event_source_arn, arn) {
+                (None, arn) if raw.is_empty() => {
+                    event_source_arn = arn.map(|arn| arn.into_owned());
+                }
+                (Some(first), Some(arn)) if other_table.is_none() => {
+                    if table_from_stream_arn(first) != table_from_stream_arn(&arn) {
+                        other_table = Some((raw.len(), arn.into_owned()));
+                    }
+                }
+                _ => {}
             }
             raw.push(record);
         }
@@ -308,6 +339,7 @@ impl<'de> Visitor<'de> for RecordsSeed {
         Ok(StreamsEvent {
             records: Records::Json(raw),
             event_source_arn,
+            other_table,
         })
     }
 }

@@ -66,6 +66,15 @@ pub enum InvocationError {
         /// The record's position in the batch.
         index: usize,
     },
+    /// The specs registered for the table could not be read (and none
+    /// were read before).
+    #[error("reading the specs registered for table `{table}`: {message}")]
+    Registry {
+        /// The table.
+        table: String,
+        /// Why.
+        message: String,
+    },
     /// A backfill request that cannot run as sent.
     #[error("{0}")]
     Backfill(#[from] BackfillRequestError),
@@ -128,6 +137,7 @@ impl From<InvocationError> for Diagnostic {
         let error_type = match &error {
             InvocationError::NoTable | InvocationError::WhichTable(_) => "Projector.NoTable",
             InvocationError::Unregistered { .. } => "Projector.UnregisteredTable",
+            InvocationError::Registry { .. } => "Projector.Registry",
             InvocationError::Apply(_) => "Projector.CannotWrite",
             InvocationError::NoIdentifier { .. } => "Projector.NoItemIdentifier",
             InvocationError::Backfill(_) => "Projector.InvalidBackfillRequest",
@@ -330,6 +340,92 @@ pub struct Handler {
     pub process_started: SystemTime,
     /// Which region projects each table it serves (see [`crate::global`]).
     pub regions: Regions,
+    /// Without a spec file (`PROJECTOR_SPEC` unset): the specs registered
+    /// for each table, read again every [`crate::control::registry_poll`].
+    pub registered: Option<RegisteredSpecs>,
+}
+
+/// The specs registered for each table a function serves (see
+/// [`crate::control::Registrations`]): composed, laid out by the batch,
+/// and read again once [`crate::control::registry_poll`] has passed, so a
+/// registration is served within seconds, never half-read.
+#[derive(Debug, Default)]
+pub struct RegisteredSpecs {
+    tables: std::sync::Mutex<std::collections::HashMap<String, Served>>,
+}
+
+#[derive(Debug, Clone)]
+struct Served {
+    registrations: crate::control::Registrations,
+    spec: Arc<Spec>,
+    version: u64,
+    checked: Instant,
+}
+
+impl RegisteredSpecs {
+    /// The spec registered for `table` now (at most one poll old).
+    pub async fn spec(
+        &self,
+        client: &aws_sdk_dynamodb::Client,
+        table: &str,
+    ) -> Result<Arc<Spec>, String> {
+        let cached = self.tables.lock().expect("not poisoned").get(table).cloned();
+        if let Some(served) = &cached {
+            if served.checked.elapsed() < crate::control::registry_poll() {
+                return Ok(served.spec.clone());
+            }
+        }
+        let read = async {
+            let registrations = match &cached {
+                Some(served) => served.registrations.clone(),
+                None => crate::control::Registrations::of_table(client, table)
+                    .await
+                    .map_err(|e| format!("{e:#}"))?,
+            };
+            let (version, _) = registrations.version().await.map_err(|e| e.to_string())?;
+            if let Some(served) = cached.as_ref().filter(|s| s.version == version) {
+                return Ok(Served {
+                    checked: Instant::now(),
+                    ..served.clone()
+                });
+            }
+            let (spec, version) = crate::control::registered_spec(client, table)
+                .await
+                .map_err(|e| format!("{e:#}"))?;
+            tracing::info!(
+                table,
+                registry_version = version,
+                projections = spec.projections.len(),
+                services = %spec.service,
+                "serving the specs registered for the table"
+            );
+            Ok::<_, String>(Served {
+                registrations,
+                spec: Arc::new(spec),
+                version,
+                checked: Instant::now(),
+            })
+        };
+        match read.await {
+            Ok(served) => {
+                let spec = served.spec.clone();
+                self.tables
+                    .lock()
+                    .expect("not poisoned")
+                    .insert(table.to_string(), served);
+                Ok(spec)
+            }
+            // The registration served so far stands while the registry
+            // cannot be read (or a new one does not compose).
+            Err(error) => match cached {
+                Some(served) => {
+                    tracing::warn!(table, %error, "reading the registered specs failed: serving the last ones read");
+                    Ok(served.spec)
+                }
+                None => Err(error),
+            },
+        }
+    }
 }
 
 /// Which region projects each table a function serves, decided from the
@@ -441,33 +537,54 @@ impl Handler {
         }
     }
 
+    /// The spec `table` is served with: its spec file's, or what is
+    /// registered for it. `Ok(None)`: no spec file describes it.
+    pub(super) async fn spec_for(&self, table: &str) -> Result<Option<Arc<Spec>>, InvocationError> {
+        match &self.registered {
+            None => Ok(self.specs.for_table(table).cloned()),
+            Some(registered) => registered
+                .spec(&self.client, table)
+                .await
+                .map(Some)
+                .map_err(|message| InvocationError::Registry {
+                    table: table.to_string(),
+                    message,
+                }),
+        }
+    }
+
     /// The table a payload works on and its spec, when both are known.
-    fn payload_spec(&self, payload: &Payload) -> Option<(String, Arc<Spec>)> {
+    async fn payload_spec(&self, payload: &Payload) -> Option<(String, Arc<Spec>)> {
         match payload {
             Payload::Stream(event) => {
                 let table = self.stream_table(event)?;
-                let spec = self.specs.for_table(&table)?.clone();
+                let spec = self.spec_for(&table).await.ok()??;
                 Some((table, spec))
             }
-            Payload::Backfill(request) => self.payload_table(request.table.as_deref()).ok(),
-            Payload::Audit(request) => self.payload_table(request.table.as_deref()).ok(),
+            Payload::Backfill(request) => self.payload_table(request.table.as_deref()).await.ok(),
+            Payload::Audit(request) => self.payload_table(request.table.as_deref()).await.ok(),
         }
     }
 
     /// The table a backfill or audit payload works on and its spec: the
     /// one it names, `PROJECTOR_TABLE`, else the only spec's table.
-    pub(super) fn payload_table(
+    pub(super) async fn payload_table(
         &self,
         named: Option<&str>,
     ) -> Result<(String, Arc<Spec>), InvocationError> {
         let table = match (named, &self.table, self.specs.specs()) {
             (Some(table), _, _) => table.to_string(),
             (None, Some(table), _) => table.clone(),
-            (None, None, [only]) => only.table.name.clone(),
+            (None, None, [only]) if self.registered.is_none() => only.table.name.clone(),
+            (None, None, _) if self.registered.is_some() => {
+                return Err(InvocationError::WhichTable(
+                    "registered for the table of each request".to_string(),
+                ))
+            }
             (None, None, _) => return Err(InvocationError::WhichTable(self.specs.tables())),
         };
-        match self.specs.for_table(&table) {
-            Some(spec) => Ok((table, spec.clone())),
+        match self.spec_for(&table).await? {
+            Some(spec) => Ok((table, spec)),
             None => Err(InvocationError::Unregistered {
                 table,
                 tables: self.specs.tables(),
@@ -509,7 +626,7 @@ impl Handler {
         }
         // Every log line of the invocation names the spec's service (a
         // composed spec's services joined by `+`) and table.
-        let span = match self.payload_spec(&payload) {
+        let span = match self.payload_spec(&payload).await {
             Some((table, spec)) => tracing::info_span!("spec", service = %spec.service, table),
             None => tracing::info_span!("spec"),
         };
@@ -546,7 +663,7 @@ impl Handler {
         context: &Context,
     ) -> Option<Result<Response, InvocationError>> {
         // A table no spec is registered for fails further on.
-        let (table, spec) = self.payload_spec(payload)?;
+        let (table, spec) = self.payload_spec(payload).await?;
         if matches!(payload, Payload::Stream(event) if event.is_empty()) {
             return None;
         }
@@ -597,7 +714,44 @@ impl Handler {
         })
     }
 
+    /// A stream batch: its records of the first record's table applied
+    /// under that table's spec. A batch that goes on with another table's
+    /// records (Lambda's own mappings never send one; a hand-made pipeline
+    /// can) is answered with the first of them failed: Lambda delivers it
+    /// again from there, first, under its own table's spec.
     async fn process(
+        &self,
+        event: StreamsEvent,
+        context: &Context,
+    ) -> Result<DynamoDbEventResponse, InvocationError> {
+        let other = event
+            .other_table()
+            .map(|(index, arn)| (*index, arn.clone(), event.identity(*index).1));
+        let first_stream = event.event_source_arn.clone().unwrap_or_default();
+        let (event, _) = event.split_at_other_table();
+        let mut response = self.process_table(event, context).await?;
+        if let Some((index, arn, sequence_number)) = other {
+            tracing::warn!(
+                request_id = %context.request_id,
+                index,
+                stream = arn,
+                first_stream,
+                "the batch goes on with another table's records: they are delivered again, to be applied under their own table's spec"
+            );
+            metrics::counter!("projector_records_of_another_table_total").increment(1);
+            if response.batch_item_failures.is_empty() {
+                let Some(sequence_number) = sequence_number else {
+                    return Err(InvocationError::NoIdentifier { index });
+                };
+                let mut failure = DynamoDbBatchItemFailure::default();
+                failure.item_identifier = Some(sequence_number);
+                response.batch_item_failures.push(failure);
+            }
+        }
+        Ok(response)
+    }
+
+    async fn process_table(
         &self,
         event: StreamsEvent,
         context: &Context,
@@ -625,14 +779,25 @@ impl Handler {
         // Counters being rebuilt: the new version beside the old one. Until
         // the layout can be read, nothing can be written where it belongs:
         // the whole batch is delivered again.
-        let Some(file_spec) = self.specs.for_table(&table) else {
-            super::metrics::record_invocation(n_records, true);
-            return Err(InvocationError::Unregistered {
-                table,
-                tables: self.specs.tables(),
-            });
+        let file_spec = match self.spec_for(&table).await {
+            Ok(Some(spec)) => spec,
+            Ok(None) => {
+                super::metrics::record_invocation(n_records, true);
+                return Err(InvocationError::Unregistered {
+                    table,
+                    tables: self.specs.tables(),
+                });
+            }
+            Err(error) => {
+                tracing::warn!(request_id = %context.request_id, %error, "the batch is delivered again");
+                super::metrics::record_invocation(n_records, true);
+                return batch_response(
+                    &event.decode(0..1),
+                    &[RecordStatus::Failed(error.to_string())],
+                );
+            }
         };
-        let spec = match crate::control::current_layout(&self.client, &table, file_spec).await {
+        let spec = match crate::control::current_layout(&self.client, &table, &file_spec).await {
             Ok(spec) => spec,
             Err(error) => {
                 tracing::warn!(request_id = %context.request_id, %error, "reading the counters' layout failed: the batch is delivered again");

@@ -17,7 +17,7 @@
 //!
 //! | variable | meaning |
 //! | --- | --- |
-//! | `PROJECTOR_SPEC` | the spec file, or a directory of them (one per service), a path inside the deployment package (required); records are routed to the specs of their stream's table |
+//! | `PROJECTOR_SPEC` | the spec file, or a directory of them (one per service), a path inside the deployment package; records are routed to the specs of their stream's table. Unset: the specs registered for each table (`ddb-projector register`), read again every `PROJECTOR_REGISTRY_POLL_SECONDS` (default 10) |
 //! | `PROJECTOR_TABLE` | the table to write (default: the table of the records' `eventSourceARN`); with specs of several tables, unset |
 //! | `PROJECTOR_TABLE_NAMES` | `SPEC_TABLE=ACTUAL_TABLE,...`: the tables' actual names, when they are not named as the specs say (`UserServiceTable=UserServiceTable-prod`) |
 //! | `PROJECTOR_CONSUMER` | the consumer's name, when deployments with different specs share a table (each keeps its own letters of undecodable records, and leaves the other's projections to it) |
@@ -76,9 +76,6 @@ pub const DEFAULT_MARGIN: Duration = Duration::from_millis(1500);
 /// Why init failed.
 #[derive(Debug, thiserror::Error)]
 pub enum InitError {
-    /// `PROJECTOR_SPEC` is not set.
-    #[error("{SPEC_VAR} is not set: set it to the path of the spec file inside the deployment package (for example /opt/user-service.toml)")]
-    NoSpec,
     /// The spec cannot be read or compiled.
     #[error("the spec named by {SPEC_VAR} cannot be used:\n{0}")]
     Spec(SpecErrors),
@@ -106,7 +103,7 @@ impl InitError {
     /// The `errorType` posted to `/init/error`.
     pub fn error_type(&self) -> &'static str {
         match self {
-            InitError::NoSpec | InitError::Spec(_) => "Projector.InvalidSpec",
+            InitError::Spec(_) => "Projector.InvalidSpec",
             InitError::Margin(_) | InitError::Consumer(_) => "Projector.InvalidConfiguration",
             InitError::NotInLambda(_) => "Projector.NotInLambda",
             InitError::Aws(_) => "Projector.AwsConfiguration",
@@ -136,7 +133,7 @@ pub fn run() -> anyhow::Result<()> {
         }
     };
     tracing::info!(
-        specs = %handler.specs.source,
+        specs = if handler.registered.is_some() { "registered for each table" } else { handler.specs.source.as_str() },
         tables = handler.specs.specs().len(),
         table = handler.table.as_deref().unwrap_or("(from each event)"),
         "ready"
@@ -164,8 +161,7 @@ async fn init() -> Result<Handler, InitError> {
     }
     let spec_path = std::env::var_os(SPEC_VAR)
         .filter(|path| !path.is_empty())
-        .map(PathBuf::from)
-        .ok_or(InitError::NoSpec)?;
+        .map(PathBuf::from);
     let margin = match std::env::var(MARGIN_VAR) {
         Ok(text) => text
             .trim()
@@ -180,6 +176,9 @@ async fn init() -> Result<Handler, InitError> {
             Some(crate::dynamo::names::parse_consumer(&name).map_err(InitError::Consumer)?)
         }
         _ => None,
+    };
+    let Some(spec_path) = spec_path else {
+        return init_registered(process_started, margin, table, consumer).await;
     };
     let mut specs = SpecSet::load(&spec_path).map_err(InitError::Spec)?;
     if let Ok(map) = std::env::var(TABLE_NAMES_VAR) {
@@ -202,25 +201,7 @@ async fn init() -> Result<Handler, InitError> {
             }])));
         }
     }
-    let config = crate::dynamo::client::load_config()
-        .await
-        .map_err(|error| InitError::Aws(format!("{error:#}")))?;
-    // The applier retries every call itself, bounded by the invocation's
-    // deadline.
-    let client = crate::dynamo::client::dynamodb_within_deadline(&config);
-    // On a global table, which region projects (see `crate::global`):
-    // refused here when the table is known and has no usable home region;
-    // a table named by each event is checked when first seen.
-    let region = config.region().map(|r| r.to_string()).unwrap_or_default();
-    let home = std::env::var(crate::global::HOME_REGION_VAR)
-        .ok()
-        .filter(|h| !h.trim().is_empty());
-    let writers = crate::global::Writers::from_flag(
-        std::env::var(crate::global::WRITERS_IN_HOME_VAR)
-            .ok()
-            .as_deref(),
-    );
-    let regions = handler::Regions::new(region, home, writers);
+    let (client, regions) = clients().await?;
     if let Some(table) = &table {
         let spec = specs.for_table(table).expect("checked above");
         match regions.role(&client, table, spec).await {
@@ -232,9 +213,6 @@ async fn init() -> Result<Handler, InitError> {
             }
         }
     }
-    let namespace = std::env::var(NAMESPACE_VAR).unwrap_or_else(|_| metrics::NAMESPACE.to_string());
-    let function = std::env::var("AWS_LAMBDA_FUNCTION_NAME").unwrap_or_default();
-    let collector = metrics::install(&namespace, &function).map_err(InitError::Metrics)?;
     Ok(Handler {
         specs,
         client,
@@ -244,10 +222,72 @@ async fn init() -> Result<Handler, InitError> {
             consumer,
             ..ApplyConfig::default()
         },
-        metrics: Some(collector),
+        metrics: Some(collector()?),
         process_started,
         regions,
+        registered: None,
     })
+}
+
+/// Init without a spec file: the function serves the specs registered
+/// for each table (the unnamed consumer's).
+async fn init_registered(
+    process_started: std::time::SystemTime,
+    margin: Duration,
+    table: Option<String>,
+    consumer: Option<String>,
+) -> Result<Handler, InitError> {
+    if let Some(consumer) = consumer {
+        return Err(InitError::Consumer(format!(
+            "`{consumer}`: registrations are served by the table's unnamed consumer; a named consumer runs a spec file ({SPEC_VAR})"
+        )));
+    }
+    let (client, regions) = clients().await?;
+    let registered = handler::RegisteredSpecs::default();
+    if let Some(table) = &table {
+        // Read at init so that a table with no registry access fails here.
+        if let Err(error) = registered.spec(&client, table).await {
+            tracing::warn!(table, %error, "reading the registered specs failed at init");
+        }
+    }
+    Ok(Handler {
+        specs: SpecSet::compose(Vec::new()).expect("no spec composes"),
+        client,
+        table,
+        margin,
+        config: ApplyConfig::default(),
+        metrics: Some(collector()?),
+        process_started,
+        regions,
+        registered: Some(registered),
+    })
+}
+
+/// The DynamoDB client (its retries bounded by the invocation's deadline
+/// by the applier) and the function's regions (see `crate::global`: a
+/// global table's home region is checked when a table is first seen).
+async fn clients() -> Result<(aws_sdk_dynamodb::Client, handler::Regions), InitError> {
+    let config = crate::dynamo::client::load_config()
+        .await
+        .map_err(|error| InitError::Aws(format!("{error:#}")))?;
+    let client = crate::dynamo::client::dynamodb_within_deadline(&config);
+    let region = config.region().map(|r| r.to_string()).unwrap_or_default();
+    let home = std::env::var(crate::global::HOME_REGION_VAR)
+        .ok()
+        .filter(|h| !h.trim().is_empty());
+    let writers = crate::global::Writers::from_flag(
+        std::env::var(crate::global::WRITERS_IN_HOME_VAR)
+            .ok()
+            .as_deref(),
+    );
+    Ok((client, handler::Regions::new(region, home, writers)))
+}
+
+/// The EMF metrics recorder.
+fn collector() -> Result<&'static metrics_cloudwatch_embedded::Collector, InitError> {
+    let namespace = std::env::var(NAMESPACE_VAR).unwrap_or_else(|_| metrics::NAMESPACE.to_string());
+    let function = std::env::var("AWS_LAMBDA_FUNCTION_NAME").unwrap_or_default();
+    metrics::install(&namespace, &function).map_err(InitError::Metrics)
 }
 
 /// Posts an init failure to `/2018-06-01/runtime/init/error`, so that Lambda

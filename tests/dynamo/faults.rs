@@ -809,6 +809,7 @@ async fn the_lambda_handler_converges_under_every_fault() {
         config: apply_config(),
         metrics: None,
         process_started: std::time::SystemTime::now(),
+        registered: None,
         regions: Default::default(),
     };
     let users = social_users(16);

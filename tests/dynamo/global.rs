@@ -96,6 +96,7 @@ async fn handler(table: &str, replicas: Replicas, region: &str, home: Option<&st
         config: ApplyConfig::default(),
         metrics: None,
         process_started: SystemTime::now(),
+        registered: None,
         regions: Regions::new(
             region.to_string(),
             home.map(str::to_string),

@@ -1432,6 +1432,7 @@ async fn a_runner_refused_for_a_stale_layout_lays_the_spec_out_again_at_once() {
                     dynamodb: aws_sdk_dynamodb::Client::new(&config),
                     config,
                     consumer: None,
+                    registered: None,
                 };
                 let deployment = ddb_projector::global::Deployment::default();
                 let run = ddb_projector::global::run_stream(
@@ -1508,6 +1509,7 @@ async fn a_lambda_refused_for_a_stale_layout_lays_the_spec_out_again_for_the_red
         },
         metrics: None,
         process_started: std::time::SystemTime::now(),
+        registered: None,
         regions: Regions::new(
             "us-east-1".to_string(),
             None,

@@ -359,6 +359,7 @@ async fn one_lambda_handler_routes_each_table_to_its_spec() {
         config: ApplyConfig::default(),
         metrics: None,
         process_started: SystemTime::now(),
+        registered: None,
         regions: Default::default(),
     };
 

@@ -729,6 +729,7 @@ async fn a_bisected_batch_sent_again_never_shows_the_past() {
         config: Default::default(),
         metrics: None,
         process_started: std::time::SystemTime::now(),
+        registered: None,
         regions: Default::default(),
     };
     let mut invocations = 0;
