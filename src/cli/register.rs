@@ -5,7 +5,7 @@
 use std::io::Write;
 use std::path::Path;
 
-use super::{OutputFormat, Outcome};
+use super::{Outcome, OutputFormat};
 use crate::control::{Change, Planned, RegisterError, Registration, Registrations};
 
 /// Who makes a change: `--by`, else the OS user.
@@ -61,11 +61,10 @@ pub async fn register(
         Err(error) => anyhow::bail!("cannot read the spec file {label}: {error}"),
     };
     let registrations = open(&table, None).await?;
-    let service =
-        match crate::control::admit(&label, &text, &table, registrations.keys()) {
-            Ok(service) => service,
-            Err(problems) => return Ok(refused("register", &problems)),
-        };
+    let service = match crate::control::admit(&label, &text, &table, registrations.keys()) {
+        Ok(service) => service,
+        Err(problems) => return Ok(refused("register", &problems)),
+    };
     // The worker will run the spec; the home region's guard judges it.
     let guard_spec = match toml::from_str::<crate::spec::raw::RawSpec>(&text) {
         Ok(mut raw) => {
@@ -95,7 +94,10 @@ pub async fn register(
         by: who(by),
         dry_run,
     };
-    finish(crate::control::register(&registrations, &change).await, format)
+    finish(
+        crate::control::register(&registrations, &change).await,
+        format,
+    )
 }
 
 /// `unregister --service NAME --table T`.
@@ -122,7 +124,10 @@ pub async fn unregister(
         by: who(by),
         dry_run,
     };
-    finish(crate::control::register(&registrations, &change).await, format)
+    finish(
+        crate::control::register(&registrations, &change).await,
+        format,
+    )
 }
 
 fn refused(verb: &str, problems: &[String]) -> Outcome {
@@ -134,10 +139,7 @@ fn refused(verb: &str, problems: &[String]) -> Outcome {
     Outcome::Found
 }
 
-fn finish(
-    result: Result<Planned, RegisterError>,
-    format: OutputFormat,
-) -> anyhow::Result<Outcome> {
+fn finish(result: Result<Planned, RegisterError>, format: OutputFormat) -> anyhow::Result<Outcome> {
     let planned = match result {
         Ok(planned) => planned,
         Err(RegisterError::Refused(problems)) => return Ok(refused("register", &problems)),
@@ -166,7 +168,13 @@ fn print_planned(out: &mut impl Write, p: &Planned) -> std::io::Result<()> {
     if p.projections.is_empty() {
         writeln!(out, "  no projection changes")?;
     } else {
-        let width = p.projections.iter().map(|r| r.name.len()).max().unwrap_or(0).max(10);
+        let width = p
+            .projections
+            .iter()
+            .map(|r| r.name.len())
+            .max()
+            .unwrap_or(0)
+            .max(10);
         let service_width = p
             .projections
             .iter()

@@ -65,10 +65,10 @@ pub use backfill::{
 };
 pub use layout::{current_layout, layout_refusals, relaid, CounterLayout, OldVersion};
 pub use leases::{ApplierControl, Leases};
-pub use registry::{ClaimOutcome, Completion, Registry, LEASES_VERSION};
 pub use register::{
     admit, empty_spec, register, Change, Planned, PlannedProjection, RegisterError, Stored,
 };
+pub use registry::{ClaimOutcome, Completion, Registry, LEASES_VERSION};
 pub use services::{
     check_service_name, compose_texts, Registered, Registration, Registrations, Written,
     MAX_SPEC_BYTES,
@@ -214,7 +214,10 @@ pub fn registry_poll() -> std::time::Duration {
         .ok()
         .and_then(|s| s.parse::<f64>().ok())
         .filter(|s| *s > 0.0 && s.is_finite())
-        .map_or(std::time::Duration::from_secs(10), std::time::Duration::from_secs_f64)
+        .map_or(
+            std::time::Duration::from_secs(10),
+            std::time::Duration::from_secs_f64,
+        )
 }
 
 /// Waits until `table`'s registry moves past `version`, then returns the
@@ -248,7 +251,11 @@ pub async fn next_registration(
         let composed = match registered_spec(client, table).await {
             Ok(composed) => composed,
             Err(error) => {
-                tracing::error!(error = format!("{error:#}"), table, "the new registration cannot be served: serving the last one");
+                tracing::error!(
+                    error = format!("{error:#}"),
+                    table,
+                    "the new registration cannot be served: serving the last one"
+                );
                 if let Ok(registrations) = Registrations::of_table(client, table).await {
                     if let Ok((now, _)) = registrations.version().await {
                         skipped = now;

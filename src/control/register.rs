@@ -376,10 +376,7 @@ async fn plan(
             next,
         });
     }
-    let previous_version = registered
-        .services
-        .get(service)
-        .map_or(0, |r| r.version);
+    let previous_version = registered.services.get(service).map_or(0, |r| r.version);
     Ok(Planned {
         table: table.to_string(),
         service: service.to_string(),
@@ -413,8 +410,12 @@ pub fn empty_spec(table: &str, keys: (&str, Option<&str>)) -> Spec {
         },
         ..RawSpec::default()
     };
-    Spec::compile(raw, &format!("the registry of `{table}` (nothing registered)"), Vec::new())
-        .expect("a spec of keys alone compiles")
+    Spec::compile(
+        raw,
+        &format!("the registry of `{table}` (nothing registered)"),
+        Vec::new(),
+    )
+    .expect("a spec of keys alone compiles")
 }
 
 #[cfg(test)]
@@ -450,7 +451,10 @@ mod tests {
         assert!(big[0].contains("at most 350 KB"), "{big:?}");
         let spaced = social().replace("\"social-service\"", "\"social service\"");
         let spaced = admit("n.toml", &spaced, "SocialServiceTable", keys).unwrap_err();
-        assert!(spaced[0].contains("\"social service\" cannot be registered"), "{spaced:?}");
+        assert!(
+            spaced[0].contains("\"social service\" cannot be registered"),
+            "{spaced:?}"
+        );
     }
 
     #[test]

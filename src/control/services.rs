@@ -7,7 +7,10 @@
 //! (`_ddbp#svc#<service>`): a service team's role can be scoped to it with
 //! `dynamodb:LeadingKeys`. What every registration must touch is one
 //! shared item (`_ddbp#registry`), which holds no spec text: the table's
-//! registry version and the names of the services registered. A
+//! registry version (`version`, `lastBy`) and, for each registered
+//! service, an attribute of its own (`s#<service>`, its current version),
+//! so that `dynamodb:Attributes` can keep a team's role off the other
+//! services' attributes (`infra/service-team-policy.json`). A
 //! registration writes, in one `TransactWriteItems` conditioned on the
 //! registry version it composed against, the service's new version, its
 //! `current` item and the shared item's next version: two registrations
@@ -36,6 +39,9 @@ const CURRENT: &str = "current";
 
 /// The sort key of the shared item.
 const SHARED: &str = "registry";
+
+/// The prefix of a registered service's attribute on the shared item.
+const SERVICE_ATTRIBUTE: &str = "s#";
 
 /// One version of a service's registration.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -93,7 +99,10 @@ impl Registered {
             }
         }
         if let Some((service, Some(text))) = replace {
-            texts.push((format!("service `{service}` (to register)"), text.to_string()));
+            texts.push((
+                format!("service `{service}` (to register)"),
+                text.to_string(),
+            ));
         }
         compose_texts(table, &texts)
     }
@@ -182,7 +191,10 @@ impl Registrations {
 
     /// The registrations of `table`, its key attributes read from the
     /// table's description.
-    pub async fn of_table(client: &aws_sdk_dynamodb::Client, table: &str) -> anyhow::Result<Registrations> {
+    pub async fn of_table(
+        client: &aws_sdk_dynamodb::Client,
+        table: &str,
+    ) -> anyhow::Result<Registrations> {
         let described = crate::dynamo::client::describe_table(client, table).await?;
         let pk = described.partition_key;
         let sk = described.sort_key;
@@ -212,7 +224,10 @@ impl Registrations {
     fn fatal(&self, what: &str, error: impl std::error::Error + 'static) -> ApplyError {
         ApplyError::Fatal {
             table: self.table.clone(),
-            message: format!("{what} the service registrations: {}", retry_describe(&error)),
+            message: format!(
+                "{what} the service registrations: {}",
+                retry_describe(&error)
+            ),
         }
     }
 
@@ -244,7 +259,10 @@ impl Registrations {
         Registrations::service_pk(service)
     }
 
-    async fn get(&self, key: HashMap<String, Av>) -> Result<Option<HashMap<String, Av>>, ApplyError> {
+    async fn get(
+        &self,
+        key: HashMap<String, Av>,
+    ) -> Result<Option<HashMap<String, Av>>, ApplyError> {
         let output = self
             .client
             .get_item()
@@ -263,10 +281,11 @@ impl Registrations {
             return Ok((0, BTreeSet::new()));
         };
         let version = number(&item, "version").unwrap_or(0);
-        let names = match item.get("services") {
-            Some(Av::Ss(names)) => names.iter().cloned().collect(),
-            _ => BTreeSet::new(),
-        };
+        let names = item
+            .keys()
+            .filter_map(|name| name.strip_prefix(SERVICE_ATTRIBUTE))
+            .map(str::to_string)
+            .collect();
         Ok((version, names))
     }
 
@@ -354,7 +373,9 @@ impl Registrations {
                     let (current, _) = self.current_version(service).await?;
                     for version in 1..=current {
                         if let Some(item) = self
-                            .get(self.key(&Registrations::service_pk(service), &version_sk(version)))
+                            .get(
+                                self.key(&Registrations::service_pk(service), &version_sk(version)),
+                            )
                             .await?
                         {
                             out.extend(parse(&item));
@@ -427,25 +448,30 @@ impl Registrations {
             .set_item(Some(item(CURRENT)))
             .build()
             .expect("table and item are set");
-        let change = if text.is_some() { "ADD" } else { "DELETE" };
-        let shared = Update::builder()
+        let update = if text.is_some() {
+            "SET #v = :next, #by = :by, #s = :me"
+        } else {
+            "SET #v = :next, #by = :by REMOVE #s"
+        };
+        let mut shared = Update::builder()
             .table_name(&self.table)
             .set_key(Some(self.key(REGISTRY_PK, SHARED)))
-            .update_expression(format!("SET #v = :next, #by = :by {change} #s :me"))
+            .update_expression(update)
             .condition_expression(if expected == 0 {
                 "attribute_not_exists(#v) OR #v = :expected"
             } else {
                 "#v = :expected"
             })
             .expression_attribute_names("#v", "version")
-            .expression_attribute_names("#s", "services")
+            .expression_attribute_names("#s", format!("{SERVICE_ATTRIBUTE}{service}"))
             .expression_attribute_names("#by", "lastBy")
             .expression_attribute_values(":next", Av::N(registry_version.to_string()))
             .expression_attribute_values(":expected", Av::N(expected.to_string()))
-            .expression_attribute_values(":me", Av::Ss(vec![service.to_string()]))
-            .expression_attribute_values(":by", Av::S(by.to_string()))
-            .build()
-            .expect("table, key and expression are set");
+            .expression_attribute_values(":by", Av::S(by.to_string()));
+        if text.is_some() {
+            shared = shared.expression_attribute_values(":me", Av::N(version.to_string()));
+        }
+        let shared = shared.build().expect("table, key and expression are set");
         let sent = self
             .client
             .transact_write_items()
@@ -526,7 +552,8 @@ mod tests {
     #[test]
     fn registered_specs_describe_the_table_they_are_registered_in() {
         let text = std::fs::read_to_string(
-            std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("projections/social-service.toml"),
+            std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+                .join("projections/social-service.toml"),
         )
         .unwrap();
         let spec = compose_texts("Social-staging", &[("s".into(), text)])

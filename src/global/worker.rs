@@ -132,7 +132,8 @@ pub async fn run_stream(
         let reregistered = async {
             match registered {
                 Some(version) => {
-                    let next = crate::control::next_registration(&c.dynamodb, &c.table, version).await;
+                    let next =
+                        crate::control::next_registration(&c.dynamodb, &c.table, version).await;
                     *relaid.lock().expect("layout lock") = Some(next);
                 }
                 None => std::future::pending().await,

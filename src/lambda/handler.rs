@@ -369,7 +369,12 @@ impl RegisteredSpecs {
         client: &aws_sdk_dynamodb::Client,
         table: &str,
     ) -> Result<Arc<Spec>, String> {
-        let cached = self.tables.lock().expect("not poisoned").get(table).cloned();
+        let cached = self
+            .tables
+            .lock()
+            .expect("not poisoned")
+            .get(table)
+            .cloned();
         if let Some(served) = &cached {
             if served.checked.elapsed() < crate::control::registry_poll() {
                 return Ok(served.spec.clone());

@@ -133,7 +133,11 @@ pub fn run() -> anyhow::Result<()> {
         }
     };
     tracing::info!(
-        specs = if handler.registered.is_some() { "registered for each table" } else { handler.specs.source.as_str() },
+        specs = if handler.registered.is_some() {
+            "registered for each table"
+        } else {
+            handler.specs.source.as_str()
+        },
         tables = handler.specs.specs().len(),
         table = handler.table.as_deref().unwrap_or("(from each event)"),
         "ready"

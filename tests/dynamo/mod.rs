@@ -17,6 +17,7 @@ mod model;
 mod oracle;
 mod properties;
 mod recover;
+mod register;
 mod registry;
 mod replay;
 mod replication;
