@@ -1792,3 +1792,134 @@ async fn lambda_audits_segments_in_slices_and_merges_them_once() {
     assert!(audit_runs(&function, "clean") >= 1, "{:#?}", function.emf());
     eprintln!("lambda_audits_segments_in_slices: {:?}", started.elapsed());
 }
+
+/// `register --spec` of a shipped spec, its `[table] name` set to `table`
+/// (`edit` changes the text first).
+fn register_shipped(name: &str, table: &str, edit: impl Fn(String) -> String) {
+    let text = std::fs::read_to_string(spec_path(name)).unwrap();
+    let spec_table = text
+        .lines()
+        .find_map(|line| line.strip_prefix("name = \""))
+        .and_then(|rest| rest.strip_suffix('"'))
+        .unwrap()
+        .to_string();
+    let text = edit(text.replace(
+        &format!("name = \"{spec_table}\""),
+        &format!("name = \"{table}\""),
+    ));
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join(name);
+    std::fs::write(&path, text).unwrap();
+    let output = std::process::Command::new(support::binary())
+        .args([
+            "register",
+            "--spec",
+            path.to_str().unwrap(),
+            "--table",
+            table,
+        ])
+        .envs(support::env())
+        .env("RUST_LOG", "warn")
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    assert!(
+        output.status.success(),
+        "register: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+}
+
+#[tokio::test]
+async fn lambda_without_a_spec_serves_each_tables_registration_and_routes_each_record() {
+    let started = Instant::now();
+    let client = support::client().await;
+    let users = support::fresh_table(
+        &client,
+        &support::shipped_spec("user-service.toml"),
+        "lambda-reg-u",
+    )
+    .await;
+    let social = support::fresh_table(
+        &client,
+        &support::shipped_spec("social-service.toml"),
+        "lambda-reg-s",
+    )
+    .await;
+    register_shipped("user-service.toml", &users, |t| t);
+    register_shipped("social-service.toml", &social, |t| t);
+    write_users(&client, &users, &["u1"]).await;
+    put(
+        &client,
+        &social,
+        support::item(&[
+            ("PK", s("USER#a")),
+            ("SK", s("FOLLOWS#b")),
+            ("followedAt", s("2026-11-28")),
+        ]),
+    )
+    .await;
+    let user_records = stream_records(&client, &users).await;
+    let social_records = stream_records(&client, &social).await;
+    let api = RuntimeApi::start().await;
+    // No PROJECTOR_SPEC, no PROJECTOR_TABLE: each table's registration.
+    let function = Function::start(
+        support::binary(),
+        &api,
+        &[
+            ("PROJECTOR_REGISTRY_POLL_SECONDS", "0.2".to_string()),
+            ("PROJECTOR_LEASE_SECONDS", "1".to_string()),
+        ],
+    );
+    api.ready().await;
+
+    // A hand-made pipeline's batch: a social follow, then a user's items.
+    let mixed: Vec<Value> = social_records
+        .iter()
+        .chain(&user_records)
+        .cloned()
+        .collect();
+    let outcome = api.invoke_event(&event(&mixed), GENEROUS).await;
+    let failed = failures(&outcome);
+    assert_eq!(
+        failed,
+        vec![seq(&user_records[0]).to_string()],
+        "the other table's first record is reported, to come again"
+    );
+    assert!(
+        support::get(&client, &social, "USER#b", "FOLLOWED_BY#a")
+            .await
+            .is_some(),
+        "the follow is applied under the social registration"
+    );
+    assert!(untouched(&client, &users, "u1").await, "nothing of u1 yet");
+    let again = api
+        .invoke_event(&event(&from_seq(&mixed, &failed[0])), GENEROUS)
+        .await;
+    assert!(failures(&again).is_empty());
+    check_user(&client, &users, "u1").await.unwrap();
+
+    // A new registration is served without a restart or a redeploy.
+    register_shipped("user-service.toml", &users, |t| {
+        t.replace("GSI1SK = \"USER#{userId}\"", "GSI1SK = \"U#{userId}\"")
+    });
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    let seen = user_records.len();
+    write_users(&client, &users, &["u2"]).await;
+    let fresh: Vec<Value> = stream_records(&client, &users).await[seen..].to_vec();
+    let outcome = api.invoke_event(&event(&fresh), GENEROUS).await;
+    assert!(failures(&outcome).is_empty());
+    let item = support::get(&client, &users, "USER#u2", "EMAIL#e1")
+        .await
+        .unwrap();
+    assert_eq!(
+        support::text(&item, "GSI1SK").as_deref(),
+        Some("U#u2"),
+        "the second registration's definition"
+    );
+    drop(function);
+    eprintln!(
+        "timing: lambda registry took {:.1} s",
+        started.elapsed().as_secs_f64()
+    );
+}
