@@ -143,7 +143,7 @@ pub fn admit(
             "{label}: the spec describes table `{}`, not `{table}`: register it into `{}`, or set {}={}={table} when one spec serves tables of other names",
             raw.table.name,
             raw.table.name,
-            crate::lambda::TABLE_NAMES_VAR,
+            crate::dynamo::names::TABLE_NAMES_VAR,
             raw.table.name
         ));
     }
@@ -166,7 +166,7 @@ pub fn admit(
 
 /// The actual name `PROJECTOR_TABLE_NAMES` gives the table a spec names.
 fn renamed_table(name: &str) -> Option<String> {
-    let map = std::env::var(crate::lambda::TABLE_NAMES_VAR).ok()?;
+    let map = std::env::var(crate::dynamo::names::TABLE_NAMES_VAR).ok()?;
     map.split(',').find_map(|entry| {
         let (from, to) = entry.split_once('=')?;
         (from.trim() == name).then(|| to.trim().to_string())

@@ -28,6 +28,11 @@ pub const REGISTRY_PK: &str = "_ddbp#registry";
 /// team's role can be scoped to with `dynamodb:LeadingKeys`.
 pub const SERVICE_PK_PREFIX: &str = "_ddbp#svc#";
 
+/// The actual names of the tables specs describe, when they differ
+/// (`SPEC_TABLE=ACTUAL_TABLE,...`): read by the CLI, the Lambda and
+/// `register`.
+pub const TABLE_NAMES_VAR: &str = "PROJECTOR_TABLE_NAMES";
+
 /// The partition key of the stream runner's checkpoint items.
 pub const CHECKPOINT_PK: &str = "_ddbp#checkpoint";
 

@@ -325,10 +325,11 @@ impl<'de> Visitor<'de> for RecordsSeed {
                 (None, arn) if raw.is_empty() => {
                     event_source_arn = arn.map(|arn| arn.into_owned());
                 }
-                (Some(first), Some(arn)) if other_table.is_none() => {
-                    if table_from_stream_arn(first) != table_from_stream_arn(&arn) {
-                        other_table = Some((raw.len(), arn.into_owned()));
-                    }
+                (Some(first), Some(arn))
+                    if other_table.is_none()
+                        && table_from_stream_arn(first) != table_from_stream_arn(&arn) =>
+                {
+                    other_table = Some((raw.len(), arn.into_owned()));
                 }
                 _ => {}
             }

@@ -57,9 +57,7 @@ use crate::spec::{SpecErrors, SpecSet};
 pub const SPEC_VAR: &str = "PROJECTOR_SPEC";
 /// The table to write, overriding the event's.
 pub const TABLE_VAR: &str = "PROJECTOR_TABLE";
-/// The actual names of the tables the specs describe, when they differ
-/// (`SPEC_TABLE=ACTUAL_TABLE,...`).
-pub const TABLE_NAMES_VAR: &str = "PROJECTOR_TABLE_NAMES";
+pub use crate::dynamo::names::TABLE_NAMES_VAR;
 /// The stream consumer the function is, when several deployments with
 /// different specs share a table (see [`crate::apply::ApplyConfig::consumer`]).
 pub const CONSUMER_VAR: &str = "PROJECTOR_CONSUMER";
