@@ -1019,11 +1019,18 @@ async fn lambda_refuses_a_body_that_is_not_a_streams_event_and_writes_nothing() 
 #[tokio::test]
 async fn lambda_init_fails_clearly_without_a_usable_spec() {
     let started = Instant::now();
-    for (env, says) in [
-        (vec![], "PROJECTOR_SPEC is not set"),
+    for (env, says, kind) in [
+        // Without a spec file the function serves the registry, which a
+        // named consumer does not.
+        (
+            vec![("PROJECTOR_CONSUMER", "ads".to_string())],
+            "registrations are served by the table's unnamed consumer",
+            "Projector.InvalidConfiguration",
+        ),
         (
             vec![("PROJECTOR_SPEC", "/var/task/nope.toml".to_string())],
             "/var/task/nope.toml: cannot read the spec file",
+            "Projector.InvalidSpec",
         ),
     ] {
         let api = RuntimeApi::start().await;
@@ -1034,8 +1041,8 @@ async fn lambda_init_fails_clearly_without_a_usable_spec() {
             .expect("exit status");
         assert!(!status.success());
         let (error_type, body) = api.init_error().expect("an init error is posted");
-        assert_eq!(error_type.as_deref(), Some("Projector.InvalidSpec"));
-        assert_eq!(body["errorType"], "Projector.InvalidSpec");
+        assert_eq!(error_type.as_deref(), Some(kind));
+        assert_eq!(body["errorType"], kind);
         let message = body["errorMessage"].as_str().unwrap();
         assert!(message.contains(says), "{message}");
         assert!(api.first_next().is_none(), "no invocation is asked for");

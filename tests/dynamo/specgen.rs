@@ -8,7 +8,11 @@
 //! writes (items created, changed and deleted, some of them poison for a
 //! while). Phase 1 runs under v1 as Lambda delivers it (interleavings,
 //! batch sizes, crashes and bisection, redelivery); its dead letters are
-//! redriven. Then v2 is deployed while writers go on: the rest of the
+//! redriven. v1 and v2 reach the workers through `register` (stored in
+//! the table's registry, read back and composed, which must serve the
+//! spec the text compiles to), and v2's registration plan must name every
+//! projection the test's own `needed` says must be backfilled as not live,
+//! and every dropped one as retired. Then v2 is deployed while writers go on: the rest of the
 //! stream is delivered to v2's worker, and at the same time a backfill of
 //! what changed (and of random other projections) runs, crashing and
 //! resuming; a replay of a random selection of projections over a tail of
@@ -1083,6 +1087,44 @@ async fn plant_drift(
     }
 }
 
+/// Registers `text` (a generated spec, for `table`) as a team's CI does,
+/// and returns the spec the registry serves, which must be the one the
+/// text compiles to, and the registration's plan.
+async fn register(
+    registrations: &control::Registrations,
+    table: &str,
+    text: &str,
+    compiled: &Spec,
+) -> Result<(Arc<Spec>, control::Planned), TestCaseError> {
+    let text = text.replace("name = \"Generated\"", &format!("name = \"{table}\""));
+    let planned = control::register(
+        registrations,
+        &control::Change {
+            table: table.to_string(),
+            text: Some(("generated.toml".to_string(), text)),
+            service: None,
+            by: "specgen".to_string(),
+            dry_run: false,
+        },
+    )
+    .await
+    .map_err(|error| TestCaseError::fail(format!("register: {error:?}")))?;
+    prop_assert!(
+        planned.stored.is_some() || planned.unchanged,
+        "{:?}",
+        planned
+    );
+    let (served, _) = control::registered_spec(registrations.client(), table)
+        .await
+        .map_err(|error| TestCaseError::fail(format!("registered spec: {error:#}")))?;
+    prop_assert_eq!(
+        served.projections_fingerprint(),
+        compiled.projections_fingerprint(),
+        "the registry serves another spec than the text"
+    );
+    Ok((Arc::new(served), planned))
+}
+
 async fn case(specs: &Specs, plan: &Plan) -> Result<(), TestCaseError> {
     let (v1, toml1) = compile(&specs.v1, "v1.toml");
     let (v2, toml2) = compile(&specs.v2, "v2.toml");
@@ -1098,6 +1140,12 @@ async fn case(specs: &Specs, plan: &Plan) -> Result<(), TestCaseError> {
     let worker1 = control::stream_consumer(client.clone(), v1.clone(), &table, config.clone());
     let filler1 = control::applier(client.clone(), v1.clone(), &table, config.clone());
     let registry = Registry::new(client.clone(), &table, &v2.table);
+    // v1 and v2 reach the workers as a service team's CI registers them:
+    // stored in the table's registry, read back and composed.
+    let registrations = control::Registrations::of_table(&client, &table)
+        .await
+        .map_err(|error| TestCaseError::fail(format!("registrations: {error:#}")))?;
+    let (v1, _) = register(&registrations, &table, &toml1, &v1).await?;
     let mut history = History::default();
     play(&mut history, &plan.phase1);
     let phase1 = history.records.len();
@@ -1198,10 +1246,39 @@ async fn case(specs: &Specs, plan: &Plan) -> Result<(), TestCaseError> {
         check_live(&client, &table, &v1, "after phase 1's backfill").await?;
         writer.written = phase1;
 
-        // Phase 2: v2 deployed, laid out as every process lays it out: a
+        // Phase 2: v2 registered, laid out as every process lays it out: a
         // changed counter is built beside the version readers read, which
         // the worker keeps current. Its worker takes the rest of the stream
-        // while a backfill of what changed runs beside it.
+        // while a backfill of what changed runs beside it. The
+        // registration's plan names, as the lifecycle will, every
+        // projection that must be backfilled as not live.
+        let (v2, planned) = register(&registrations, &table, &toml2, &v2).await?;
+        let needed: BTreeSet<String> = specs
+            .needed()
+            .into_iter()
+            .filter(|name| v2.projection_id(name).is_some())
+            .collect();
+        for name in &needed {
+            let row = planned.projections.iter().find(|p| &p.name == name);
+            prop_assert!(
+                row.is_some_and(|row| row.state != "live" && row.next.is_some()),
+                "register's plan says nothing is needed of `{}`: {:?}",
+                name,
+                row
+            );
+        }
+        for p in &specs.v1 {
+            if v2.projection_id(&p.name()).is_none() {
+                prop_assert!(
+                    planned
+                        .projections
+                        .iter()
+                        .any(|row| row.name == p.name() && row.change == "retired"),
+                    "register's plan does not retire `{}`",
+                    p.name()
+                );
+            }
+        }
         let (laid2, layouts2) = registry
             .layout(&v2)
             .await
