@@ -12,7 +12,7 @@ use futures::future::BoxFuture;
 
 use super::layout::layout_is_stale;
 use super::registry::{
-    lease_names, number, parse_leases, Registry, APPLIED, LEASES, LEASES_VERSION,
+    lease_names, number, parse_leases, Registry, APPLIED, HOLDER_PREFIX, LEASES, LEASES_VERSION,
 };
 use super::status::{hex, Applied, WITHOUT};
 use crate::apply::{ApplyConfig, ApplyError, Control, CounterVersion};
@@ -33,6 +33,9 @@ pub struct Leases {
     /// The consumer's name (`--consumer`), recorded with its spec.
     name: Option<String>,
     length: Duration,
+    /// This process's id for these leases (`h#<holder>` items): who else
+    /// may still write is what giving leases back asks.
+    holder: String,
     state: tokio::sync::Mutex<LeaseState>,
     /// The last change each projection applied, and when it was last
     /// recorded.
@@ -49,6 +52,29 @@ struct LeaseState {
 }
 
 type LeaseKey = (String, u64, bool, Option<String>);
+
+/// Every set of leases this process holds, by table, definition and role.
+fn all() -> &'static StdMutex<HashMap<LeaseKey, Arc<Leases>>> {
+    static ALL: OnceLock<StdMutex<HashMap<LeaseKey, Arc<Leases>>>> = OnceLock::new();
+    ALL.get_or_init(Default::default)
+}
+
+/// What giving leases back did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum GaveBack {
+    /// The leases now end when they were given back.
+    Ended {
+        /// Lease attributes moved back to now.
+        leases: usize,
+    },
+    /// Another process still holds leases on the table (or the table has
+    /// no sort key to record holders under): this process's leases run to
+    /// their end.
+    Kept {
+        /// Why.
+        why: String,
+    },
+}
 
 /// One attribute a renewal sets.
 enum Set {
@@ -73,17 +99,13 @@ impl Leases {
         name: Option<&str>,
         length: Duration,
     ) -> Arc<Leases> {
-        static ALL: OnceLock<StdMutex<HashMap<LeaseKey, Arc<Leases>>>> = OnceLock::new();
         let key = (
             table.to_string(),
             spec.projections_fingerprint(),
             consumer,
             name.map(str::to_string),
         );
-        let mut all = ALL
-            .get_or_init(Default::default)
-            .lock()
-            .expect("leases lock");
+        let mut all = all().lock().expect("leases lock");
         all.entry(key)
             .or_insert_with(|| {
                 Arc::new(Leases {
@@ -92,6 +114,15 @@ impl Leases {
                     consumer,
                     name: name.map(str::to_string),
                     length,
+                    holder: format!(
+                        "{:016x}",
+                        crate::schema::fingerprint(&format!(
+                            "{}:{:?}:{}",
+                            std::process::id(),
+                            std::time::SystemTime::now(),
+                            Arc::as_ptr(spec) as usize
+                        ))
+                    ),
                     state: tokio::sync::Mutex::new(LeaseState::default()),
                     applied: StdMutex::new((HashMap::new(), None)),
                 })
@@ -311,6 +342,242 @@ impl Leases {
         Ok(())
     }
 
+    /// Records that this holder may write until `until` (ms).
+    async fn hold(&self, until: u64) -> Result<(), String> {
+        let mut item = self
+            .registry
+            .key(&format!("{HOLDER_PREFIX}{}", self.holder));
+        item.insert("until".to_string(), Av::N(until.to_string()));
+        item.insert("untilAt".to_string(), Av::S(iso(until)));
+        // Read by the table's TTL, when the spec names `expires`-like
+        // attributes it does not matter: holders are read by `until`.
+        item.insert("pid".to_string(), Av::N(std::process::id().to_string()));
+        self.registry
+            .client
+            .put_item()
+            .table_name(&self.registry.table)
+            .set_item(Some(item))
+            .send()
+            .await
+            .map(|_| ())
+            .map_err(|e| format!("recording the lease holder: {}", retry_describe(&e)))
+    }
+
+    /// The lease attributes this holder has written (all of them for a
+    /// stream consumer, the projections written for another writer).
+    fn attributes(&self, until: &HashMap<ProjectionId, u64>) -> Vec<String> {
+        let ids: Vec<ProjectionId> = if self.consumer {
+            (0..self.spec.projections.len()).collect()
+        } else {
+            until.keys().copied().collect()
+        };
+        let mut out = Vec::new();
+        for id in ids {
+            let projection = &self.spec.projections[id];
+            let [w, c, _, _] = lease_names(&hex(projection.fingerprint), &projection.name);
+            out.push(w);
+            if self.consumer {
+                out.push(c);
+            }
+        }
+        if self.consumer && !self.spec.projections.is_empty() {
+            out.push(format!("C#{}", self.consumer_fingerprint()));
+        }
+        out
+    }
+
+    fn consumer_fingerprint(&self) -> String {
+        let mut fingerprint = hex(self.spec.projections_fingerprint());
+        if let Some(name) = &self.name {
+            fingerprint = format!("{fingerprint}@{name}");
+        }
+        fingerprint
+    }
+
+    /// Gives back every lease this process holds on `table`, except those
+    /// a stream consumer of `keep` (the spec it goes on with) holds: their
+    /// ends move back to now, so that a backfill waits for no writer that
+    /// stopped. Only when no other process holds a lease on the table
+    /// (its `h#` item runs past now, clock skew allowed) and none took one
+    /// anew since they were read (the leases' version, which every lease
+    /// taken anew moves, conditions the write); else they run to their
+    /// end, as before. The process must have stopped writing with them:
+    /// they are forgotten, and taken anew before any later write.
+    pub async fn give_back(
+        table: &str,
+        keep: Option<(&Arc<Spec>, Option<&str>)>,
+    ) -> Result<GaveBack, String> {
+        let mine: Vec<Arc<Leases>> = all()
+            .lock()
+            .expect("leases lock")
+            .iter()
+            .filter(|(key, _)| key.0 == table)
+            .map(|(_, leases)| leases.clone())
+            .collect();
+        let Some(first) = mine.first() else {
+            return Ok(GaveBack::Ended { leases: 0 });
+        };
+        let registry = &first.registry;
+        if !registry.keeps_holders() {
+            return Ok(GaveBack::Kept {
+                why: "a table without a sort key records no lease holders".to_string(),
+            });
+        }
+        let kept: std::collections::HashSet<String> = match keep {
+            Some((spec, name)) => {
+                let keeper = Leases {
+                    registry: registry.clone(),
+                    spec: spec.clone(),
+                    consumer: true,
+                    name: name.map(str::to_string),
+                    length: first.length,
+                    holder: String::new(),
+                    state: Default::default(),
+                    applied: StdMutex::new((HashMap::new(), None)),
+                };
+                keeper.attributes(&HashMap::new()).into_iter().collect()
+            }
+            None => Default::default(),
+        };
+        let mut holders = std::collections::HashSet::new();
+        let mut attributes = std::collections::BTreeSet::new();
+        for leases in &mine {
+            let state = leases.state.lock().await;
+            holders.insert(leases.holder.clone());
+            attributes.extend(
+                leases
+                    .attributes(&state.until)
+                    .into_iter()
+                    .filter(|a| !kept.contains(a)),
+            );
+        }
+        let mut result = None;
+        for _attempt in 0..4 {
+            let item = registry
+                .get(registry.key(LEASES))
+                .await
+                .map_err(|e| e.to_string())?
+                .unwrap_or_default();
+            let version = number(&item, LEASES_VERSION);
+            let now = now_ms();
+            let others = registry
+                .holders()
+                .await
+                .map_err(|e| e.to_string())?
+                .into_iter()
+                .filter(|(id, until)| {
+                    !holders.contains(id) && until.saturating_add(registry.skew_ms) >= now
+                })
+                .count();
+            // Holders long gone (a crashed runner, a Lambda environment
+            // that was shut down) are forgotten.
+            let gone = now.saturating_sub(registry.skew_ms + 3_600_000);
+            let stale: Vec<String> = registry
+                .holders()
+                .await
+                .map_err(|e| e.to_string())?
+                .into_iter()
+                .filter(|(id, until)| !holders.contains(id) && *until < gone)
+                .map(|(id, _)| id)
+                .take(25)
+                .collect();
+            for id in stale {
+                let _ = registry
+                    .client
+                    .delete_item()
+                    .table_name(&registry.table)
+                    .set_key(Some(registry.key(&format!("{HOLDER_PREFIX}{id}"))))
+                    .condition_expression("#u < :gone")
+                    .expression_attribute_names("#u", "until")
+                    .expression_attribute_values(":gone", Av::N(gone.to_string()))
+                    .send()
+                    .await;
+            }
+            if others > 0 {
+                result = Some(GaveBack::Kept {
+                    why: format!("{others} other holder(s) of leases on the table"),
+                });
+                break;
+            }
+            let lower: Vec<&String> = attributes
+                .iter()
+                .filter(|a| number(&item, a).is_some_and(|until| until > now))
+                .collect();
+            if lower.is_empty() {
+                result = Some(GaveBack::Ended { leases: 0 });
+                break;
+            }
+            let mut update = registry
+                .client
+                .update_item()
+                .table_name(&registry.table)
+                .set_key(Some(registry.key(LEASES)))
+                .expression_attribute_names("#ver", LEASES_VERSION)
+                .expression_attribute_values(":now", Av::N(now.to_string()));
+            let mut parts = Vec::new();
+            for (i, name) in lower.iter().enumerate() {
+                update = update.expression_attribute_names(format!("#a{i}"), name.as_str());
+                parts.push(format!("#a{i} = :now"));
+            }
+            update = match version {
+                Some(version) => update
+                    .condition_expression("#ver = :ver")
+                    .expression_attribute_values(":ver", Av::N(version.to_string())),
+                None => update.condition_expression("attribute_not_exists(#ver)"),
+            };
+            match update
+                .update_expression(format!("SET {}", parts.join(", ")))
+                .send()
+                .await
+            {
+                Ok(_) => {
+                    result = Some(GaveBack::Ended {
+                        leases: lower.len(),
+                    });
+                    break;
+                }
+                // A lease taken anew since: read again.
+                Err(error) if is_condition_failure(&error) => continue,
+                Err(error) => {
+                    return Err(format!(
+                        "giving the leases back: {}",
+                        retry_describe(&error)
+                    ))
+                }
+            }
+        }
+        // Forgotten: a later write takes its leases anew.
+        for leases in &mine {
+            let keep_this = keep.is_some_and(|(spec, name)| {
+                leases.consumer
+                    && leases.spec.projections_fingerprint() == spec.projections_fingerprint()
+                    && leases.name.as_deref() == name
+            });
+            if keep_this {
+                continue;
+            }
+            *leases.state.lock().await = LeaseState::default();
+            let _ = registry
+                .client
+                .delete_item()
+                .table_name(&registry.table)
+                .set_key(Some(
+                    registry.key(&format!("{HOLDER_PREFIX}{}", leases.holder)),
+                ))
+                .send()
+                .await;
+        }
+        let result = result.unwrap_or(GaveBack::Kept {
+            why: "the leases kept moving".to_string(),
+        });
+        metrics::counter!(
+            "projector_leases_given_back_total",
+            "outcome" => if matches!(result, GaveBack::Ended { .. }) { "ended" } else { "kept" }
+        )
+        .increment(1);
+        Ok(result)
+    }
+
     async fn store_spec(&self) -> Result<(), String> {
         let text = toml::to_string(&self.spec.raw)
             .map_err(|e| format!("cannot serialize the spec for the lifecycle registry: {e}"))?;
@@ -349,6 +616,11 @@ impl Leases {
         now: u64,
         anew: bool,
     ) -> Result<(), String> {
+        if self.registry.keeps_holders() {
+            // Before the lease: whoever gives leases back reads it, or
+            // sees this renewal move the leases' version.
+            self.hold(until).await?;
+        }
         let mut sets: Vec<Set> = Vec::new();
         let spec_key = self.spec_key();
         for &id in ids {

@@ -64,7 +64,7 @@ pub use backfill::{
     choose_projections, claim_run, open_letters, BackfillChoice, BackfillError, LettersError,
 };
 pub use layout::{current_layout, layout_refusals, relaid, CounterLayout, OldVersion};
-pub use leases::{ApplierControl, Leases};
+pub use leases::{ApplierControl, GaveBack, Leases};
 pub use register::{
     admit, empty_spec, register, Change, Planned, PlannedProjection, RegisterError, Stored,
 };

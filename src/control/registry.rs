@@ -28,6 +28,11 @@ use crate::spec::{old_version_of, storage_generation, ProjectionId, Spec, TableS
 /// vouched for it, so that no writer takes a lease unseen in between.
 pub const LEASES_VERSION: &str = "ver";
 
+/// The sort key prefix of a holder's item: `h#<holder>`, with `until`
+/// (ms), the latest end of any lease the holder (one process's leases for
+/// one spec and role) took.
+pub(super) const HOLDER_PREFIX: &str = "h#";
+
 /// How long a stream keeps its records: a consumer that ran nothing for
 /// longer is gone, and no longer checked against.
 const STREAM_RETENTION_MS: u64 = 24 * 3600 * 1000;
@@ -700,6 +705,48 @@ impl Registry {
     }
 
     /// The registry's item at `key`, read consistently.
+    /// Whether writers record themselves as holders (`h#<holder>` items):
+    /// a table with a sort key, whose registry partition can be queried.
+    pub(super) fn keeps_holders(&self) -> bool {
+        self.sk.is_some()
+    }
+
+    /// Every holder recorded: its id and until when (ms) it holds leases.
+    pub(super) async fn holders(&self) -> Result<Vec<(String, u64)>, ApplyError> {
+        let Some(sk) = &self.sk else {
+            return Ok(Vec::new());
+        };
+        let mut out = Vec::new();
+        let mut start = None;
+        loop {
+            let page = self
+                .client
+                .query()
+                .table_name(&self.table)
+                .consistent_read(true)
+                .key_condition_expression("#pk = :pk AND begins_with(#sk, :h)")
+                .expression_attribute_names("#pk", &self.pk)
+                .expression_attribute_names("#sk", sk)
+                .expression_attribute_values(":pk", Av::S(LIFECYCLE_PK.to_string()))
+                .expression_attribute_values(":h", Av::S(HOLDER_PREFIX.to_string()))
+                .set_exclusive_start_key(start)
+                .send()
+                .await
+                .map_err(|e| self.fatal("reading the holders of", e))?;
+            for item in page.items() {
+                if let (Some(Av::S(key)), Some(until)) = (item.get(sk), number(item, "until")) {
+                    if let Some(id) = key.strip_prefix(HOLDER_PREFIX) {
+                        out.push((id.to_string(), until));
+                    }
+                }
+            }
+            match page.last_evaluated_key() {
+                Some(key) if !key.is_empty() => start = Some(key.clone()),
+                _ => return Ok(out),
+            }
+        }
+    }
+
     pub(super) async fn get(
         &self,
         key: HashMap<String, Av>,

@@ -203,7 +203,12 @@ pub async fn run_stream(
                     }
                     None => {}
                 }
-                if let Some((laid, from)) = relaid.lock().expect("layout lock").take() {
+                let next = relaid.lock().expect("layout lock").take();
+                // Stopped cleanly: what it no longer writes is given back,
+                // so a backfill waits for no writer that stopped.
+                let keep = next.as_ref().map(|(laid, _)| Arc::new(laid.clone()));
+                give_back(c, keep.as_ref()).await;
+                if let Some((laid, from)) = next {
                     match from {
                         Some((version, composed)) => {
                             tracing::info!(
@@ -238,6 +243,27 @@ pub async fn run_stream(
                     error: error.into(),
                 });
             }
+        }
+    }
+}
+
+/// Gives back the leases this process holds on `c`'s table but those of a
+/// stream consumer of `keep` (see [`crate::control::Leases::give_back`]).
+async fn give_back(c: &Connection, keep: Option<&Arc<crate::spec::Spec>>) {
+    match crate::control::Leases::give_back(
+        &c.table,
+        keep.map(|spec| (spec, c.consumer.as_deref())),
+    )
+    .await
+    {
+        Ok(crate::control::GaveBack::Ended { leases }) => {
+            tracing::info!(table = c.table, leases, "leases given back")
+        }
+        Ok(crate::control::GaveBack::Kept { why }) => {
+            tracing::info!(table = c.table, why, "leases run to their end")
+        }
+        Err(error) => {
+            tracing::warn!(table = c.table, %error, "giving the leases back failed: they run to their end")
         }
     }
 }

@@ -1767,3 +1767,155 @@ async fn an_old_version_that_cannot_be_kept_is_read_as_it_was_until_the_switch()
     let value = user_counter(&client, &table, &laid, "followers", "b").await;
     assert_eq!(value, 3, "v2's count");
 }
+
+/// A CLI process with the default lease length (two minutes).
+fn cli_full_lease(args: &[&str]) -> Command {
+    let mut command = Command::new(support::binary());
+    command
+        .args(args)
+        .envs(support::env())
+        .env("RUST_LOG", "warn")
+        .env_remove("PROJECTOR_LEASE_SECONDS")
+        .stdin(Stdio::null());
+    command
+}
+
+/// The ends of the writers' leases of the projections (`w#...`), in ms.
+async fn consumer_leases(client: &aws_sdk_dynamodb::Client, table: &str) -> Vec<u64> {
+    let item = support::get(client, table, "_ddbp#lifecycle", "leases")
+        .await
+        .expect("the leases item");
+    item.iter()
+        .filter(|(name, _)| name.starts_with("w#"))
+        .filter_map(|(_, value)| match value {
+            aws_sdk_dynamodb::types::AttributeValue::N(n) => n.parse().ok(),
+            _ => None,
+        })
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_runner_that_stops_cleanly_gives_its_leases_back_unless_another_still_writes() {
+    let started = std::time::Instant::now();
+    let client = support::client().await;
+    let dir = tempfile::tempdir().unwrap();
+    let v1 = social_spec(dir.path(), "v1.toml", |t| t);
+    let v2 = social_spec(dir.path(), "v2.toml", |t| {
+        t.replace("copy = { followedAt = \"{followedAt}\" }\n", "")
+    });
+    let spec = Arc::new(Spec::from_file(&v1).unwrap());
+    let table = support::fresh_table(&client, &spec, "give-back").await;
+    for (a, b) in [("a", "b"), ("c", "b"), ("b", "d")] {
+        put_item(&client, &table, &follow(a, b, "2026-11-28")).await;
+    }
+    let (v1_arg, v2_arg) = (v1.to_str().unwrap(), v2.to_str().unwrap());
+
+    // Another process still writing v1 (the runner of another consumer
+    // with the same spec, which shares the projections' leases): a
+    // drained runner's leases stay, and the other's with them.
+    let mut other = cli_full_lease(&[
+        "run",
+        "--spec",
+        v1_arg,
+        "--table",
+        &table,
+        "--consumer",
+        "other",
+    ])
+    .stdout(Stdio::null())
+    .stderr(Stdio::null())
+    .spawn()
+    .unwrap();
+    let since = std::time::Instant::now();
+    while consumer_leases_or_none(&client, &table).await.is_empty() {
+        assert!(since.elapsed() < std::time::Duration::from_secs(30));
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    let drained = cli_full_lease(&["run", "--drain", "--spec", v1_arg, "--table", &table])
+        .output()
+        .unwrap();
+    assert!(drained.status.success(), "{}", stderr(&drained));
+    let now = ddb_projector::dynamo::time::now_ms();
+    let leases = consumer_leases(&client, &table).await;
+    assert!(
+        leases.iter().all(|until| *until > now + 60_000),
+        "another process still runs v1: its lease stays ({leases:?}, now {now})"
+    );
+    let _ = other.kill();
+    let _ = other.wait();
+
+    // The other process was killed, not stopped: its lease runs to its end.
+    // A runner that stops cleanly alone gives its own back, and a backfill
+    // of a changed definition then waits for nobody.
+    wait_out_killed(&client, &table).await;
+    let drained = cli_full_lease(&["run", "--drain", "--spec", v1_arg, "--table", &table])
+        .output()
+        .unwrap();
+    assert!(drained.status.success(), "{}", stderr(&drained));
+    let now = ddb_projector::dynamo::time::now_ms();
+    let leases = consumer_leases(&client, &table).await;
+    assert!(
+        leases.iter().all(|until| *until <= now),
+        "the drained runner's lease ends when it stopped ({leases:?}, now {now})"
+    );
+    let backfill_started = std::time::Instant::now();
+    let backfill = cli_full_lease(&[
+        "backfill",
+        "--spec",
+        v2_arg,
+        "--table",
+        &table,
+        "--projection",
+        "followed-by",
+        "--wait",
+        "30s",
+    ])
+    .output()
+    .unwrap();
+    assert!(backfill.status.success(), "{}", stderr(&backfill));
+    // What it may wait is the clock skew allowed past the leases' ends
+    // (2 s), not the two minutes of a lease.
+    let waited = backfill_started.elapsed();
+    assert!(
+        waited < std::time::Duration::from_secs(20),
+        "the backfill waited {waited:?} for a runner that stopped: {}",
+        stderr(&backfill)
+    );
+    eprintln!(
+        "timing: give back took {:.1} s (backfill {:.1} s)",
+        started.elapsed().as_secs_f64(),
+        waited.as_secs_f64()
+    );
+}
+
+async fn consumer_leases_or_none(client: &aws_sdk_dynamodb::Client, table: &str) -> Vec<u64> {
+    match support::get(client, table, "_ddbp#lifecycle", "leases").await {
+        Some(_) => consumer_leases(client, table).await,
+        None => Vec::new(),
+    }
+}
+
+/// Lets the killed runner's lease run out: its holder item is moved into
+/// the past as two minutes would, so the test need not wait them.
+async fn wait_out_killed(client: &aws_sdk_dynamodb::Client, table: &str) {
+    let items = support::scan_all(client, table).await;
+    let past = ddb_projector::dynamo::time::now_ms() - 600_000;
+    for item in items {
+        let holder = support::text(&item, "PK").as_deref() == Some("_ddbp#lifecycle")
+            && support::text(&item, "SK").is_some_and(|sk| sk.starts_with("h#"));
+        if holder {
+            let mut item = item.clone();
+            item.insert(
+                "until".to_string(),
+                aws_sdk_dynamodb::types::AttributeValue::N(past.to_string()),
+            );
+            client
+                .put_item()
+                .table_name(table)
+                .set_item(Some(item))
+                .send()
+                .await
+                .unwrap();
+        }
+    }
+}
