@@ -703,15 +703,17 @@ async fn global_case(projections: &[Projection], drawn: &Replicated) -> Result<(
     // checkpoints how far it read (the replay's redrive deletes letters,
     // whose records it reads next); the spec's text is stored with the
     // first lease a worker takes, which may be the replay's when the live
-    // worker never had to write (a source outside every `when`). Nothing
-    // else moves.
+    // worker never had to write (a source outside every `when`), and each
+    // writer's holder item the end of its latest lease. Nothing else
+    // moves.
     let unleased = |items: Vec<Attrs>| -> Vec<Attrs> {
         items
             .into_iter()
             .filter(|i| support::text(i, "SK").as_deref() != Some("leases"))
             .filter(|i| {
                 support::text(i, "PK").as_deref() != Some("_ddbp#lifecycle")
-                    || !support::text(i, "SK").is_some_and(|sk| sk.starts_with("spec#"))
+                    || !support::text(i, "SK")
+                        .is_some_and(|sk| sk.starts_with("spec#") || sk.starts_with("h#"))
             })
             .filter(|i| support::text(i, "PK").as_deref() != Some("_ddbp#checkpoint"))
             .collect()

@@ -683,8 +683,19 @@ async fn prune_removes_what_retired_projections_derived_and_nothing_else() {
     let refused = prune_cli(&v1, &table, &["--projection", "following"]);
     assert!(!refused.status.success());
     assert!(stderr(&refused).contains("is in"), "{}", stderr(&refused));
-    // Retired, but the v1 worker's lease still runs: refused.
+    // Retired, but a v1 worker still runs (a drained runner gave its
+    // leases back: this one holds them for a second): refused.
     run_drain(&v3, &table);
+    let still = control::stream_consumer(
+        client.clone(),
+        spec1.clone(),
+        &table,
+        ApplyConfig {
+            lease: std::time::Duration::from_secs(1),
+            ..ApplyConfig::default()
+        },
+    );
+    still.take_leases().await.unwrap();
     let (_, rows) = status(&v3, &table);
     assert_eq!(state(&rows, "following"), "retired");
     assert_eq!(state(&rows, "achievement-leaderboard-keys"), "retired");
