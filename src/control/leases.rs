@@ -49,9 +49,15 @@ struct LeaseState {
     /// The spec's text is stored, and (for a writer that is not a stream
     /// consumer) the deployed definitions were checked.
     started: bool,
+    /// A stream consumer's lease of its spec (`C#...`).
+    consumer_until: u64,
 }
 
 type LeaseKey = (String, u64, bool, Option<String>);
+
+/// The projection names a consumer of a spec without projections records
+/// (`N#...` is a string set, never empty): no projection is named so.
+const NO_PROJECTION: &str = "_ddbp#none";
 
 /// Every set of leases this process holds, by table, definition and role.
 fn all() -> &'static StdMutex<HashMap<LeaseKey, Arc<Leases>>> {
@@ -206,7 +212,14 @@ impl Leases {
             written.to_vec()
         };
         let mut state = self.state.lock().await;
+        // A stream consumer of a spec without projections (a table nothing
+        // is registered for) still leases its spec: it is a worker
+        // *without* every projection the table had.
+        let empty_consumer = self.consumer && ids.is_empty();
         let valid = |state: &LeaseState| {
+            if empty_consumer {
+                return state.consumer_until;
+            }
             ids.iter()
                 .map(|id| state.until.get(id).copied().unwrap_or(0))
                 .min()
@@ -222,7 +235,8 @@ impl Leases {
         // while this process held none.
         let lapsed = ids
             .iter()
-            .any(|id| state.until.get(id).copied().unwrap_or(0) < now);
+            .any(|id| state.until.get(id).copied().unwrap_or(0) < now)
+            || (empty_consumer && state.consumer_until < now);
         if !state.started {
             self.store_spec().await?;
         }
@@ -245,6 +259,9 @@ impl Leases {
         for &id in &ids {
             let entry = state.until.entry(id).or_insert(0);
             *entry = (*entry).max(until);
+        }
+        if self.consumer {
+            state.consumer_until = state.consumer_until.max(until);
         }
         Ok(valid(&state))
     }
@@ -380,7 +397,7 @@ impl Leases {
                 out.push(c);
             }
         }
-        if self.consumer && !self.spec.projections.is_empty() {
+        if self.consumer {
             out.push(format!("C#{}", self.consumer_fingerprint()));
         }
         out
@@ -637,7 +654,7 @@ impl Leases {
                 sets.push(Set::Since(s));
             }
         }
-        if self.consumer && !self.spec.projections.is_empty() {
+        if self.consumer {
             // A named consumer's run of a spec is its own (`<fp>@<name>`):
             // when it first ran it, and until when.
             let mut fingerprint = hex(self.spec.projections_fingerprint());
@@ -692,12 +709,17 @@ impl Leases {
                             parts.push(format!("#a{i} = :v{i}"));
                         }
                         Set::Names(_) => {
-                            let names: Vec<String> = self
+                            let mut names: Vec<String> = self
                                 .spec
                                 .projections
                                 .iter()
                                 .map(|p| p.name.clone())
                                 .collect();
+                            if names.is_empty() {
+                                // A set is never empty: a name no
+                                // projection can have.
+                                names.push(NO_PROJECTION.to_string());
+                            }
                             update =
                                 update.expression_attribute_values(format!(":v{i}"), Av::Ss(names));
                             parts.push(format!("#a{i} = :v{i}"));

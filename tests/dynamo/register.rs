@@ -716,3 +716,56 @@ async fn a_registration_writes_only_the_keys_the_service_policy_scopes() {
         "another service's partition is out of reach"
     );
 }
+
+/// A table whose last service was unregistered is served by a worker
+/// without any projection, which still leases its (empty) spec: the
+/// changes it consumes meanwhile go unprojected, so the same spec
+/// registered again is not live until it is backfilled again.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_spec_registered_again_after_the_table_had_none_needs_a_backfill() {
+    let client = support::client().await;
+    let social = support::shipped_spec("social-service.toml");
+    let table = support::fresh_table(&client, &social, "reg-again").await;
+    let dir = tempfile::tempdir().unwrap();
+    let file = write(
+        dir.path(),
+        "social.toml",
+        &shipped_for("social-service.toml", &table),
+    );
+    let _runner = Runner::start(&table);
+    let output = register(&file, &table, &[]);
+    assert!(output.status.success(), "{}", stderr(&output));
+    wait_served(&table, &["followed-by"], &[]);
+    follow(&client, &table, "a", "b").await;
+    let backfill = cli(&["backfill", "--table", &table]);
+    assert!(backfill.status.success(), "{}", stderr(&backfill));
+    wait_exact(&client, &table).await;
+    assert_eq!(status(&table).0, 0, "live");
+
+    let gone = cli(&[
+        "unregister",
+        "--service",
+        "social-service",
+        "--table",
+        &table,
+    ]);
+    assert!(gone.status.success(), "{}", stderr(&gone));
+    wait_served(&table, &[], &["followed-by"]);
+    // Consumed while nothing is registered: not projected.
+    follow(&client, &table, "c", "b").await;
+    // The runner reads the stream every few hundred ms.
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let again = register(&file, &table, &[]);
+    assert!(again.status.success(), "{}", stderr(&again));
+    wait_served(&table, &["followed-by"], &[]);
+    let (code, rows) = status(&table);
+    assert_eq!(code, 1, "not live before a backfill: {rows:?}");
+    assert!(
+        rows.iter().any(|r| r.0 == "followed-by" && r.1 != "live"),
+        "{rows:?}"
+    );
+    let backfill = cli(&["backfill", "--table", &table]);
+    assert!(backfill.status.success(), "{}", stderr(&backfill));
+    wait_exact(&client, &table).await;
+    assert_eq!(status(&table).0, 0, "live after the backfill");
+}
