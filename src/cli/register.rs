@@ -165,6 +165,9 @@ fn print_planned(out: &mut impl Write, p: &Planned) -> std::io::Result<()> {
         "{} {} on table {} (registry version {}; {before})",
         p.action, p.service, p.table, p.registry_version
     )?;
+    for warning in &p.warnings {
+        writeln!(out, "warning: {warning}")?;
+    }
     if p.projections.is_empty() {
         writeln!(out, "  no projection changes")?;
     } else {

@@ -70,7 +70,7 @@ pub use register::{
 };
 pub use registry::{ClaimOutcome, Completion, Registry, LEASES_VERSION};
 pub use services::{
-    check_service_name, compose_texts, Registered, Registration, Registrations, Written,
+    check_service_name, compose_texts, Registered, Registration, Registrations, Stamp, Written,
     MAX_SPEC_BYTES,
 };
 pub use status::{
@@ -100,7 +100,7 @@ pub struct Connection {
     /// The table's registry version the spec was composed from, when it
     /// is what the table has registered (no spec file): workers watch it
     /// and serve each new registration.
-    pub registered: Option<u64>,
+    pub registered: Option<Stamp>,
 }
 
 impl Connection {
@@ -200,9 +200,9 @@ pub async fn connect_registered(
     }
     let config = crate::dynamo::client::load_config().await?;
     let dynamodb = crate::dynamo::client::dynamodb(&config);
-    let (spec, version) = registered_spec(&dynamodb, &table).await?;
+    let (spec, stamp) = registered_spec(&dynamodb, &table).await?;
     let mut c = connect_with(spec, table, None, config, dynamodb).await?;
-    c.registered = Some(version);
+    c.registered = Some(stamp);
     Ok(c)
 }
 
@@ -220,81 +220,107 @@ pub fn registry_poll() -> std::time::Duration {
         )
 }
 
-/// Waits until `table`'s registry moves past `version`, then returns the
-/// new registration composed and laid out: (laid out, (registry version,
-/// composed)). A registration that does not compose (a newer binary's
-/// rules, say) is logged and waited past: the workers keep serving the
-/// last one that did.
+/// Waits until what `table` has registered moves past `served`, then
+/// returns the new registration composed and laid out: (laid out, (its
+/// stamp, composed)). A registration that cannot be read whole now is
+/// read again at the next poll; one that does not compose (a newer
+/// binary's rules, say) or that conflicts with another consumer's spec
+/// is logged and waited past: the worker keeps serving the last one.
 pub async fn next_registration(
     client: &aws_sdk_dynamodb::Client,
     table: &str,
-    version: u64,
-) -> (Spec, Option<(u64, Spec)>) {
-    let mut skipped = version;
+    served: &Stamp,
+) -> (Spec, Option<(Stamp, Spec)>) {
+    let mut refused: Option<Stamp> = None;
+    let mut registrations: Option<Registrations> = None;
     loop {
         tokio::time::sleep(registry_poll()).await;
-        let now = match Registrations::of_table(client, table).await {
-            Ok(registrations) => registrations.version().await.map(|(v, _)| v),
-            Err(error) => Err(crate::apply::ApplyError::Fatal {
-                table: table.to_string(),
-                message: format!("{error:#}"),
-            }),
-        };
-        match now {
-            Ok(now) if now != version && now != skipped => {}
+        if registrations.is_none() {
+            match Registrations::of_table(client, table).await {
+                Ok(found) => registrations = Some(found),
+                Err(error) => {
+                    tracing::warn!(
+                        error = format!("{error:#}"),
+                        table,
+                        "describing the table failed: serving the last registration"
+                    );
+                    continue;
+                }
+            }
+        }
+        let r = registrations.as_ref().expect("set above");
+        match r.stamp().await {
+            Ok(stamp) if &stamp != served && Some(&stamp) != refused.as_ref() => {}
             Ok(_) => continue,
             Err(error) => {
-                tracing::warn!(%error, table, "reading the registry version failed: serving the last registration");
+                tracing::warn!(%error, table, "reading the registry failed: serving the last registration");
                 continue;
             }
         }
-        let composed = match registered_spec(client, table).await {
-            Ok(composed) => composed,
+        let registered = match r.read().await {
+            Ok(registered) => registered,
             Err(error) => {
-                tracing::error!(
-                    error = format!("{error:#}"),
-                    table,
-                    "the new registration cannot be served: serving the last one"
-                );
-                if let Ok(registrations) = Registrations::of_table(client, table).await {
-                    if let Ok((now, _)) = registrations.version().await {
-                        skipped = now;
-                    }
-                }
+                tracing::warn!(%error, table, "reading the registrations failed: serving the last one, reading again at the next poll");
                 continue;
             }
         };
-        let (spec, now) = composed;
+        let spec = match registered.spec(table, r.keys()) {
+            Ok(spec) => spec,
+            Err(errors) => {
+                tracing::error!(
+                    %errors,
+                    table,
+                    registry_version = registered.version,
+                    "the registered specs do not compose: serving the last ones that did"
+                );
+                refused = Some(registered.stamp);
+                continue;
+            }
+        };
         let registry = Registry::new(client.clone(), table, &spec.table);
-        match registry.layout(&spec).await {
-            Ok((laid, _)) => return (laid, Some((now, spec))),
+        let laid = match registry.layout(&spec).await {
+            Ok((laid, _)) => laid,
             Err(error) => {
                 tracing::warn!(%error, table, "laying the new registration out failed: trying again");
+                continue;
+            }
+        };
+        match registry.consumer_conflicts(&laid, None).await {
+            Ok(conflicts) if conflicts.is_empty() => {}
+            Ok(conflicts) => {
+                tracing::error!(
+                    table,
+                    registry_version = registered.version,
+                    "the registered specs conflict with another consumer's: serving the last ones\n{}",
+                    conflicts.join("\n")
+                );
+                refused = Some(registered.stamp);
+                continue;
+            }
+            Err(error) => {
+                tracing::warn!(%error, table, "reading the other consumers' specs failed: trying again");
+                continue;
             }
         }
+        return (laid, Some((registered.stamp, spec)));
     }
 }
 
-/// The spec registered for `table` now, composed, and the registry
-/// version it was composed from.
+/// The spec registered for `table` now, composed, and the stamp of what
+/// it was composed from.
 pub async fn registered_spec(
     client: &aws_sdk_dynamodb::Client,
     table: &str,
-) -> anyhow::Result<(Spec, u64)> {
+) -> anyhow::Result<(Spec, Stamp)> {
     let registrations = Registrations::of_table(client, table).await?;
     let registered = registrations.read().await?;
-    let spec = match registered.compose(table, None) {
-        Ok(Some(spec)) => spec,
-        Ok(None) => {
-            let (pk, sk) = registrations.keys();
-            empty_spec(table, (pk, sk))
-        }
+    match registered.spec(table, registrations.keys()) {
+        Ok(spec) => Ok((spec, registered.stamp)),
         Err(errors) => anyhow::bail!(
             "the specs registered for table `{table}` (registry version {}) do not compose:\n{errors}",
             registered.version
         ),
-    };
-    Ok((spec, registered.version))
+    }
 }
 
 /// An applier writing to `table` with the rules of `spec`, under this

@@ -72,6 +72,9 @@ pub struct Planned {
     pub stored: Option<Stored>,
     /// Registrations that landed first and were composed with (a race).
     pub retries: u32,
+    /// What the plan could not say exactly.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub warnings: Vec<String>,
 }
 
 /// A stored registration.
@@ -298,7 +301,19 @@ async fn plan(
     let refused = |errors: SpecErrors| {
         RegisterError::Refused(errors.0.iter().map(|e| e.to_string()).collect())
     };
-    let before = registered.compose(table, None).map_err(refused)?;
+    // What is registered may not compose for this binary (a text another
+    // version stored): a change that composes is still allowed, so that
+    // the offending service can be fixed or unregistered.
+    let mut warnings = Vec::new();
+    let before = match registered.compose(table, None) {
+        Ok(before) => before,
+        Err(errors) => {
+            warnings.push(format!(
+                "what is registered now does not compose; every projection is shown as new:\n{errors}"
+            ));
+            None
+        }
+    };
     let after = registered
         .compose(table, Some((service, text)))
         .map_err(refused)?;
@@ -326,6 +341,12 @@ async fn plan(
     let new = definitions(Some(&after));
     let registry = Registry::new(registrations.client().clone(), table, &after.table);
     let (laid, _) = registry.layout(&after).await?;
+    // Another consumer's spec file on the table that this composition
+    // would fight (each undoing the other's writes, or a loop).
+    let conflicts = registry.consumer_conflicts(&laid, None).await?;
+    if !conflicts.is_empty() {
+        return Err(RegisterError::Refused(conflicts));
+    }
     let snapshot = registry.snapshot(&laid).await?;
     let commands = Commands {
         target: format!("--table {table}"),
@@ -392,6 +413,7 @@ async fn plan(
         dry_run: false,
         stored: None,
         retries: 0,
+        warnings,
     })
 }
 

@@ -16,7 +16,7 @@
 //! `current` item and the shared item's next version: two registrations
 //! that composed against one version never both land.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, HashMap};
 
 use aws_sdk_dynamodb::operation::transact_write_items::TransactWriteItemsError;
 use aws_sdk_dynamodb::types::{
@@ -64,11 +64,26 @@ pub struct Registration {
     pub registry_version: u64,
 }
 
+/// What the shared item says is registered: the table's registry version
+/// and each registered service's current version. Workers serve a new
+/// registration when it changes: a service's own entry moves only with
+/// its own registration (a team's role cannot move another's), so no
+/// version written back hides one.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Stamp {
+    /// The registry version.
+    pub version: u64,
+    /// Each registered service's current version.
+    pub services: BTreeMap<String, u64>,
+}
+
 /// What is registered for the table now.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Registered {
     /// The table's registry version (0: nothing was ever registered).
     pub version: u64,
+    /// What the shared item said when this was read.
+    pub stamp: Stamp,
     /// Each registered service's current registration (unregistered ones
     /// are left out).
     pub services: BTreeMap<String, Registration>,
@@ -105,6 +120,17 @@ impl Registered {
             ));
         }
         compose_texts(table, &texts)
+    }
+}
+
+impl Registered {
+    /// The spec the table's workers serve: the registered specs composed,
+    /// or, when nothing is registered, a spec of the table's `keys` alone.
+    pub fn spec(&self, table: &str, keys: (&str, Option<&str>)) -> Result<Spec, SpecErrors> {
+        Ok(match self.compose(table, None)? {
+            Some(spec) => spec,
+            None => super::register::empty_spec(table, keys),
+        })
     }
 }
 
@@ -275,79 +301,132 @@ impl Registrations {
         Ok(output.item)
     }
 
-    /// The table's registry version and its services' names.
-    pub async fn version(&self) -> Result<(u64, BTreeSet<String>), ApplyError> {
+    /// The shared item: the registry version and each registered
+    /// service's current version.
+    pub async fn stamp(&self) -> Result<Stamp, ApplyError> {
         let Some(item) = self.get(self.key(REGISTRY_PK, SHARED)).await? else {
-            return Ok((0, BTreeSet::new()));
+            return Ok(Stamp::default());
         };
         let version = number(&item, "version").unwrap_or(0);
-        let names = item
-            .keys()
-            .filter_map(|name| name.strip_prefix(SERVICE_ATTRIBUTE))
-            .map(str::to_string)
+        let services = item
+            .iter()
+            .filter_map(|(name, value)| {
+                let service = name.strip_prefix(SERVICE_ATTRIBUTE)?;
+                match value {
+                    Av::N(n) => Some((service.to_string(), n.parse().unwrap_or(0))),
+                    _ => None,
+                }
+            })
             .collect();
-        Ok((version, names))
+        Ok(Stamp { version, services })
     }
 
-    /// What is registered now, read consistently: the shared item, then
-    /// each service's current registration. Reading the shared item again
-    /// after: a registration that landed in between is read whole, or the
-    /// read starts over.
+    /// What is registered now, read whole: the shared item, then each
+    /// registered service's `current` item, which must be the version the
+    /// shared item names (a registration replicating to a global table's
+    /// replica arrives item by item), then the shared item again. A read
+    /// that does not agree starts over, after a pause; a registry that
+    /// never agrees is an error, never a part of it.
     pub async fn read(&self) -> Result<Registered, ApplyError> {
-        for _ in 0..8 {
-            let (version, names) = self.version().await?;
-            let mut services = BTreeMap::new();
-            let keys: Vec<HashMap<String, Av>> = names
-                .iter()
-                .map(|name| self.key(&Registrations::service_pk(name), CURRENT))
-                .collect();
-            for chunk in keys.chunks(100) {
-                let mut pending = chunk.to_vec();
-                for _ in 0..8 {
-                    if pending.is_empty() {
-                        break;
+        let mut pause = std::time::Duration::from_millis(50);
+        let mut problem = String::new();
+        for _attempt in 0..8 {
+            let stamp = self.stamp().await?;
+            match self.current_items(&stamp).await? {
+                Ok(services) => {
+                    if self.stamp().await? == stamp {
+                        return Ok(Registered {
+                            version: stamp.version,
+                            stamp,
+                            services,
+                        });
                     }
-                    let output = self
-                        .client
-                        .batch_get_item()
-                        .request_items(
-                            &self.table,
-                            KeysAndAttributes::builder()
-                                .set_keys(Some(pending.clone()))
-                                .consistent_read(true)
-                                .build()
-                                .expect("keys are set"),
-                        )
-                        .send()
-                        .await
-                        .map_err(|e| self.fatal("reading", e))?;
-                    for item in output
-                        .responses()
-                        .and_then(|r| r.get(&self.table))
-                        .into_iter()
-                        .flatten()
-                    {
-                        if let Some(registration) = parse(item) {
-                            if registration.text.is_some() {
-                                services.insert(registration.service.clone(), registration);
-                            }
-                        }
-                    }
-                    pending = output
-                        .unprocessed_keys()
-                        .and_then(|u| u.get(&self.table))
-                        .map(|k| k.keys().to_vec())
-                        .unwrap_or_default();
+                    problem = "a registration landed while they were read".to_string();
                 }
+                Err(why) => problem = why,
             }
-            if self.version().await?.0 == version {
-                return Ok(Registered { version, services });
-            }
+            tokio::time::sleep(pause).await;
+            pause = (pause * 2).min(std::time::Duration::from_secs(2));
         }
         Err(ApplyError::Fatal {
             table: self.table.clone(),
-            message: "the service registrations kept changing while they were read".into(),
+            message: format!("the service registrations cannot be read whole: {problem}"),
         })
+    }
+
+    /// Each service's `current` item the stamp names, when every one is
+    /// the version it names (`Err`: what does not agree).
+    async fn current_items(
+        &self,
+        stamp: &Stamp,
+    ) -> Result<Result<BTreeMap<String, Registration>, String>, ApplyError> {
+        let mut services = BTreeMap::new();
+        let keys: Vec<HashMap<String, Av>> = stamp
+            .services
+            .keys()
+            .map(|name| self.key(&Registrations::service_pk(name), CURRENT))
+            .collect();
+        for chunk in keys.chunks(100) {
+            let mut pending = chunk.to_vec();
+            let mut pause = std::time::Duration::from_millis(20);
+            for _ in 0..8 {
+                if pending.is_empty() {
+                    break;
+                }
+                let output = self
+                    .client
+                    .batch_get_item()
+                    .request_items(
+                        &self.table,
+                        KeysAndAttributes::builder()
+                            .set_keys(Some(pending.clone()))
+                            .consistent_read(true)
+                            .build()
+                            .expect("keys are set"),
+                    )
+                    .send()
+                    .await
+                    .map_err(|e| self.fatal("reading", e))?;
+                for item in output
+                    .responses()
+                    .and_then(|r| r.get(&self.table))
+                    .into_iter()
+                    .flatten()
+                {
+                    if let Some(registration) = parse(item) {
+                        services.insert(registration.service.clone(), registration);
+                    }
+                }
+                pending = output
+                    .unprocessed_keys()
+                    .and_then(|u| u.get(&self.table))
+                    .map(|k| k.keys().to_vec())
+                    .unwrap_or_default();
+                if !pending.is_empty() {
+                    tokio::time::sleep(pause).await;
+                    pause *= 2;
+                }
+            }
+            if !pending.is_empty() {
+                return Ok(Err(format!(
+                    "{} registrations were left unread by BatchGetItem",
+                    pending.len()
+                )));
+            }
+        }
+        for (name, version) in &stamp.services {
+            match services.get(name) {
+                Some(r) if r.version == *version && r.text.is_some() => {}
+                Some(r) => {
+                    return Ok(Err(format!(
+                        "service `{name}`: the registry names v{version}, its current item is v{}",
+                        r.version
+                    )))
+                }
+                None => return Ok(Err(format!("service `{name}` has no current item"))),
+            }
+        }
+        Ok(Ok(services))
     }
 
     /// Every version a service registered, oldest first.
@@ -486,19 +565,21 @@ impl Registrations {
                 registry_version,
             }),
             Err(error) => {
+                // Another registration landed, or is landing (two
+                // transactions on the shared item at once): compose again.
                 let moved = match error.as_service_error() {
                     Some(TransactWriteItemsError::TransactionCanceledException(cancelled)) => {
-                        cancelled
-                            .cancellation_reasons()
-                            .iter()
-                            .take(2)
-                            .any(|r| r.code() == Some("ConditionalCheckFailed"))
+                        cancelled.cancellation_reasons().iter().take(2).any(|r| {
+                            matches!(
+                                r.code(),
+                                Some("ConditionalCheckFailed") | Some("TransactionConflict")
+                            )
+                        })
                     }
                     _ => false,
                 };
                 if moved {
-                    let (now, _) = self.version().await?;
-                    return Ok(Written::Moved(now));
+                    return Ok(Written::Moved(self.stamp().await?.version));
                 }
                 Err(self.fatal("writing", error))
             }

@@ -102,7 +102,7 @@ pub async fn run_stream(
     }
     let mut spec = c.spec.clone();
     let mut file_spec = c.file_spec.clone();
-    let mut registered = c.registered;
+    let mut registered = c.registered.clone();
     loop {
         let applier = crate::control::applier(
             c.dynamodb.clone(),
@@ -130,10 +130,10 @@ pub async fn run_stream(
         // Serving the registry: a registration is served from the batch
         // after it is read whole.
         let reregistered = async {
-            match registered {
-                Some(version) => {
+            match &registered {
+                Some(stamp) => {
                     let next =
-                        crate::control::next_registration(&c.dynamodb, &c.table, version).await;
+                        crate::control::next_registration(&c.dynamodb, &c.table, stamp).await;
                     *relaid.lock().expect("layout lock") = Some(next);
                 }
                 None => std::future::pending().await,
@@ -210,15 +210,15 @@ pub async fn run_stream(
                 give_back(c, keep.as_ref()).await;
                 if let Some((laid, from)) = next {
                     match from {
-                        Some((version, composed)) => {
+                        Some((stamp, composed)) => {
                             tracing::info!(
                                 records = summary.records,
-                                registry_version = version,
+                                registry_version = stamp.version,
                                 projections = laid.projections.len(),
                                 "a registration changed what the table's workers serve: going on with it"
                             );
                             metrics::counter!("projector_registrations_served_total").increment(1);
-                            registered = Some(version);
+                            registered = Some(stamp);
                             file_spec = Arc::new(composed);
                         }
                         None => tracing::info!(

@@ -358,7 +358,7 @@ pub struct RegisteredSpecs {
 struct Served {
     registrations: crate::control::Registrations,
     spec: Arc<Spec>,
-    version: u64,
+    stamp: crate::control::Stamp,
     checked: Instant,
 }
 
@@ -387,19 +387,19 @@ impl RegisteredSpecs {
                     .await
                     .map_err(|e| format!("{e:#}"))?,
             };
-            let (version, _) = registrations.version().await.map_err(|e| e.to_string())?;
-            if let Some(served) = cached.as_ref().filter(|s| s.version == version) {
+            let stamp = registrations.stamp().await.map_err(|e| e.to_string())?;
+            if let Some(served) = cached.as_ref().filter(|s| s.stamp == stamp) {
                 return Ok(Served {
                     checked: Instant::now(),
                     ..served.clone()
                 });
             }
-            let (spec, version) = crate::control::registered_spec(client, table)
+            let (spec, stamp) = crate::control::registered_spec(client, table)
                 .await
                 .map_err(|e| format!("{e:#}"))?;
             tracing::info!(
                 table,
-                registry_version = version,
+                registry_version = stamp.version,
                 projections = spec.projections.len(),
                 services = %spec.service,
                 "serving the specs registered for the table"
@@ -407,7 +407,7 @@ impl RegisteredSpecs {
             Ok::<_, String>(Served {
                 registrations,
                 spec: Arc::new(spec),
-                version,
+                stamp,
                 checked: Instant::now(),
             })
         };
@@ -530,8 +530,19 @@ impl Regions {
 
 impl Handler {
     /// The table a stream batch writes: `PROJECTOR_TABLE`, else its
-    /// stream's.
+    /// stream's. Serving the registry, its stream's first: each table's
+    /// records are applied under that table's registration.
     fn stream_table(&self, event: &StreamsEvent) -> Option<String> {
+        let from_stream = || {
+            event
+                .event_source_arn
+                .as_deref()
+                .and_then(table_from_stream_arn)
+                .map(str::to_string)
+        };
+        if self.registered.is_some() {
+            return from_stream().or_else(|| self.table.clone());
+        }
         match &self.table {
             Some(table) => Some(table.clone()),
             None => event

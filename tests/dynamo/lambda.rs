@@ -1869,13 +1869,16 @@ async fn lambda_without_a_spec_serves_each_tables_registration_and_routes_each_r
     let user_records = stream_records(&client, &users).await;
     let social_records = stream_records(&client, &social).await;
     let api = RuntimeApi::start().await;
-    // No PROJECTOR_SPEC, no PROJECTOR_TABLE: each table's registration.
+    // No PROJECTOR_SPEC: each table's registration. PROJECTOR_TABLE (the
+    // stack sets it, for backfill and audit requests) does not route
+    // stream records: each goes to its own stream's table.
     let function = Function::start(
         support::binary(),
         &api,
         &[
             ("PROJECTOR_REGISTRY_POLL_SECONDS", "0.2".to_string()),
             ("PROJECTOR_LEASE_SECONDS", "1".to_string()),
+            ("PROJECTOR_TABLE", users.clone()),
         ],
     );
     api.ready().await;

@@ -769,3 +769,76 @@ async fn a_spec_registered_again_after_the_table_had_none_needs_a_backfill() {
     wait_exact(&client, &table).await;
     assert_eq!(status(&table).0, 0, "live after the backfill");
 }
+
+/// What the shared item names and the services' own items must agree: a
+/// registration replicating item by item (a global table's replica), or
+/// a team's direct write, is never read in part.
+#[tokio::test]
+async fn a_registry_read_in_part_is_an_error_never_a_smaller_spec() {
+    let client = support::client().await;
+    let social = support::shipped_spec("social-service.toml");
+    let table = support::fresh_table(&client, &social, "reg-part").await;
+    let registrations = Registrations::of_table(&client, &table).await.unwrap();
+    let text = shipped_for("social-service.toml", &table);
+    let written = registrations
+        .write(0, "social-service", Some(&text), "ci")
+        .await
+        .unwrap();
+    assert!(matches!(written, Written::Stored { .. }));
+    // The shared item moves to v2 of the service; its own items have not
+    // arrived yet.
+    client
+        .update_item()
+        .table_name(&table)
+        .key("PK", s("_ddbp#registry"))
+        .key("SK", s("registry"))
+        .update_expression("SET #s = :two, #v = :two")
+        .expression_attribute_names("#s", "s#social-service")
+        .expression_attribute_names("#v", "version")
+        .expression_attribute_values(":two", Av::N("2".to_string()))
+        .send()
+        .await
+        .unwrap();
+    let error = registrations.read().await.unwrap_err().to_string();
+    assert!(
+        error.contains("the registry names v2, its current item is v1"),
+        "{error}"
+    );
+    assert!(control::registered_spec(&client, &table).await.is_err());
+}
+
+/// A registration another consumer's spec file would fight (the two
+/// deriving one attribute, each undoing the other's writes) is refused.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_registration_that_another_consumer_would_fight_is_refused() {
+    let client = support::client().await;
+    let social = support::shipped_spec("social-service.toml");
+    let table = support::fresh_table(&client, &social, "reg-fight").await;
+    let dir = tempfile::tempdir().unwrap();
+    let text = shipped_for("social-service.toml", &table);
+    let theirs = write(dir.path(), "analytics.toml", &text);
+    let run = cli(&[
+        "run",
+        "--drain",
+        "--spec",
+        theirs.to_str().unwrap(),
+        "--table",
+        &table,
+        "--consumer",
+        "analytics",
+    ]);
+    assert!(run.status.success(), "{}", stderr(&run));
+    let ours = write(
+        dir.path(),
+        "social.toml",
+        &text.replace("copy = { followedAt = \"{followedAt}\" }\n", ""),
+    );
+    let refused = register(&ours, &table, &[]);
+    assert_eq!(refused.status.code(), Some(1), "{}", stderr(&refused));
+    assert!(
+        stderr(&refused).contains("analytics"),
+        "{}",
+        stderr(&refused)
+    );
+    assert_eq!(registry_version(&table), 0);
+}
