@@ -25,9 +25,15 @@ fn env() -> Vec<(&'static str, String)> {
 }
 
 fn cli(args: &[&str]) -> Output {
+    cli_in(env(), args)
+}
+
+/// `cli` with the environment `env()` gave (the test thread's DynamoDB
+/// Local: another thread may be given another).
+fn cli_in(env: Vec<(&'static str, String)>, args: &[&str]) -> Output {
     Command::new(support::binary())
         .args(args)
-        .envs(env())
+        .envs(env)
         .env_remove("PROJECTOR_SPEC")
         .env_remove("PROJECTOR_TABLE")
         .stdin(Stdio::null())
@@ -439,10 +445,25 @@ async fn unregister_then_prune_leaves_nothing_of_the_service_and_a_rollback_ends
             .any(|r| r.0 == "followed-by" && r.1 == "changed"),
         "status says changed: {rows:?}"
     );
-    follow(&client, &table, "d", "a").await;
-    let backfill = cli(&["backfill", "--table", &table]);
+    // The backfill runs while writers write.
+    let backfill = {
+        let (table, env) = (table.clone(), env());
+        tokio::task::spawn_blocking(move || cli_in(env, &["backfill", "--table", &table]))
+    };
+    let mut n = 0;
+    while !backfill.is_finished() || n < 10 {
+        follow(&client, &table, &format!("w{n}"), "a").await;
+        if n % 3 == 0 {
+            support::delete(&client, &table, &format!("USER#w{}", n / 2), "FOLLOWS#a").await;
+        }
+        n += 1;
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let backfill = backfill.await.unwrap();
     assert!(backfill.status.success(), "backfill: {}", stderr(&backfill));
     wait_exact(&client, &table).await;
+    let (code, rows) = status(&table);
+    assert_eq!(code, 0, "v2 live after its backfill: {rows:?}");
     let edge = support::get(&client, &table, "USER#b", "FOLLOWED_BY#a")
         .await
         .unwrap();
