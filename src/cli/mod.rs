@@ -334,7 +334,7 @@ pub enum Command {
     },
     /// Register a service's spec into a table's registry: the table's
     /// workers (`run --table T`, the Lambda without PROJECTOR_SPEC) serve
-    /// it within one lease period, without a rebuild or a redeploy. The
+    /// it within seconds (PROJECTOR_REGISTRY_POLL_SECONDS), without a rebuild or a redeploy. The
     /// spec is composed with the other services' registered specs (every
     /// rule of `check --spec DIR`), and what changes is printed, with what
     /// the lifecycle will ask for next. Registering an earlier version's
@@ -345,44 +345,20 @@ pub enum Command {
         /// The service's spec file (its `service` names the service).
         #[arg(long)]
         spec: PathBuf,
-        /// The table.
-        #[arg(long, env = "PROJECTOR_TABLE")]
-        table: String,
-        /// Print what would change; store nothing.
-        #[arg(long)]
-        dry_run: bool,
-        /// Who registers (default: the OS user).
-        #[arg(long)]
-        by: Option<String>,
-        /// Output format.
-        #[arg(long, value_enum, default_value_t = OutputFormat::Text)]
-        format: OutputFormat,
-        /// On a global table, its home region: registrations are made there.
-        #[arg(long, env = "PROJECTOR_HOME_REGION")]
-        home_region: Option<String>,
+        /// Table, dry run, who, format, home region.
+        #[command(flatten)]
+        change: ChangeArgs,
     },
     /// Unregister a service: its projections become retired (the
-    /// workers stop projecting them within one lease period); `prune`
+    /// workers stop projecting them within seconds); `prune`
     /// then deletes what they derived. Exit codes as `register`.
     Unregister {
         /// The service.
         #[arg(long)]
         service: String,
-        /// The table.
-        #[arg(long, env = "PROJECTOR_TABLE")]
-        table: String,
-        /// Print what would change; store nothing.
-        #[arg(long)]
-        dry_run: bool,
-        /// Who unregisters (default: the OS user).
-        #[arg(long)]
-        by: Option<String>,
-        /// Output format.
-        #[arg(long, value_enum, default_value_t = OutputFormat::Text)]
-        format: OutputFormat,
-        /// On a global table, its home region.
-        #[arg(long, env = "PROJECTOR_HOME_REGION")]
-        home_region: Option<String>,
+        /// Table, dry run, who, format, home region.
+        #[command(flatten)]
+        change: ChangeArgs,
     },
     /// What is registered for a table: each service's current version;
     /// with --service, its text (or --version N's, or --history: every
@@ -465,6 +441,26 @@ pub struct Target {
     /// one serving every spec of the table).
     #[arg(long, env = "PROJECTOR_CONSUMER", value_parser = parse_consumer)]
     pub consumer: Option<String>,
+}
+
+/// What `register` and `unregister` share.
+#[derive(Debug, Clone, clap::Args)]
+pub struct ChangeArgs {
+    /// The table.
+    #[arg(long, env = "PROJECTOR_TABLE")]
+    pub table: String,
+    /// Print what would change; store nothing.
+    #[arg(long)]
+    pub dry_run: bool,
+    /// Who makes the change (default: the OS user).
+    #[arg(long)]
+    pub by: Option<String>,
+    /// Output format.
+    #[arg(long, value_enum, default_value_t = OutputFormat::Text)]
+    pub format: OutputFormat,
+    /// On a global table, its home region: registrations are made there.
+    #[arg(long, env = "PROJECTOR_HOME_REGION")]
+    pub home_region: Option<String>,
 }
 
 /// `table` subcommands.
@@ -667,36 +663,8 @@ pub fn run(cli: Cli) -> anyhow::Result<Outcome> {
         Command::Violations {
             command: ViolationsCommand::List { target, format },
         } => block_on(audit::violations_list(target, format)),
-        Command::Register {
-            spec,
-            table,
-            dry_run,
-            by,
-            format,
-            home_region,
-        } => block_on(register::register(
-            &spec,
-            table,
-            dry_run,
-            by,
-            format,
-            home_deployment(home_region),
-        )),
-        Command::Unregister {
-            service,
-            table,
-            dry_run,
-            by,
-            format,
-            home_region,
-        } => block_on(register::unregister(
-            service,
-            table,
-            dry_run,
-            by,
-            format,
-            home_deployment(home_region),
-        )),
+        Command::Register { spec, change } => block_on(register::register(&spec, change)),
+        Command::Unregister { service, change } => block_on(register::unregister(service, change)),
         Command::Specs {
             table,
             service,
@@ -704,14 +672,6 @@ pub fn run(cli: Cli) -> anyhow::Result<Outcome> {
             version,
             format,
         } => block_on(register::specs(table, service, history, version, format)),
-    }
-}
-
-/// The deployment a registration is judged against: its home region.
-fn home_deployment(home_region: Option<String>) -> crate::global::Deployment {
-    crate::global::Deployment {
-        home_region,
-        ..Default::default()
     }
 }
 

@@ -5,7 +5,17 @@
 use std::io::Write;
 use std::path::Path;
 
-use super::{Outcome, OutputFormat};
+use super::{ChangeArgs, Outcome, OutputFormat};
+
+impl ChangeArgs {
+    /// The deployment a registration is judged against: its home region.
+    fn deployment(&self) -> crate::global::Deployment {
+        crate::global::Deployment {
+            home_region: self.home_region.clone(),
+            ..Default::default()
+        }
+    }
+}
 use crate::control::{Change, Planned, RegisterError, Registration, Registrations};
 
 /// Who makes a change: `--by`, else the OS user.
@@ -41,14 +51,14 @@ async fn open(
 }
 
 /// `register --spec FILE --table T`.
-pub async fn register(
-    spec: &Path,
-    table: String,
-    dry_run: bool,
-    by: Option<String>,
-    format: OutputFormat,
-    deployment: crate::global::Deployment,
-) -> anyhow::Result<Outcome> {
+pub async fn register(spec: &Path, args: ChangeArgs) -> anyhow::Result<Outcome> {
+    let (table, dry_run, by, format) = (
+        args.table.clone(),
+        args.dry_run,
+        args.by.clone(),
+        args.format,
+    );
+    let deployment = args.deployment();
     let label = spec.display().to_string();
     let text = match std::fs::read(spec) {
         Ok(bytes) => match String::from_utf8(bytes) {
@@ -101,14 +111,14 @@ pub async fn register(
 }
 
 /// `unregister --service NAME --table T`.
-pub async fn unregister(
-    service: String,
-    table: String,
-    dry_run: bool,
-    by: Option<String>,
-    format: OutputFormat,
-    deployment: crate::global::Deployment,
-) -> anyhow::Result<Outcome> {
+pub async fn unregister(service: String, args: ChangeArgs) -> anyhow::Result<Outcome> {
+    let (table, dry_run, by, format) = (
+        args.table.clone(),
+        args.dry_run,
+        args.by.clone(),
+        args.format,
+    );
+    let deployment = args.deployment();
     if let Err(problem) = crate::control::check_service_name(&service) {
         return Ok(refused("unregister", &[problem]));
     }
@@ -240,8 +250,8 @@ fn print_planned(out: &mut impl Write, p: &Planned) -> std::io::Result<()> {
             )?;
             writeln!(
                 out,
-                "the table's workers serve it within one lease period ({} s); then run what `next` says, and `ddb-projector status --table {}`",
-                crate::apply::lease_length().as_secs(),
+                "the table's workers serve it within {} s (their registry poll); then run what `next` says, and `ddb-projector status --table {}`",
+                crate::control::registry_poll().as_secs_f64(),
                 p.table
             )?;
         }

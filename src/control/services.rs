@@ -277,14 +277,6 @@ impl Registrations {
         format!("{SERVICE_PK_PREFIX}{service}")
     }
 
-    /// The partition key a service's registrations are kept under (what a
-    /// service team's role is scoped to with `dynamodb:LeadingKeys`; in a
-    /// table without a sort key, every key starting with it followed by
-    /// `#`).
-    pub fn partition_of(service: &str) -> String {
-        Registrations::service_pk(service)
-    }
-
     async fn get(
         &self,
         key: HashMap<String, Av>,

@@ -272,7 +272,7 @@ impl Commands {
     /// What makes the table's workers run this spec.
     fn deploy(&self) -> &'static str {
         if self.registered {
-            "wait for the table's workers to serve the registration (within one lease period)"
+            "wait for the table's workers to serve the registration (within seconds)"
         } else {
             "deploy this spec"
         }

@@ -394,9 +394,11 @@ impl RegisteredSpecs {
                     ..served.clone()
                 });
             }
-            let (spec, stamp) = crate::control::registered_spec(client, table)
-                .await
-                .map_err(|e| format!("{e:#}"))?;
+            let registered = registrations.read().await.map_err(|e| e.to_string())?;
+            let spec = registered
+                .spec(table, registrations.keys())
+                .map_err(|errors| format!("the registered specs do not compose:\n{errors}"))?;
+            let stamp = registered.stamp;
             tracing::info!(
                 table,
                 registry_version = stamp.version,
