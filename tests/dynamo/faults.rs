@@ -278,7 +278,16 @@ impl Faults {
                         Fault::DroppedAfterApply,
                     ]
                 };
-                kinds[rng.below(kinds.len() as u64) as usize]
+                let drawn = kinds[rng.below(kinds.len() as u64) as usize];
+                // Until one applied write has lost its answer, a faulted
+                // write always loses its answer: with shares alone, a user
+                // history whose writes mostly fail their conditions met
+                // none in about one run of three.
+                if write && self.0.lost_writes.load(Ordering::Relaxed) == 0 {
+                    Fault::DroppedAfterApply
+                } else {
+                    drawn
+                }
             }
         };
         let items = if operation == "TransactWriteItems" {
