@@ -172,6 +172,17 @@ pub enum Origin {
         /// The shard the record was read from.
         shard_id: String,
     },
+    /// A record of Kinesis Data Streams for DynamoDB (the Lambda's Kinesis
+    /// events, `run --kinesis-stream`). Its sequence number is the Kinesis
+    /// record's: it orders nothing of one item.
+    Kinesis {
+        /// The Kinesis stream's ARN, when known.
+        stream_arn: Option<String>,
+        /// The shard it was read from, when known.
+        shard_id: Option<String>,
+        /// The table whose change it is (`tableName`).
+        table_name: String,
+    },
     /// An item read by a table scan (backfill, audit).
     Scan {
         /// The scan segment that read it.

@@ -11,11 +11,13 @@
 
 mod fast;
 mod guarded;
+mod kinesis;
 mod lambda;
 mod scan;
 mod sdk;
 mod streams;
 
+pub use kinesis::{decode_kinesis_data, decode_kinesis_lambda_record, KinesisMeta};
 pub use lambda::{
     decode_lambda_event, decode_lambda_record, decode_lambda_record_json, LambdaEventError,
 };

@@ -40,6 +40,7 @@ fn describe(record: &ChangeRecord) -> String {
             event_source_arn.as_deref().unwrap_or("(no ARN)")
         ),
         Origin::Stream { shard_id } => format!("stream {shard_id}"),
+        Origin::Kinesis { table_name, .. } => format!("kinesis {table_name}"),
         Origin::Scan { segment } => format!("scan segment {segment}"),
         Origin::Synthetic => "synthetic".to_string(),
     };
