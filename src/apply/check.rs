@@ -141,10 +141,11 @@ pub(crate) fn values_precede_recomputes(spec: &crate::spec::Spec) -> bool {
 pub(crate) async fn check_batch(
     ctx: &Ctx<'_>,
     batch: &[Result<ChangeRecord, DecodeProblem>],
-    deadline: Option<tokio::time::Instant>,
+    options: &super::BatchOptions,
     concurrency: usize,
     part: Part,
 ) -> CheckStats {
+    let deadline = options.deadline;
     let spec = ctx.spec;
     if spec.invariants.is_empty() {
         return CheckStats::default();
@@ -158,7 +159,7 @@ pub(crate) async fn check_batch(
     // The last state the batch shows of each item (None: removed).
     let mut last_state: HashMap<ItemKey, Option<&Image>> = HashMap::new();
     for record in batch.iter().flatten() {
-        if matches!(record.origin, Origin::Scan { .. }) {
+        if matches!(record.origin, Origin::Scan { .. }) && !options.check_states {
             continue;
         }
         let Some(key) = spec.table.item_key(&record.keys) else {

@@ -141,6 +141,11 @@ pub struct BatchOptions {
     /// record of their item write nothing their images decide
     /// ([`Delivery`]).
     pub delivery: Option<Arc<Delivery>>,
+    /// Check the invariants on items derived as they are now
+    /// ([`Applier::current_states`]): they stand for a live source's
+    /// records (Kinesis). Otherwise such items are left to the audit, as a
+    /// backfill's are.
+    pub check_states: bool,
 }
 
 /// What happened to one record of a batch.
@@ -711,8 +716,7 @@ impl Applier {
             async {
                 if early {
                     let part = check::Part::Values;
-                    check::check_batch(&ctx, batch, options.deadline, self.config.concurrency, part)
-                        .await
+                    check::check_batch(&ctx, batch, options, self.config.concurrency, part).await
                 } else {
                     CheckStats::default()
                 }
@@ -788,8 +792,7 @@ impl Applier {
                 check::Part::All
             };
             let mut checks =
-                check::check_batch(&ctx, batch, options.deadline, self.config.concurrency, part)
-                    .await;
+                check::check_batch(&ctx, batch, options, self.config.concurrency, part).await;
             checks.add(&early_checks);
             checks
         } else {

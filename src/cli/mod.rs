@@ -131,6 +131,9 @@ pub enum Command {
         /// Exit 0 once the stream is caught up.
         #[arg(long)]
         drain: bool,
+        /// Where the changes come from, when not the table's own stream.
+        #[command(flatten)]
+        source: KinesisSource,
     },
     /// Process the whole retained stream again from its start, each record
     /// a hint: the items a page of records names are read consistently
@@ -143,6 +146,9 @@ pub enum Command {
         /// Only these projections (repeatable; default all).
         #[arg(long = "projection")]
         projections: Vec<String>,
+        /// Where the changes come from, when not the table's own stream.
+        #[command(flatten)]
+        source: KinesisSource,
     },
     /// Wait until everything the spec derives from one source item's
     /// current state is in place (read-your-writes), with consistent
@@ -443,6 +449,38 @@ pub struct Target {
     pub consumer: Option<String>,
 }
 
+/// A Kinesis data stream as the source of `run` and `replay`.
+#[derive(Debug, Clone, Default, clap::Args)]
+pub struct KinesisSource {
+    /// Read this Kinesis data stream (its ARN), to which the table sends
+    /// its changes with Kinesis Data Streams for DynamoDB, instead of the
+    /// table's DynamoDB stream. Each page's items are derived as they are
+    /// now (one consistent read per item per page): Kinesis may deliver a
+    /// change twice, and one item's changes in any order. Changes of other
+    /// tables are left to the consumer that serves them, or dead-lettered
+    /// naming their table when nothing does.
+    #[arg(
+        long = "kinesis-stream",
+        env = "PROJECTOR_KINESIS_STREAM",
+        value_name = "ARN"
+    )]
+    pub kinesis_stream: Option<String>,
+    /// With --kinesis-stream: shards without a checkpoint (every shard, for
+    /// `replay`) start at the first change written at or after this time
+    /// (RFC 3339, e.g. 2026-11-20T00:00:00Z) rather than the oldest kept.
+    #[arg(long, value_name = "TIMESTAMP", requires = "kinesis_stream", value_parser = parse_rfc3339_ms)]
+    pub from: Option<i64>,
+}
+
+/// An RFC 3339 time as milliseconds since the epoch.
+fn parse_rfc3339_ms(text: &str) -> Result<i64, String> {
+    chrono::DateTime::parse_from_rfc3339(text)
+        .map(|t| t.timestamp_millis())
+        .map_err(|error| {
+            format!("`{text}` is not an RFC 3339 time such as 2026-11-20T00:00:00Z: {error}")
+        })
+}
+
 /// What `register` and `unregister` share.
 #[derive(Debug, Clone, clap::Args)]
 pub struct ChangeArgs {
@@ -564,11 +602,16 @@ pub fn run(cli: Cli) -> anyhow::Result<Outcome> {
         Command::Table {
             command: TableCommand::Create { target },
         } => block_on(online::table_create(target)),
-        Command::Run { target, drain } => block_on(stream::run(target, drain)),
+        Command::Run {
+            target,
+            drain,
+            source,
+        } => block_on(stream::run(target, drain, source)),
         Command::Replay {
             target,
             projections,
-        } => block_on(stream::replay(target, projections)),
+            source,
+        } => block_on(stream::replay(target, projections, source)),
         Command::Wait {
             target,
             keys,

@@ -9,19 +9,23 @@ use super::Outcome;
 
 use anyhow::bail;
 
-use super::{connect, OutputFormat, Target};
+use super::{connect, KinesisSource, OutputFormat, Target};
 use crate::global::{Ran, RunFailed, Step, Worked};
 use crate::source::recover::RecoverOptions;
 use crate::source::stream::MAX_BATCH;
 use crate::source::RunOptions;
 
 /// `run`: tail the stream, applying projections, checkpointing per shard.
-pub async fn run(target: Target, drain: bool) -> anyhow::Result<Outcome> {
-    let options = batch_limit(if drain {
-        RunOptions::drain()
-    } else {
-        RunOptions::follow()
-    })?;
+pub async fn run(target: Target, drain: bool, source: KinesisSource) -> anyhow::Result<Outcome> {
+    let options = from_kinesis(
+        batch_limit(if drain {
+            RunOptions::drain()
+        } else {
+            RunOptions::follow()
+        })?,
+        &target,
+        source,
+    );
     let c = match connect(&target).await {
         Ok(connection) => connection,
         Err(result) => return result,
@@ -44,8 +48,12 @@ pub async fn run(target: Target, drain: bool) -> anyhow::Result<Outcome> {
 }
 
 /// `replay`: process the retained stream again from its start.
-pub async fn replay(target: Target, projections: Vec<String>) -> anyhow::Result<Outcome> {
-    let mut options = batch_limit(RunOptions::replay(None))?;
+pub async fn replay(
+    target: Target,
+    projections: Vec<String>,
+    source: KinesisSource,
+) -> anyhow::Result<Outcome> {
+    let mut options = from_kinesis(batch_limit(RunOptions::replay(None))?, &target, source);
     let c = match connect(&target).await {
         Ok(connection) => connection,
         Err(result) => return result,
@@ -177,4 +185,25 @@ fn print_failed(verb: &str, table: &str, failed: RunFailed) -> anyhow::Error {
         print_ran(verb, table, ran);
     }
     failed.error
+}
+
+/// `options` reading the Kinesis stream `source` names, if any: the tables
+/// the spec files describe besides the command's are another consumer's.
+fn from_kinesis(mut options: RunOptions, target: &Target, source: KinesisSource) -> RunOptions {
+    if let Some(arn) = source.kinesis_stream {
+        let described = target
+            .spec
+            .as_deref()
+            .and_then(|path| crate::spec::SpecSet::load(path).ok())
+            .map(|set| {
+                set.specs()
+                    .iter()
+                    .map(|spec| spec.table.name.clone())
+                    .collect::<Vec<_>>()
+            })
+            .unwrap_or_default();
+        options.kinesis = Some(crate::source::KinesisStream { arn, described });
+        options.from_ms = source.from;
+    }
+    options
 }

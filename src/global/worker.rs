@@ -79,7 +79,14 @@ pub async fn run_stream(
     options: RunOptions,
     verb: &str,
 ) -> Result<Ran, RunFailed> {
-    let (stream_arn, _) = crate::dynamo::client::require_stream(&c.dynamodb, &c.table).await?;
+    let stream_arn = match &options.kinesis {
+        Some(kinesis) => kinesis.arn.clone(),
+        None => {
+            crate::dynamo::client::require_stream(&c.dynamodb, &c.table)
+                .await?
+                .0
+        }
+    };
     // `run` consumes the stream for the whole spec; `replay` does not.
     let consumer = options.checkpoints && options.selection.is_none();
     tracing::info!(table = %c.table, stream = %stream_arn, drain = options.drain, checkpoints = options.checkpoints, "starting");
@@ -113,11 +120,26 @@ pub async fn run_stream(
                 ..c.apply_config()
             },
         );
-        let runner = StreamRunner::new(
-            applier,
-            crate::dynamo::client::streams(&c.config),
-            &stream_arn,
-        );
+        let runner = match &options.kinesis {
+            Some(kinesis) => StreamRunner::kinesis(
+                applier,
+                aws_sdk_kinesis::Client::new(&c.config),
+                &stream_arn,
+                crate::source::OtherTables::new(
+                    kinesis
+                        .described
+                        .iter()
+                        .filter(|table| **table != c.table)
+                        .cloned(),
+                    Some(c.dynamodb.clone()),
+                ),
+            ),
+            None => StreamRunner::new(
+                applier,
+                crate::dynamo::client::streams(&c.config),
+                &stream_arn,
+            ),
+        };
         // The counters' layout is read again (see `control::relaid`); a
         // replay (no checkpoints) lays out again too: refused for a stale
         // layout, it starts over with the new one (replays change nothing

@@ -23,4 +23,6 @@ pub mod recover;
 pub mod stream;
 
 pub use checkpoint::{Checkpoint, CheckpointStore};
-pub use stream::{RunError, RunErrorKind, RunOptions, StreamRunner, Summary};
+pub use stream::{
+    KinesisStream, OtherTables, RunError, RunErrorKind, RunOptions, StreamRunner, Summary,
+};

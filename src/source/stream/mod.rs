@@ -29,16 +29,12 @@ use std::future::Future;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use aws_sdk_dynamodbstreams::types::ShardIteratorType;
 use serde::Serialize;
 use tokio::sync::watch;
 
 use super::checkpoint::{CheckpointError, CheckpointStore};
 use crate::apply::{Applier, ApplyError, BatchOptions};
-use crate::dynamo::retry::{
-    classify, describe as retry_describe, retry_request, ErrorClass, Retrier, UntilStopped,
-    STREAM_REQUEST_TIME,
-};
+use crate::dynamo::retry::{ErrorClass, Retrier, UntilStopped, STREAM_REQUEST_TIME};
 use crate::plan::Skip;
 use crate::record::SequenceNumber;
 use crate::spec::ProjectionId;
@@ -77,9 +73,30 @@ pub struct RunOptions {
     /// the state read ([`Applier::current_states`]). An image older than
     /// what the table already shows is then never applied again, so
     /// readers never see the past, and an exact table is not written.
-    /// Off for `run`: its records are new, and reading each item would
-    /// cost a read per record.
+    /// Off for `run` on DynamoDB Streams: its records are new, and
+    /// reading each item would cost a read per record. Always on for a
+    /// Kinesis stream, whose records of one item come twice and in any
+    /// order.
     pub derive_current: bool,
+    /// Where shards without a checkpoint start on a Kinesis stream: the
+    /// first record written at or after this time (ms since the epoch;
+    /// `None`: the trim horizon). DynamoDB Streams always starts at its
+    /// trim horizon.
+    pub from_ms: Option<i64>,
+    /// Read this Kinesis data stream rather than the table's DynamoDB
+    /// stream (the CLI's `--kinesis-stream`; used by
+    /// `crate::global::run_stream`).
+    pub kinesis: Option<KinesisStream>,
+}
+
+/// A Kinesis data stream the table sends its changes to.
+#[derive(Debug, Clone)]
+pub struct KinesisStream {
+    /// Its ARN.
+    pub arn: String,
+    /// Tables the spec files given describe: their changes are another
+    /// consumer's ([`OtherTables`]).
+    pub described: Vec<String>,
 }
 
 impl RunOptions {
@@ -94,6 +111,8 @@ impl RunOptions {
             relist_interval: Duration::from_secs(10),
             batch_limit: MAX_BATCH,
             derive_current: false,
+            from_ms: None,
+            kinesis: None,
         }
     }
 
@@ -267,8 +286,9 @@ pub struct RunError {
 #[derive(Debug, Clone)]
 pub struct StreamRunner {
     applier: Applier,
-    streams: aws_sdk_dynamodbstreams::Client,
+    streams: StreamApi,
     stream_arn: String,
+    others: OtherTables,
 }
 
 impl StreamRunner {
@@ -280,8 +300,30 @@ impl StreamRunner {
     ) -> StreamRunner {
         StreamRunner {
             applier,
-            streams,
+            streams: StreamApi::Dynamo(streams),
             stream_arn: stream_arn.to_string(),
+            others: OtherTables::default(),
+        }
+    }
+
+    /// A runner for the Kinesis data stream `stream_arn`, which Kinesis
+    /// Data Streams for DynamoDB feeds with the changes of the applier's
+    /// table (and maybe of others). Every page's items are derived as they
+    /// are now ([`RunOptions::derive_current`]): the stream may hold one
+    /// change twice, and one item's changes in any order. A change of
+    /// another table is skipped when `others` says another consumer
+    /// serves it, and dead-lettered naming its table otherwise.
+    pub fn kinesis(
+        applier: Applier,
+        kinesis: aws_sdk_kinesis::Client,
+        stream_arn: &str,
+        others: OtherTables,
+    ) -> StreamRunner {
+        StreamRunner {
+            applier,
+            streams: StreamApi::Kinesis(kinesis),
+            stream_arn: stream_arn.to_string(),
+            others,
         }
     }
 
@@ -321,6 +363,10 @@ impl StreamRunner {
         stop: impl Future<Output = ()>,
     ) -> Result<Summary, RunError> {
         let started = Instant::now();
+        let mut options = options;
+        if self.streams.is_kinesis() {
+            options.derive_current = true;
+        }
         let shared = Arc::new(Shared {
             applier: self.applier.clone(),
             streams: self.streams.clone(),
@@ -333,8 +379,12 @@ impl StreamRunner {
                 // already: a marker read costs less than a cancelled
                 // transaction (as for a backfill and `recover`).
                 read_markers_first: options.derive_current,
+                // A Kinesis stream's records are live: its items' invariants
+                // are checked as the DynamoDB stream's are.
+                check_states: self.streams.is_kinesis() && options.checkpoints,
                 ..BatchOptions::default()
             },
+            others: self.others.clone(),
             options,
             summary: Mutex::new(Summary::default()),
         });
@@ -358,16 +408,24 @@ impl StreamRunner {
     }
 }
 
+mod api;
 mod coordinator;
+mod others;
 mod shard;
+
+pub use others::OtherTables;
+
+pub(crate) use api::StreamApi;
+use api::{ApiError, Start};
 
 use coordinator::Coordinator;
 
 /// What every shard task shares.
 struct Shared {
     applier: Applier,
-    streams: aws_sdk_dynamodbstreams::Client,
+    streams: StreamApi,
     stream_arn: String,
+    others: OtherTables,
     checkpoints: Option<CheckpointStore>,
     /// The skip reason of the projector's own items.
     bookkeeping: String,
@@ -425,67 +483,47 @@ impl Shared {
         }
     }
 
-    /// Every shard of the stream, in the order `DescribeStream` lists them.
+    /// Every shard of the stream, in the order the stream lists them.
     async fn list_shards(&self) -> Result<Vec<ShardInfo>, RunErrorKind> {
-        let mut shards = Vec::new();
-        let mut start: Option<String> = None;
+        let operation = if self.streams.is_kinesis() {
+            "ListShards"
+        } else {
+            "DescribeStream"
+        };
         let mut retrier = Retrier::slow(Some(STREAM_REQUEST_TIME));
         loop {
-            let sent = retry_request(
-                &mut retrier,
-                || {
-                    self.streams
-                        .describe_stream()
-                        .stream_arn(&self.stream_arn)
-                        .set_exclusive_start_shard_id(start.clone())
-                        .send()
-                },
-                |reason, error, wait| {
-                    tracing::warn!(reason, error = %retry_describe(error), wait_ms = wait.as_millis() as u64, "listing shards failed; retrying");
-                },
-            )
-            .await;
-            let output = match sent {
-                Ok(output) => output,
-                Err((_, error)) => {
-                    if error
-                        .as_service_error()
-                        .is_some_and(|e| e.is_resource_not_found_exception())
-                    {
-                        return Err(self.stream_error(
-                            "DescribeStream",
-                            "the stream does not exist (was it disabled, or the table deleted?)"
-                                .to_string(),
-                        ));
-                    }
-                    return Err(self.stream_error("DescribeStream", retry_describe(&error)));
+            match self.streams.list_shards(&self.stream_arn).await {
+                Ok(listed) => {
+                    return Ok(listed
+                        .into_iter()
+                        .map(|shard| ShardInfo {
+                            shard_id: shard.shard_id,
+                            parent: shard.parent,
+                            closed: shard.closed,
+                        })
+                        .collect())
                 }
-            };
-            let Some(description) = output.stream_description() else {
-                return Ok(shards);
-            };
-            for shard in description.shards() {
-                let Some(shard_id) = shard.shard_id() else {
-                    continue;
-                };
-                shards.push(ShardInfo {
-                    shard_id: shard_id.to_string(),
-                    parent: shard.parent_shard_id().map(str::to_string),
-                    closed: shard
-                        .sequence_number_range()
-                        .and_then(|r| r.ending_sequence_number())
-                        .is_some(),
-                });
-            }
-            match description.last_evaluated_shard_id() {
-                Some(last) if !last.is_empty() => start = Some(last.to_string()),
-                _ => return Ok(shards),
+                Err(ApiError::NotFound(message)) => {
+                    return Err(self.stream_error(operation, message))
+                }
+                Err(ApiError::Other(ErrorClass::Retry(reason), message)) => {
+                    let waited = retrier
+                        .wait(|wait| {
+                            tracing::warn!(reason, error = %message, wait_ms = wait.as_millis() as u64, "listing shards failed; retrying");
+                        })
+                        .await;
+                    if !waited {
+                        return Err(self.stream_error(operation, message));
+                    }
+                }
+                Err(error) => return Err(self.stream_error(operation, api_message(&error))),
             }
         }
     }
 
-    /// A fresh iterator after the shard's position (or at its start);
-    /// `None` when the shard has nothing more to read.
+    /// A fresh iterator after the shard's position (or at its start: the
+    /// trim horizon, or the run's start time on Kinesis); `None` when the
+    /// shard has nothing more to read.
     async fn shard_iterator(
         &self,
         run: &ShardRun,
@@ -493,62 +531,51 @@ impl Shared {
     ) -> Result<Option<String>, RunErrorKind> {
         let mut waits = UntilStopped::new();
         loop {
-            let mut request = self
-                .streams
-                .get_shard_iterator()
-                .stream_arn(&self.stream_arn)
-                .shard_id(&run.shard_id);
-            request = match &run.position {
-                Some(seq) => request
-                    .shard_iterator_type(ShardIteratorType::AfterSequenceNumber)
-                    .sequence_number(seq.as_str()),
-                None => request.shard_iterator_type(ShardIteratorType::TrimHorizon),
+            let start = match (&run.position, self.options.from_ms) {
+                (Some(seq), _) => Start::After(seq),
+                (None, Some(ms)) => Start::At(ms),
+                (None, None) => Start::TrimHorizon,
             };
-            let error = match request.send().await {
-                Ok(output) => return Ok(output.shard_iterator().map(str::to_string)),
+            let error = match self
+                .streams
+                .shard_iterator(&self.stream_arn, &run.shard_id, start)
+                .await
+            {
+                Ok(iterator) => return Ok(iterator),
                 Err(error) => error,
             };
-            let service = error.as_service_error();
-            if service.is_some_and(|e| e.is_trimmed_data_access_exception())
-                && run.position.is_some()
-            {
-                return Err(self.records_lost(&run.shard_id, run.position.as_ref(), TRIMMED));
-            }
-            // DynamoDB refuses a sequence number the shard does not hold
-            // (DynamoDB Local says so for any it never had, too): reading on
-            // from anywhere else would skip records.
-            if let (Some(seq), Some(service)) = (&run.position, service) {
-                let message = service.meta().message().unwrap_or_default();
-                if service.meta().code() == Some("ValidationException")
-                    && message.contains("SequenceNumber")
-                {
+            match error {
+                ApiError::Trimmed if run.position.is_some() => {
+                    return Err(self.records_lost(&run.shard_id, run.position.as_ref(), TRIMMED));
+                }
+                // Reading on from anywhere else would skip records.
+                ApiError::BadSequenceNumber(message) if run.position.is_some() => {
                     let detail = format!(
-                        "DynamoDB Streams does not accept it for this shard (`{message}`), so the records \
+                        "the stream does not accept it for this shard (`{message}`), so the records \
                          after it cannot be found"
                     );
-                    return Err(self.records_lost(&run.shard_id, Some(seq), &detail));
+                    return Err(self.records_lost(&run.shard_id, run.position.as_ref(), &detail));
                 }
-            }
-            if service.is_some_and(|e| e.is_resource_not_found_exception()) {
-                return Err(self.stream_error(
-                    "GetShardIterator",
-                    format!(
-                        "shard {} no longer exists before it was read to its end (the stream was disabled, \
-                         or the shard was trimmed: then records after sequence number {} were lost; see \
-                         `ddb-projector backfill --all`)",
-                        run.shard_id,
-                        run.position.as_ref().map_or("none", |s| s.as_str())
-                    ),
-                ));
-            }
-            match classify(&error) {
-                ErrorClass::Fatal(message) | ErrorClass::Poison(message) => {
+                ApiError::NotFound(_) => {
+                    return Err(self.stream_error(
+                        "GetShardIterator",
+                        format!(
+                            "shard {} no longer exists before it was read to its end (the stream was disabled, \
+                             or the shard was trimmed: then records after sequence number {} were lost; see \
+                             `ddb-projector backfill --all`)",
+                            run.shard_id,
+                            run.position.as_ref().map_or("none", |s| s.as_str())
+                        ),
+                    ));
+                }
+                ApiError::Other(ErrorClass::Fatal(message) | ErrorClass::Poison(message), _) => {
                     return Err(self.stream_error("GetShardIterator", message));
                 }
-                _ => {
+                error => {
+                    let message = api_message(&error);
                     let stopped = waits
                         .wait_or_stop(stop, |wait| {
-                            tracing::warn!(shard = %run.shard_id, error = %retry_describe(&error), wait_ms = wait.as_millis() as u64, "GetShardIterator failed; retrying");
+                            tracing::warn!(shard = %run.shard_id, error = %message, wait_ms = wait.as_millis() as u64, "GetShardIterator failed; retrying");
                         })
                         .await;
                     if stopped {
@@ -557,6 +584,17 @@ impl Shared {
                 }
             }
         }
+    }
+}
+
+/// What a failed stream request says, for people.
+fn api_message(error: &ApiError) -> String {
+    match error {
+        ApiError::Expired => "the shard iterator expired".to_string(),
+        ApiError::Trimmed => "the records were trimmed from the stream".to_string(),
+        ApiError::NotFound(message)
+        | ApiError::BadSequenceNumber(message)
+        | ApiError::Other(_, message) => message.clone(),
     }
 }
 

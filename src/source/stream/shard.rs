@@ -4,15 +4,13 @@
 use std::sync::Arc;
 use std::time::{Instant, SystemTime};
 
-use aws_sdk_dynamodbstreams::types::Record;
 use tokio::sync::watch;
 
+use super::api::{ApiError, Page};
 use crate::apply::{ApplyError, BatchOptions, Delivered, Delivery, RecordStatus};
-use crate::decode::decode_stream_record;
-use crate::dynamo::retry::{
-    classify, describe as retry_describe, sleep_or_stop, ErrorClass, UntilStopped, WriteError,
-};
-use crate::record::SequenceNumber;
+use crate::decode::{DecodeProblem, Decoded};
+use crate::dynamo::retry::{sleep_or_stop, ErrorClass, UntilStopped, WriteError};
+use crate::record::{ChangeRecord, Origin};
 use crate::source::checkpoint::{Checkpoint, CheckpointError};
 
 use super::{RunErrorKind, ShardExit, ShardRun, Shared, TaskResult, MAX_BATCH, TRIMMED};
@@ -57,61 +55,50 @@ async fn walk(
         };
         let read = match read_ahead.take() {
             Some((at, read)) if at == current => read,
-            _ => get_records(shared, &current).await,
+            _ => get_records(shared, &run.shard_id, &current).await,
         };
         let page = match read {
             Ok(page) => {
                 read_errors.reset();
                 page
             }
+            Err(ApiError::Expired) => {
+                tracing::debug!(shard = %run.shard_id, "iterator expired; renewing from the checkpoint");
+                continue;
+            }
+            Err(ApiError::Trimmed) => {
+                if run.position.is_some() {
+                    return Err(shared.records_lost(&run.shard_id, run.position.as_ref(), TRIMMED));
+                }
+                // The trim horizon moved while we started from it: start
+                // from where it is now.
+                if read_errors.wait_or_stop(stop, |_| {}).await {
+                    return Ok(ShardExit::Stopped);
+                }
+                continue;
+            }
+            // Let GetShardIterator tell whether the shard is gone.
+            Err(ApiError::NotFound(_)) => continue,
+            Err(ApiError::Other(ErrorClass::Fatal(message), _)) => {
+                return Err(shared.stream_error("GetRecords", message))
+            }
             Err(error) => {
-                let service = error.as_service_error();
-                if service.is_some_and(|e| e.is_expired_iterator_exception()) {
-                    tracing::debug!(shard = %run.shard_id, "iterator expired; renewing from the checkpoint");
-                    continue;
+                let message = super::api_message(&error);
+                let stopped = read_errors
+                    .wait_or_stop(stop, |wait| {
+                        tracing::warn!(shard = %run.shard_id, error = %message, wait_ms = wait.as_millis() as u64, "GetRecords failed; retrying");
+                    })
+                    .await;
+                if stopped {
+                    return Ok(ShardExit::Stopped);
                 }
-                if service.is_some_and(|e| e.is_trimmed_data_access_exception()) {
-                    if run.position.is_some() {
-                        return Err(shared.records_lost(
-                            &run.shard_id,
-                            run.position.as_ref(),
-                            TRIMMED,
-                        ));
-                    }
-                    // The trim horizon moved while we started from it: start
-                    // from where it is now.
-                    if read_errors.wait_or_stop(stop, |_| {}).await {
-                        return Ok(ShardExit::Stopped);
-                    }
-                    continue;
-                }
-                if service.is_some_and(|e| e.is_resource_not_found_exception()) {
-                    // Let GetShardIterator tell whether the shard is gone.
-                    continue;
-                }
-                match classify(&error) {
-                    ErrorClass::Fatal(message) => {
-                        return Err(shared.stream_error("GetRecords", message))
-                    }
-                    _ => {
-                        let stopped = read_errors
-                            .wait_or_stop(stop, |wait| {
-                                tracing::warn!(shard = %run.shard_id, error = %retry_describe(&error), wait_ms = wait.as_millis() as u64, "GetRecords failed; retrying");
-                            })
-                            .await;
-                        if stopped {
-                            return Ok(ShardExit::Stopped);
-                        }
-                        // The iterator is still good unless it expired meanwhile.
-                        iterator = Some(current);
-                        continue;
-                    }
-                }
+                // The iterator is still good unless it expired meanwhile.
+                iterator = Some(current);
+                continue;
             }
         };
-        let next = page.next_shard_iterator().map(str::to_string);
-        let records = page.records();
-        if records.is_empty() {
+        let next = page.next.clone();
+        if page.records.is_empty() {
             let Some(next) = next else {
                 finish(shared, run).await?;
                 return Ok(ShardExit::Finished);
@@ -139,15 +126,18 @@ async fn walk(
             continue;
         }
         empty_pages = 0;
-        let (handled_all, save_now) = apply_page(shared, run, records, next.is_none()).await?;
+        let (handled_all, save_now) = apply_page(shared, run, page, next.is_none()).await?;
         if save_now {
             // The checkpoint and the next page go out together: one round
             // trip per batch fewer. The page is read again if the batch
             // was not all handled.
             match next.as_deref().filter(|_| handled_all) {
                 Some(next) => {
-                    let (saved, page) =
-                        tokio::join!(save(shared, run, false), get_records(shared, next));
+                    let shard_id = run.shard_id.clone();
+                    let (saved, page) = tokio::join!(
+                        save(shared, run, false),
+                        get_records(shared, &shard_id, next)
+                    );
                     saved?;
                     read_ahead = Some((next.to_string(), page));
                 }
@@ -178,21 +168,18 @@ async fn walk(
     }
 }
 
-type GetRecordsResult = Result<
-    aws_sdk_dynamodbstreams::operation::get_records::GetRecordsOutput,
-    aws_sdk_dynamodbstreams::error::SdkError<
-        aws_sdk_dynamodbstreams::operation::get_records::GetRecordsError,
-    >,
->;
+type GetRecordsResult = Result<Page, ApiError>;
 
-/// One `GetRecords` call from `iterator`.
-async fn get_records(shared: &Shared, iterator: &str) -> GetRecordsResult {
+/// One `GetRecords` call from `iterator` of `shard_id`, decoded.
+async fn get_records(shared: &Shared, shard_id: &str, iterator: &str) -> GetRecordsResult {
     shared
         .streams
-        .get_records()
-        .shard_iterator(iterator)
-        .limit(shared.options.batch_limit.clamp(1, MAX_BATCH))
-        .send()
+        .get_records(
+            &shared.stream_arn,
+            shard_id,
+            iterator,
+            shared.options.batch_limit.clamp(1, MAX_BATCH),
+        )
         .await
 }
 
@@ -202,15 +189,22 @@ async fn get_records(shared: &Shared, iterator: &str) -> GetRecordsResult {
 async fn apply_page(
     shared: &Shared,
     run: &mut ShardRun,
-    records: &[Record],
+    page: Page,
     last_page: bool,
 ) -> Result<(bool, bool), RunErrorKind> {
-    let batch: Vec<_> = records
-        .iter()
-        .enumerate()
-        .map(|(index, record)| decode_stream_record(index, &run.shard_id, record))
-        .collect();
-    let n = records.len();
+    let Page {
+        records: batch,
+        positions,
+        behind_ms,
+        ..
+    } = page;
+    let n = batch.len();
+    // A Kinesis stream's changes of other tables: each is left to the
+    // consumer that serves its table, or dead-lettered naming it.
+    let (batch, others) = match shared.streams.is_kinesis() {
+        true => route_tables(shared, batch).await,
+        false => (batch, vec![None; n]),
+    };
     let created: Vec<Option<i64>> = batch
         .iter()
         .map(|r| r.as_ref().ok().and_then(|r| r.approximate_creation_ms))
@@ -274,8 +268,8 @@ async fn apply_page(
     // applied before with newer ones: the shard's entry in the ledger of
     // deliveries says how far its pages reached (a replay applies current
     // states, guarded by what it read, instead).
-    let first = records.iter().find_map(sequence_number);
-    let last = records.iter().rev().find_map(sequence_number);
+    let first = positions.iter().find_map(Clone::clone);
+    let last = positions.iter().rev().find_map(Clone::clone);
     let delivery = match (run.ledger.clone().filter(|_| !derive), first, last) {
         (Some(ledger), Some(first), Some(last)) => {
             let table = &shared.applier.spec().table;
@@ -307,13 +301,18 @@ async fn apply_page(
         shared.applier.delivery_completed(delivery);
     }
     let apply_ms = applying.elapsed().as_millis() as u64;
-    // A record is handled when the record applied for it is.
-    let status_of = |i: usize| &outcome.statuses[stands_for[i]];
+    // A record is handled when the record applied for it is (another
+    // table's: when its table is told).
+    let status_of = |i: usize| {
+        others[i]
+            .as_ref()
+            .unwrap_or(&outcome.statuses[stands_for[i]])
+    };
     let handled = (0..n).position(|i| !status_of(i).is_handled()).unwrap_or(n);
-    let first_seq = sequence_number(&records[0]);
+    let first_seq = positions[0].clone();
     let statuses: Vec<&RecordStatus> = (0..handled).map(status_of).collect();
     if handled > 0 {
-        if let Some(seq) = records[..handled].iter().rev().find_map(sequence_number) {
+        if let Some(seq) = positions[..handled].iter().rev().find_map(Clone::clone) {
             run.position = Some(seq);
         }
         run.records += handled as u64;
@@ -321,11 +320,15 @@ async fn apply_page(
     let now_ms = SystemTime::now()
         .duration_since(SystemTime::UNIX_EPOCH)
         .map_or(0, |d| d.as_millis() as i64);
-    let lag_ms = created[..handled]
-        .iter()
-        .rev()
-        .find_map(|created| *created)
-        .map(|created| (now_ms - created).max(0));
+    // Kinesis says how far behind its tip the page is; DynamoDB Streams
+    // tells only each record's time.
+    let lag_ms = behind_ms.filter(|_| handled > 0).or_else(|| {
+        created[..handled]
+            .iter()
+            .rev()
+            .find_map(|created| *created)
+            .map(|created| (now_ms - created).max(0))
+    });
     // Letters stored: one per record applied, whichever records it stands for.
     let mut lettered: Vec<usize> = stands_for[..handled]
         .iter()
@@ -387,7 +390,7 @@ async fn apply_page(
         };
         tracing::warn!(
             shard = %run.shard_id,
-            sequence_number = sequence_number(&records[handled]).as_ref().map_or("", |s| s.as_str()),
+            sequence_number = positions[handled].as_ref().map_or("", |s| s.as_str()),
             failed = n - handled,
             %reason,
             "records failed; reading again from the checkpoint after a pause"
@@ -442,10 +445,60 @@ async fn save(shared: &Shared, run: &mut ShardRun, finished: bool) -> Result<(),
     }
 }
 
-fn sequence_number(record: &Record) -> Option<SequenceNumber> {
-    record
-        .dynamodb()
-        .and_then(|s| s.sequence_number())
-        .filter(|s| !s.is_empty())
-        .map(|s| SequenceNumber(s.to_string()))
+/// Splits a Kinesis page: the records of the runner's table (and those
+/// that could not be decoded) stay to be applied; another table's change
+/// is skipped when its table is served by another consumer, replaced by a
+/// problem naming the table (to be dead-lettered) when nothing serves it,
+/// and failed when that cannot be told now. Returns the page and, for each
+/// record, its status when it is not to be applied.
+async fn route_tables(shared: &Shared, batch: Decoded) -> (Decoded, Vec<Option<RecordStatus>>) {
+    let table = shared.applier.table().to_string();
+    let mut statuses = vec![None; batch.len()];
+    let mut routed = Vec::with_capacity(batch.len());
+    for (index, decoded) in batch.into_iter().enumerate() {
+        let other = match &decoded {
+            Ok(ChangeRecord {
+                origin: Origin::Kinesis { table_name, .. },
+                ..
+            }) if *table_name != table => table_name.clone(),
+            _ => {
+                routed.push(decoded);
+                continue;
+            }
+        };
+        // A replay repairs its own table; the live consumer dead-lettered
+        // what nothing serves.
+        let served = match shared.checkpoints {
+            None => Ok(true),
+            Some(_) => shared.others.served(&other).await,
+        };
+        match served {
+            Ok(true) => {
+                metrics::counter!("projector_records_of_another_table_total").increment(1);
+                statuses[index] = Some(RecordStatus::Skipped(format!(
+                    "a change of table `{other}`, which another consumer serves"
+                )));
+                routed.push(decoded);
+            }
+            Ok(false) => {
+                let record = decoded.expect("matched above");
+                routed.push(Err(DecodeProblem {
+                    index,
+                    event_id: Some(record.event_id.clone()),
+                    sequence_number: Some(record.sequence_number.0.clone()),
+                    reason: format!(
+                        "the change is of table `{other}`, which no spec this runner was given describes \
+                         and nothing is registered in: this runner serves `{table}` (give it a spec of \
+                         `{other}` with --spec, or register one, so that another runner or function serves it)"
+                    ),
+                    raw: serde_json::to_value(&record).unwrap_or_default(),
+                }));
+            }
+            Err(message) => {
+                statuses[index] = Some(RecordStatus::Failed(message));
+                routed.push(decoded);
+            }
+        }
+    }
+    (routed, statuses)
 }
