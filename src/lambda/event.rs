@@ -26,6 +26,23 @@ use super::audit::AuditRequest;
 use super::backfill::BackfillRequest;
 use crate::decode::{decode_lambda_record_json, Decoded, LambdaEventError};
 
+/// Decodes one record of a Lambda Kinesis event from its JSON text.
+fn decode_kinesis_record_json(
+    index: usize,
+    json: &str,
+) -> Result<crate::record::ChangeRecord, crate::decode::DecodeProblem> {
+    match serde_json::from_str::<serde_json::Value>(json) {
+        Ok(raw) => crate::decode::decode_kinesis_lambda_record(index, &raw),
+        Err(error) => Err(crate::decode::DecodeProblem {
+            index,
+            event_id: None,
+            sequence_number: None,
+            reason: format!("the record is not valid JSON: {error}"),
+            raw: serde_json::Value::String(json.to_string()),
+        }),
+    }
+}
+
 /// What one invocation carries.
 #[derive(Debug)]
 pub enum Payload {
@@ -105,6 +122,9 @@ pub struct StreamsEvent {
     /// the first record's (a hand-made pipeline mixing streams): its
     /// index and ARN.
     other_table: Option<(usize, String)>,
+    /// The records are a Kinesis stream's (`eventSource` `aws:kinesis`),
+    /// each carrying a DynamoDB change of the table it names.
+    pub kinesis: bool,
 }
 
 #[derive(Debug)]
@@ -129,6 +149,19 @@ impl StreamsEvent {
             records: Records::Decoded(records),
             event_source_arn,
             other_table: None,
+            kinesis: false,
+        }
+    }
+
+    /// An event of Kinesis records decoded already: each a DynamoDB change
+    /// routed by its table (for callers of the handler and tests).
+    pub fn from_kinesis_records(
+        records: Decoded,
+        event_source_arn: Option<String>,
+    ) -> StreamsEvent {
+        StreamsEvent {
+            kinesis: true,
+            ..StreamsEvent::from_records(records, event_source_arn)
         }
     }
 
@@ -166,6 +199,9 @@ impl StreamsEvent {
     /// that does not decode is a [`crate::decode::DecodeProblem`] in its place.
     pub fn decode(&self, range: Range<usize>) -> Decoded {
         match &self.records {
+            Records::Json(raw) if self.kinesis => range
+                .map(|index| decode_kinesis_record_json(index, raw[index].get()))
+                .collect(),
             Records::Json(raw) => range
                 .map(|index| decode_lambda_record_json(index, raw[index].get()))
                 .collect(),
@@ -313,18 +349,26 @@ impl<'de> Visitor<'de> for RecordsSeed {
         struct Source<'a> {
             #[serde(rename = "eventSourceARN", borrow)]
             arn: Option<std::borrow::Cow<'a, str>>,
+            #[serde(rename = "eventSource", borrow)]
+            source: Option<std::borrow::Cow<'a, str>>,
         }
         let mut raw: Vec<Box<RawValue>> = Vec::with_capacity(seq.size_hint().unwrap_or(0));
         let mut event_source_arn: Option<String> = None;
         let mut other_table = None;
+        let mut kinesis = false;
         while let Some(record) = seq.next_element::<Box<RawValue>>()? {
-            let arn = serde_json::from_str::<Source>(record.get())
-                .ok()
-                .and_then(|source| source.arn);
+            let source = serde_json::from_str::<Source>(record.get()).ok();
+            let (arn, from) = match source {
+                Some(source) => (source.arn, source.source),
+                None => (None, None),
+            };
             match (&event_source_arn, arn) {
                 (None, arn) if raw.is_empty() => {
+                    kinesis = from.as_deref() == Some("aws:kinesis");
                     event_source_arn = arn.map(|arn| arn.into_owned());
                 }
+                // A Kinesis stream's records name their tables in their data.
+                _ if kinesis => {}
                 (Some(first), Some(arn))
                     if other_table.is_none()
                         && table_from_stream_arn(first) != table_from_stream_arn(&arn) =>
@@ -341,6 +385,7 @@ impl<'de> Visitor<'de> for RecordsSeed {
             records: Records::Json(raw),
             event_source_arn,
             other_table,
+            kinesis,
         })
     }
 }

@@ -574,6 +574,7 @@ impl Handler {
     /// The table a payload works on and its spec, when both are known.
     async fn payload_spec(&self, payload: &Payload) -> Option<(String, Arc<Spec>)> {
         match payload {
+            Payload::Stream(event) if event.kinesis => None,
             Payload::Stream(event) => {
                 let table = self.stream_table(event)?;
                 let spec = self.spec_for(&table).await.ok()??;
@@ -680,6 +681,10 @@ impl Handler {
         payload: &Payload,
         context: &Context,
     ) -> Option<Result<Response, InvocationError>> {
+        // A Kinesis stream's batch asks each of its tables in turn.
+        if matches!(payload, Payload::Stream(event) if event.kinesis) {
+            return None;
+        }
         // A table no spec is registered for fails further on.
         let (table, spec) = self.payload_spec(payload).await?;
         if matches!(payload, Payload::Stream(event) if event.is_empty()) {
@@ -742,6 +747,9 @@ impl Handler {
         event: StreamsEvent,
         context: &Context,
     ) -> Result<DynamoDbEventResponse, InvocationError> {
+        if event.kinesis {
+            return self.process_kinesis(event, context).await;
+        }
         let other = event
             .other_table()
             .map(|(index, arn)| (*index, arn.clone(), event.identity(*index).1));

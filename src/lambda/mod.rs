@@ -38,6 +38,7 @@ pub mod backfill;
 pub mod event;
 pub mod filters;
 mod handler;
+mod kinesis;
 pub mod metrics;
 
 use std::io::{Read, Write};
