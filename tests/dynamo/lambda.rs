@@ -446,7 +446,7 @@ fn function_env(spec: &str, table: Option<&str>) -> Vec<(&'static str, String)> 
 // ------------------------------------------------ events from the stream ---
 
 /// Every record of the table's stream so far, as Lambda delivers them.
-async fn stream_records(client: &aws_sdk_dynamodb::Client, table: &str) -> Vec<Value> {
+pub(super) async fn stream_records(client: &aws_sdk_dynamodb::Client, table: &str) -> Vec<Value> {
     let described = client
         .describe_table()
         .table_name(table)
@@ -657,7 +657,7 @@ async fn untouched(client: &aws_sdk_dynamodb::Client, table: &str, user: &str) -
     true
 }
 
-async fn dead_letters(client: &aws_sdk_dynamodb::Client, table: &str) -> Vec<Attrs> {
+pub(super) async fn dead_letters(client: &aws_sdk_dynamodb::Client, table: &str) -> Vec<Attrs> {
     support::scan_all(client, table)
         .await
         .into_iter()
@@ -934,6 +934,121 @@ async fn lambda_dead_letters_poison_records_and_the_batch_succeeds() {
     eprintln!(
         "lambda_dead_letters_poison_records: {:?}",
         started.elapsed()
+    );
+}
+
+/// A Kinesis Data Streams for DynamoDB change as Lambda delivers it from a
+/// Kinesis stream: `data` base64, the Kinesis sequence number beside it.
+fn kinesis_record(data: &[u8], n: usize) -> Value {
+    let seq = format!(
+        "4959033827149025660855969253836157109592157598913658{:04}",
+        n
+    );
+    json!({
+        "kinesis": {
+            "kinesisSchemaVersion": "1.0",
+            "partitionKey": format!("p{n}"),
+            "sequenceNumber": seq,
+            "data": aws_smithy_types::base64::encode(data),
+            "approximateArrivalTimestamp": 1_764_000_000.5,
+        },
+        "eventSource": "aws:kinesis",
+        "eventVersion": "1.0",
+        "eventID": format!("shardId-000000000001:{seq}"),
+        "eventName": "aws:kinesis:record",
+        "invokeIdentityArn": "arn:aws:iam::123456789012:role/projector",
+        "awsRegion": "us-east-1",
+        "eventSourceARN": "arn:aws:kinesis:us-east-1:123456789012:stream/table-changes",
+    })
+}
+
+/// The function fed a Kinesis stream's batch (through the Runtime API,
+/// as Lambda's Kinesis event source mapping sends it): every change twice,
+/// newest first then oldest first, with bad data and another table's
+/// change among them. The table ends exact, nothing is reported failed,
+/// and each bad record is a dead letter naming its problem.
+#[tokio::test]
+async fn lambda_applies_a_kinesis_batch_duplicated_and_reversed_and_letters_bad_data() {
+    let client = support::client().await;
+    let spec = support::shipped_spec("user-service.toml");
+    let table = support::fresh_table(&client, &spec, "lambda-kinesis").await;
+    write_users(&client, &table, &["u1", "u2"]).await;
+    let changes: Vec<Value> = stream_records(&client, &table)
+        .await
+        .iter()
+        .map(|record| super::kinesis::change_data(record, &table, false))
+        .collect();
+    let mut data: Vec<Vec<u8>> = changes
+        .iter()
+        .rev()
+        .chain(changes.iter())
+        .map(|change| change.to_string().into_bytes())
+        .collect();
+    let mut other = changes[0].clone();
+    other["tableName"] = json!("orders-table");
+    data.insert(3, other.to_string().into_bytes());
+    data.insert(5, br#"{"hello": "world"}"#.to_vec());
+    let mut records: Vec<Value> = data
+        .iter()
+        .enumerate()
+        .map(|(n, data)| kinesis_record(data, n))
+        .collect();
+    // Truncated base64.
+    let truncated = kinesis_record(changes[1].to_string().as_bytes(), data.len());
+    let mut cut = truncated.clone();
+    let text = truncated["kinesis"]["data"].as_str().unwrap();
+    cut["kinesis"]["data"] = json!(&text[..text.len() - 3]);
+    records.insert(7, cut);
+
+    let api = RuntimeApi::start().await;
+    let function = Function::start(
+        support::binary(),
+        &api,
+        &function_env("user-service.toml", Some(&table)),
+    );
+    api.ready().await;
+    let outcome = api.invoke_event(&event(&records), GENEROUS).await;
+    assert_eq!(
+        failures(&outcome),
+        Vec::<String>::new(),
+        "{}",
+        function.stderr()
+    );
+    check_user(&client, &table, "u1").await.unwrap();
+    check_user(&client, &table, "u2").await.unwrap();
+    let letters = dead_letters(&client, &table).await;
+    let errors: Vec<String> = letters
+        .iter()
+        .filter_map(|l| support::text(l, "error"))
+        .collect();
+    assert_eq!(letters.len(), 3, "{errors:#?}");
+    for expected in ["`orders-table`", "no `dynamodb` object", "not valid base64"] {
+        assert!(
+            errors.iter().any(|e| e.contains(expected)),
+            "no letter says {expected}: {errors:#?}"
+        );
+    }
+    // Each letter keeps its record whole.
+    assert!(
+        letters
+            .iter()
+            .all(|l| support::text(l, "record").is_some_and(|r| r.len() > 20)),
+        "{letters:#?}"
+    );
+    // The same batch again (Lambda retries after a timeout) changes no
+    // derived item.
+    let before = support::scan_all(&client, &table).await;
+    let outcome = api.invoke_event(&event(&records), GENEROUS).await;
+    assert_eq!(failures(&outcome), Vec::<String>::new());
+    let derived = |items: Vec<HashMap<String, Av>>| -> Vec<HashMap<String, Av>> {
+        items
+            .into_iter()
+            .filter(|i| !support::text(i, "PK").is_some_and(|pk| pk.starts_with("_ddbp#")))
+            .collect()
+    };
+    assert_eq!(
+        derived(support::scan_all(&client, &table).await),
+        derived(before)
     );
 }
 

@@ -10,6 +10,7 @@ mod faults;
 mod global;
 mod holds;
 mod kinds;
+mod kinesis;
 mod lambda;
 mod lifecycle;
 mod membership;

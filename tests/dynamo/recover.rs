@@ -5,7 +5,6 @@
 //! the batch it gave up on, as Lambda moves past it.
 
 use std::process::{Command, Output, Stdio};
-use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
 use aws_sdk_dynamodbstreams::types::{Record, ShardIteratorType};
@@ -15,60 +14,7 @@ use ddb_projector::decode::decode_stream_record;
 use serde_json::json;
 
 use super::model::{check_derived, follow, put_item, social_users};
-use super::support::{self, repo};
-
-// ------------------------------------------------------------------ moto ---
-
-/// The moto server of this test process (started on first use; stopped
-/// when the process exits). `MOTO_SERVER` names its program, else the one
-/// `scripts/test` installs in `.venv-tools`.
-fn moto() -> &'static str {
-    static ENDPOINT: OnceLock<String> = OnceLock::new();
-    ENDPOINT.get_or_init(|| {
-        let program = std::env::var("MOTO_SERVER")
-            .map(std::path::PathBuf::from)
-            .unwrap_or_else(|_| repo().join(".venv-tools/bin/moto_server"));
-        assert!(
-            program.exists(),
-            "{} is missing: the recover tests need moto's server mode (a real SQS API). \
-             `scripts/test` installs it; or `python3 -m venv .venv-tools && .venv-tools/bin/pip install 'moto[server]'`, \
-             or set MOTO_SERVER to a moto_server program",
-            program.display()
-        );
-        let port = {
-            let socket = std::net::TcpListener::bind("127.0.0.1:0").expect("a free port");
-            socket.local_addr().expect("its address").port()
-        };
-        let child = Command::new(&program)
-            .args(["-H", "127.0.0.1", "-p", &port.to_string()])
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("start moto_server");
-        // Stop it when this test process is gone.
-        let watchdog = format!(
-            "while kill -0 {} 2>/dev/null; do sleep 1; done; kill {} 2>/dev/null",
-            std::process::id(),
-            child.id()
-        );
-        #[allow(clippy::zombie_processes)]
-        Command::new("sh")
-            .args(["-c", &watchdog])
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("spawn the watchdog");
-        std::mem::forget(child);
-        let deadline = Instant::now() + Duration::from_secs(60);
-        while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
-            assert!(Instant::now() < deadline, "moto_server did not start on port {port}");
-            std::thread::sleep(Duration::from_millis(100));
-        }
-        format!("http://127.0.0.1:{port}")
-    })
-}
+use super::support::{self, moto, repo};
 
 async fn sqs() -> aws_sdk_sqs::Client {
     aws_sdk_sqs::Client::new(&support::sdk_config_for(moto()).await)

@@ -10,8 +10,10 @@
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
+use std::time::{Duration, Instant};
 
 use aws_sdk_dynamodb::types::AttributeValue as Av;
 use ddb_projector::control;
@@ -374,4 +376,57 @@ pub async fn fixture(spec: Arc<Spec>, prefix: &str) -> Fixture {
         spec,
         applier,
     }
+}
+
+// ------------------------------------------------------------------ moto ---
+
+/// The moto server of this test process (started on first use; stopped
+/// when the process exits). `MOTO_SERVER` names its program, else the one
+/// `scripts/test` installs in `.venv-tools`.
+pub fn moto() -> &'static str {
+    static ENDPOINT: OnceLock<String> = OnceLock::new();
+    ENDPOINT.get_or_init(|| {
+        let program = std::env::var("MOTO_SERVER")
+            .map(std::path::PathBuf::from)
+            .unwrap_or_else(|_| repo().join(".venv-tools/bin/moto_server"));
+        assert!(
+            program.exists(),
+            "{} is missing: the recover and Kinesis tests need moto's server mode (real SQS and Kinesis APIs). \
+             `scripts/test` installs it; or `python3 -m venv .venv-tools && .venv-tools/bin/pip install 'moto[server]'`, \
+             or set MOTO_SERVER to a moto_server program",
+            program.display()
+        );
+        let port = {
+            let socket = std::net::TcpListener::bind("127.0.0.1:0").expect("a free port");
+            socket.local_addr().expect("its address").port()
+        };
+        let child = Command::new(&program)
+            .args(["-H", "127.0.0.1", "-p", &port.to_string()])
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("start moto_server");
+        // Stop it when this test process is gone.
+        let watchdog = format!(
+            "while kill -0 {} 2>/dev/null; do sleep 1; done; kill {} 2>/dev/null",
+            std::process::id(),
+            child.id()
+        );
+        #[allow(clippy::zombie_processes)]
+        Command::new("sh")
+            .args(["-c", &watchdog])
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("spawn the watchdog");
+        std::mem::forget(child);
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+            assert!(Instant::now() < deadline, "moto_server did not start on port {port}");
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        format!("http://127.0.0.1:{port}")
+    })
 }
