@@ -260,6 +260,11 @@ const CASES: u32 = 40;
 
 static DUPLICATED: AtomicUsize = AtomicUsize::new(0);
 static RECORDS: AtomicUsize = AtomicUsize::new(0);
+/// Over the live drains: records read, items read, write requests, batches.
+static READ: AtomicUsize = AtomicUsize::new(0);
+static ITEMS_READ: AtomicUsize = AtomicUsize::new(0);
+static WRITES: AtomicUsize = AtomicUsize::new(0);
+static BATCHES: AtomicUsize = AtomicUsize::new(0);
 
 #[derive(Debug, Clone)]
 struct Plan {
@@ -319,7 +324,7 @@ async fn case(specs: &Specs, plan: &Plan) -> Result<(), TestCaseError> {
         sent = changes.len();
         feed.send(new, send == plan.sends + 1).await;
         let next = (n * (send + 1) / plan.sends).min(n);
-        let ((), _) = tokio::join!(
+        let ((), summary) = tokio::join!(
             writer.write_until(next),
             drain(
                 &client,
@@ -330,6 +335,10 @@ async fn case(specs: &Specs, plan: &Plan) -> Result<(), TestCaseError> {
                 OtherTables::default(),
             )
         );
+        READ.fetch_add(summary.records as usize, Ordering::Relaxed);
+        ITEMS_READ.fetch_add(summary.items_read as usize, Ordering::Relaxed);
+        WRITES.fetch_add(summary.writes as usize, Ordering::Relaxed);
+        BATCHES.fetch_add(summary.batches as usize, Ordering::Relaxed);
     }
     DUPLICATED.fetch_add(feed.put - sent, Ordering::Relaxed);
     // A poison state read while it was poison left a letter; the item is
@@ -426,11 +435,16 @@ fn generated_specs_end_exact_on_a_kinesis_stream_that_duplicates_and_reorders() 
         .expect("a thread")
         .join()
         .expect("the property test thread");
+    let n = |what: &AtomicUsize| what.load(Ordering::Relaxed);
     eprintln!(
-        "timing: Kinesis: {cases} cases took {:.1} s; {} changes, {} extra copies put",
+        "timing: Kinesis: {cases} cases took {:.1} s; {} changes, {} extra copies put; the live drains read {} records (the projector's own writes come back through the stream too) in {} batches, read {} items and sent {} write requests",
         started.elapsed().as_secs_f64(),
-        RECORDS.load(Ordering::Relaxed),
-        DUPLICATED.load(Ordering::Relaxed),
+        n(&RECORDS),
+        n(&DUPLICATED),
+        n(&READ),
+        n(&BATCHES),
+        n(&ITEMS_READ),
+        n(&WRITES),
     );
     if let Err(error) = result {
         panic!("{error}");
