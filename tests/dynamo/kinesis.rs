@@ -596,3 +596,96 @@ async fn a_delete_before_its_insert_and_other_tables_changes_on_one_kinesis_stre
         derived(&items)
     );
 }
+
+/// Two tables send their changes to one Kinesis stream, each served by its
+/// own runner. Each runner's checkpoints are changes of its table, which
+/// the other reads: they are bookkeeping, so the two reach quiet (no
+/// checkpoint answering a checkpoint, and so on). A change of a table
+/// another consumer serves, keyed unlike this table, is skipped: no letter.
+#[tokio::test]
+async fn two_tables_on_one_kinesis_stream_reach_quiet_and_leave_each_other_alone() {
+    let client = support::client().await;
+    let spec = support::shipped_spec("social-service.toml");
+    let a = support::fresh_table(&client, &spec, "kinesis-a").await;
+    let b = support::fresh_table(&client, &spec, "kinesis-b").await;
+    let kinesis = kinesis().await;
+    let arn = create_stream(&kinesis, 2).await;
+    let mut feed = Feed::new(kinesis.clone(), arn.clone(), 11);
+    feed.duplicates = 0;
+    feed.hold = 0;
+    let mut sent: std::collections::BTreeMap<String, usize> = Default::default();
+    let others = |me: &str, other: &str| {
+        OtherTables::new(
+            [other.to_string(), "orders".to_string()]
+                .into_iter()
+                .filter(|t| t != me),
+            None,
+        )
+    };
+    // Rounds: writes in the first two, then none; each round bridges what
+    // both tables' streams hold since, and drains both runners. Once the
+    // writes stop, a checkpoint written only because the other runner's
+    // checkpoint came by would make another, round after round.
+    let mut checkpoints = Vec::new();
+    for round in 0..6 {
+        if round < 2 {
+            for (table, user) in [(&a, "u1"), (&b, "u2")] {
+                put_item(&client, table, &follow(user, &format!("s{round}"), "t")).await;
+            }
+        }
+        let mut new = Vec::new();
+        for table in [&a, &b] {
+            let changes = bridged(&client, table, false).await;
+            let from = sent.get(table.as_str()).copied().unwrap_or(0);
+            new.extend(changes[from..].iter().cloned());
+            sent.insert(table.to_string(), changes.len());
+        }
+        checkpoints.push(
+            new.iter()
+                .filter(|c| {
+                    c["dynamodb"]["Keys"]["PK"]["S"]
+                        .as_str()
+                        .is_some_and(|pk| pk.starts_with("_ddbp#checkpoint"))
+                })
+                .count(),
+        );
+        if round == 0 {
+            // A table keyed otherwise, served by another consumer.
+            new.push(json!({
+                "eventID": "orders-1",
+                "eventName": "INSERT",
+                "tableName": "orders",
+                "eventSource": "aws:dynamodb",
+                "dynamodb": {
+                    "ApproximateCreationDateTime": 1_764_000_000_000_i64,
+                    "Keys": {"id": {"N": "5"}},
+                    "NewImage": {"id": {"N": "5"}, "total": {"N": "12"}},
+                },
+            }));
+        }
+        feed.send(new, true).await;
+        for (me, other) in [(&a, &b), (&b, &a)] {
+            drain(
+                &client,
+                spec.clone(),
+                me,
+                &arn,
+                RunOptions::drain(),
+                others(me, other),
+            )
+            .await;
+        }
+    }
+    assert_eq!(
+        checkpoints[4..],
+        [0, 0],
+        "checkpoint changes per round: the runners answered each other's checkpoints ({checkpoints:?})"
+    );
+    for table in [&a, &b] {
+        let users = vec!["u1".to_string(), "u2".to_string()];
+        let problems = check_derived(&client, table, &spec, &users).await;
+        assert!(problems.is_empty(), "{table}: {problems:#?}");
+        let letters = super::lambda::dead_letters(&client, table).await;
+        assert!(letters.is_empty(), "{table}: {letters:#?}");
+    }
+}

@@ -115,7 +115,10 @@ async fn walk(
                 run.catching_up = None;
             }
             metrics::gauge!("projector_iterator_age_ms", "shard" => run.shard_id.clone()).set(0.0);
-            if options.drain && empty_pages >= options.empty_polls.max(1) {
+            // Kinesis may answer empty pages short of a shard's records:
+            // caught up means at its tip too.
+            let at_tip = page.behind_ms.is_none_or(|behind| behind == 0);
+            if options.drain && empty_pages >= options.empty_polls.max(1) && at_tip {
                 tracing::debug!(shard = %run.shard_id, empty_pages, "shard caught up");
                 return Ok(ShardExit::CaughtUp);
             }
@@ -199,16 +202,17 @@ async fn apply_page(
         ..
     } = page;
     let n = batch.len();
-    // A Kinesis stream's changes of other tables: each is left to the
-    // consumer that serves its table, or dead-lettered naming it.
-    let (batch, others) = match shared.streams.is_kinesis() {
-        true => route_tables(shared, batch).await,
-        false => (batch, vec![None; n]),
-    };
     let created: Vec<Option<i64>> = batch
         .iter()
         .map(|r| r.as_ref().ok().and_then(|r| r.approximate_creation_ms))
         .collect();
+    // A Kinesis stream's changes of other tables leave the page: each is
+    // left to the consumer that serves its table, or dead-lettered naming
+    // it. `kept`: where each record stands in what is applied.
+    let (batch, others, kept) = match shared.streams.is_kinesis() {
+        true => route_tables(shared, batch).await,
+        false => (batch, vec![None; n], (0..n).map(Some).collect()),
+    };
     let applying = Instant::now();
     // Pages read from a checkpoint are recorded in the ledger of
     // deliveries, which says what was read past it before.
@@ -262,7 +266,8 @@ async fn apply_page(
             }
         }
     } else {
-        (batch, (0..n).collect(), (0, 0.0, 0))
+        let applied = batch.len();
+        (batch, (0..applied).collect(), (0, 0.0, 0))
     };
     // A page read again after a restart or a failure may hold records
     // applied before with newer ones: the shard's entry in the ledger of
@@ -303,10 +308,11 @@ async fn apply_page(
     let apply_ms = applying.elapsed().as_millis() as u64;
     // A record is handled when the record applied for it is (another
     // table's: when its table is told).
-    let status_of = |i: usize| {
-        others[i]
-            .as_ref()
-            .unwrap_or(&outcome.statuses[stands_for[i]])
+    let stand = |i: usize| kept[i].map(|k| stands_for[k]);
+    let status_of = |i: usize| match (&others[i], stand(i)) {
+        (Some(status), _) => status,
+        (None, Some(at)) => &outcome.statuses[at],
+        (None, None) => unreachable!("a record left out of the page has its status"),
     };
     let handled = (0..n).position(|i| !status_of(i).is_handled()).unwrap_or(n);
     let first_seq = positions[0].clone();
@@ -330,9 +336,8 @@ async fn apply_page(
             .map(|created| (now_ms - created).max(0))
     });
     // Letters stored: one per record applied, whichever records it stands for.
-    let mut lettered: Vec<usize> = stands_for[..handled]
-        .iter()
-        .copied()
+    let mut lettered: Vec<usize> = (0..handled)
+        .filter_map(stand)
         .filter(|&at| matches!(outcome.statuses[at], RecordStatus::DeadLettered(_)))
         .collect();
     lettered.sort_unstable();
@@ -447,21 +452,41 @@ async fn save(shared: &Shared, run: &mut ShardRun, finished: bool) -> Result<(),
 
 /// Splits a Kinesis page: the records of the runner's table (and those
 /// that could not be decoded) stay to be applied; another table's change
-/// is skipped when its table is served by another consumer, replaced by a
-/// problem naming the table (to be dead-lettered) when nothing serves it,
-/// and failed when that cannot be told now. Returns the page and, for each
-/// record, its status when it is not to be applied.
-async fn route_tables(shared: &Shared, batch: Decoded) -> (Decoded, Vec<Option<RecordStatus>>) {
+/// leaves the page, skipped when it is the projector's own item (a
+/// checkpoint, a letter: bookkeeping, whichever table) or its table is
+/// served by another consumer, failed when that cannot be told now, and
+/// replaced by a problem naming the table (to be dead-lettered) when
+/// nothing serves it. Returns what is applied, each record's status when
+/// it left the page, and where each record stands in what is applied.
+async fn route_tables(
+    shared: &Shared,
+    batch: Decoded,
+) -> (Decoded, Vec<Option<RecordStatus>>, Vec<Option<usize>>) {
     let table = shared.applier.table().to_string();
-    let mut statuses = vec![None; batch.len()];
-    let mut routed = Vec::with_capacity(batch.len());
+    let n = batch.len();
+    let mut statuses = vec![None; n];
+    let mut kept = vec![None; n];
+    let mut routed = Vec::with_capacity(n);
     for (index, decoded) in batch.into_iter().enumerate() {
         let other = match &decoded {
             Ok(ChangeRecord {
                 origin: Origin::Kinesis { table_name, .. },
+                keys,
                 ..
-            }) if *table_name != table => table_name.clone(),
+            }) if *table_name != table => {
+                let reserved = keys.iter().any(|(_, value)| {
+                    value
+                        .as_str()
+                        .is_some_and(|v| v.starts_with(crate::dynamo::names::RESERVED_PREFIX))
+                });
+                if reserved {
+                    statuses[index] = Some(RecordStatus::Skipped(shared.bookkeeping.clone()));
+                    continue;
+                }
+                table_name.clone()
+            }
             _ => {
+                kept[index] = Some(routed.len());
                 routed.push(decoded);
                 continue;
             }
@@ -478,10 +503,10 @@ async fn route_tables(shared: &Shared, batch: Decoded) -> (Decoded, Vec<Option<R
                 statuses[index] = Some(RecordStatus::Skipped(format!(
                     "a change of table `{other}`, which another consumer serves"
                 )));
-                routed.push(decoded);
             }
             Ok(false) => {
                 let record = decoded.expect("matched above");
+                kept[index] = Some(routed.len());
                 routed.push(Err(DecodeProblem {
                     index,
                     event_id: Some(record.event_id.clone()),
@@ -494,11 +519,8 @@ async fn route_tables(shared: &Shared, batch: Decoded) -> (Decoded, Vec<Option<R
                     raw: serde_json::to_value(&record).unwrap_or_default(),
                 }));
             }
-            Err(message) => {
-                statuses[index] = Some(RecordStatus::Failed(message));
-                routed.push(decoded);
-            }
+            Err(message) => statuses[index] = Some(RecordStatus::Failed(message)),
         }
     }
-    (routed, statuses)
+    (routed, statuses, kept)
 }
