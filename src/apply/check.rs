@@ -191,7 +191,13 @@ pub(crate) async fn check_batch(
                     let slot = (id, key.pk.clone());
                     let now_member = when.holds(new_image);
                     let was_member = when.holds(record.old_image.as_ref());
-                    if now_member && (!was_member || record.kind == ChangeKind::Insert) {
+                    // An item derived as it is now (a Kinesis source's, in
+                    // any order) tells nothing of which came to satisfy the
+                    // condition last: its violation is recorded, not repaired.
+                    let derived = matches!(record.origin, Origin::Scan { .. });
+                    if derived {
+                        latest.remove(&slot);
+                    } else if now_member && (!was_member || record.kind == ChangeKind::Insert) {
                         latest.insert(slot, key.clone());
                     } else if !now_member && latest.get(&slot) == Some(&key) {
                         latest.remove(&slot);

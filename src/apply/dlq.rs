@@ -928,6 +928,10 @@ impl Applier {
                             raw: letter.record.clone(),
                         }
                     })
+                } else if letter.record.get("eventSource").and_then(|s| s.as_str())
+                    == Some("aws:kinesis")
+                {
+                    crate::decode::decode_kinesis_lambda_record(index, &letter.record)
                 } else {
                     decode_lambda_record(index, &letter.record)
                 });

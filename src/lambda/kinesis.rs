@@ -120,6 +120,20 @@ impl Handler {
                 Served::Unserved(reason) => {
                     for &i in indexes {
                         let record = records[i].as_ref().expect("grouped when decoded");
+                        // Another deployment's own items (its checkpoints,
+                        // letters, leases) are its bookkeeping: a letter of
+                        // each would come back to it, and so on.
+                        let reserved = record.keys.iter().any(|(_, value)| {
+                            value.as_str().is_some_and(|v| {
+                                v.starts_with(crate::dynamo::names::RESERVED_PREFIX)
+                            })
+                        });
+                        if reserved {
+                            statuses[i] = Some(RecordStatus::Skipped(
+                                crate::plan::Skip::Reserved.to_string(),
+                            ));
+                            continue;
+                        }
                         records[i] = Err(DecodeProblem {
                             index: i,
                             event_id: Some(record.event_id.clone()),
@@ -130,7 +144,7 @@ impl Handler {
                     }
                     metrics::counter!("projector_records_of_another_table_total")
                         .increment(indexes.len() as u64);
-                    letters.extend(indexes);
+                    letters.extend(indexes.iter().filter(|&&i| statuses[i].is_none()));
                 }
             }
         }
