@@ -505,6 +505,58 @@ async fn a_declared_keep_latest_policy_repairs_two_primaries_and_nothing_is_reco
     assert!(recorded(&applier).await.is_empty());
 }
 
+/// On a Kinesis stream an item's records come in any order: a late copy
+/// of the record that made e1 primary, derived as e1 is now, tells
+/// nothing of which email became primary last. keep-latest must not
+/// repair from it (it would clear e2, the user's newer choice): the
+/// violation is recorded, nothing is changed.
+#[tokio::test]
+async fn keep_latest_repairs_nothing_from_items_derived_as_they_are_now() {
+    let text_spec = std::fs::read_to_string(support::repo().join("projections/user-service.toml"))
+        .unwrap()
+        .replace(
+            "when = { isPrimary = true }\n\n# \"The primary",
+            "when = { isPrimary = true }\nrepair = \"keep-latest\"\n\n# \"The primary",
+        );
+    let spec = Arc::new(Spec::from_toml(&text_spec, "user-service+repair.toml").unwrap());
+    let support::Fixture {
+        client,
+        table,
+        applier,
+        ..
+    } = support::fixture(spec, "keep-latest-kinesis").await;
+    put_profile(&client, &table, "u1").await;
+    let e1 = email("u1", "e1", "a@x.org", true, true);
+    let e2 = email("u1", "e2", "b@x.org", true, true);
+    put_item(&client, &table, &e1).await;
+    put_item(&client, &table, &e2).await;
+    let late = change(1, ChangeKind::Insert, None, Some(&e1));
+    let states = applier
+        .current_states(vec![late], None)
+        .await
+        .expect("current states");
+    let options = BatchOptions {
+        read_markers_first: true,
+        check_states: true,
+        ..BatchOptions::default()
+    };
+    let outcome = applier
+        .apply_batch(&states.records, &options)
+        .await
+        .expect("applied");
+    assert_eq!(outcome.stats.checks.repaired, 0, "{:?}", outcome.stats);
+    for id in ["e1", "e2"] {
+        let now = get(&client, &table, "USER#u1", &format!("EMAIL#{id}"))
+            .await
+            .unwrap();
+        assert_eq!(now.get("isPrimary"), Some(&Av::Bool(true)), "{id}");
+    }
+    assert!(
+        !recorded(&applier).await.is_empty(),
+        "the violation is recorded"
+    );
+}
+
 fn cli(args: &[&str]) -> std::process::Output {
     std::process::Command::new(support::binary())
         .args(args)
