@@ -58,6 +58,10 @@ pub struct Delivery {
     /// Source items are written as the stream goes (the table is at most
     /// `ahead` records ahead of the batch), or all up front.
     live: Option<u8>,
+    /// As Kinesis Data Streams for DynamoDB delivers: one item's records
+    /// in any order (not only interleaved with others'), each batch
+    /// derived as its items are now, as the Kinesis source applies it.
+    pub kinesis: bool,
 }
 
 pub fn delivery() -> impl Strategy<Value = Delivery> {
@@ -71,12 +75,14 @@ pub fn delivery() -> impl Strategy<Value = Delivery> {
         prop::collection::vec(1usize..30, 1..6),
         prop::collection::vec(mishap, 1..8),
         prop::option::of(0u8..20),
+        prop::bool::weighted(0.3),
     )
-        .prop_map(|(shuffle, sizes, mishaps, live)| Delivery {
+        .prop_map(|(shuffle, sizes, mishaps, live, kinesis)| Delivery {
             shuffle,
             sizes,
             mishaps,
             live,
+            kinesis,
         })
 }
 
@@ -142,6 +148,40 @@ pub async fn apply(applier: &Applier, batch: &[Record]) -> Result<(), TestCaseEr
     }
     Err(TestCaseError::fail(
         "a batch was not handled after 40 passes",
+    ))
+}
+
+/// Applies `batch` as the Kinesis source does (`StreamRunner::kinesis`,
+/// the Lambda's Kinesis events): each item the records name derived as it
+/// is now, guarded by the state read, invariants checked; again from the
+/// first record not handled, until all are.
+pub async fn apply_kinesis(applier: &Applier, batch: &[Record]) -> Result<(), TestCaseError> {
+    let mut start = 0;
+    for _ in 0..40 {
+        if start >= batch.len() {
+            return Ok(());
+        }
+        let states = applier
+            .current_states(batch[start..].to_vec(), None)
+            .await
+            .map_err(|error| TestCaseError::fail(format!("current states: {error}")))?;
+        let options = BatchOptions {
+            read_markers_first: true,
+            check_states: true,
+            ..BatchOptions::default()
+        };
+        let outcome = applier
+            .apply_batch(&states.records, &options)
+            .await
+            .map_err(|error| TestCaseError::fail(format!("the batch failed whole: {error}")))?;
+        let n = batch.len() - start;
+        match (0..n).position(|i| !outcome.statuses[states.stands_for[i]].is_handled()) {
+            Some(index) => start += index,
+            None => return Ok(()),
+        }
+    }
+    Err(TestCaseError::fail(
+        "a Kinesis batch was not handled after 40 passes",
     ))
 }
 
@@ -230,7 +270,31 @@ pub async fn deliver(
     plan: &Delivery,
 ) -> Result<(), TestCaseError> {
     let records = &writer.history.records[base..];
-    let order = interleave(records, &plan.shuffle);
+    let order = if plan.kinesis {
+        // Any order, even one item's.
+        let mut order: Vec<usize> = (0..records.len()).collect();
+        order.sort_by_key(|&i| {
+            (
+                plan.shuffle[i % plan.shuffle.len()].rotate_left(i as u32 % 31),
+                i,
+            )
+        });
+        order
+    } else {
+        interleave(records, &plan.shuffle)
+    };
+    let apply = |applier: &Applier, batch: &[Record]| {
+        let batch = batch.to_vec();
+        let applier = applier.clone();
+        let kinesis = plan.kinesis;
+        async move {
+            if kinesis {
+                apply_kinesis(&applier, &batch).await
+            } else {
+                apply(&applier, &batch).await
+            }
+        }
+    };
     let mut delivered: Vec<usize> = Vec::new();
     let mut at = 0;
     let mut turn = 0;
@@ -252,11 +316,15 @@ pub async fn deliver(
                 let done = batch.len() * usize::from(percent) / 100;
                 // What the crashed invocation got done is unknown to Lambda
                 // (it had recorded the whole batch in the ledger first).
-                let options = BatchOptions {
-                    delivery: lambda_delivery(applier, &batch),
-                    ..BatchOptions::default()
-                };
-                let _ = applier.apply_batch(&batch[..done], &options).await;
+                if plan.kinesis {
+                    let _ = apply_kinesis(applier, &batch[..done]).await;
+                } else {
+                    let options = BatchOptions {
+                        delivery: lambda_delivery(applier, &batch),
+                        ..BatchOptions::default()
+                    };
+                    let _ = applier.apply_batch(&batch[..done], &options).await;
+                }
                 let half = batch.len().div_ceil(2);
                 apply(applier, &batch[..half]).await?;
                 apply(applier, &batch[half..]).await?;

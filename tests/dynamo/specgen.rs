@@ -75,6 +75,7 @@ struct Coverage {
     planted: AtomicUsize,
     locate_passes: AtomicUsize,
     recount_passes: AtomicUsize,
+    kinesis: AtomicUsize,
 }
 
 static COVERAGE: Coverage = Coverage {
@@ -96,6 +97,7 @@ static COVERAGE: Coverage = Coverage {
     planted: AtomicUsize::new(0),
     locate_passes: AtomicUsize::new(0),
     recount_passes: AtomicUsize::new(0),
+    kinesis: AtomicUsize::new(0),
 };
 
 fn count(what: &AtomicUsize, n: usize) {
@@ -1167,6 +1169,10 @@ async fn case(specs: &Specs, plan: &Plan) -> Result<(), TestCaseError> {
     );
     count(&COVERAGE.records, history.records.len());
     count(
+        &COVERAGE.kinesis,
+        usize::from(plan.delivery1.kinesis || plan.delivery2.kinesis),
+    );
+    count(
         &COVERAGE.counters_on_edges,
         usize::from(rides(&v1) || rides(&v2)),
     );
@@ -1646,7 +1652,7 @@ fn generated_specs_stay_exact_through_changes_backfills_replays_and_redrives() {
     let c = &COVERAGE;
     let n = |what: &AtomicUsize| what.load(Ordering::Relaxed);
     eprintln!(
-        "timing: generated specs: {cases} cases took {:.1} s; of {} runs (with shrinking): {} with counters riding on edges, {} moving a counter between an edge and markers of its own, {} changing what needs a backfill, {} backfilled beside the live worker, {} replaying some projections, {} pruning what v2 retired, {} counters rebuilt beside their old version, {} cases reading them before the backfill, {} with rollups ({} rebuilt with their counter), {} with aggregates ({} onto a target keyed by their sort key), {} with drift planted, found and repaired ({} sliced merges located counters in a pass, {} recounted in one); {} records, {} dead letters redriven",
+        "timing: generated specs: {cases} cases took {:.1} s; of {} runs (with shrinking): {} with counters riding on edges, {} moving a counter between an edge and markers of its own, {} changing what needs a backfill, {} backfilled beside the live worker, {} replaying some projections, {} pruning what v2 retired, {} counters rebuilt beside their old version, {} cases reading them before the backfill, {} with rollups ({} rebuilt with their counter), {} with aggregates ({} onto a target keyed by their sort key), {} with drift planted, found and repaired ({} sliced merges located counters in a pass, {} recounted in one); {} records, {} dead letters redriven; {} delivered as a Kinesis stream does (any order, derived as items are now)",
         started.elapsed().as_secs_f64(),
         n(&c.cases),
         n(&c.counters_on_edges),
@@ -1666,6 +1672,7 @@ fn generated_specs_stay_exact_through_changes_backfills_replays_and_redrives() {
         n(&c.recount_passes),
         n(&c.records),
         n(&c.letters_redriven),
+        n(&c.kinesis),
     );
     if let Err(error) = result {
         panic!("{error}");
