@@ -689,3 +689,93 @@ async fn two_tables_on_one_kinesis_stream_reach_quiet_and_leave_each_other_alone
         assert!(letters.is_empty(), "{table}: {letters:#?}");
     }
 }
+
+/// The Kinesis stream is resharded while changes flow: its shard split in
+/// two, and the changes after the split land in the children. The runner
+/// reads parent and children (children at once: order does not matter)
+/// and the table ends exact; a restarted runner reads nothing again.
+#[tokio::test]
+async fn a_kinesis_stream_split_while_changes_flow_ends_exact() {
+    let client = support::client().await;
+    let spec = support::shipped_spec("social-service.toml");
+    let table = support::fresh_table(&client, &spec, "kinesis-split").await;
+    let kinesis = kinesis().await;
+    let arn = create_stream(&kinesis, 1).await;
+    let mut feed = Feed::new(kinesis.clone(), arn.clone(), 5);
+    let users: Vec<String> = (0..6).map(|i| format!("u{i}")).collect();
+    let mut sent = 0;
+    for round in 0..3 {
+        for (i, a) in users.iter().enumerate() {
+            let b = &users[(i + round + 1) % users.len()];
+            put_item(&client, &table, &follow(a, b, &format!("r{round}"))).await;
+            if round == 2 && i % 2 == 0 {
+                support::delete(
+                    &client,
+                    &table,
+                    &format!("USER#{a}"),
+                    &format!("FOLLOWS#{b}"),
+                )
+                .await;
+            }
+        }
+        let changes = bridged(&client, &table, false).await;
+        feed.send(changes[sent..].to_vec(), round == 2).await;
+        sent = changes.len();
+        if round == 0 {
+            drain(
+                &client,
+                spec.clone(),
+                &table,
+                &arn,
+                RunOptions::drain(),
+                OtherTables::default(),
+            )
+            .await;
+            let shards = kinesis
+                .list_shards()
+                .stream_arn(&arn)
+                .send()
+                .await
+                .expect("list shards");
+            let parent = shards.shards()[0].shard_id().to_string();
+            kinesis
+                .split_shard()
+                .stream_arn(&arn)
+                .shard_to_split(&parent)
+                .new_starting_hash_key("170141183460469231731687303715884105728")
+                .send()
+                .await
+                .expect("split the shard");
+        }
+    }
+    let shards = kinesis
+        .list_shards()
+        .stream_arn(&arn)
+        .send()
+        .await
+        .expect("list shards")
+        .shards()
+        .len();
+    assert_eq!(shards, 3, "a parent and two children");
+    drain(
+        &client,
+        spec.clone(),
+        &table,
+        &arn,
+        RunOptions::drain(),
+        OtherTables::default(),
+    )
+    .await;
+    let problems = check_derived(&client, &table, &spec, &users).await;
+    assert!(problems.is_empty(), "{problems:#?}");
+    let again = drain(
+        &client,
+        spec.clone(),
+        &table,
+        &arn,
+        RunOptions::drain(),
+        OtherTables::default(),
+    )
+    .await;
+    assert_eq!(again.records, 0, "a restarted runner read again: {again}");
+}

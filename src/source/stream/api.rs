@@ -147,10 +147,11 @@ impl StreamApi {
                     for shard in output.shards() {
                         shards.push(Listed {
                             shard_id: shard.shard_id().to_string(),
-                            // A merged shard has two parents; records of one
-                            // item are derived as it is now whatever their
-                            // order, so waiting for the first is enough.
-                            parent: shard.parent_shard_id().map(str::to_string),
+                            // Records are derived as their items are now,
+                            // whatever their order: a child (of a split, or
+                            // of a merge's two parents) need not wait for
+                            // its parents to be read to their end.
+                            parent: None,
                             closed: shard
                                 .sequence_number_range()
                                 .and_then(|r| r.ending_sequence_number())

@@ -28,6 +28,9 @@ enum ShardState {
 struct Entry {
     parent: Option<String>,
     closed: bool,
+    /// The shard was closed when its task started: caught up at a Kinesis
+    /// shard's tip, it has nothing more to read.
+    started_closed: bool,
     listed: bool,
     state: ShardState,
     run: Option<ShardRun>,
@@ -116,6 +119,15 @@ impl Coordinator {
                             self.shared.summary.lock().expect("summary lock").shards_finished += 1;
                             tracing::info!(shard = %shard_id, "shard finished");
                         }
+                        // A closed Kinesis shard read to its tip is read to
+                        // its end (moto's server never says so otherwise).
+                        Ok(ShardExit::CaughtUp)
+                            if entry.started_closed && self.shared.streams.is_kinesis() =>
+                        {
+                            entry.state = ShardState::Finished;
+                            self.shared.summary.lock().expect("summary lock").shards_finished += 1;
+                            tracing::info!(shard = %shard_id, "closed shard read to its tip: finished");
+                        }
                         Ok(ShardExit::CaughtUp) => entry.state = ShardState::CaughtUp,
                         Ok(ShardExit::Stopped) => entry.state = ShardState::Waiting,
                         Err(error) => {
@@ -184,6 +196,7 @@ impl Coordinator {
                 Entry {
                     parent: info.parent.clone(),
                     closed: info.closed,
+                    started_closed: false,
                     listed: true,
                     state,
                     run: Some(run),
@@ -217,6 +230,7 @@ impl Coordinator {
             let entry = self.shards.get_mut(&shard_id).expect("listed above");
             let run = entry.run.take().expect("a waiting shard has its state");
             entry.state = ShardState::Running;
+            entry.started_closed = entry.closed;
             tracing::info!(shard = %shard_id, parent = ?entry.parent, closed = entry.closed, position = ?run.position, "reading shard");
             let shared = self.shared.clone();
             let stop = self.stop_tx.subscribe();
@@ -289,6 +303,7 @@ mod tests {
                 Entry {
                     parent: new.parent.clone(),
                     closed: new.closed,
+                    started_closed: false,
                     listed: true,
                     state: ShardState::Waiting,
                     run: None,
