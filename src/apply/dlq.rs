@@ -931,7 +931,26 @@ impl Applier {
                 } else if letter.record.get("eventSource").and_then(|s| s.as_str())
                     == Some("aws:kinesis")
                 {
-                    crate::decode::decode_kinesis_lambda_record(index, &letter.record)
+                    // A change of another table on a shared stream is not
+                    // this table's to apply.
+                    match crate::decode::decode_kinesis_lambda_record(index, &letter.record) {
+                        Ok(crate::record::ChangeRecord {
+                            origin: crate::record::Origin::Kinesis { table_name, .. },
+                            event_id,
+                            sequence_number,
+                            ..
+                        }) if table_name != self.table => Err(crate::decode::DecodeProblem {
+                            index,
+                            event_id: Some(event_id),
+                            sequence_number: Some(sequence_number.0),
+                            reason: format!(
+                                "the change is of table `{table_name}`, not `{}`: it is not this table's to apply",
+                                self.table
+                            ),
+                            raw: letter.record.clone(),
+                        }),
+                        decoded => decoded,
+                    }
                 } else {
                     decode_lambda_record(index, &letter.record)
                 });

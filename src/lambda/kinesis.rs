@@ -142,9 +142,14 @@ impl Handler {
                             raw: serde_json::to_value(record).unwrap_or_default(),
                         });
                     }
+                    let lettered: Vec<usize> = indexes
+                        .iter()
+                        .copied()
+                        .filter(|&i| statuses[i].is_none())
+                        .collect();
                     metrics::counter!("projector_records_of_another_table_total")
-                        .increment(indexes.len() as u64);
-                    letters.extend(indexes.iter().filter(|&&i| statuses[i].is_none()));
+                        .increment(lettered.len() as u64);
+                    letters.extend(lettered);
                 }
             }
         }

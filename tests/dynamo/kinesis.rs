@@ -757,7 +757,7 @@ async fn a_kinesis_stream_split_while_changes_flow_ends_exact() {
         .shards()
         .len();
     assert_eq!(shards, 3, "a parent and two children");
-    drain(
+    let last = drain(
         &client,
         spec.clone(),
         &table,
@@ -766,6 +766,10 @@ async fn a_kinesis_stream_split_while_changes_flow_ends_exact() {
         OtherTables::default(),
     )
     .await;
+    assert_eq!(
+        last.shards_finished, 1,
+        "the closed parent is finished: {last}"
+    );
     let problems = check_derived(&client, &table, &spec, &users).await;
     assert!(problems.is_empty(), "{problems:#?}");
     let again = drain(

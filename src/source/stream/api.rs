@@ -147,11 +147,11 @@ impl StreamApi {
                     for shard in output.shards() {
                         shards.push(Listed {
                             shard_id: shard.shard_id().to_string(),
-                            // Records are derived as their items are now,
-                            // whatever their order: a child (of a split, or
-                            // of a merge's two parents) need not wait for
-                            // its parents to be read to their end.
-                            parent: None,
+                            // Kept to tell a parent trimmed before it was
+                            // read; a child need not wait for it (records
+                            // are derived as their items are now, whatever
+                            // their order: see `ready_shards`).
+                            parent: shard.parent_shard_id().map(str::to_string),
                             closed: shard
                                 .sequence_number_range()
                                 .and_then(|r| r.ending_sequence_number())

@@ -28,9 +28,6 @@ enum ShardState {
 struct Entry {
     parent: Option<String>,
     closed: bool,
-    /// The shard was closed when its task started: caught up at a Kinesis
-    /// shard's tip, it has nothing more to read.
-    started_closed: bool,
     listed: bool,
     state: ShardState,
     run: Option<ShardRun>,
@@ -119,15 +116,6 @@ impl Coordinator {
                             self.shared.summary.lock().expect("summary lock").shards_finished += 1;
                             tracing::info!(shard = %shard_id, "shard finished");
                         }
-                        // A closed Kinesis shard read to its tip is read to
-                        // its end (moto's server never says so otherwise).
-                        Ok(ShardExit::CaughtUp)
-                            if entry.started_closed && self.shared.streams.is_kinesis() =>
-                        {
-                            entry.state = ShardState::Finished;
-                            self.shared.summary.lock().expect("summary lock").shards_finished += 1;
-                            tracing::info!(shard = %shard_id, "closed shard read to its tip: finished");
-                        }
                         Ok(ShardExit::CaughtUp) => entry.state = ShardState::CaughtUp,
                         Ok(ShardExit::Stopped) => entry.state = ShardState::Waiting,
                         Err(error) => {
@@ -163,6 +151,7 @@ impl Coordinator {
                 records: 0,
                 ledger: None,
                 catching_up: None,
+                closed: false,
             };
             let mut state = ShardState::Waiting;
             if let Some(store) = &self.shared.checkpoints {
@@ -196,7 +185,6 @@ impl Coordinator {
                 Entry {
                     parent: info.parent.clone(),
                     closed: info.closed,
-                    started_closed: false,
                     listed: true,
                     state,
                     run: Some(run),
@@ -225,12 +213,14 @@ impl Coordinator {
 
     /// Starts every waiting shard whose parent is done.
     fn start_ready(&mut self) {
-        let ready = ready_shards(&self.shards);
+        // On Kinesis order does not matter: a child need not wait.
+        let ready = ready_shards(&self.shards, !self.shared.streams.is_kinesis());
         for shard_id in ready {
             let entry = self.shards.get_mut(&shard_id).expect("listed above");
             let run = entry.run.take().expect("a waiting shard has its state");
             entry.state = ShardState::Running;
-            entry.started_closed = entry.closed;
+            let mut run = run;
+            run.closed = entry.closed;
             tracing::info!(shard = %shard_id, parent = ?entry.parent, closed = entry.closed, position = ?run.position, "reading shard");
             let shared = self.shared.clone();
             let stop = self.stop_tx.subscribe();
@@ -265,11 +255,12 @@ fn merge_listing(shards: &mut BTreeMap<String, Entry>, listed: &[ShardInfo]) -> 
 
 /// The waiting, listed shards whose parent is finished or unknown (trimmed
 /// before this run, or forgotten once finished and trimmed).
-fn ready_shards(shards: &BTreeMap<String, Entry>) -> Vec<String> {
+fn ready_shards(shards: &BTreeMap<String, Entry>, ordered: bool) -> Vec<String> {
     shards
         .iter()
         .filter(|(_, entry)| entry.state == ShardState::Waiting && entry.listed)
         .filter(|(_, entry)| match &entry.parent {
+            _ if !ordered => true,
             None => true,
             Some(parent) => shards
                 .get(parent)
@@ -303,7 +294,6 @@ mod tests {
                 Entry {
                     parent: new.parent.clone(),
                     closed: new.closed,
-                    started_closed: false,
                     listed: true,
                     state: ShardState::Waiting,
                     run: None,
@@ -323,18 +313,18 @@ mod tests {
                 info("c-grandchild", Some("b-child"), false),
             ],
         );
-        assert_eq!(ready_shards(&shards), ["a-parent"]);
+        assert_eq!(ready_shards(&shards, true), ["a-parent"]);
         shards.get_mut("a-parent").unwrap().state = ShardState::Running;
-        assert!(ready_shards(&shards).is_empty());
+        assert!(ready_shards(&shards, true).is_empty());
         shards.get_mut("a-parent").unwrap().state = ShardState::Finished;
-        assert_eq!(ready_shards(&shards), ["b-child"]);
+        assert_eq!(ready_shards(&shards, true), ["b-child"]);
     }
 
     #[test]
     fn a_trimmed_parent_does_not_block_its_child() {
         let mut shards = BTreeMap::new();
         learn(&mut shards, &[info("child", Some("gone"), false)]);
-        assert_eq!(ready_shards(&shards), ["child"]);
+        assert_eq!(ready_shards(&shards, true), ["child"]);
     }
 
     #[test]
@@ -342,7 +332,7 @@ mod tests {
         let mut shards = BTreeMap::new();
         learn(&mut shards, &[info("open", None, false)]);
         shards.get_mut("open").unwrap().state = ShardState::CaughtUp;
-        assert!(ready_shards(&shards).is_empty());
+        assert!(ready_shards(&shards, true).is_empty());
         let new = merge_listing(
             &mut shards,
             &[info("open", None, true), info("next", Some("open"), false)],
@@ -352,7 +342,7 @@ mod tests {
         assert_eq!(shards["open"].state, ShardState::Waiting);
         assert!(shards["open"].closed);
         insert(&mut shards, &new);
-        assert_eq!(ready_shards(&shards), ["open"]);
+        assert_eq!(ready_shards(&shards, true), ["open"]);
     }
 
     #[test]

@@ -628,6 +628,10 @@ struct ShardRun {
     /// this sequence number): pages apply their items as they are now
     /// until the shard is past it and caught up.
     catching_up: Option<SequenceNumber>,
+    /// The shard was closed when its task started: on Kinesis, caught up
+    /// at its tip, it is read to its end (moto's server never answers a
+    /// closed shard with no next iterator).
+    closed: bool,
 }
 
 /// How a shard task ended.

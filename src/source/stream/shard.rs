@@ -114,10 +114,19 @@ async fn walk(
                 tracing::info!(shard = %run.shard_id, "caught up: records apply as they come again");
                 run.catching_up = None;
             }
-            metrics::gauge!("projector_iterator_age_ms", "shard" => run.shard_id.clone()).set(0.0);
+            metrics::gauge!("projector_iterator_age_ms", "shard" => run.shard_id.clone())
+                .set(page.behind_ms.unwrap_or(0) as f64);
             // Kinesis may answer empty pages short of a shard's records:
             // caught up means at its tip too.
             let at_tip = page.behind_ms.is_none_or(|behind| behind == 0);
+            if run.closed
+                && at_tip
+                && shared.streams.is_kinesis()
+                && empty_pages >= options.empty_polls.max(1)
+            {
+                finish(shared, run).await?;
+                return Ok(ShardExit::Finished);
+            }
             if options.drain && empty_pages >= options.empty_polls.max(1) && at_tip {
                 tracing::debug!(shard = %run.shard_id, empty_pages, "shard caught up");
                 return Ok(ShardExit::CaughtUp);
