@@ -278,13 +278,15 @@ impl Applier {
     }
 
     /// Takes (or renews) this applier's lifecycle leases now, for every
-    /// projection: what a stream consumer does when it starts.
-    pub async fn take_leases(&self) -> Result<(), String> {
+    /// projection: what a stream consumer does when it starts, and while it
+    /// is idle. Returns until when they run (ms), or `None` for an applier
+    /// that is not a stream consumer and holds none.
+    pub async fn take_leases(&self) -> Result<Option<u64>, String> {
         if !self.config.stream_consumer {
-            return Ok(());
+            return Ok(None);
         }
         let needed = crate::dynamo::time::now_ms() + self.leases_margin();
-        self.control.lease(&[], needed).await.map(|_| ())
+        self.control.lease(&[], needed).await.map(Some)
     }
 
     /// How far past a batch's end its lease must reach.

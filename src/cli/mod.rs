@@ -134,6 +134,11 @@ pub enum Command {
         /// Where the changes come from, when not the table's own stream.
         #[command(flatten)]
         source: KinesisSource,
+        /// Serve Prometheus metrics at http://ADDR/metrics and the runner's
+        /// health at /healthz (200 while it runs and holds its leases, 503
+        /// otherwise), e.g. 0.0.0.0:9464.
+        #[arg(long, env = "PROJECTOR_METRICS_ADDR", value_name = "ADDR")]
+        metrics_addr: Option<std::net::SocketAddr>,
     },
     /// Process the whole retained stream again from its start, each record
     /// a hint: the items a page of records names are read consistently
@@ -606,7 +611,8 @@ pub fn run(cli: Cli) -> anyhow::Result<Outcome> {
             target,
             drain,
             source,
-        } => block_on(stream::run(target, drain, source)),
+            metrics_addr,
+        } => block_on(stream::run(target, drain, source, metrics_addr)),
         Command::Replay {
             target,
             projections,

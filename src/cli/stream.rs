@@ -7,17 +7,26 @@
 
 use super::Outcome;
 
-use anyhow::bail;
+use std::net::SocketAddr;
+
+use anyhow::{bail, Context};
 
 use super::{connect, KinesisSource, OutputFormat, Target};
 use crate::global::{Ran, RunFailed, Step, Worked};
+use crate::source::observe::{self, Health};
 use crate::source::recover::RecoverOptions;
 use crate::source::stream::MAX_BATCH;
 use crate::source::RunOptions;
 
-/// `run`: tail the stream, applying projections, checkpointing per shard.
-pub async fn run(target: Target, drain: bool, source: KinesisSource) -> anyhow::Result<Outcome> {
-    let options = from_kinesis(
+/// `run`: tail the stream, applying projections, checkpointing per shard;
+/// with `metrics_addr`, serving `/metrics` and `/healthz` there.
+pub async fn run(
+    target: Target,
+    drain: bool,
+    source: KinesisSource,
+    metrics_addr: Option<SocketAddr>,
+) -> anyhow::Result<Outcome> {
+    let mut options = from_kinesis(
         batch_limit(if drain {
             RunOptions::drain()
         } else {
@@ -26,6 +35,9 @@ pub async fn run(target: Target, drain: bool, source: KinesisSource) -> anyhow::
         &target,
         source,
     );
+    if let Some(addr) = metrics_addr {
+        options.health = Some(observe(addr).await?);
+    }
     let c = match connect(&target).await {
         Ok(connection) => connection,
         Err(result) => return result,
@@ -157,6 +169,24 @@ pub async fn recover(
         }
     }
     Ok(Outcome::done_if(summary.kept() == 0))
+}
+
+/// Installs the Prometheus recorder and serves `/metrics` and `/healthz`
+/// on `addr` for as long as the process runs: the health the runner
+/// reports to.
+async fn observe(addr: SocketAddr) -> anyhow::Result<Health> {
+    let listener = tokio::net::TcpListener::bind(addr)
+        .await
+        .with_context(|| format!("cannot listen on {addr} (--metrics-addr)"))?;
+    let handle = observe::install_prometheus().map_err(anyhow::Error::msg)?;
+    let bound = listener.local_addr()?;
+    eprintln!(
+        "ddb-projector run: metrics at http://{bound}/metrics, health at http://{bound}/healthz"
+    );
+    tracing::info!(%bound, "serving metrics and health");
+    let health = Health::new();
+    tokio::spawn(observe::serve(listener, health.clone(), Some(handle)));
+    Ok(health)
 }
 
 /// `PROJECTOR_BATCH_LIMIT` (1 to [`MAX_BATCH`]) into `options`.

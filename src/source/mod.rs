@@ -10,6 +10,8 @@
 //!   messages) and applies them like any batch.
 //! - [`checkpoint`]: the durable per-shard checkpoints, kept in the table
 //!   itself under the reserved prefix.
+//! - [`observe`]: the runner's `/metrics` and `/healthz` over HTTP
+//!   (`run --metrics-addr`).
 //!
 //! **Architecture Invariant:** a checkpoint never moves past a record that
 //! is not handled (applied, skipped or dead-lettered); a crash at any instant
@@ -19,6 +21,7 @@
 //! and `dynamo::faults::the_stream_runner_drains_a_faulty_table_exactly_and_checkpoints_past_it`.
 
 pub mod checkpoint;
+pub mod observe;
 pub mod recover;
 pub mod stream;
 

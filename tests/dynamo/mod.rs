@@ -15,6 +15,7 @@ mod lambda;
 mod lifecycle;
 mod membership;
 mod model;
+mod observe;
 mod oracle;
 mod properties;
 mod recover;

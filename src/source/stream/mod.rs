@@ -33,6 +33,7 @@ use serde::Serialize;
 use tokio::sync::watch;
 
 use super::checkpoint::{CheckpointError, CheckpointStore};
+use super::observe::Health;
 use crate::apply::{Applier, ApplyError, BatchOptions};
 use crate::dynamo::retry::{ErrorClass, Retrier, UntilStopped, STREAM_REQUEST_TIME};
 use crate::plan::Skip;
@@ -87,6 +88,9 @@ pub struct RunOptions {
     /// stream (the CLI's `--kinesis-stream`; used by
     /// `crate::global::run_stream`).
     pub kinesis: Option<KinesisStream>,
+    /// Where the runner reports its health (`run --metrics-addr`'s
+    /// `/healthz`); while it runs, an idle runner renews its leases too.
+    pub health: Option<Health>,
 }
 
 /// A Kinesis data stream the table sends its changes to.
@@ -113,6 +117,7 @@ impl RunOptions {
             derive_current: false,
             from_ms: None,
             kinesis: None,
+            health: None,
         }
     }
 
@@ -350,7 +355,7 @@ impl StreamRunner {
         let spec = self.applier.spec();
         let span = tracing::info_span!(
             "spec",
-            service = %spec.service,
+            spec_service = %spec.service,
             table = self.applier.table(),
             consumer = self.applier.config().consumer.as_deref().unwrap_or("")
         );
@@ -390,10 +395,18 @@ impl StreamRunner {
         });
         // A consumer of the stream says so at once, not at its first batch,
         // so that `status` sees the deploy of a table without traffic.
-        if let Err(message) = self.applier.take_leases().await {
-            tracing::warn!(%message, "could not take the lifecycle leases; trying again at the first batch");
+        let health = shared.options.health.clone();
+        if let Some(health) = &health {
+            health.set_running(true);
         }
-        let result = Coordinator::new(shared.clone()).run(stop).await;
+        self.renew_leases(health.as_ref()).await;
+        let result = tokio::select! {
+            result = Coordinator::new(shared.clone()).run(stop) => result,
+            never = self.keep_leases(health.as_ref()) => match never {},
+        };
+        if let Some(health) = &health {
+            health.set_running(false);
+        }
         let mut summary = shared.summary.lock().expect("summary lock").clone();
         summary.elapsed = started.elapsed();
         summary.records_per_second = if summary.elapsed.as_secs_f64() > 0.0 {
@@ -404,6 +417,37 @@ impl StreamRunner {
         match result {
             Ok(()) => Ok(summary),
             Err(kind) => Err(RunError { kind, summary }),
+        }
+    }
+}
+
+impl StreamRunner {
+    /// Takes or renews the leases, and says so to `health`.
+    async fn renew_leases(&self, health: Option<&Health>) {
+        match self.applier.take_leases().await {
+            Ok(until) => {
+                if let Some(health) = health {
+                    health.leased(until);
+                }
+            }
+            Err(message) => {
+                tracing::warn!(%message, "could not take the lifecycle leases; trying again");
+                if let Some(health) = health {
+                    health.lease_failed(message);
+                }
+            }
+        }
+    }
+
+    /// Renews the leases a quarter of their length apart, whether batches
+    /// come or not (a request only when they run out within half their
+    /// length), so that an idle runner keeps them and `/healthz` tells a
+    /// quiet table from a runner that lost them. Never returns.
+    async fn keep_leases(&self, health: Option<&Health>) -> std::convert::Infallible {
+        let period = (self.applier.config().lease / 4).max(Duration::from_millis(250));
+        loop {
+            tokio::time::sleep(period).await;
+            self.renew_leases(health).await;
         }
     }
 }
