@@ -1,6 +1,27 @@
 //! Structured logs: `tracing` output on stderr, as text or JSON lines.
+//!
+//! A JSON line is one flat object, as AWS Lambda Powertools writes them
+//! and CloudWatch Logs Insights queries them: `timestamp` (RFC 3339, ms),
+//! `level`, `message`, `service`, then the fields of every span the event
+//! is in (outermost first, an inner span's field winning) and the event's
+//! own fields. Inside Lambda, the invocation's span adds `cold_start`,
+//! `function_request_id`, `function_name`, `function_arn`,
+//! `function_memory_size` and `xray_trace_id` (when Lambda sends one), so
+//! every line of an invocation carries them (see [`crate::lambda`]).
+//!
+//! `service` is `POWERTOOLS_SERVICE_NAME`, as Powertools reads it, or
+//! `ddb-projector`.
+
+use std::fmt;
+use std::time::{SystemTime, UNIX_EPOCH};
 
 use clap::ValueEnum;
+use serde_json::{Map, Value};
+use tracing::field::{Field, Visit};
+use tracing::{Event, Subscriber};
+use tracing_subscriber::fmt::format::{JsonFields, Writer};
+use tracing_subscriber::fmt::{FmtContext, FormatEvent, FormatFields, FormattedFields};
+use tracing_subscriber::registry::LookupSpan;
 
 /// How logs are written.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -10,6 +31,9 @@ pub enum LogFormat {
     /// One JSON object per line.
     Json,
 }
+
+/// The variable naming the service on every JSON line.
+pub const SERVICE_VAR: &str = "POWERTOOLS_SERVICE_NAME";
 
 /// Sets up `tracing` output on stderr (`RUST_LOG` filters, `info` by
 /// default); a second call changes nothing.
@@ -21,6 +45,171 @@ pub fn init(format: LogFormat) {
         .with_writer(std::io::stderr);
     let _ = match format {
         LogFormat::Text => builder.try_init(),
-        LogFormat::Json => builder.json().flatten_event(true).try_init(),
+        LogFormat::Json => builder
+            .fmt_fields(JsonFields::new())
+            .event_format(FlatJson::from_env())
+            .try_init(),
     };
+}
+
+/// Formats an event as one flat JSON object (see the module's docs).
+#[derive(Debug, Clone)]
+pub struct FlatJson {
+    service: String,
+}
+
+impl FlatJson {
+    /// Names the service from `POWERTOOLS_SERVICE_NAME`, or `ddb-projector`.
+    pub fn from_env() -> FlatJson {
+        FlatJson::new(
+            std::env::var(SERVICE_VAR)
+                .ok()
+                .filter(|name| !name.trim().is_empty())
+                .unwrap_or_else(|| "ddb-projector".to_string()),
+        )
+    }
+
+    /// Names the service `service`.
+    pub fn new(service: String) -> FlatJson {
+        FlatJson { service }
+    }
+}
+
+impl<S, N> FormatEvent<S, N> for FlatJson
+where
+    S: Subscriber + for<'a> LookupSpan<'a>,
+    N: for<'a> FormatFields<'a> + 'static,
+{
+    fn format_event(
+        &self,
+        ctx: &FmtContext<'_, S, N>,
+        mut writer: Writer<'_>,
+        event: &Event<'_>,
+    ) -> fmt::Result {
+        let mut line = Map::new();
+        line.insert("timestamp".into(), Value::String(timestamp()));
+        line.insert(
+            "level".into(),
+            Value::String(event.metadata().level().as_str().to_string()),
+        );
+        line.insert("message".into(), Value::String(String::new()));
+        line.insert("service".into(), Value::String(self.service.clone()));
+        if let Some(scope) = ctx.event_scope() {
+            for span in scope.from_root() {
+                let extensions = span.extensions();
+                let Some(fields) = extensions.get::<FormattedFields<N>>() else {
+                    continue;
+                };
+                // Span fields are kept as JSON text (`JsonFields`).
+                if let Ok(Value::Object(fields)) = serde_json::from_str::<Value>(fields) {
+                    line.extend(fields);
+                }
+            }
+        }
+        event.record(&mut Fields(&mut line));
+        line.insert(
+            "target".into(),
+            Value::String(event.metadata().target().to_string()),
+        );
+        let text = serde_json::to_string(&line).map_err(|_| fmt::Error)?;
+        writeln!(writer, "{text}")
+    }
+}
+
+/// Now as RFC 3339 with milliseconds, in UTC.
+fn timestamp() -> String {
+    let ms = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as i64);
+    chrono::DateTime::from_timestamp_millis(ms)
+        .map(|t| t.format("%Y-%m-%dT%H:%M:%S%.3fZ").to_string())
+        .unwrap_or_default()
+}
+
+/// Records an event's fields into the line.
+struct Fields<'a>(&'a mut Map<String, Value>);
+
+impl Visit for Fields<'_> {
+    fn record_f64(&mut self, field: &Field, value: f64) {
+        let value = serde_json::Number::from_f64(value).map_or(Value::Null, Value::Number);
+        self.0.insert(field.name().into(), value);
+    }
+
+    fn record_i64(&mut self, field: &Field, value: i64) {
+        self.0.insert(field.name().into(), value.into());
+    }
+
+    fn record_u64(&mut self, field: &Field, value: u64) {
+        self.0.insert(field.name().into(), value.into());
+    }
+
+    fn record_bool(&mut self, field: &Field, value: bool) {
+        self.0.insert(field.name().into(), value.into());
+    }
+
+    fn record_str(&mut self, field: &Field, value: &str) {
+        self.0.insert(field.name().into(), value.into());
+    }
+
+    fn record_error(&mut self, field: &Field, value: &(dyn std::error::Error + 'static)) {
+        self.0
+            .insert(field.name().into(), Value::String(value.to_string()));
+    }
+
+    fn record_debug(&mut self, field: &Field, value: &dyn fmt::Debug) {
+        self.0
+            .insert(field.name().into(), Value::String(format!("{value:?}")));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::io::Write;
+    use std::sync::{Arc, Mutex};
+
+    use super::*;
+
+    #[derive(Clone, Default)]
+    struct Buffer(Arc<Mutex<Vec<u8>>>);
+
+    impl Write for Buffer {
+        fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+            self.0.lock().unwrap().extend_from_slice(bytes);
+            Ok(bytes.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+
+    #[test]
+    fn a_line_is_flat_with_the_spans_fields_and_the_service() {
+        let buffer = Buffer::default();
+        let writer = buffer.clone();
+        let subscriber = tracing_subscriber::fmt()
+            .with_writer(move || writer.clone())
+            .fmt_fields(JsonFields::new())
+            .event_format(FlatJson::new("orders".into()))
+            .finish();
+        tracing::subscriber::with_default(subscriber, || {
+            let outer =
+                tracing::info_span!("invocation", function_request_id = "r-1", cold_start = true);
+            let _outer = outer.enter();
+            let inner = tracing::info_span!("spec", table = "Orders", cold_start = false);
+            let _inner = inner.enter();
+            tracing::warn!(records = 3_u64, ok = true, "applied");
+        });
+        let text = String::from_utf8(buffer.0.lock().unwrap().clone()).unwrap();
+        let line: Value = serde_json::from_str(text.trim()).unwrap();
+        assert_eq!(line["message"], "applied");
+        assert_eq!(line["level"], "WARN");
+        assert_eq!(line["service"], "orders");
+        assert_eq!(line["function_request_id"], "r-1");
+        assert_eq!(line["table"], "Orders");
+        assert_eq!(line["cold_start"], false, "the inner span wins");
+        assert_eq!(line["records"], 3);
+        assert_eq!(line["ok"], true);
+        assert!(line["timestamp"].as_str().unwrap().ends_with('Z'));
+        assert_eq!(text.lines().count(), 1);
+    }
 }

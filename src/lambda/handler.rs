@@ -636,6 +636,14 @@ impl Handler {
     /// Handles one invocation (a stream batch or a backfill slice) and
     /// flushes its metrics.
     pub async fn handle(&self, event: LambdaEvent<Payload>) -> Result<Response, InvocationError> {
+        let span = invocation_span(&event.context);
+        self.handle_in_span(event).instrument(span).await
+    }
+
+    async fn handle_in_span(
+        &self,
+        event: LambdaEvent<Payload>,
+    ) -> Result<Response, InvocationError> {
         let LambdaEvent { payload, context } = event;
         if let Some(answer) = self.outside_home(&payload, &context).await {
             if let Some(collector) = self.metrics {
@@ -646,7 +654,9 @@ impl Handler {
         // Every log line of the invocation names the spec's service (a
         // composed spec's services joined by `+`) and table.
         let span = match self.payload_spec(&payload).await {
-            Some((table, spec)) => tracing::info_span!("spec", service = %spec.service, table),
+            Some((table, spec)) => {
+                tracing::info_span!("spec", spec_service = %spec.service, table)
+            }
             None => tracing::info_span!("spec"),
         };
         let result = async {
@@ -987,6 +997,30 @@ impl Handler {
         }
         Ok(response)
     }
+}
+
+/// Whether no invocation has started in this execution environment yet.
+static COLD: AtomicBool = AtomicBool::new(true);
+
+/// The span every log line of an invocation is in: the keys AWS Lambda
+/// Powertools puts on each line (`cold_start`, `function_request_id`,
+/// `function_name`, `function_arn`, `function_memory_size`, and
+/// `xray_trace_id` when Lambda traces the invocation).
+fn invocation_span(context: &Context) -> tracing::Span {
+    let cold_start = COLD.swap(false, Ordering::SeqCst);
+    let span = tracing::info_span!(
+        "invocation",
+        cold_start,
+        function_request_id = %context.request_id,
+        function_name = %context.env_config.function_name,
+        function_arn = %context.invoked_function_arn,
+        function_memory_size = context.env_config.memory,
+        xray_trace_id = tracing::field::Empty,
+    );
+    if let Some(trace) = context.xray_trace_id.as_deref().filter(|t| !t.is_empty()) {
+        span.record("xray_trace_id", trace);
+    }
+    span
 }
 
 #[cfg(test)]

@@ -725,6 +725,55 @@ async fn lambda_applies_a_whole_batch_and_reports_no_failure() {
     assert_eq!(done.len(), 2, "{stderr}");
     assert_eq!(done[0]["records"], 9);
     assert_eq!(done[0]["table"], table.as_str());
+    // Every line of an invocation carries the keys AWS Lambda Powertools
+    // puts on each line; the first invocation is the cold start.
+    let lines: Vec<Value> = stderr
+        .lines()
+        .map(|line| {
+            serde_json::from_str::<Value>(line).unwrap_or_else(|_| panic!("not JSON: {line}"))
+        })
+        .collect();
+    let in_invocations: Vec<&Value> = lines
+        .iter()
+        .filter(|line| line.get("function_request_id").is_some())
+        .collect();
+    assert!(in_invocations.len() >= 2, "{stderr}");
+    for line in &lines {
+        assert_eq!(line["service"], "ddb-projector", "{line}");
+        assert!(
+            line["timestamp"].as_str().is_some_and(|t| t.ends_with('Z')),
+            "{line}"
+        );
+        assert!(
+            line["level"].is_string() && line["message"].is_string(),
+            "{line}"
+        );
+    }
+    for line in &in_invocations {
+        assert_eq!(
+            line["xray_trace_id"],
+            "Root=1-5bef4de7-ad49b0e87f6ef6c87fc2e700;Parent=9a9197af755a6419;Sampled=1",
+            "{line}"
+        );
+        assert_eq!(line["function_name"], "projector-test", "{line}");
+        assert_eq!(line["function_memory_size"], 128, "{line}");
+        assert!(line["cold_start"].is_boolean(), "{line}");
+    }
+    assert_eq!(done[0]["cold_start"], true, "{stderr}");
+    assert_eq!(done[1]["cold_start"], false, "{stderr}");
+    assert_ne!(
+        done[0]["function_request_id"],
+        done[1]["function_request_id"]
+    );
+    // Lines outside an invocation (init's `ready`) are the only ones
+    // without a request id.
+    assert!(
+        lines
+            .iter()
+            .filter(|line| line.get("function_request_id").is_none())
+            .all(|line| line["message"] == "ready"),
+        "{stderr}"
+    );
     let emf = function.emf();
     let request_ids: std::collections::BTreeSet<&str> = emf
         .iter()
