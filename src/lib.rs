@@ -48,7 +48,9 @@
 //!   responses, deadline, EMF metrics) and the event source mapping
 //!   filters the spec implies.
 //! - floor 16, [`cli`] and `main.rs`: the `ddb-projector` command line,
-//!   which parses, then calls.
+//!   which parses, then calls; [`embed`]: the face for a team's own
+//!   binary, a [`Projector`] (a spec plus projections written in Rust)
+//!   and [`serve_lambda`].
 //!
 //! **Architecture Invariant:** `record`, `schema`, `decode`, `effect`,
 //! `kinds`, `spec`, `plan` and `invariant` send no request and await
@@ -65,6 +67,7 @@ pub mod counter;
 pub mod decode;
 pub mod dynamo;
 pub mod effect;
+pub mod embed;
 pub mod global;
 pub mod invariant;
 pub mod kinds;
@@ -77,3 +80,8 @@ pub mod schema;
 pub mod source;
 pub mod spec;
 pub mod table;
+
+pub use embed::{
+    serve_lambda, AttributeValue, ChangeKind, ChangeRecord, CustomOp, CustomProjection,
+    EntityChange, Image, Item, ItemKey, Projector,
+};

@@ -8,7 +8,7 @@
 //! spec, builds the SDK client and installs the EMF metrics recorder; any
 //! failure is posted to the Runtime API's `/init/error` with a message that
 //! says what to fix. Each invocation then decodes the event record by record
-//! ([`event`]), applies it with a deadline ([`handler`]) and answers with a
+//! ([`event`]), applies it with a deadline (`handler`) and answers with a
 //! `DynamoDbEventResponse` naming the first record that is not handled
 //! (`ReportBatchItemFailures`). A payload `{"backfill": {...}}` instead runs
 //! one slice of a backfill scan segment ([`backfill`]) and answers whether
@@ -28,7 +28,7 @@
 //! **Architecture Invariant:** a record is reported handled only when the
 //! applier says so; a batch that could not finish before the deadline is
 //! reported failed from its first unfinished record, never left half-known.
-//! Checked by the unit tests of [`handler`],
+//! Checked by the unit tests of `handler`,
 //! `dynamo::lambda::lambda_with_too_little_time_reports_the_batch_failed_and_writes_nothing`,
 //! `lambda_reports_a_transient_failure_at_its_sequence_number_and_a_redelivery_converges`
 //! and `dynamo::faults::the_lambda_handler_converges_under_every_fault`.
@@ -52,6 +52,7 @@ pub use handler::{
 };
 
 use crate::apply::ApplyConfig;
+use crate::kinds::custom::CustomProjection;
 use crate::spec::{SpecErrors, SpecSet};
 
 /// The spec file's path.
@@ -115,6 +116,15 @@ impl InitError {
 /// `ddb-projector lambda`: init, then serve invocations until Lambda stops
 /// the process.
 pub fn run() -> anyhow::Result<()> {
+    serve(None, Vec::new())
+}
+
+/// Init with the spec at `spec` (`None`: `PROJECTOR_SPEC`'s) and
+/// projections written in Rust besides the spec's (each added to the spec
+/// of the table that describes its source entity), then serve invocations
+/// until Lambda stops the process: a team's own bootstrap (see
+/// `crate::embed`).
+pub fn serve(spec: Option<PathBuf>, custom: Vec<Arc<dyn CustomProjection>>) -> anyhow::Result<()> {
     let Ok(api) = std::env::var(RUNTIME_API_VAR) else {
         anyhow::bail!(InitError::NotInLambda(RUNTIME_API_VAR));
     };
@@ -122,7 +132,7 @@ pub fn run() -> anyhow::Result<()> {
         .enable_all()
         .build()
         .map_err(|error| anyhow::anyhow!("cannot start the async runtime: {error}"))?;
-    let handler = match runtime.block_on(init()) {
+    let handler = match runtime.block_on(init(spec, custom)) {
         Ok(handler) => Arc::new(handler),
         Err(error) => {
             if let Err(post) = post_init_error(&api, &error) {
@@ -151,7 +161,10 @@ pub fn run() -> anyhow::Result<()> {
 }
 
 /// Everything done once per execution environment.
-async fn init() -> Result<Handler, InitError> {
+async fn init(
+    spec: Option<PathBuf>,
+    custom: Vec<Arc<dyn CustomProjection>>,
+) -> Result<Handler, InitError> {
     let process_started = std::time::SystemTime::now();
     for var in [
         "AWS_LAMBDA_FUNCTION_NAME",
@@ -162,9 +175,11 @@ async fn init() -> Result<Handler, InitError> {
             return Err(InitError::NotInLambda(var));
         }
     }
-    let spec_path = std::env::var_os(SPEC_VAR)
-        .filter(|path| !path.is_empty())
-        .map(PathBuf::from);
+    let spec_path = spec.or_else(|| {
+        std::env::var_os(SPEC_VAR)
+            .filter(|path| !path.is_empty())
+            .map(PathBuf::from)
+    });
     let margin = match std::env::var(MARGIN_VAR) {
         Ok(text) => text
             .trim()
@@ -181,9 +196,20 @@ async fn init() -> Result<Handler, InitError> {
         _ => None,
     };
     let Some(spec_path) = spec_path else {
+        if let Some(first) = custom.first() {
+            return Err(InitError::Spec(SpecErrors(vec![crate::spec::SpecError {
+                file: format!("custom projection `{}`", first.name()),
+                context: String::new(),
+                problem: format!(
+                    "projections written in Rust need a spec file to join: set {SPEC_VAR} (registered specs are composed at run time, without them)"
+                ),
+            }])));
+        }
         return init_registered(process_started, margin, table, consumer).await;
     };
-    let mut specs = SpecSet::load(&spec_path).map_err(InitError::Spec)?;
+    let mut specs = SpecSet::load(&spec_path)
+        .and_then(|set| set.with_custom(&custom))
+        .map_err(InitError::Spec)?;
     if let Ok(map) = std::env::var(TABLE_NAMES_VAR) {
         specs.rename_tables(&map).map_err(|problem| {
             InitError::Spec(SpecErrors(vec![crate::spec::SpecError {

@@ -18,6 +18,7 @@ use std::sync::Arc;
 
 use super::raw::RawSpec;
 use super::{Spec, SpecError, SpecErrors};
+use crate::kinds::custom::CustomProjection;
 
 /// The service that registered each projection and invariant of a spec.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -203,6 +204,61 @@ impl SpecSet {
             specs,
             any_table: false,
         })
+    }
+
+    /// Adds projections written in Rust: each to the spec of every table
+    /// that describes its source entity (recompiled, so every check of a
+    /// spec holds for them too). One whose source entity no spec
+    /// describes is an error naming the entities there are.
+    pub fn with_custom(
+        mut self,
+        custom: &[Arc<dyn CustomProjection>],
+    ) -> Result<SpecSet, SpecErrors> {
+        if custom.is_empty() {
+            return Ok(self);
+        }
+        let mut errors = Vec::new();
+        for projection in custom {
+            let entity = projection.source_entity();
+            if !self
+                .specs
+                .iter()
+                .any(|spec| spec.raw.entities.contains_key(entity))
+            {
+                let known: Vec<&str> = self
+                    .specs
+                    .iter()
+                    .flat_map(|spec| spec.raw.entities.keys().map(String::as_str))
+                    .collect();
+                errors.push(SpecError {
+                    file: self.source.clone(),
+                    context: format!("custom projection `{}`", projection.name()),
+                    problem: format!(
+                        "no spec describes its source entity `{entity}` (entities: {})",
+                        known.join(", ")
+                    ),
+                });
+            }
+        }
+        for spec in &mut self.specs {
+            let mine: Vec<Arc<dyn CustomProjection>> = custom
+                .iter()
+                .filter(|p| spec.raw.entities.contains_key(p.source_entity()))
+                .cloned()
+                .collect();
+            if mine.is_empty() {
+                continue;
+            }
+            match Spec::compile_composed(spec.raw.clone(), &spec.file, mine, spec.services.clone())
+            {
+                Ok(compiled) => *spec = Arc::new(compiled),
+                Err(SpecErrors(more)) => errors.extend(more),
+            }
+        }
+        if !errors.is_empty() {
+            return Err(SpecErrors(errors));
+        }
+        Ok(self)
     }
 
     /// One spec, as a set: it serves any table.

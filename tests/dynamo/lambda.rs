@@ -2097,3 +2097,124 @@ async fn lambda_without_a_spec_serves_each_tables_registration_and_routes_each_r
         started.elapsed().as_secs_f64()
     );
 }
+
+// ------------------------------------------- a team's own Lambda binary ---
+
+/// An example's binary (`cargo test` builds the examples beside the tests).
+fn example_binary(name: &str) -> PathBuf {
+    let exe = std::env::current_exe().expect("the test binary's path");
+    let dir = exe
+        .parent()
+        .and_then(Path::parent)
+        .expect("target/<profile>/deps");
+    let binary = dir.join("examples").join(name);
+    assert!(
+        binary.is_file(),
+        "{} is not built: `cargo test` builds the examples, or run `cargo build --example {name}`",
+        binary.display()
+    );
+    binary
+}
+
+/// The `email-domains` items of the example's projection in `domain`'s
+/// partition: (sort key, address, user).
+async fn domain_items(
+    client: &aws_sdk_dynamodb::Client,
+    table: &str,
+    domain: &str,
+) -> Vec<(String, String, String)> {
+    let pk = format!("DOMAIN#{domain}");
+    let mut items: Vec<_> = support::scan_all(client, table)
+        .await
+        .into_iter()
+        .filter(|item| support::text(item, "PK").as_deref() == Some(pk.as_str()))
+        .map(|item| {
+            let text = |name| support::text(&item, name).unwrap_or_default();
+            (text("SK"), text("address"), text("userId"))
+        })
+        .collect();
+    items.sort();
+    items
+}
+
+#[tokio::test]
+async fn a_teams_own_lambda_serves_its_rust_projection_beside_the_spec() {
+    let started = Instant::now();
+    let (client, table, records) = user_batch("lambda-custom", &["u1", "u2"]).await;
+    let api = RuntimeApi::start().await;
+    let function = Function::start(
+        &example_binary("custom_projection"),
+        &api,
+        &function_env("user-service.toml", None),
+    );
+    api.ready().await;
+
+    let outcome = api.invoke_event(&event(&records), GENEROUS).await;
+    assert_eq!(
+        failures(&outcome),
+        Vec::<String>::new(),
+        "{}",
+        function.stderr()
+    );
+    // The spec's projections, as the shipped bootstrap applies them.
+    for user in ["u1", "u2"] {
+        check_user(&client, &table, user).await.unwrap();
+    }
+    // The Rust projection: each address in its domain's partition.
+    let want = |rows: &[(&str, &str, &str)]| -> Vec<(String, String, String)> {
+        rows.iter()
+            .map(|(sk, address, user)| (sk.to_string(), address.to_string(), user.to_string()))
+            .collect()
+    };
+    assert_eq!(
+        domain_items(&client, &table, "example.com").await,
+        want(&[
+            ("USER#u1#EMAIL#e1", "u1@Example.com", "u1"),
+            ("USER#u1#EMAIL#e2", "u1.work@example.com", "u1"),
+            ("USER#u2#EMAIL#e1", "u2@Example.com", "u2"),
+            ("USER#u2#EMAIL#e2", "u2.work@example.com", "u2"),
+        ]),
+        "{}",
+        function.stderr()
+    );
+
+    // u1's work address moves to another domain; u2's first email goes.
+    put(&client, &table, email("u1", "e2", "u1@other.org", false)).await;
+    support::delete(&client, &table, "USER#u2", "EMAIL#e1").await;
+    let all = stream_records(&client, &table).await;
+    let later = all[records.len()..].to_vec();
+    let outcome = api.invoke_event(&event(&later), GENEROUS).await;
+    assert_eq!(
+        failures(&outcome),
+        Vec::<String>::new(),
+        "{}",
+        function.stderr()
+    );
+    assert_eq!(
+        domain_items(&client, &table, "example.com").await,
+        want(&[
+            ("USER#u1#EMAIL#e1", "u1@Example.com", "u1"),
+            ("USER#u2#EMAIL#e2", "u2.work@example.com", "u2"),
+        ])
+    );
+    assert_eq!(
+        domain_items(&client, &table, "other.org").await,
+        want(&[("USER#u1#EMAIL#e2", "u1@other.org", "u1")])
+    );
+
+    // Every record again, as a Lambda retry or a replay delivers them:
+    // nothing changes.
+    let before = support::scan_all(&client, &table).await;
+    let outcome = api.invoke_event(&event(&all), GENEROUS).await;
+    assert_eq!(
+        failures(&outcome),
+        Vec::<String>::new(),
+        "{}",
+        function.stderr()
+    );
+    assert_eq!(support::scan_all(&client, &table).await, before);
+    eprintln!(
+        "timing: a_teams_own_lambda_serves_its_rust_projection_beside_the_spec took {:.1} s",
+        started.elapsed().as_secs_f64()
+    );
+}

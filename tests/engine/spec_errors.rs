@@ -951,6 +951,56 @@ of = { userId = "{followeeId}" }
     assert!(Spec::from_toml(&format!("{base}{edge}"), "spec.toml").is_ok());
 }
 
+/// A projector embedded in a team's binary joins its projections written
+/// in Rust to the spec of the table with their source entity, checked with
+/// it; one whose entity no spec has is named with the entities there are.
+#[test]
+fn an_embedded_projector_joins_its_rust_projections_to_the_spec() {
+    #[derive(Debug)]
+    struct Named(&'static str, &'static str);
+    impl CustomProjection for Named {
+        fn name(&self) -> &str {
+            self.0
+        }
+        fn source_entity(&self) -> &str {
+            self.1
+        }
+        fn plan(&self, _: &EntityChange<'_>) -> Result<Vec<CustomOp>, String> {
+            Ok(Vec::new())
+        }
+    }
+    let spec = repo_path("projections/user-service.toml");
+    let set = ddb_projector::Projector::new()
+        .spec(&spec)
+        .custom(Arc::new(Named("domains", "email")))
+        .load()
+        .unwrap();
+    let names: Vec<&str> = set.specs()[0]
+        .projections
+        .iter()
+        .map(|p| p.name.as_str())
+        .collect();
+    assert!(
+        names.contains(&"domains") && names.contains(&"email-gsi1-keys"),
+        "{names:?}"
+    );
+
+    let errors = ddb_projector::Projector::new()
+        .spec(&spec)
+        .custom(Arc::new(Named("domains", "emial")))
+        .custom(Arc::new(Named("email-gsi1-keys", "email")))
+        .load()
+        .unwrap_err()
+        .to_string();
+    assert!(
+        errors.contains(
+            "user-service.toml: custom projection `domains`: no spec describes its source entity `emial` (entities: email, profile)"
+        ),
+        "{errors}"
+    );
+    assert!(errors.contains("duplicate projection name"), "{errors}");
+}
+
 #[test]
 fn derived_attributes_may_not_use_the_reserved_prefix() {
     check_with(

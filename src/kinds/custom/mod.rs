@@ -41,6 +41,13 @@ pub struct EntityChange<'a> {
     pub vars: &'a [(&'a str, &'a str)],
 }
 
+impl EntityChange<'_> {
+    /// The value key variable `name` bound (`userId` of `USER#{userId}`).
+    pub fn var(&self, name: &str) -> Option<&str> {
+        self.vars.iter().find(|(n, _)| *n == name).map(|(_, v)| *v)
+    }
+}
+
 /// Compiles a projection written in Rust: its source entity must be one
 /// of the spec's. Its definition is its code, so its name, source entity
 /// and version stand for it in its fingerprint.
