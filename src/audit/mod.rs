@@ -16,7 +16,7 @@
 //!   items (off by how much), each shard the number of records naming it,
 //!   and a counter's own markers exist exactly for the counted items.
 //!
-//! A page's items are checked with the reads they need ([`page`]); the
+//! A page's items are checked with the reads they need (`page`); the
 //! counters, group-bys across the table, with a sketch that a second scan
 //! follows up only where it is not zero ([`sketch`]). Memory is a page
 //! per segment and what was found, whatever the table's size.

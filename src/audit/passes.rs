@@ -10,11 +10,11 @@
 //! segment in slices ([`count_slice`]), as the audit's own pass is:
 //!
 //! 1. *locate*, when the sketch is not zero: each segment counts the
-//!    groups in the sketch's wrong buckets (a [`Tally`]);
+//!    groups in the sketch's wrong buckets (a `Tally`);
 //! 2. *recount*, with `repair`, when there are shards to recount: their
 //!    counts are read when the pass is planned, each segment counts the
 //!    records naming them, and the merge reads the shards again and sets
-//!    each that did not move meanwhile ([`super::repair::settle`]).
+//!    each that did not move meanwhile (`super::repair::settle`).
 //!
 //! A merge step answers the next pass to run, or the merged report once
 //! the last pass is counted. The items, under the audit's partition:

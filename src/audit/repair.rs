@@ -14,7 +14,7 @@ use crate::plan::Effect;
 /// Writes the fixes of an audit's findings: derived items, markers and
 /// records through the applier (reading first, guarded by the source state
 /// the scan saw, so nothing newer is undone), then counter shards that do
-/// not hold the number of records naming them (see [`recount`]).
+/// not hold the number of records naming them (see `recount`).
 pub async fn repair(applier: &Applier, report: &mut AuditReport) -> Result<(), ApplyError> {
     repair_beside(applier, report, &[], true, None).await
 }

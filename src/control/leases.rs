@@ -142,7 +142,7 @@ impl Leases {
 
     /// Notes the changes a stream consumer applied (projection, change
     /// time in ms), and records the latest of each in the registry at
-    /// most every [`APPLIED_EVERY`] (for `status`). Only a consumer
+    /// most every `APPLIED_EVERY` (for `status`). Only a consumer
     /// records: a backfill or replay applies old changes.
     pub async fn note_applied(&self, changes: &[(ProjectionId, i64)]) -> Result<(), ApplyError> {
         if !self.consumer || changes.is_empty() {

@@ -29,7 +29,7 @@ impl From<serde_json::Error> for LambdaEventError {
 /// Decodes a Lambda DynamoDB Streams event, record by record.
 ///
 /// The whole event is first decoded in one pass, the fast way
-/// ([`super::fast`]); only when that fails, or a record fails a check, are
+/// (`super::fast`); only when that fails, or a record fails a check, are
 /// records decoded on their own from the JSON, the slow way, so that every
 /// problem carries its record as received and the exact reason.
 pub fn decode_lambda_event(bytes: &[u8]) -> Result<Decoded, LambdaEventError> {

@@ -5,11 +5,11 @@
 //! ([`ProjectionKind`], [`Projection`]), and the [`Rules`] every kind
 //! plans, computes and describes against.
 //!
-//! Code outside `kinds/` never matches a kind: it asks the [`Kind`] trait
-//! (through [`ProjectionKind::dispatch`], the one match over every kind)
+//! Code outside `kinds/` never matches a kind: it asks the `Kind` trait
+//! (through `ProjectionKind::dispatch`, the one match over every kind)
 //! and runs the mechanism the answer names ([`Writes`], [`Expectation`],
-//! [`Pruning`], [`Recompute`]). Adding a kind is a folder that implements
-//! [`Kind`], plus its registration here: a variant of [`RawProjection`]
+//! [`Pruning`], `Recompute`). Adding a kind is a folder that implements
+//! `Kind`, plus its registration here: a variant of [`RawProjection`]
 //! and of [`ProjectionKind`], and their arms in the matches below.
 //!
 //! [`rollup`] and [`aggregate`] are *recomputed* kinds, like

@@ -9,7 +9,7 @@
 //!
 //! [`Health`] is what the runner reports: healthy (200) while it runs and
 //! holds its leases, the right every write of a stream consumer is made
-//! under ([`crate::control::leases`]); unhealthy (503) before it took them,
+//! under (`crate::control::leases`); unhealthy (503) before it took them,
 //! once they ran out without being renewed (DynamoDB unreachable, the
 //! role's rights taken away), and once the runner stopped. An idle runner
 //! renews them too, so a quiet table is not a sick runner.

@@ -1,6 +1,6 @@
 //! The spec file as written: a serde model that mirrors the TOML.
 //!
-//! Nothing here is validated beyond its shape; [`super::compile`] turns it
+//! Nothing here is validated beyond its shape; `super::compile` turns it
 //! into a [`super::Spec`]. The same structs are what the Rust builder API
 //! fills in, so code-registered and file-registered rules compile alike.
 
