@@ -833,10 +833,12 @@ impl Applier {
     /// batch, whatever their projections (each record once, for the
     /// projections it has letters for), so every projection of the item is
     /// brought forward in stream order. A letter that still fails keeps
-    /// its place, with every later letter of the item.
+    /// its place, with every later letter of the item. `only_projections`:
+    /// only the letters of these projections (`*` names the letters of
+    /// records that could not be decoded).
     pub async fn redrive(
         &self,
-        only_projection: Option<&str>,
+        only_projections: Option<&[String]>,
     ) -> Result<RedriveSummary, ApplyError> {
         let fatal = |error: WriteError| ApplyError::Fatal {
             table: self.table.clone(),
@@ -851,7 +853,7 @@ impl Applier {
         // Letters come sorted by source item, then stream order.
         let mut groups: Vec<Vec<DeadLetter>> = Vec::new();
         for letter in letters {
-            if only_projection.is_some_and(|p| p != letter.projection) {
+            if only_projections.is_some_and(|only| !only.contains(&letter.projection)) {
                 remaining.push(letter);
                 continue;
             }

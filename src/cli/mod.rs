@@ -139,6 +139,10 @@ pub enum Command {
         /// otherwise), e.g. 0.0.0.0:9464.
         #[arg(long, env = "PROJECTOR_METRICS_ADDR", value_name = "ADDR")]
         metrics_addr: Option<std::net::SocketAddr>,
+        /// Output format: the summary as text on stderr, or also as JSON
+        /// on stdout.
+        #[arg(long, value_enum, default_value_t = OutputFormat::Text)]
+        format: OutputFormat,
     },
     /// Process the whole retained stream again from its start, each record
     /// a hint: the items a page of records names are read consistently
@@ -154,6 +158,10 @@ pub enum Command {
         /// Where the changes come from, when not the table's own stream.
         #[command(flatten)]
         source: KinesisSource,
+        /// Output format: the summary as text on stderr, or also as JSON
+        /// on stdout.
+        #[arg(long, value_enum, default_value_t = OutputFormat::Text)]
+        format: OutputFormat,
     },
     /// Wait until everything the spec derives from one source item's
     /// current state is in place (read-your-writes), with consistent
@@ -524,11 +532,18 @@ pub enum CounterCommand {
     Get {
         /// The counter projection's name (`followers`).
         name: String,
-        /// The counter's variables (`userId=u42`).
+        /// A variable of the counter's `of` (repeatable): `--key userId=u42`.
+        #[arg(long = "key", value_name = "VAR=VALUE")]
+        keys: Vec<String>,
+        /// The same as positional `VAR=VALUE` words (the older form).
+        #[arg(hide = true)]
         vars: Vec<String>,
         /// Spec and table.
         #[command(flatten)]
         target: Target,
+        /// Output format: the value, or `{"counter", "vars", "value"}`.
+        #[arg(long, value_enum, default_value_t = OutputFormat::Text)]
+        format: OutputFormat,
     },
 }
 
@@ -546,9 +561,10 @@ pub enum DlqCommand {
         /// Spec and table.
         #[command(flatten)]
         target: Target,
-        /// Only letters of this projection.
-        #[arg(long)]
-        projection: Option<String>,
+        /// Only letters of these projections (repeatable; `*`: records
+        /// that could not be decoded; default all).
+        #[arg(long = "projection")]
+        projections: Vec<String>,
     },
 }
 
@@ -612,12 +628,14 @@ pub fn run(cli: Cli) -> anyhow::Result<Outcome> {
             drain,
             source,
             metrics_addr,
-        } => block_on(stream::run(target, drain, source, metrics_addr)),
+            format,
+        } => block_on(stream::run(target, drain, source, metrics_addr, format)),
         Command::Replay {
             target,
             projections,
             source,
-        } => block_on(stream::replay(target, projections, source)),
+            format,
+        } => block_on(stream::replay(target, projections, source, format)),
         Command::Wait {
             target,
             keys,
@@ -669,14 +687,30 @@ pub fn run(cli: Cli) -> anyhow::Result<Outcome> {
         Command::Lambda => crate::lambda::run().map(|()| Outcome::Done),
         Command::Filters { spec } => Ok(offline::filters(&spec)),
         Command::Counter {
-            command: CounterCommand::Get { name, vars, target },
-        } => block_on(online::counter_get(target, name, vars)),
+            command:
+                CounterCommand::Get {
+                    name,
+                    keys,
+                    vars,
+                    target,
+                    format,
+                },
+        } => block_on(online::counter_get(
+            target,
+            name,
+            keys.into_iter().chain(vars).collect(),
+            format,
+        )),
         Command::Dlq {
             command: DlqCommand::List { target },
         } => block_on(online::dlq_list(target)),
         Command::Dlq {
-            command: DlqCommand::Redrive { target, projection },
-        } => block_on(online::dlq_redrive(target, projection)),
+            command:
+                DlqCommand::Redrive {
+                    target,
+                    projections,
+                },
+        } => block_on(online::dlq_redrive(target, projections)),
         Command::Audit {
             target,
             format,

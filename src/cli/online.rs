@@ -31,22 +31,35 @@ pub async fn table_create(target: Target) -> anyhow::Result<Outcome> {
     Ok(Outcome::Done)
 }
 
-/// `counter get NAME VAR=VALUE...`.
+/// `counter get NAME --key VAR=VALUE...`.
 pub async fn counter_get(
     target: Target,
     name: String,
     vars: Vec<String>,
+    format: OutputFormat,
 ) -> anyhow::Result<Outcome> {
-    let c = connect_or_return!(target);
     let mut pairs = Vec::new();
     for var in vars {
         let Some((k, v)) = var.split_once('=') else {
-            bail!("`{var}` is not VAR=VALUE (e.g. userId=u42)");
+            bail!("--key {var}: expected VAR=VALUE (for example --key userId=u42)");
         };
         pairs.push((k.to_string(), v.to_string()));
     }
+    let c = connect_or_return!(target);
     let value = crate::counter::read_counter(&c.dynamodb, &c.table, &c.spec, &name, &pairs).await?;
-    println!("{value}");
+    match format {
+        OutputFormat::Text => println!("{value}"),
+        OutputFormat::Json => {
+            let vars: serde_json::Map<String, serde_json::Value> = pairs
+                .into_iter()
+                .map(|(k, v)| (k, serde_json::Value::String(v)))
+                .collect();
+            println!(
+                "{}",
+                serde_json::json!({ "counter": name, "vars": vars, "value": value })
+            );
+        }
+    }
     Ok(Outcome::Done)
 }
 
@@ -65,16 +78,17 @@ pub async fn dlq_list(target: Target) -> anyhow::Result<Outcome> {
 }
 
 /// `dlq redrive`.
-pub async fn dlq_redrive(target: Target, projection: Option<String>) -> anyhow::Result<Outcome> {
+pub async fn dlq_redrive(target: Target, projections: Vec<String>) -> anyhow::Result<Outcome> {
     let c = connect_or_return!(target);
     crate::global::require_home(&c, &target.deployment(), "dlq redrive").await?;
-    if let Some(name) = &projection {
+    for name in &projections {
         if c.spec.projection_id(name).is_none() && name != "*" {
             bail!("no projection `{name}` in {}", c.spec.file);
         }
     }
     let applier = c.applier();
-    let summary = applier.redrive(projection.as_deref()).await?;
+    let only = (!projections.is_empty()).then_some(projections.as_slice());
+    let summary = applier.redrive(only).await?;
     println!(
         "redriven {}, superseded by a later letter {}, still failing {}, skipped {}",
         summary.redriven, summary.superseded, summary.still_failing, summary.skipped

@@ -25,6 +25,7 @@ pub async fn run(
     drain: bool,
     source: KinesisSource,
     metrics_addr: Option<SocketAddr>,
+    format: OutputFormat,
 ) -> anyhow::Result<Outcome> {
     let mut options = from_kinesis(
         batch_limit(if drain {
@@ -52,10 +53,10 @@ pub async fn run(
             Ok(Outcome::Done)
         }
         Ok(Worked::Ran(ran)) => {
-            print_ran(verb, &c.table, &ran);
+            print_ran(verb, &c.table, &ran, format);
             Ok(Outcome::Done)
         }
-        Err(failed) => Err(print_failed(verb, &c.table, failed)),
+        Err(failed) => Err(print_failed(verb, &c.table, failed, format)),
     }
 }
 
@@ -64,6 +65,7 @@ pub async fn replay(
     target: Target,
     projections: Vec<String>,
     source: KinesisSource,
+    format: OutputFormat,
 ) -> anyhow::Result<Outcome> {
     let mut options = from_kinesis(batch_limit(RunOptions::replay(None))?, &target, source);
     let c = match connect(&target).await {
@@ -89,10 +91,10 @@ pub async fn replay(
     crate::global::require_home(&c, &deployment, "replay").await?;
     match crate::global::run_stream(&c, &deployment, options, "replay").await {
         Ok(ran) => {
-            print_ran("replay", &c.table, &ran);
+            print_ran("replay", &c.table, &ran, format);
             Ok(Outcome::Done)
         }
-        Err(failed) => Err(print_failed("replay", &c.table, failed)),
+        Err(failed) => Err(print_failed("replay", &c.table, failed, format)),
     }
 }
 
@@ -106,7 +108,7 @@ pub async fn failover(target: Target, to: String, segments: u32) -> anyhow::Resu
     };
     let mut step = |step: Step<'_>| match step {
         Step::Note(note) => eprintln!("ddb-projector failover: {note}"),
-        Step::Replayed(ran) => print_ran("failover (replay)", &c.table, ran),
+        Step::Replayed(ran) => print_ran("failover (replay)", &c.table, ran, OutputFormat::Text),
         Step::Audited(report, spec) => {
             if let Err(error) = super::audit::print(report, spec, OutputFormat::Text) {
                 tracing::warn!(%error, "cannot print the audit's report");
@@ -202,17 +204,23 @@ fn batch_limit(mut options: RunOptions) -> anyhow::Result<RunOptions> {
     Ok(options)
 }
 
-fn print_ran(verb: &str, table: &str, ran: &Ran) {
+/// The run's summary as text on stderr; with `--format json`, also as
+/// one JSON object on stdout (`{"how": ..., "summary": {...}}`).
+fn print_ran(verb: &str, table: &str, ran: &Ran, format: OutputFormat) {
     eprintln!(
         "ddb-projector {verb} on table {table} {}:\n{}",
         ran.how, ran.summary
     );
+    if format == OutputFormat::Json {
+        let line = serde_json::json!({ "table": table, "how": ran.how, "summary": ran.summary });
+        println!("{line}");
+    }
 }
 
 /// Prints what a failed run did, if it started; its error.
-fn print_failed(verb: &str, table: &str, failed: RunFailed) -> anyhow::Error {
+fn print_failed(verb: &str, table: &str, failed: RunFailed, format: OutputFormat) -> anyhow::Error {
     if let Some(ran) = &failed.ran {
-        print_ran(verb, table, ran);
+        print_ran(verb, table, ran, format);
     }
     failed.error
 }

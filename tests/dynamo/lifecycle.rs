@@ -1082,25 +1082,42 @@ async fn a_changed_counter_is_rebuilt_beside_the_old_one_and_readers_never_see_a
         read(laid.clone()).await,
         followers_of(&client, &table, true).await
     );
-    let cli_value = cli(&[
-        "counter",
-        "get",
-        "followers",
-        "userId=u1",
-        "--spec",
-        v2.to_str().unwrap(),
-        "--table",
-        &table,
-    ]);
-    assert!(cli_value.status.success(), "{}", stderr(&cli_value));
     let want = followers_of(&client, &table, true)
         .await
         .get("u1")
         .copied()
         .unwrap_or(0);
+    // `--key VAR=VALUE`, as `wait` takes keys; the older positional form
+    // still works.
+    for key in [&["--key", "userId=u1"][..], &["userId=u1"][..]] {
+        let mut args = vec!["counter", "get", "followers"];
+        args.extend_from_slice(key);
+        args.extend_from_slice(&["--spec", v2.to_str().unwrap(), "--table", &table]);
+        let cli_value = cli(&args);
+        assert!(cli_value.status.success(), "{}", stderr(&cli_value));
+        assert_eq!(
+            String::from_utf8_lossy(&cli_value.stdout).trim(),
+            want.to_string()
+        );
+    }
+    let json = cli(&[
+        "counter",
+        "get",
+        "followers",
+        "--key",
+        "userId=u1",
+        "--format",
+        "json",
+        "--spec",
+        v2.to_str().unwrap(),
+        "--table",
+        &table,
+    ]);
+    assert!(json.status.success(), "{}", stderr(&json));
+    let json: serde_json::Value = serde_json::from_slice(&json.stdout).expect("JSON");
     assert_eq!(
-        String::from_utf8_lossy(&cli_value.stdout).trim(),
-        want.to_string()
+        json,
+        serde_json::json!({"counter": "followers", "vars": {"userId": "u1"}, "value": want})
     );
 
     // The old version is pruned once no worker keeps it: nothing of its

@@ -97,7 +97,10 @@ async fn the_runner_serves_its_metrics_and_health_while_it_runs() {
         &table,
         "--metrics-addr",
         &addr.to_string(),
+        "--format",
+        "json",
     ])
+    .stdout(Stdio::piped())
     .stderr(Stdio::piped())
     .spawn()
     .expect("start the runner");
@@ -177,6 +180,22 @@ async fn the_runner_serves_its_metrics_and_health_while_it_runs() {
         "{text}"
     );
     assert!(summary_value(&text, "records") >= 5.0, "{text}");
+    // `--format json`: the same summary as one JSON object on stdout.
+    let mut out = String::new();
+    child
+        .stdout
+        .take()
+        .unwrap()
+        .read_to_string(&mut out)
+        .unwrap();
+    let json: serde_json::Value = serde_json::from_str(out.trim()).expect("one JSON object");
+    assert_eq!(json["table"], table.as_str(), "{json}");
+    assert_eq!(json["how"], "stopped", "{json}");
+    assert_eq!(
+        json["summary"]["records"].as_f64(),
+        Some(summary_value(&text, "records")),
+        "{json}"
+    );
 }
 
 #[tokio::test]

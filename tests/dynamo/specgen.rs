@@ -858,7 +858,7 @@ async fn check_live(
 async fn redrive_all(applier: &Applier, first: Option<String>) -> Result<(), TestCaseError> {
     if let Some(name) = first {
         applier
-            .redrive(Some(&name))
+            .redrive(Some(std::slice::from_ref(&name)))
             .await
             .map_err(|error| TestCaseError::fail(format!("redrive {name}: {error}")))?;
     }

@@ -311,3 +311,106 @@ fn backfill_refuses_bad_segment_flags_before_any_io() {
     let both = refused(&["--all", "--projection", "followers"]);
     assert!(both.contains("cannot be used with"), "{both}");
 }
+
+/// Every leaf subcommand, with its path (`counter get`) and its command.
+fn leaves(command: &clap::Command, path: &str, out: &mut Vec<(String, clap::Command)>) {
+    let mut any = false;
+    for sub in command
+        .get_subcommands()
+        .filter(|sub| sub.get_name() != "help")
+    {
+        any = true;
+        let name = format!("{path} {}", sub.get_name()).trim().to_string();
+        leaves(sub, &name, out);
+    }
+    if !any {
+        out.push((path.to_string(), command.clone()));
+    }
+}
+
+/// The CLI's grammar, walked through every subcommand's `--help`: the
+/// shared flags mean one thing wherever they apply.
+#[test]
+fn every_subcommand_takes_the_shared_flags_where_they_apply() {
+    use clap::CommandFactory;
+    let mut root = ddb_projector::cli::Cli::command();
+    root.build();
+    let mut all = Vec::new();
+    leaves(&root, "", &mut all);
+    assert!(all.len() >= 20, "{} subcommands", all.len());
+    let longs = |command: &clap::Command| -> Vec<String> {
+        command
+            .get_arguments()
+            .filter_map(|a| a.get_long().map(str::to_string))
+            .collect()
+    };
+    let mut problems = Vec::new();
+    for (path, mut command) in all {
+        let help = command.render_long_help().to_string();
+        let flags = longs(&command);
+        let has = |flag: &str| flags.iter().any(|f| f == flag);
+        // `--log` everywhere, as a global flag.
+        if !help.contains("--log <LOG>") {
+            problems.push(format!("{path}: no --log in its help"));
+        }
+        // A command on a table takes the whole target: the spec, the table,
+        // the consumer and the home region, under those names.
+        // The registry's commands are the exceptions, each for its reason:
+        // registrations are served by the table's unnamed consumer (no
+        // --consumer); `unregister` and `specs` name a service, not a spec
+        // file; `specs` only reads, so any region may answer it.
+        let not_here: &[&str] = match path.as_str() {
+            "register" => &["consumer"],
+            "unregister" => &["consumer", "spec"],
+            "specs" => &["consumer", "spec", "home-region"],
+            _ => &[],
+        };
+        if has("table") {
+            for flag in ["spec", "consumer", "home-region"] {
+                if !has(flag) && !not_here.contains(&flag) {
+                    problems.push(format!("{path}: --table without --{flag}"));
+                }
+            }
+        }
+        // `--projection` is repeatable wherever it is taken.
+        for arg in command.get_arguments() {
+            if arg.get_long() == Some("projection")
+                && !matches!(arg.get_action(), clap::ArgAction::Append)
+            {
+                problems.push(format!("{path}: --projection is not repeatable"));
+            }
+            // `--format` is text or json wherever it is taken.
+            if arg.get_long() == Some("format") {
+                let values: Vec<String> = arg
+                    .get_possible_values()
+                    .iter()
+                    .map(|v| v.get_name().to_string())
+                    .collect();
+                if values != ["text", "json"] {
+                    problems.push(format!("{path}: --format takes {values:?}"));
+                }
+            }
+        }
+        // Keys are given as `--key NAME=VALUE` (`wait`, `counter get`).
+        if ["wait", "counter get"].contains(&path.as_str()) && !has("key") {
+            problems.push(format!("{path}: no --key"));
+        }
+        // The commands that print a report or a summary take --format.
+        let printing = [
+            "run",
+            "replay",
+            "wait",
+            "recover",
+            "status",
+            "audit",
+            "counter get",
+            "register",
+            "specs",
+            "violations list",
+        ];
+        if printing.contains(&path.as_str()) && !has("format") {
+            problems.push(format!("{path}: prints, but takes no --format"));
+        }
+    }
+    assert!(problems.is_empty(), "{}", problems.join("\n"));
+}
