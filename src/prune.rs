@@ -173,6 +173,8 @@ pub struct PruneOptions {
     pub dry_run: bool,
     /// Consumed write capacity per second to stay under.
     pub max_wcu: Option<f64>,
+    /// Consumed read capacity per second (its scan's) to stay under.
+    pub max_rcu: Option<f64>,
     /// Scan segments in parallel.
     pub segments: u32,
     /// Items per scan page.
@@ -186,6 +188,7 @@ impl Default for PruneOptions {
         PruneOptions {
             dry_run: false,
             max_wcu: None,
+            max_rcu: None,
             segments: 4,
             page_size: 200,
             progress: true,
@@ -391,6 +394,8 @@ struct Run<'a> {
     options: &'a PruneOptions,
     scope: String,
     pacer: Pacer,
+    /// Paces the scan's reads (`max_rcu`).
+    read_pacer: Pacer,
     scanned: AtomicU64,
     deleted: AtomicU64,
     stripped: AtomicU64,
@@ -434,6 +439,7 @@ pub async fn prune(
         options,
         scope: format!("{table}#{}", names.join(",")),
         pacer: Pacer::new(options.max_wcu),
+        read_pacer: Pacer::new(options.max_rcu),
         scanned: AtomicU64::new(0),
         deleted: AtomicU64::new(0),
         stripped: AtomicU64::new(0),
@@ -645,11 +651,17 @@ impl Run<'_> {
                 .select(Select::AllAttributes)
                 .limit(self.options.page_size)
                 .consistent_read(true)
+                .return_consumed_capacity(ReturnConsumedCapacity::Total)
                 .set_exclusive_start_key(start.take());
             if total > 1 {
                 scan = scan.segment(segment as i32).total_segments(total as i32);
             }
             let page = scan.send().await.map_err(|e| self.fatal("scanning", e))?;
+            let read = page
+                .consumed_capacity()
+                .and_then(|c| c.capacity_units())
+                .unwrap_or(0.0);
+            self.read_pacer.consume(read).await;
             let items = page.items();
             self.scanned
                 .fetch_add(items.len() as u64, Ordering::Relaxed);

@@ -268,6 +268,9 @@ pub enum Command {
         /// Consumed write capacity units per second to stay under.
         #[arg(long)]
         max_wcu: Option<f64>,
+        /// Consumed read capacity units per second (the scan's) to stay under.
+        #[arg(long)]
+        max_rcu: Option<f64>,
         /// Scan segments in parallel.
         #[arg(long, default_value_t = 4)]
         segments: u32,
@@ -671,6 +674,7 @@ pub fn run(cli: Cli) -> anyhow::Result<Outcome> {
             from_spec,
             dry_run,
             max_wcu,
+            max_rcu,
             segments,
         } => block_on(lifecycle::prune(
             target,
@@ -679,6 +683,7 @@ pub fn run(cli: Cli) -> anyhow::Result<Outcome> {
             crate::prune::PruneOptions {
                 dry_run,
                 max_wcu,
+                max_rcu,
                 segments,
                 ..Default::default()
             },

@@ -395,6 +395,10 @@ fn every_subcommand_takes_the_shared_flags_where_they_apply() {
         if ["wait", "counter get"].contains(&path.as_str()) && !has("key") {
             problems.push(format!("{path}: no --key"));
         }
+        // The commands that scan the table keep under a read rate.
+        if ["backfill", "audit", "prune"].contains(&path.as_str()) && !has("max-rcu") {
+            problems.push(format!("{path}: scans, but takes no --max-rcu"));
+        }
         // The commands that print a report or a summary take --format.
         let printing = [
             "run",
