@@ -77,18 +77,27 @@ fn the_stack_allows_every_dynamodb_call_the_code_makes() {
 fn each_state_machine_defines_every_state_it_names() {
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));
     let template = std::fs::read_to_string(root.join("infra/template.yaml")).expect("template");
-    for machine in ["BackfillStateMachine", "AuditStateMachine"] {
+    for (machine, file) in [
+        (
+            "BackfillStateMachine",
+            "infra/statemachines/backfill.asl.yaml",
+        ),
+        ("AuditStateMachine", "infra/statemachines/audit.asl.yaml"),
+    ] {
+        // SAM's resource names its definition file.
         let start = template
             .find(&format!("  {machine}:"))
             .unwrap_or_else(|| panic!("the state machine {machine}"));
-        let end = start
-            + template[start..]
-                .find("\n  # ")
-                .into_iter()
-                .chain(template[start..].find("\nOutputs:"))
-                .min()
-                .expect("what follows it");
-        let definition = &template[start..end];
+        let uri = file.trim_start_matches("infra/");
+        assert!(
+            template[start..]
+                .lines()
+                .take(30)
+                .any(|l| l.trim() == format!("DefinitionUri: {uri}")),
+            "{machine} does not name {file}"
+        );
+        let definition = std::fs::read_to_string(root.join(file)).expect("the definition file");
+        let definition = definition.as_str();
         let defined: std::collections::BTreeSet<&str> = definition
             .lines()
             .filter_map(|line| {
