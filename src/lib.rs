@@ -61,6 +61,7 @@
 pub mod apply;
 pub mod audit;
 pub mod backfill;
+#[cfg(feature = "cli")]
 pub mod cli;
 pub mod control;
 pub mod counter;
