@@ -1,17 +1,12 @@
 //! The `ddb-projector` command line: parses, runs, and exits with the
-//! code [`ddb_projector::cli::exit_code`] gives the command's result.
+//! code `ddb_projector::cli::exit_code` gives the command's result.
 
 use std::process::ExitCode;
-
-use clap::Parser;
 
 fn main() -> ExitCode {
     fix_mmap_threshold();
     // Lambda starts the bootstrap without arguments.
-    let cli =
-        ddb_projector::cli::Cli::lambda_bootstrap().unwrap_or_else(ddb_projector::cli::Cli::parse);
-    ddb_projector::logging::init(cli.log_format());
-    ddb_projector::cli::exit_code(ddb_projector::cli::run(cli))
+    ddb_projector::cli_main()
 }
 
 /// glibc raises its mmap threshold to the size of the largest mmapped block

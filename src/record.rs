@@ -230,7 +230,7 @@ impl ChangeRecord {
 
     /// The record as its item: an `INSERT` of its new image (a `REMOVE`
     /// stays one), for planning the item whatever the record changed
-    /// ([`crate::plan::plan_complete`]).
+    /// (`crate::plan::plan_complete`).
     pub fn as_item(&self) -> ChangeRecord {
         let mut item = self.clone();
         if item.kind != ChangeKind::Remove && item.new_image.is_some() {

@@ -259,11 +259,11 @@ pub struct AuditReport {
     /// Whether the scan ended (a checkpointed slice may stop before).
     #[serde(default = "ended")]
     pub complete: bool,
-    /// A segment's counter facts, until [`merge`] concludes them with the
-    /// other segments' (see [`sketch`]). `None` once concluded.
+    /// A segment's counter facts, until `merge` concludes them with the
+    /// other segments' (see `sketch`). `None` once concluded.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub sketch: Option<Sketch>,
-    /// The violations found, as (invariant, recorded key): what [`merge`]
+    /// The violations found, as (invariant, recorded key): what `merge`
     /// keeps in the violation store.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub violation_keys: Vec<(String, String)>,

@@ -78,7 +78,7 @@ impl Default for WaitOptions {
     }
 }
 
-/// What [`wait`] ended with, and after how many checks.
+/// What `wait` ended with, and after how many checks.
 #[derive(Debug, Clone, PartialEq, serde::Serialize)]
 pub struct Waited {
     /// The last check's answer: [`Status::Projected`], or what was still

@@ -612,6 +612,15 @@ pub fn exit_code(result: anyhow::Result<Outcome>) -> ExitCode {
     }
 }
 
+/// The `ddb-projector` binary's `main`: parses the command line (or,
+/// started without arguments as a Lambda bootstrap, serves Lambda), sets
+/// up logs, runs the command and turns its result into the exit code.
+pub fn main() -> ExitCode {
+    let cli = Cli::lambda_bootstrap().unwrap_or_else(Cli::parse);
+    crate::logging::init(cli.log_format());
+    exit_code(run(cli))
+}
+
 /// Runs a parsed command.
 pub fn run(cli: Cli) -> anyhow::Result<Outcome> {
     match cli.command {

@@ -163,7 +163,8 @@ pub async fn connect(
     connect_with(spec, table, consumer, config, dynamodb).await
 }
 
-async fn connect_with(
+/// [`connect`], with an SDK configuration of the caller's.
+pub async fn connect_with(
     spec: Spec,
     table: String,
     consumer: Option<String>,
@@ -200,6 +201,16 @@ pub async fn connect_registered(
     }
     let config = crate::dynamo::client::load_config().await?;
     let dynamodb = crate::dynamo::client::dynamodb(&config);
+    connect_registered_with(table, config, dynamodb).await
+}
+
+/// [`connect_registered`] for the unnamed consumer, with an SDK
+/// configuration and a DynamoDB client of the caller's.
+pub async fn connect_registered_with(
+    table: String,
+    config: aws_config::SdkConfig,
+    dynamodb: aws_sdk_dynamodb::Client,
+) -> anyhow::Result<Connection> {
     let (spec, stamp) = registered_spec(&dynamodb, &table).await?;
     let mut c = connect_with(spec, table, None, config, dynamodb).await?;
     c.registered = Some(stamp);

@@ -116,7 +116,7 @@ impl Invariant {
 }
 
 /// A compiled, validated spec: the rule set the planner runs, with who
-/// registered what and the spec as written. It derefs to its [`Rules`]
+/// registered what and the spec as written. It derefs to its `Rules`
 /// (`spec.projections`, `spec.match_entity(..)`), what the kinds plan,
 /// compute and describe against.
 #[derive(Debug, Clone)]

@@ -37,9 +37,9 @@ use super::support::{self, s};
 /// Lists `regions` as the table's replicas in every `DescribeTable`
 /// answer, and the multi-region strong consistency mode when `strong`.
 #[derive(Debug, Clone)]
-struct Replicas {
-    regions: Vec<&'static str>,
-    strong: bool,
+pub(super) struct Replicas {
+    pub(super) regions: Vec<&'static str>,
+    pub(super) strong: bool,
 }
 
 impl Intercept for Replicas {

@@ -6,6 +6,7 @@ mod applier;
 mod audit;
 mod backfill;
 mod delivery;
+mod embed;
 mod faults;
 mod global;
 mod holds;

@@ -10,5 +10,6 @@ mod fuzz_regressions;
 mod iam;
 mod invariants;
 mod planner;
+mod public_api;
 mod spec_errors;
 mod util;

@@ -12,7 +12,7 @@ use crate::record::ChangeRecord;
 use crate::schema::{fingerprint, suggest, Compiler, Entity, EntityId, ProjectionId};
 
 /// A projection written in Rust, registered with
-/// [`crate::spec::SpecBuilder::custom`].
+/// `crate::spec::SpecBuilder::custom`.
 ///
 /// It plans plain idempotent writes (put or delete a derived item) for
 /// records of its source entity, and must be pure like the built-in kinds.

@@ -155,12 +155,12 @@ pub struct Summary {
     /// Write capacity units DynamoDB reported.
     pub write_units: f64,
     /// The least DynamoDB bills for the writes sent
-    /// ([`crate::apply::Requests::min_billed_write_units`]).
+    /// (`crate::apply::Requests::min_billed_write_units`).
     pub min_billed_write_units: u64,
     /// Read capacity units DynamoDB reported.
     pub read_units: f64,
     /// Items read consistently to derive them as they are now
-    /// ([`RunOptions::derive_current`]; 0 otherwise).
+    /// (`RunOptions::derive_current`; 0 otherwise).
     pub items_read: u64,
     /// Requests the applier retried.
     pub retries: u64,
