@@ -220,7 +220,11 @@ impl BackfillArgs {
 }
 
 /// `backfill` (see [`crate::backfill::lifecycle`]).
-pub async fn backfill(target: Target, args: crate::backfill::Request) -> anyhow::Result<Outcome> {
+pub async fn backfill(
+    target: Target,
+    args: crate::backfill::Request,
+    format: OutputFormat,
+) -> anyhow::Result<Outcome> {
     let c = match connect(&target).await {
         Ok(c) => c,
         Err(result) => return result,
@@ -241,10 +245,12 @@ pub async fn backfill(target: Target, args: crate::backfill::Request) -> anyhow:
                 target.source(),
                 c.table
             );
-            println!(
-                "{}",
-                serde_json::to_string(&crate::backfill::BackfillSummary::default())?
-            );
+            if format == OutputFormat::Json {
+                println!(
+                    "{}",
+                    serde_json::to_string(&crate::backfill::BackfillSummary::default())?
+                );
+            }
             return Ok(Outcome::Done);
         }
         crate::backfill::Backfilled::Ran { summary, run } => (summary, run),
@@ -275,7 +281,9 @@ pub async fn backfill(target: Target, args: crate::backfill::Request) -> anyhow:
     if let (Some(run), false) = (&run, summary.is_done()) {
         eprintln!("segments left: continue with --resume (or --run {run} on every machine)");
     }
-    println!("{}", serde_json::to_string(&summary)?);
+    if format == OutputFormat::Json {
+        println!("{}", serde_json::to_string(&summary)?);
+    }
     Ok(backfill_outcome(&summary))
 }
 
@@ -293,6 +301,7 @@ pub async fn prune(
     target: Target,
     names: Vec<String>,
     from_spec: Option<std::path::PathBuf>,
+    format: OutputFormat,
     options: crate::prune::PruneOptions,
 ) -> anyhow::Result<Outcome> {
     let c = match connect(&target).await {
@@ -343,7 +352,9 @@ pub async fn prune(
                 .join(", ")
         );
     }
-    println!("{}", serde_json::to_string(&summary)?);
+    if format == OutputFormat::Json {
+        println!("{}", serde_json::to_string(&summary)?);
+    }
     Ok(if options.dry_run || left.is_empty() {
         Outcome::Done
     } else {

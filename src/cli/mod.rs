@@ -107,6 +107,11 @@ pub enum Command {
         /// Spec, and the table to check against.
         #[command(flatten)]
         target: Target,
+        /// Output format: the summary as text, or one JSON object (the
+        /// tables' entities, projections and invariants, or every
+        /// problem).
+        #[arg(long, value_enum, default_value_t = OutputFormat::Text)]
+        format: OutputFormat,
     },
     /// Print the effects a Lambda DynamoDB Streams event would have, as JSON lines.
     Plan {
@@ -116,6 +121,9 @@ pub enum Command {
         /// The event, exactly as Lambda delivers it (`-` for stdin).
         #[arg(long)]
         event: PathBuf,
+        /// Output format: JSON lines (the default), or a line of text each.
+        #[arg(long, value_enum, default_value_t = OutputFormat::Json)]
+        format: OutputFormat,
     },
     /// Manage the table a spec describes.
     Table {
@@ -198,6 +206,11 @@ pub enum Command {
         /// Parallel scan segments of the audit.
         #[arg(long, default_value_t = 4)]
         segments: u32,
+        /// Output format: the steps as text, or also one JSON object at the
+        /// end (the replay's summary, the redrive's, the last audit's
+        /// report).
+        #[arg(long, value_enum, default_value_t = OutputFormat::Text)]
+        format: OutputFormat,
     },
     /// Apply again the batches Lambda gave up on (after MaximumRetryAttempts
     /// or MaximumRecordAgeInSeconds), named by the messages of its on-failure
@@ -233,6 +246,10 @@ pub enum Command {
         /// What to backfill and how.
         #[command(flatten)]
         args: lifecycle::BackfillArgs,
+        /// Output format: the summary as JSON on stdout (the default, as
+        /// it always was) beside the text on stderr, or the text alone.
+        #[arg(long, value_enum, default_value_t = OutputFormat::Json)]
+        format: OutputFormat,
     },
     /// Where each projection is in its life (new, backfilling, live,
     /// changed, retired), since when, what it needs next, its open dead
@@ -274,6 +291,10 @@ pub enum Command {
         /// Scan segments in parallel.
         #[arg(long, default_value_t = 4)]
         segments: u32,
+        /// Output format: the summary as JSON on stdout (the default, as
+        /// it always was) beside the text on stderr, or the text alone.
+        #[arg(long, value_enum, default_value_t = OutputFormat::Json)]
+        format: OutputFormat,
     },
     /// Serve DynamoDB Streams events as an AWS Lambda function (the default
     /// when AWS_LAMBDA_RUNTIME_API is set and no command is given).
@@ -284,6 +305,10 @@ pub enum Command {
         /// The spec file.
         #[arg(long)]
         spec: PathBuf,
+        /// Output format: the FilterCriteria JSON (the default, what
+        /// infra/deploy reads), or each table's patterns as text.
+        #[arg(long, value_enum, default_value_t = OutputFormat::Json)]
+        format: OutputFormat,
     },
     /// Read counters.
     Counter {
@@ -525,6 +550,9 @@ pub enum TableCommand {
         /// Spec and table.
         #[command(flatten)]
         target: Target,
+        /// Output format: a sentence, or `{"table", "created"}`.
+        #[arg(long, value_enum, default_value_t = OutputFormat::Text)]
+        format: OutputFormat,
     },
 }
 
@@ -553,11 +581,14 @@ pub enum CounterCommand {
 /// `dlq` subcommands.
 #[derive(Debug, Subcommand)]
 pub enum DlqCommand {
-    /// Print dead letters as JSON lines.
+    /// Print dead letters: JSON lines (the default), or a line of text each.
     List {
         /// Spec and table.
         #[command(flatten)]
         target: Target,
+        /// Output format.
+        #[arg(long, value_enum, default_value_t = OutputFormat::Json)]
+        format: OutputFormat,
     },
     /// Apply dead letters again (after a fix) and remove those that succeed.
     Redrive {
@@ -568,6 +599,9 @@ pub enum DlqCommand {
         /// that could not be decoded; default all).
         #[arg(long = "projection")]
         projections: Vec<String>,
+        /// Output format: a sentence, or the summary as JSON.
+        #[arg(long, value_enum, default_value_t = OutputFormat::Text)]
+        format: OutputFormat,
     },
 }
 
@@ -624,17 +658,21 @@ pub fn main() -> ExitCode {
 /// Runs a parsed command.
 pub fn run(cli: Cli) -> anyhow::Result<Outcome> {
     match cli.command {
-        Command::Check { target } => match (&target.table, &target.home_region) {
+        Command::Check { target, format } => match (&target.table, &target.home_region) {
             (None, None) => match &target.spec {
-                Some(path) => Ok(offline::check(path)),
+                Some(path) => Ok(offline::check(path, format)),
                 None => unreachable!("clap requires --spec or --table"),
             },
-            _ => block_on(online::check_table(target)),
+            _ => block_on(online::check_table(target, format)),
         },
-        Command::Plan { spec, event } => offline::plan(&spec, &event),
+        Command::Plan {
+            spec,
+            event,
+            format,
+        } => offline::plan(&spec, &event, format),
         Command::Table {
-            command: TableCommand::Create { target },
-        } => block_on(online::table_create(target)),
+            command: TableCommand::Create { target, format },
+        } => block_on(online::table_create(target, format)),
         Command::Run {
             target,
             drain,
@@ -658,7 +696,8 @@ pub fn run(cli: Cli) -> anyhow::Result<Outcome> {
             target,
             to,
             segments,
-        } => block_on(stream::failover(target, to, segments)),
+            format,
+        } => block_on(stream::failover(target, to, segments, format)),
         Command::Recover {
             target,
             queue_url,
@@ -672,9 +711,13 @@ pub fn run(cli: Cli) -> anyhow::Result<Outcome> {
             dry_run,
             format,
         )),
-        Command::Backfill { target, args } => {
+        Command::Backfill {
+            target,
+            args,
+            format,
+        } => {
             let request = args.request()?;
-            block_on(lifecycle::backfill(target, request))
+            block_on(lifecycle::backfill(target, request, format))
         }
         Command::Status { target, format } => block_on(lifecycle::status(target, format)),
         Command::Prune {
@@ -685,10 +728,12 @@ pub fn run(cli: Cli) -> anyhow::Result<Outcome> {
             max_wcu,
             max_rcu,
             segments,
+            format,
         } => block_on(lifecycle::prune(
             target,
             projections,
             from_spec,
+            format,
             crate::prune::PruneOptions {
                 dry_run,
                 max_wcu,
@@ -699,7 +744,7 @@ pub fn run(cli: Cli) -> anyhow::Result<Outcome> {
         )),
 
         Command::Lambda => crate::lambda::run().map(|()| Outcome::Done),
-        Command::Filters { spec } => Ok(offline::filters(&spec)),
+        Command::Filters { spec, format } => Ok(offline::filters(&spec, format)),
         Command::Counter {
             command:
                 CounterCommand::Get {
@@ -716,15 +761,16 @@ pub fn run(cli: Cli) -> anyhow::Result<Outcome> {
             format,
         )),
         Command::Dlq {
-            command: DlqCommand::List { target },
-        } => block_on(online::dlq_list(target)),
+            command: DlqCommand::List { target, format },
+        } => block_on(online::dlq_list(target, format)),
         Command::Dlq {
             command:
                 DlqCommand::Redrive {
                     target,
                     projections,
+                    format,
                 },
-        } => block_on(online::dlq_redrive(target, projections)),
+        } => block_on(online::dlq_redrive(target, projections, format)),
         Command::Audit {
             target,
             format,

@@ -7,13 +7,18 @@ use std::path::Path;
 use anyhow::Context;
 use serde_json::json;
 
-use super::{load_spec, load_specs};
+use super::{load_spec, load_specs, OutputFormat};
 use crate::decode::decode_lambda_event;
 use crate::plan::{describe_error, plan_record};
 
 /// `check`: exit 0 and a summary of each table's spec when the spec file,
-/// or every spec of a directory and their composition, is valid.
-pub fn check(path: &Path) -> Outcome {
+/// or every spec of a directory and their composition, is valid; with
+/// `--format json`, one object: the tables' services, entities,
+/// projections (name and kind) and invariants, or every problem.
+pub fn check(path: &Path, format: OutputFormat) -> Outcome {
+    if format == OutputFormat::Json {
+        return check_json(path);
+    }
     match load_specs(path) {
         Ok(set) => {
             println!("{}: ok", path.display());
@@ -26,10 +31,114 @@ pub fn check(path: &Path) -> Outcome {
     }
 }
 
+fn check_json(path: &Path) -> Outcome {
+    let loaded = crate::spec::SpecSet::load(path).and_then(|mut set| {
+        if let Ok(map) = std::env::var(crate::lambda::TABLE_NAMES_VAR) {
+            set.rename_tables(&map).map_err(|problem| {
+                crate::spec::SpecErrors(vec![crate::spec::SpecError {
+                    file: crate::lambda::TABLE_NAMES_VAR.to_string(),
+                    context: String::new(),
+                    problem,
+                }])
+            })?;
+        }
+        Ok(set)
+    });
+    let (answer, outcome) = match loaded {
+        Ok(set) => {
+            let tables: Vec<serde_json::Value> = set
+                .specs()
+                .iter()
+                .map(|spec| {
+                    json!({
+                        "table": spec.table.name,
+                        "service": spec.service,
+                        "entities": spec.entities.iter().map(|e| e.name.as_str()).collect::<Vec<_>>(),
+                        "projections": spec.projections.iter().map(|p| json!({
+                            "name": p.name,
+                            "kind": p.kind_name(),
+                            "service": spec.service_of(&p.name),
+                        })).collect::<Vec<_>>(),
+                        "invariants": spec.invariants.iter().map(|i| i.name.as_str()).collect::<Vec<_>>(),
+                    })
+                })
+                .collect();
+            (
+                json!({ "source": path.display().to_string(), "ok": true, "tables": tables }),
+                Outcome::Done,
+            )
+        }
+        Err(errors) => {
+            let problems: Vec<serde_json::Value> = errors
+                .0
+                .iter()
+                .map(|e| json!({ "file": e.file, "context": e.context, "problem": e.problem }))
+                .collect();
+            (
+                json!({ "source": path.display().to_string(), "ok": false, "problems": problems }),
+                Outcome::Found,
+            )
+        }
+    };
+    println!("{answer}");
+    outcome
+}
+
+/// One line of `plan`: the JSON object, or it told in a line of text
+/// (`INSERT 000...1 email-gsi1-keys: set USER#u1 / EMAIL#e1 GSI1PK=...`).
+fn emit(
+    out: &mut impl Write,
+    line: &serde_json::Value,
+    format: OutputFormat,
+) -> std::io::Result<()> {
+    if format == OutputFormat::Json {
+        return writeln!(out, "{line}");
+    }
+    let record = &line["record"];
+    let text = |v: &serde_json::Value| v.as_str().unwrap_or("-").to_string();
+    let at = match record.get("eventName") {
+        Some(name) => format!("{} {}", text(name), text(&record["sequenceNumber"])),
+        None => format!("record {}", record["index"]),
+    };
+    if let Some(error) = line.get("error") {
+        return writeln!(out, "{at}: cannot be planned: {}", text(error));
+    }
+    if let Some(skipped) = line.get("skipped") {
+        return writeln!(out, "{at}: skipped: {}", text(skipped));
+    }
+    let key = match (line["key"].get("PK"), line["key"].get("SK")) {
+        (Some(pk), Some(sk)) => format!("{} / {}", text(pk), text(sk)),
+        (Some(pk), None) => text(pk),
+        _ => line["key"].to_string(),
+    };
+    let set = line
+        .get("set")
+        .and_then(|set| set.as_object())
+        .map(|set| {
+            set.iter()
+                .map(|(name, value)| {
+                    format!(
+                        " {name}={}",
+                        value
+                            .as_str()
+                            .map_or_else(|| value.to_string(), str::to_string)
+                    )
+                })
+                .collect::<String>()
+        })
+        .unwrap_or_default();
+    writeln!(
+        out,
+        "{at} {}: {} {key}{set}",
+        text(&line["projection"]),
+        text(&line["op"])
+    )
+}
+
 /// `filters`: the `FilterCriteria` JSON on stdout and the notes on
 /// stderr; for a directory describing several tables, an object of them
 /// by table name (each table's specs merged into one filter).
-pub fn filters(path: &Path) -> Outcome {
+pub fn filters(path: &Path, format: OutputFormat) -> Outcome {
     let set = match load_specs(path) {
         Ok(set) => set,
         Err(code) => return code,
@@ -41,6 +150,16 @@ pub fn filters(path: &Path) -> Outcome {
             eprintln!("note: {}: {note}", spec.table.name);
         }
         by_table.insert(spec.table.name.clone(), criteria.to_json());
+    }
+    if format == OutputFormat::Text {
+        for (table, criteria) in &by_table {
+            let filters = criteria["Filters"].as_array().cloned().unwrap_or_default();
+            println!("{table}: {} filter patterns", filters.len());
+            for filter in filters {
+                println!("  {}", filter["Pattern"].as_str().unwrap_or_default());
+            }
+        }
+        return Outcome::Done;
     }
     let json = match set.specs() {
         [_] => by_table.into_iter().next().expect("one").1,
@@ -55,7 +174,7 @@ pub fn filters(path: &Path) -> Outcome {
 
 /// `plan`: one JSON line per planned effect, per skipped record and per
 /// record that cannot be planned.
-pub fn plan(spec_path: &Path, event_path: &Path) -> anyhow::Result<Outcome> {
+pub fn plan(spec_path: &Path, event_path: &Path, format: OutputFormat) -> anyhow::Result<Outcome> {
     let spec = match load_spec(spec_path, None) {
         Ok(spec) => spec,
         Err(code) => return Ok(code),
@@ -83,7 +202,7 @@ pub fn plan(spec_path: &Path, event_path: &Path) -> anyhow::Result<Outcome> {
                     "record": { "index": problem.index, "eventID": problem.event_id, "sequenceNumber": problem.sequence_number },
                     "error": problem.reason,
                 });
-                writeln!(out, "{line}")?;
+                emit(&mut out, &line, format)?;
                 continue;
             }
         };
@@ -93,17 +212,17 @@ pub fn plan(spec_path: &Path, event_path: &Path) -> anyhow::Result<Outcome> {
             n_effects += 1;
             let mut line = effect.to_json(&spec);
             line["record"] = record_ref.clone();
-            writeln!(out, "{line}")?;
+            emit(&mut out, &line, format)?;
         }
         for error in &plan.errors {
             n_failed += 1;
             let line = json!({ "record": record_ref, "error": describe_error(&spec, error) });
-            writeln!(out, "{line}")?;
+            emit(&mut out, &line, format)?;
         }
         if let Some(skip) = &plan.skip {
             n_skipped += 1;
             let line = json!({ "record": record_ref, "skipped": skip.to_string() });
-            writeln!(out, "{line}")?;
+            emit(&mut out, &line, format)?;
         }
     }
     eprintln!(

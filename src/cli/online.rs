@@ -18,13 +18,23 @@ macro_rules! connect_or_return {
 }
 
 /// `table create`.
-pub async fn table_create(target: Target) -> anyhow::Result<Outcome> {
+pub async fn table_create(target: Target, format: OutputFormat) -> anyhow::Result<Outcome> {
     let c = connect_or_return!(target);
-    match crate::table::create_table(&c.dynamodb, &c.spec, &c.table).await? {
-        crate::table::Created::Created => {
+    let created = matches!(
+        crate::table::create_table(&c.dynamodb, &c.spec, &c.table).await?,
+        crate::table::Created::Created
+    );
+    match (format, created) {
+        (OutputFormat::Json, _) => {
+            println!(
+                "{}",
+                serde_json::json!({ "table": c.table, "created": created })
+            )
+        }
+        (OutputFormat::Text, true) => {
             println!("created table {} with a NEW_AND_OLD_IMAGES stream", c.table)
         }
-        crate::table::Created::AlreadyRight => {
+        (OutputFormat::Text, false) => {
             println!("table {} already exists with the right shape", c.table)
         }
     }
@@ -64,21 +74,43 @@ pub async fn counter_get(
 }
 
 /// `dlq list`: JSON lines.
-pub async fn dlq_list(target: Target) -> anyhow::Result<Outcome> {
+pub async fn dlq_list(target: Target, format: OutputFormat) -> anyhow::Result<Outcome> {
     let c = connect_or_return!(target);
     let applier = c.applier();
     let letters = applier.dead_letter_store().list().await?;
     let stdout = std::io::stdout();
     let mut out = stdout.lock();
     for letter in &letters {
-        writeln!(out, "{}", serde_json::to_string(letter)?)?;
+        match format {
+            OutputFormat::Json => writeln!(out, "{}", serde_json::to_string(letter)?)?,
+            OutputFormat::Text => {
+                let key = letter
+                    .source_key
+                    .as_ref()
+                    .map_or_else(|| "(no key)".to_string(), ToString::to_string);
+                writeln!(
+                    out,
+                    "{}  {key}  {}{}  since {}  ({} attempts): {}",
+                    letter.projection,
+                    letter.sequence_number.as_deref().unwrap_or("-"),
+                    if letter.held { "  held" } else { "" },
+                    letter.first_failed_at,
+                    letter.attempts,
+                    letter.error
+                )?
+            }
+        }
     }
     eprintln!("{} dead letters in {}", letters.len(), c.table);
     Ok(Outcome::Done)
 }
 
 /// `dlq redrive`.
-pub async fn dlq_redrive(target: Target, projections: Vec<String>) -> anyhow::Result<Outcome> {
+pub async fn dlq_redrive(
+    target: Target,
+    projections: Vec<String>,
+    format: OutputFormat,
+) -> anyhow::Result<Outcome> {
     let c = connect_or_return!(target);
     crate::global::require_home(&c, &target.deployment(), "dlq redrive").await?;
     for name in &projections {
@@ -89,10 +121,13 @@ pub async fn dlq_redrive(target: Target, projections: Vec<String>) -> anyhow::Re
     let applier = c.applier();
     let only = (!projections.is_empty()).then_some(projections.as_slice());
     let summary = applier.redrive(only).await?;
-    println!(
-        "redriven {}, superseded by a later letter {}, still failing {}, skipped {}",
-        summary.redriven, summary.superseded, summary.still_failing, summary.skipped
-    );
+    match format {
+        OutputFormat::Json => println!("{}", serde_json::to_string(&summary)?),
+        OutputFormat::Text => println!(
+            "redriven {}, superseded by a later letter {}, still failing {}, skipped {}",
+            summary.redriven, summary.superseded, summary.still_failing, summary.skipped
+        ),
+    }
     Ok(if summary.still_failing > 0 {
         Outcome::Found
     } else {
@@ -101,31 +136,48 @@ pub async fn dlq_redrive(target: Target, projections: Vec<String>) -> anyhow::Re
 }
 
 /// `check --table`: the spec, then where a worker in this region stands
-/// on the table (see [`crate::global`]).
-pub async fn check_table(target: Target) -> anyhow::Result<Outcome> {
+/// on the table (see `crate::global`); with `--format json`, a JSON line
+/// for each.
+pub async fn check_table(target: Target, format: OutputFormat) -> anyhow::Result<Outcome> {
     if let Some(path) = &target.spec {
-        let code = super::offline::check(path);
+        let code = super::offline::check(path, format);
         if code != Outcome::Done {
             return Ok(code);
         }
     }
     let c = connect_or_return!(target);
     let region = c.config.region().map(|r| r.to_string()).unwrap_or_default();
-    match crate::global::region_role(&c, &target.deployment()).await {
-        Ok(crate::global::Role::Single) => {
-            println!("table {}: a table of one region; this worker projects it", c.table)
-        }
-        Ok(crate::global::Role::Home { regions }) => println!(
-            "table {}: a global table in {}; {region} is its home region and projects it",
-            c.table,
-            regions.join(", ")
+    let (standing, said) = match crate::global::region_role(&c, &target.deployment()).await {
+        Ok(crate::global::Role::Single) => (
+            serde_json::json!({ "standing": "single" }),
+            format!("table {}: a table of one region; this worker projects it", c.table),
         ),
-        Ok(crate::global::Role::Away { home }) => println!(
-            "table {}: a global table projected from its home region {home}; a worker in {region} writes nothing",
-            c.table
+        Ok(crate::global::Role::Home { regions }) => (
+            serde_json::json!({ "standing": "home", "regions": regions }),
+            format!(
+                "table {}: a global table in {}; {region} is its home region and projects it",
+                c.table,
+                regions.join(", ")
+            ),
+        ),
+        Ok(crate::global::Role::Away { home }) => (
+            serde_json::json!({ "standing": "away", "home_region": home }),
+            format!(
+                "table {}: a global table projected from its home region {home}; a worker in {region} writes nothing",
+                c.table
+            ),
         ),
         // Said and exit 2 where results become exit codes.
         Err(error) => return Err(error),
+    };
+    match format {
+        OutputFormat::Text => println!("{said}"),
+        OutputFormat::Json => {
+            let mut line = standing;
+            line["table"] = serde_json::Value::String(c.table.clone());
+            line["region"] = serde_json::Value::String(region.clone());
+            println!("{line}");
+        }
     }
     // The specs other consumers run on the table (see `--consumer`).
     let registry = crate::control::Registry::new(c.dynamodb.clone(), &c.table, &c.spec.table);

@@ -100,23 +100,45 @@ pub async fn replay(
 
 /// `failover --to REGION` (see [`crate::global::failover`]): its steps
 /// as they go, then what is left to the operator.
-pub async fn failover(target: Target, to: String, segments: u32) -> anyhow::Result<Outcome> {
+pub async fn failover(
+    target: Target,
+    to: String,
+    segments: u32,
+    format: OutputFormat,
+) -> anyhow::Result<Outcome> {
     let replay = batch_limit(RunOptions::replay(None))?;
     let c = match connect(&target).await {
         Ok(connection) => connection,
         Err(result) => return result,
     };
+    let mut replayed = None;
     let mut step = |step: Step<'_>| match step {
         Step::Note(note) => eprintln!("ddb-projector failover: {note}"),
-        Step::Replayed(ran) => print_ran("failover (replay)", &c.table, ran, OutputFormat::Text),
+        Step::Replayed(ran) => {
+            print_ran("failover (replay)", &c.table, ran, OutputFormat::Text);
+            replayed = Some(ran.summary.clone());
+        }
         Step::Audited(report, spec) => {
-            if let Err(error) = super::audit::print(report, spec, OutputFormat::Text) {
-                tracing::warn!(%error, "cannot print the audit's report");
+            // Text goes to stdout; the JSON object comes once, at the end.
+            if format == OutputFormat::Text {
+                if let Err(error) = super::audit::print(report, spec, OutputFormat::Text) {
+                    tracing::warn!(%error, "cannot print the audit's report");
+                }
             }
         }
     };
     let done =
         crate::global::failover(&c, &target.deployment(), &to, replay, segments, &mut step).await?;
+    if format == OutputFormat::Json {
+        let line = serde_json::json!({
+            "table": c.table,
+            "to": to,
+            "replayed": replayed,
+            "redriven": done.redriven,
+            "audit": done.audit,
+        });
+        println!("{line}");
+    }
     eprintln!(
         "ddb-projector failover: {to}'s replica is repaired. Now:\n  \
          1. set HomeRegion={to} in the stack of every region (infra/deploy ... \

@@ -81,3 +81,31 @@ async fn a_missing_table_is_named_in_the_error() {
         "{error}"
     );
 }
+
+/// `table create`, `dlq list` and `dlq redrive` print JSON when asked:
+/// whether the table was created, the letters, the redrive's summary.
+#[tokio::test]
+async fn table_and_dlq_commands_print_json_when_asked() {
+    let table = support::unique_table("cli-json");
+    let spec = support::repo().join("projections/user-service.toml");
+    let spec = spec.to_str().unwrap();
+    let run = |args: &[&str]| {
+        let output = super::runner::cli(args).output().expect("the binary runs");
+        assert!(
+            output.status.success(),
+            "{args:?}: {}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+        String::from_utf8(output.stdout).unwrap()
+    };
+    for created in [true, false] {
+        let out = run(&["table", "create", "--spec", spec, "--table", &table, "--format", "json"]);
+        let answer: serde_json::Value = serde_json::from_str(out.trim()).expect("JSON");
+        assert_eq!(answer, serde_json::json!({"table": table, "created": created}));
+    }
+    assert_eq!(run(&["dlq", "list", "--spec", spec, "--table", &table, "--format", "text"]), "");
+    let out = run(&["dlq", "redrive", "--spec", spec, "--table", &table, "--format", "json"]);
+    let summary: serde_json::Value = serde_json::from_str(out.trim()).expect("JSON");
+    assert_eq!(summary["redriven"], 0, "{summary}");
+    assert_eq!(summary["still_failing"], 0, "{summary}");
+}

@@ -399,22 +399,110 @@ fn every_subcommand_takes_the_shared_flags_where_they_apply() {
         if ["backfill", "audit", "prune"].contains(&path.as_str()) && !has("max-rcu") {
             problems.push(format!("{path}: scans, but takes no --max-rcu"));
         }
-        // The commands that print a report or a summary take --format.
-        let printing = [
-            "run",
-            "replay",
-            "wait",
-            "recover",
-            "status",
-            "audit",
-            "counter get",
-            "register",
-            "specs",
-            "violations list",
-        ];
-        if printing.contains(&path.as_str()) && !has("format") {
+        // Every command that prints takes --format: all but `lambda`,
+        // which serves invocations and prints nothing of its own.
+        if path != "lambda" && !has("format") {
             problems.push(format!("{path}: prints, but takes no --format"));
         }
     }
     assert!(problems.is_empty(), "{}", problems.join("\n"));
+}
+
+/// `--format json` and `--format text` on the offline commands: `check`
+/// gives the tables it compiled or every problem as one object; `plan`
+/// and `filters` keep JSON as their default and tell it as text.
+#[test]
+fn the_offline_commands_print_json_or_text_as_asked() {
+    let ok = run(&["check", "--spec", "projections", "--format", "json"]);
+    assert_eq!(ok.status.code(), Some(0), "{}", stderr(&ok));
+    let answer: Value = serde_json::from_str(stdout(&ok).trim()).expect("one JSON object");
+    assert_eq!(answer["ok"], true);
+    let tables = answer["tables"].as_array().unwrap();
+    assert_eq!(tables.len(), 3, "{answer}");
+    let users = tables
+        .iter()
+        .find(|t| t["service"] == "user-service")
+        .expect("user-service's table");
+    assert!(users["projections"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .any(|p| p["name"] == "email-gsi1-keys" && p["kind"] == "index-keys"));
+    assert!(users["entities"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .any(|e| e == "email"));
+
+    let broken = temp_file(
+        &std::fs::read_to_string(repo_path("projections/user-service.toml"))
+            .unwrap()
+            .replace("entity = \"email\"", "entity = \"emial\""),
+        ".toml",
+    );
+    let path = broken.path().to_str().unwrap();
+    let bad = run(&["check", "--spec", path, "--format", "json"]);
+    assert_eq!(bad.status.code(), Some(1), "{}", stderr(&bad));
+    let answer: Value = serde_json::from_str(stdout(&bad).trim()).expect("one JSON object");
+    assert_eq!(answer["ok"], false);
+    let problems = answer["problems"].as_array().unwrap();
+    assert!(
+        problems
+            .iter()
+            .any(|p| p["problem"].as_str().unwrap().contains("emial")
+                && p["file"].as_str().unwrap() == path),
+        "{answer}"
+    );
+
+    let event = "tests/fixtures/lambda-event.json";
+    let json = run(&[
+        "plan",
+        "--spec",
+        "projections/user-service.toml",
+        "--event",
+        event,
+    ]);
+    let text = run(&[
+        "plan",
+        "--spec",
+        "projections/user-service.toml",
+        "--event",
+        event,
+        "--format",
+        "text",
+    ]);
+    assert_eq!(json.status.code(), text.status.code());
+    let json_lines = stdout(&json).lines().count();
+    let text = stdout(&text);
+    assert_eq!(
+        text.lines().count(),
+        json_lines,
+        "one line of text per JSON line:\n{text}"
+    );
+    assert!(
+        text.lines().any(|l| l
+            .contains("email-gsi1-keys: set USER#u1 / EMAIL#e1 GSI1PK=EMAIL#alice@example.com")),
+        "{text}"
+    );
+
+    let filters = run(&[
+        "filters",
+        "--spec",
+        "projections/user-service.toml",
+        "--format",
+        "text",
+    ]);
+    let text = stdout(&filters);
+    let criteria: Value = serde_json::from_str(&stdout(&run(&[
+        "filters",
+        "--spec",
+        "projections/user-service.toml",
+    ])))
+    .unwrap();
+    let patterns = criteria["Filters"].as_array().unwrap().len();
+    assert!(
+        text.starts_with(&format!("UserServiceTable: {patterns} filter patterns\n")),
+        "{text}"
+    );
+    assert_eq!(text.lines().count(), patterns + 1, "{text}");
 }
