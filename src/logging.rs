@@ -106,7 +106,10 @@ where
                 }
             }
         }
-        event.record(&mut Fields(&mut line));
+        event.record(&mut Fields {
+            line: &mut line,
+            message_seen: false,
+        });
         line.insert(
             "target".into(),
             Value::String(event.metadata().target().to_string()),
@@ -126,39 +129,59 @@ fn timestamp() -> String {
         .unwrap_or_default()
 }
 
-/// Records an event's fields into the line.
-struct Fields<'a>(&'a mut Map<String, Value>);
+/// Records an event's fields into the line. tracing records an event's
+/// text first, as `message`; a field the event names `message` too
+/// (`warn!(%message, "...")`) comes after it and goes to `message_field`,
+/// so the text is never lost.
+struct Fields<'a> {
+    line: &'a mut Map<String, Value>,
+    message_seen: bool,
+}
+
+impl Fields<'_> {
+    fn put(&mut self, name: &str, value: Value) {
+        let name = if name == "message" {
+            if self.message_seen {
+                "message_field"
+            } else {
+                self.message_seen = true;
+                "message"
+            }
+        } else {
+            name
+        };
+        self.line.insert(name.to_string(), value);
+    }
+}
 
 impl Visit for Fields<'_> {
     fn record_f64(&mut self, field: &Field, value: f64) {
         let value = serde_json::Number::from_f64(value).map_or(Value::Null, Value::Number);
-        self.0.insert(field.name().into(), value);
+        self.put(field.name(), value);
     }
 
     fn record_i64(&mut self, field: &Field, value: i64) {
-        self.0.insert(field.name().into(), value.into());
+        self.put(field.name(), value.into());
     }
 
     fn record_u64(&mut self, field: &Field, value: u64) {
-        self.0.insert(field.name().into(), value.into());
+        self.put(field.name(), value.into());
     }
 
     fn record_bool(&mut self, field: &Field, value: bool) {
-        self.0.insert(field.name().into(), value.into());
+        self.put(field.name(), value.into());
     }
 
     fn record_str(&mut self, field: &Field, value: &str) {
-        self.0.insert(field.name().into(), value.into());
+        self.put(field.name(), value.into());
     }
 
     fn record_error(&mut self, field: &Field, value: &(dyn std::error::Error + 'static)) {
-        self.0
-            .insert(field.name().into(), Value::String(value.to_string()));
+        self.put(field.name(), Value::String(value.to_string()));
     }
 
     fn record_debug(&mut self, field: &Field, value: &dyn fmt::Debug) {
-        self.0
-            .insert(field.name().into(), Value::String(format!("{value:?}")));
+        self.put(field.name(), Value::String(format!("{value:?}")));
     }
 }
 
@@ -211,5 +234,24 @@ mod tests {
         assert_eq!(line["ok"], true);
         assert!(line["timestamp"].as_str().unwrap().ends_with('Z'));
         assert_eq!(text.lines().count(), 1);
+    }
+
+    #[test]
+    fn an_event_field_named_message_keeps_the_events_text() {
+        let buffer = Buffer::default();
+        let writer = buffer.clone();
+        let subscriber = tracing_subscriber::fmt()
+            .with_writer(move || writer.clone())
+            .fmt_fields(JsonFields::new())
+            .event_format(FlatJson::new("orders".into()))
+            .finish();
+        tracing::subscriber::with_default(subscriber, || {
+            let message = "queue message 42";
+            tracing::warn!(%message, "message kept in the queue");
+        });
+        let text = String::from_utf8(buffer.0.lock().unwrap().clone()).unwrap();
+        let line: Value = serde_json::from_str(text.trim()).unwrap();
+        assert_eq!(line["message"], "message kept in the queue", "{line}");
+        assert_eq!(line["message_field"], "queue message 42", "{line}");
     }
 }

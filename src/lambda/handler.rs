@@ -1008,7 +1008,9 @@ static COLD: AtomicBool = AtomicBool::new(true);
 /// `xray_trace_id` when Lambda traces the invocation).
 fn invocation_span(context: &Context) -> tracing::Span {
     let cold_start = COLD.swap(false, Ordering::SeqCst);
-    let span = tracing::info_span!(
+    // At ERROR level, so that it is enabled whatever RUST_LOG lets
+    // through: a WARN line under `RUST_LOG=warn` keeps its request id.
+    let span = tracing::error_span!(
         "invocation",
         cold_start,
         function_request_id = %context.request_id,

@@ -7,12 +7,15 @@
 //! `projector_iterator_age_ms{shard}`, ...), rendered by
 //! `metrics-exporter-prometheus`.
 //!
-//! [`Health`] is what the runner reports: healthy (200) while it runs and
-//! holds its leases, the right every write of a stream consumer is made
-//! under (`crate::control::leases`); unhealthy (503) before it took them,
+//! [`Health`] is what the runner reports: healthy (200) while it runs,
+//! holds its leases (the right every write of a stream consumer is made
+//! under) and gets through its pages (a page read and wholly handled, or
+//! an empty one, within [`STALL`]); unhealthy (503) before it took them,
 //! once they ran out without being renewed (DynamoDB unreachable, the
-//! role's rights taken away), and once the runner stopped. An idle runner
-//! renews them too, so a quiet table is not a sick runner.
+//! role's rights taken away), when no page got through for [`STALL`]
+//! (records failing again and again, the stream unreachable), and once
+//! the runner stopped. An idle runner renews its leases and reads empty
+//! pages, so a quiet table is not a sick runner.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -37,14 +40,20 @@ struct State {
     leased_until: AtomicU64,
     /// Why the last renewal failed, until one succeeds.
     problem: Mutex<Option<String>>,
+    /// When (ms) a page last got through, or the runner started.
+    progressed_at: AtomicU64,
 }
+
+/// How long a running runner may go without a page getting through
+/// before it reports itself stalled.
+pub const STALL: Duration = Duration::from_secs(120);
 
 /// `/healthz`'s answer.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct HealthReport {
     /// Whether the runner is healthy: running, with current leases.
     pub healthy: bool,
-    /// `ok`, `starting`, `lease lost` or `stopped`.
+    /// `ok`, `starting`, `lease lost`, `stalled` or `stopped`.
     pub status: &'static str,
     /// How long the leases still run (ms), when they are held.
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -60,9 +69,20 @@ impl Health {
         Health::default()
     }
 
-    /// The runner started (`true`) or stopped (`false`).
+    /// The runner started (`true`: it has no lease and no page yet) or
+    /// stopped (`false`).
     pub(crate) fn set_running(&self, running: bool) {
+        if running {
+            self.0.leased_until.store(0, Ordering::SeqCst);
+            *self.0.problem.lock().expect("health lock") = None;
+            self.0.progressed_at.store(now_ms(), Ordering::SeqCst);
+        }
         self.0.running.store(running, Ordering::SeqCst);
+    }
+
+    /// A page got through: read and wholly handled, or empty.
+    pub(crate) fn progressed(&self) {
+        self.0.progressed_at.fetch_max(now_ms(), Ordering::SeqCst);
     }
 
     /// The leases were taken or renewed: they run until `until` (ms), or
@@ -93,6 +113,10 @@ impl Health {
             (false, "starting")
         } else if until <= now {
             (false, "lease lost")
+        } else if now.saturating_sub(self.0.progressed_at.load(Ordering::SeqCst))
+            > STALL.as_millis() as u64
+        {
+            (false, "stalled")
         } else {
             (true, "ok")
         };
@@ -108,14 +132,20 @@ impl Health {
 /// Installs the Prometheus recorder as the process's `metrics` recorder
 /// (once; a second call is refused) and returns its handle.
 pub fn install_prometheus() -> Result<PrometheusHandle, String> {
+    // A gauge not set for 15 minutes is dropped: each shard's iterator
+    // age is a series, and DynamoDB rotates shards every few hours.
     PrometheusBuilder::new()
+        .idle_timeout(
+            metrics_util::MetricKindMask::GAUGE,
+            Some(Duration::from_secs(15 * 60)),
+        )
         .install_recorder()
         .map_err(|error| format!("cannot install the Prometheus recorder: {error}"))
 }
 
 /// Serves `/metrics` (when `metrics` is given) and `/healthz` on
-/// `listener` until the future is dropped. Requests are answered one
-/// connection at a time, each within seconds: a scraper is one client.
+/// `listener` until the future is dropped: each connection in a task of
+/// its own, given five seconds.
 pub async fn serve(listener: TcpListener, health: Health, metrics: Option<PrometheusHandle>) {
     // Histograms and idle entries are folded on a timer, as the exporter's
     // own listener does.
@@ -133,14 +163,19 @@ pub async fn serve(listener: TcpListener, health: Health, metrics: Option<Promet
             tokio::time::sleep(Duration::from_millis(100)).await;
             continue;
         };
-        let answered = tokio::time::timeout(
-            Duration::from_secs(5),
-            answer(stream, &health, metrics.as_ref()),
-        )
-        .await;
-        if let Ok(Err(error)) = answered {
-            tracing::debug!(%error, "a metrics or health request failed");
-        }
+        // A task per connection: a client that connects and says nothing
+        // holds up no other (a probe times out in a second).
+        let (health, metrics) = (health.clone(), metrics.clone());
+        tokio::spawn(async move {
+            let answered = tokio::time::timeout(
+                Duration::from_secs(5),
+                answer(stream, &health, metrics.as_ref()),
+            )
+            .await;
+            if let Ok(Err(error)) = answered {
+                tracing::debug!(%error, "a metrics or health request failed");
+            }
+        });
     }
 }
 
@@ -247,11 +282,32 @@ mod tests {
     }
 
     #[test]
+    fn a_runner_whose_pages_do_not_get_through_is_stalled() {
+        let health = Health::new();
+        health.set_running(true);
+        health.leased(None);
+        let started = health.0.progressed_at.load(Ordering::SeqCst);
+        let stalled_at = started + STALL.as_millis() as u64 + 1;
+        let report = health.report_at(stalled_at);
+        assert_eq!((report.healthy, report.status), (false, "stalled"));
+        health
+            .0
+            .progressed_at
+            .store(stalled_at - 1_000, Ordering::SeqCst);
+        assert!(health.report_at(stalled_at).healthy);
+        // A restart starts over: no lease, no problem, fresh progress.
+        health.lease_failed("denied".into());
+        health.set_running(true);
+        let restarted = health.report();
+        assert_eq!((restarted.status, restarted.problem), ("starting", None));
+    }
+
+    #[test]
     fn a_runner_without_leases_is_healthy_while_it_runs() {
         let health = Health::new();
         health.set_running(true);
         health.leased(None);
-        let report = health.report_at(u64::MAX - 1);
+        let report = health.report();
         assert_eq!((report.healthy, report.lease_ms_left), (true, None));
     }
 }

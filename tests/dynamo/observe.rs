@@ -247,6 +247,11 @@ async fn health_turns_unhealthy_when_the_leases_lapse_and_healthy_once_renewed()
     });
     let probe = async {
         until(Duration::from_secs(30), "healthy", || health_is(addr, 200)).await;
+        // A client that connects and says nothing holds up no probe (the
+        // server gives a connection five seconds).
+        let _silent = tokio::net::TcpStream::connect(addr).await.unwrap();
+        let probe = tokio::time::timeout(Duration::from_secs(2), get(addr, "/healthz")).await;
+        assert_eq!(probe.ok().flatten().map(|(code, _)| code), Some(200));
         // Healthy for longer than a lease: an idle runner renews.
         tokio::time::sleep(lease * 2).await;
         assert_eq!(get(addr, "/healthz").await.map(|(code, _)| code), Some(200));

@@ -99,12 +99,22 @@ async fn table_and_dlq_commands_print_json_when_asked() {
         String::from_utf8(output.stdout).unwrap()
     };
     for created in [true, false] {
-        let out = run(&["table", "create", "--spec", spec, "--table", &table, "--format", "json"]);
+        let out = run(&[
+            "table", "create", "--spec", spec, "--table", &table, "--format", "json",
+        ]);
         let answer: serde_json::Value = serde_json::from_str(out.trim()).expect("JSON");
-        assert_eq!(answer, serde_json::json!({"table": table, "created": created}));
+        assert_eq!(
+            answer,
+            serde_json::json!({"table": table, "created": created})
+        );
     }
-    assert_eq!(run(&["dlq", "list", "--spec", spec, "--table", &table, "--format", "text"]), "");
-    let out = run(&["dlq", "redrive", "--spec", spec, "--table", &table, "--format", "json"]);
+    assert_eq!(
+        run(&["dlq", "list", "--spec", spec, "--table", &table, "--format", "text"]),
+        ""
+    );
+    let out = run(&[
+        "dlq", "redrive", "--spec", spec, "--table", &table, "--format", "json",
+    ]);
     let summary: serde_json::Value = serde_json::from_str(out.trim()).expect("JSON");
     assert_eq!(summary["redriven"], 0, "{summary}");
     assert_eq!(summary["still_failing"], 0, "{summary}");

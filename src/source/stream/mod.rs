@@ -400,10 +400,16 @@ impl StreamRunner {
             health.set_running(true);
         }
         self.renew_leases(health.as_ref()).await;
-        let result = tokio::select! {
-            result = Coordinator::new(shared.clone()).run(stop) => result,
-            never = self.keep_leases(health.as_ref()) => match never {},
+        // The keeper stops once the coordinator is done, but never in the
+        // middle of a renewal: one still on the wire could land after the
+        // leases are given back and hold them for another period.
+        let (done, finished) = watch::channel(false);
+        let coordinate = async {
+            let result = Coordinator::new(shared.clone()).run(stop).await;
+            done.send_replace(true);
+            result
         };
+        let (result, ()) = tokio::join!(coordinate, self.keep_leases(health.as_ref(), finished));
         if let Some(health) = &health {
             health.set_running(false);
         }
@@ -442,11 +448,18 @@ impl StreamRunner {
     /// Renews the leases a quarter of their length apart, whether batches
     /// come or not (a request only when they run out within half their
     /// length), so that an idle runner keeps them and `/healthz` tells a
-    /// quiet table from a runner that lost them. Never returns.
-    async fn keep_leases(&self, health: Option<&Health>) -> std::convert::Infallible {
+    /// quiet table from a runner that lost them. Returns once `finished`
+    /// says the run is over, after the renewal under way, if any.
+    async fn keep_leases(&self, health: Option<&Health>, mut finished: watch::Receiver<bool>) {
         let period = (self.applier.config().lease / 4).max(Duration::from_millis(250));
         loop {
-            tokio::time::sleep(period).await;
+            tokio::select! {
+                () = tokio::time::sleep(period) => {}
+                _ = finished.changed() => return,
+            }
+            if *finished.borrow() {
+                return;
+            }
             self.renew_leases(health).await;
         }
     }

@@ -410,6 +410,11 @@ async fn apply_page(
             "records failed; reading again from the checkpoint after a pause"
         );
     }
+    if handled == n {
+        if let Some(health) = &shared.options.health {
+            health.progressed();
+        }
+    }
     // The runner's own checkpoint writes come back through the stream; a
     // batch of nothing else must not write another one, or it never ends.
     Ok((handled == n, (handled > 0 && !bookkeeping_only) || finished))
