@@ -143,8 +143,8 @@ pub enum Command {
         #[command(flatten)]
         source: KinesisSource,
         /// Serve Prometheus metrics at http://ADDR/metrics and the runner's
-        /// health at /healthz (200 while it runs and holds its leases, 503
-        /// otherwise), e.g. 0.0.0.0:9464.
+        /// health at /healthz (200 while it runs, holds its leases and gets
+        /// through its pages; 503 otherwise), e.g. 0.0.0.0:9464.
         #[arg(long, env = "PROJECTOR_METRICS_ADDR", value_name = "ADDR")]
         metrics_addr: Option<std::net::SocketAddr>,
         /// Output format: the summary as text on stderr, or also as JSON
