@@ -93,7 +93,9 @@ impl Projector {
     }
 
     /// The stream consumer this is, when deployments with different specs
-    /// share the table (the CLI's `--consumer`).
+    /// share the table (the CLI's `--consumer`; default
+    /// `PROJECTOR_CONSUMER`). A name that is not a consumer's is refused
+    /// by [`Projector::connect`].
     pub fn consumer(mut self, name: impl Into<String>) -> Projector {
         self.consumer = Some(name.into());
         self
@@ -143,6 +145,17 @@ impl Projector {
         config: aws_config::SdkConfig,
         dynamodb: aws_sdk_dynamodb::Client,
     ) -> anyhow::Result<Connected> {
+        let consumer = match self
+            .consumer
+            .clone()
+            .or_else(|| std::env::var(crate::lambda::CONSUMER_VAR).ok())
+            .filter(|name| !name.is_empty())
+        {
+            Some(name) => {
+                Some(crate::dynamo::names::parse_consumer(&name).map_err(anyhow::Error::msg)?)
+            }
+            None => None,
+        };
         let from_env = std::env::var_os(SPEC_VAR).filter(|p| !p.is_empty());
         let connection = match (&self.spec, from_env, &self.table) {
             (None, None, Some(table)) => {
@@ -152,7 +165,7 @@ impl Projector {
                         first.name()
                     );
                 }
-                if let Some(consumer) = &self.consumer {
+                if let Some(consumer) = &consumer {
                     anyhow::bail!(
                         "registrations are served by the table's unnamed consumer; consumer `{consumer}` runs a spec file"
                     );
@@ -175,7 +188,7 @@ impl Projector {
                     .table
                     .clone()
                     .unwrap_or_else(|| spec.table.name.clone());
-                crate::control::connect_with(spec, table, self.consumer.clone(), config, dynamodb)
+                crate::control::connect_with(spec, table, consumer.clone(), config, dynamodb)
                     .await?
             }
         };
@@ -199,6 +212,27 @@ impl Projector {
                 home_region,
                 writers,
             },
+        })
+    }
+
+    /// The Lambda event source mapping's `FilterCriteria` for this
+    /// projector, as `ddb-projector filters --spec` prints them, with the
+    /// projections written in Rust counted in: a record of an entity only a
+    /// custom projection uses must reach the function. For several tables,
+    /// an object of them by table name.
+    pub fn filters(&self) -> Result<serde_json::Value, SpecErrors> {
+        let set = self.load()?;
+        let mut by_table = serde_json::Map::new();
+        for spec in set.specs() {
+            let criteria = crate::lambda::filters::filter_criteria(spec);
+            for note in &criteria.notes {
+                tracing::warn!(table = %spec.table.name, "{note}");
+            }
+            by_table.insert(spec.table.name.clone(), criteria.to_json());
+        }
+        Ok(match set.specs() {
+            [_] => by_table.into_iter().next().expect("one").1,
+            _ => serde_json::Value::Object(by_table),
         })
     }
 
@@ -228,7 +262,27 @@ impl Projector {
 /// then runs the same init and invocation loop as the shipped bootstrap
 /// (its variables: `crate::lambda`). Init problems are posted to the
 /// Runtime API's `/init/error` and returned.
+///
+/// Run with the arguments `filters [--spec FILE]` (outside Lambda), it
+/// prints [`Projector::filters`] instead, as `ddb-projector filters` does:
+/// `PROJECTOR_BIN=<your binary> infra/deploy ...` then deploys the
+/// filters your projections need.
 pub fn serve_lambda(projector: Projector) -> anyhow::Result<()> {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    if args.first().map(String::as_str) == Some("filters") {
+        let projector = match args.iter().position(|a| a == "--spec") {
+            Some(i) => match args.get(i + 1) {
+                Some(path) => projector.spec(path),
+                None => anyhow::bail!("filters --spec: a spec file or directory is needed"),
+            },
+            None => projector,
+        };
+        let filters = projector
+            .filters()
+            .map_err(|errors| anyhow::anyhow!("{errors}"))?;
+        println!("{}", serde_json::to_string_pretty(&filters)?);
+        return Ok(());
+    }
     let format = match std::env::var("PROJECTOR_LOG_FORMAT").as_deref() {
         Ok("text") => LogFormat::Text,
         _ => LogFormat::Json,
@@ -275,9 +329,11 @@ impl Connected {
     }
 
     /// Tails the table's stream and applies the projections, checkpointing
-    /// per shard, until SIGINT or SIGTERM (`drain`: until caught up).
-    /// Outside a global table's home region it writes nothing and returns
-    /// `None` at once.
+    /// per shard, until SIGINT or SIGTERM, or until this future is dropped
+    /// (`drain`: until caught up). Outside a global table's home region it
+    /// writes nothing and returns `None` at once. While it runs, the
+    /// runner listens for SIGINT and SIGTERM itself (tokio's handlers):
+    /// they stop it cleanly rather than the process.
     pub async fn run(&self, drain: bool) -> anyhow::Result<Option<RunSummary>> {
         let options = if drain {
             crate::source::RunOptions::drain()
@@ -285,6 +341,14 @@ impl Connected {
             crate::source::RunOptions::follow()
         };
         let verb = if drain { "run --drain" } else { "run" };
+        // Dropping this future (a `select!`, a timeout, shutting down)
+        // drops `_cancel`, which stops the runner as SIGTERM does: it
+        // finishes its batches, checkpoints and gives its leases back.
+        let (_cancel, stop) = tokio::sync::watch::channel(false);
+        let options = crate::source::RunOptions {
+            stop: Some(stop),
+            ..options
+        };
         let connection = self.connection.clone();
         let deployment = self.deployment.clone();
         // The runner polls every shard's batch in one task, whose frames
@@ -306,7 +370,10 @@ impl Connected {
                     });
                 let _ = answer.send(worked);
             })?;
-        match answered.await?? {
+        let worked = answered.await.map_err(|_| {
+            anyhow::anyhow!("the runner's thread panicked (its message is in the log)")
+        })??;
+        match worked {
             crate::global::Worked::Idle { .. } => Ok(None),
             crate::global::Worked::Ran(ran) => Ok(Some(ran.summary)),
         }
@@ -314,7 +381,10 @@ impl Connected {
 
     /// Backfills what `status` says is not live (the CLI's `backfill` with
     /// no projection named): 4 segments, a new run, no rate limit.
-    /// Refused outside a global table's home region.
+    /// Refused outside a global table's home region. `Ok` means it ran:
+    /// a projection it could not record as backfilled (a writer of another
+    /// definition wrote meanwhile) is in `not_backfilled`, with why, where
+    /// the CLI exits 1.
     pub async fn backfill(&self) -> anyhow::Result<BackfillSummary> {
         Box::pin(crate::global::require_home(
             &self.connection,
@@ -334,8 +404,14 @@ impl Connected {
             resume: false,
             dry_run: false,
         };
+        // What the messages suggest running: the CLI on this table, as
+        // this consumer (it cannot run projections written in Rust).
+        let mut target = format!("--table {}", self.connection.table);
+        if let Some(consumer) = &self.connection.consumer {
+            target.push_str(&format!(" --consumer {consumer}"));
+        }
         let commands = crate::control::Commands {
-            target: format!("--table {}", self.connection.table),
+            target,
             consumer: self.connection.consumer.clone(),
             registered: self.connection.registered.is_some(),
         };
@@ -360,6 +436,13 @@ impl Connected {
         if repair {
             crate::global::require_home(&self.connection, &self.deployment, "audit --repair")
                 .await?;
+        } else {
+            // As the CLI: a missing table is named before the scan.
+            crate::dynamo::client::describe_table(
+                &self.connection.dynamodb,
+                &self.connection.table,
+            )
+            .await?;
         }
         let options = crate::audit::AuditOptions {
             repair,

@@ -183,9 +183,11 @@ pub async fn run_stream(
             .await;
             *stood_down.lock().expect("role lock") = Some(why);
         };
+        let asked = options.stop.clone();
         let stop = async {
             tokio::select! {
                 _ = shutdown() => {}
+                _ = asked_to_stop(asked) => {}
                 _ = watch => {}
                 _ = roles => {}
             }
@@ -286,6 +288,19 @@ async fn give_back(c: &Connection, keep: Option<&Arc<crate::spec::Spec>>) {
         }
         Err(error) => {
             tracing::warn!(table = c.table, %error, "giving the leases back failed: they run to their end")
+        }
+    }
+}
+
+/// Completes once `stop` says `true` or its sender is gone; never without
+/// one.
+async fn asked_to_stop(stop: Option<tokio::sync::watch::Receiver<bool>>) {
+    let Some(mut stop) = stop else {
+        return std::future::pending().await;
+    };
+    while !*stop.borrow_and_update() {
+        if stop.changed().await.is_err() {
+            return;
         }
     }
 }

@@ -70,6 +70,26 @@ async fn a_connected_projector_runs_backfills_audits_and_waits_like_the_cli() {
     let after = projector.audit(false).await.expect("audit");
     assert!(after.is_clean(), "{after:#?}");
 
+    // A run whose future is dropped (here by a timeout) stops, as on
+    // SIGTERM: a change made after it is not projected by it.
+    let following = tokio::time::timeout(Duration::from_secs(3), projector.run(false)).await;
+    assert!(following.is_err(), "a follow run returns only when stopped");
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    support::put(&client, &table, &email("u3", "cy@example.org")).await;
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    let u3 = support::get(&client, &table, "USER#u3", "EMAIL#e1")
+        .await
+        .unwrap();
+    assert!(!u3.contains_key("GSI1PK"), "the dropped run still projects");
+    projector.run(true).await.expect("drain").expect("ran");
+    let u3 = support::get(&client, &table, "USER#u3", "EMAIL#e1")
+        .await
+        .unwrap();
+    assert!(
+        u3.contains_key("GSI1PK"),
+        "a drain projects what came after"
+    );
+
     // What status says is not live is backfilled: the items from before.
     let backfilled = projector.backfill().await.expect("backfill");
     assert!(backfilled.scanned >= 1, "{backfilled:?}");

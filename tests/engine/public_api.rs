@@ -115,6 +115,7 @@ fn the_public_face_is_the_embedded_projector_and_nothing_else() {
         ddb_projector::embed: impl Projector: async fn connect(&self) -> anyhow::Result<Connected>
         ddb_projector::embed: impl Projector: async fn connect_with(&self, config : aws_config::SdkConfig) -> anyhow::Result<Connected>
         ddb_projector::embed: impl Projector: async fn connect_with_client(&self, config : aws_config::SdkConfig, dynamodb : aws_sdk_dynamodb::Client,) -> anyhow::Result<Connected>
+        ddb_projector::embed: impl Projector: fn filters(&self) -> Result<serde_json::Value, SpecErrors>
         ddb_projector::embed: impl Projector: fn load(&self) -> Result<SpecSet, SpecErrors>
         ddb_projector::embed: fn serve_lambda(projector : Projector) -> anyhow::Result<()>
         ddb_projector::embed: struct Connected (0 public fields)

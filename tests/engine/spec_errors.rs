@@ -951,6 +951,59 @@ of = { userId = "{followeeId}" }
     assert!(Spec::from_toml(&format!("{base}{edge}"), "spec.toml").is_ok());
 }
 
+/// The event filters of a projector count its projections written in
+/// Rust: a record of an entity only a custom projection uses must reach
+/// the function, which `ddb-projector filters --spec` alone cannot know.
+#[test]
+fn an_embedded_projectors_filters_let_its_rust_projections_records_through() {
+    #[derive(Debug)]
+    struct Orders;
+    impl CustomProjection for Orders {
+        fn name(&self) -> &str {
+            "order-audit"
+        }
+        fn source_entity(&self) -> &str {
+            "order"
+        }
+        fn plan(&self, _: &EntityChange<'_>) -> Result<Vec<CustomOp>, String> {
+            Ok(Vec::new())
+        }
+    }
+    let spec = r#"
+service = "shop"
+[table]
+name = "Shop"
+gsi = [{ name = "GSI1", partition_key = "GSI1PK", sort_key = "GSI1SK" }]
+[entities]
+user = { pk = "USER#{userId}", sk = "PROFILE" }
+order = { pk = "ORDER#{orderId}", sk = "META" }
+[[projections]]
+name = "users-by-name"
+kind = "index-keys"
+entity = "user"
+set = { GSI1PK = "NAME#{name}", GSI1SK = "USER#{userId}" }
+"#;
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("shop.toml");
+    std::fs::write(&path, spec).unwrap();
+    let alone = ddb_projector::Projector::new()
+        .spec(&path)
+        .filters()
+        .unwrap()
+        .to_string();
+    let with = ddb_projector::Projector::new()
+        .spec(&path)
+        .custom(Arc::new(Orders))
+        .filters()
+        .unwrap()
+        .to_string();
+    assert!(
+        alone.contains("USER#") && !alone.contains("ORDER#"),
+        "{alone}"
+    );
+    assert!(with.contains("USER#") && with.contains("ORDER#"), "{with}");
+}
+
 /// A projector embedded in a team's binary joins its projections written
 /// in Rust to the spec of the table with their source entity, checked with
 /// it; one whose entity no spec has is named with the entities there are.

@@ -91,6 +91,10 @@ pub struct RunOptions {
     /// Where the runner reports its health (`run --metrics-addr`'s
     /// `/healthz`); while it runs, an idle runner renews its leases too.
     pub health: Option<Health>,
+    /// Stops the run, as SIGTERM does, once it says `true` or its sender
+    /// is gone (a library caller that dropped the run's future;
+    /// `crate::global::work` listens to it).
+    pub stop: Option<watch::Receiver<bool>>,
 }
 
 /// A Kinesis data stream the table sends its changes to.
@@ -118,6 +122,7 @@ impl RunOptions {
             from_ms: None,
             kinesis: None,
             health: None,
+            stop: None,
         }
     }
 
