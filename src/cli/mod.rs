@@ -825,7 +825,9 @@ fn block_on<F: std::future::Future<Output = anyhow::Result<Outcome>>>(
         .enable_all()
         .build()
         .map_err(|error| anyhow::anyhow!("cannot start the async runtime: {error}"))?
-        .block_on(future)
+        // On the heap: a command's future (the runner's, in a debug build)
+        // is megabytes, and `block_on` would keep it on main's stack.
+        .block_on(Box::pin(future))
 }
 
 pub use crate::control::Connection;

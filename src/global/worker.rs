@@ -192,7 +192,7 @@ pub async fn run_stream(
                 _ = roles => {}
             }
         };
-        match runner.run(options.clone(), stop).await {
+        match Box::pin(runner.run(options.clone(), stop)).await {
             Ok(summary) => {
                 match stood_down.lock().expect("role lock").take() {
                     Some(StandDown::Away { home }) => {
