@@ -245,6 +245,18 @@ pub async fn audit_segment_from(
     segment: u32,
     store: &CheckpointStore,
 ) -> Result<Slice, ApplyError> {
+    audit_segment_shown(applier, options, segment, store, None).await
+}
+
+/// [`audit_segment_from`], its progress shown by `shown` (segments audited
+/// side by side share one) rather than by a display of its own.
+pub(super) async fn audit_segment_shown(
+    applier: &Applier,
+    options: &AuditOptions,
+    segment: u32,
+    store: &CheckpointStore,
+    shown: Option<&Progress>,
+) -> Result<Slice, ApplyError> {
     let started = Instant::now();
     let fatal = |message: String| ApplyError::Fatal {
         table: applier.table().to_string(),
@@ -310,7 +322,14 @@ pub async fn audit_segment_from(
     let estimate = crate::backfill::estimate_items(applier)
         .await
         .map(|n| n / total as u64);
-    let progress = Progress::new(options.progress, estimate);
+    let own;
+    let progress = match shown {
+        Some(shown) => shown,
+        None => {
+            own = Progress::new(options.progress, estimate);
+            &own
+        }
+    };
     progress.advance(state.report.scanned);
     let pacer = crate::backfill::Pacer::new(options.max_rcu);
     let mut sketch = state.report.sketch.take().unwrap_or_default();
@@ -403,7 +422,9 @@ pub async fn audit_segment_from(
             break;
         }
     }
-    progress.finish();
+    if shown.is_none() {
+        progress.finish();
+    }
     state.report.sketch = Some(sketch);
     state.report.seconds += started.elapsed().as_secs_f64();
     state.resume_at = pages.resume_key().map(key_to_json);
@@ -969,8 +990,23 @@ pub async fn delete_rest(applier: &Applier, run: &str, total: u32) -> Result<(),
         run: run.to_string(),
     };
     for segment in 0..total {
-        let Some(state) = load(applier, &store, segment, total).await? else {
-            continue;
+        delete_segment(applier, &store, run, segment, total).await?;
+    }
+    Ok(())
+}
+
+/// Deletes what is left of `segment` (of `total`) of `run`: the pages its
+/// state counts, then the state.
+pub async fn delete_segment(
+    applier: &Applier,
+    store: &CheckpointStore,
+    run: &str,
+    segment: u32,
+    total: u32,
+) -> Result<(), ApplyError> {
+    {
+        let Some(state) = load(applier, store, segment, total).await? else {
+            return Ok(());
         };
         let firsts = first_parts(applier, run, &state);
         let found = read_items(applier, &firsts).await?;
@@ -994,6 +1030,42 @@ pub async fn delete_rest(applier: &Applier, run: &str, total: u32) -> Result<(),
         delete(applier, &keys).await?;
     }
     Ok(())
+}
+
+/// The report of `segment` (of `total`) of `run` as it stands in the
+/// table, with the findings its pages stored, as `audit-merge` takes it
+/// (`None`: the segment has not started).
+pub async fn load_segment(
+    applier: &Applier,
+    run: &str,
+    segment: u32,
+    total: u32,
+) -> Result<Option<AuditReport>, ApplyError> {
+    let store = CheckpointStore::Table {
+        run: run.to_string(),
+    };
+    let Some(state) = load(applier, &store, segment, total).await? else {
+        return Ok(None);
+    };
+    let pages = read_pages(applier, run, &state).await?;
+    let mut report = state.report;
+    for (_, item) in pages {
+        let found: PageFindings = serde_json::from_str(text(&item, "findings").unwrap_or("{}"))
+            .map_err(|error| {
+                table_error(
+                    applier,
+                    &format!("the audit run `{run}`: segment {segment}'s findings are unreadable"),
+                    error,
+                )
+            })?;
+        found.append_to(&mut report);
+    }
+    let (findings, _) = super::one_per_key(applier.spec(), report.findings);
+    report.findings = findings;
+    super::sort_findings(applier.spec(), &mut report.findings);
+    report.violation_keys.sort();
+    report.violation_keys.dedup();
+    Ok(Some(report))
 }
 
 /// Deletes every item of `run` but its merged summary, found by their

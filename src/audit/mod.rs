@@ -48,6 +48,7 @@ mod derive;
 mod page;
 pub mod passes;
 mod repair;
+mod resume;
 mod scan;
 pub mod sketch;
 pub mod wait;
@@ -55,6 +56,7 @@ pub mod wait;
 pub use checkpoint::CheckpointStore;
 use derive::{counters, Tally};
 pub use repair::repair;
+pub use resume::audit_run;
 use scan::{classify, Pages, Progress};
 use sketch::Sketch;
 

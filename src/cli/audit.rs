@@ -11,16 +11,55 @@ use crate::apply::Applier;
 use crate::audit::{audit as run_audit, merge as merge_reports, AuditOptions, AuditReport};
 use crate::spec::Spec;
 
+/// How `audit` keeps its progress: `--run NAME`, `--resume`, or (neither)
+/// in memory only.
+#[derive(Debug, Clone, Default)]
+pub struct Resume {
+    /// `--run NAME`.
+    pub run: Option<String>,
+    /// `--resume`.
+    pub resume: bool,
+}
+
 /// `audit`: exit 0 when clean, 1 when anything was found, 2 on error.
 pub async fn audit(
     target: Target,
     format: OutputFormat,
     options: AuditOptions,
+    resume: Resume,
 ) -> anyhow::Result<Outcome> {
     let Some(applier) = applier(&target, options.repair.then_some("audit --repair")).await? else {
         return Ok(Outcome::Failed);
     };
-    let report = run_audit(&applier, &options).await?;
+    if resume.run.is_none() && !resume.resume {
+        let report = run_audit(&applier, &options).await?;
+        return print(&report, applier.spec(), format);
+    }
+    // Kept in the table: a run of its own per table and scan (and segment).
+    let total = options.segments.max(1);
+    let scope = match options.segment {
+        Some(segment) => format!("{}#{segment}/{total}", applier.table()),
+        None => format!("{}#all/{total}", applier.table()),
+    };
+    let runs = crate::control::Runs::new(
+        applier.client().clone(),
+        applier.table(),
+        &applier.spec().table,
+    );
+    let chosen = runs
+        .choose(
+            crate::control::Job::Audit,
+            &scope,
+            resume.run.as_deref(),
+            resume.resume,
+            &mut |note| eprintln!("{note}"),
+        )
+        .await?;
+    let report = crate::audit::audit_run(&applier, &options, &chosen.run).await?;
+    if report.complete {
+        runs.finish(crate::control::Job::Audit, &scope, &chosen.run)
+            .await?;
+    }
     print(&report, applier.spec(), format)
 }
 

@@ -351,11 +351,17 @@ pub enum Command {
         /// Items per scan page: what each segment holds at a time.
         #[arg(long, default_value_t = 1000)]
         page_size: i32,
-        /// With --segment: keep the segment's progress and findings in
-        /// this file after every page, and resume from it when run again
-        /// (after a crash or a kill).
-        #[arg(long, requires = "segment")]
-        checkpoint: Option<PathBuf>,
+        /// Keep the audit's progress and findings in the table under this
+        /// name after every page, so that the same command continues it
+        /// after a crash or a kill (with --segment: the same name on every
+        /// machine).
+        #[arg(long)]
+        run: Option<String>,
+        /// Continue the last audit of this table (and segment) that was
+        /// started with --run or --resume and did not finish; a new one
+        /// when there is none.
+        #[arg(long)]
+        resume: bool,
     },
     /// Combine the JSON reports of `audit --segment I --total-segments N`
     /// (every segment once): their findings, and the counters, concluded
@@ -780,7 +786,8 @@ pub fn run(cli: Cli) -> anyhow::Result<Outcome> {
             total_segments,
             max_rcu,
             page_size,
-            checkpoint,
+            run,
+            resume,
         } => block_on(audit::audit(
             target,
             format,
@@ -791,10 +798,11 @@ pub fn run(cli: Cli) -> anyhow::Result<Outcome> {
                 page_size: Some(page_size.max(1)),
                 segment,
                 max_rcu,
-                checkpoint: checkpoint.map(crate::audit::CheckpointStore::File),
+                checkpoint: None,
                 max_pages: None,
                 deadline: None,
             },
+            audit::Resume { run, resume },
         )),
         Command::AuditMerge {
             target,

@@ -11,6 +11,8 @@
 //! - `registry`: the [`Registry`]'s reads and writes of its items;
 //! - `layout`: counter generations ([`Registry::layout`],
 //!   [`current_layout`]) and `leases`: [`Leases`], [`ApplierControl`];
+//! - `runs`: the pointer to each long job's last run, which `--resume`
+//!   continues ([`Runs`]);
 //! - this face, and `backfill`: the lifecycle backfill's choice of what to
 //!   backfill under which run ([`choose_projections`], [`claim_run`]).
 //!
@@ -54,6 +56,7 @@ mod layout;
 mod leases;
 mod register;
 mod registry;
+mod runs;
 mod services;
 mod status;
 
@@ -69,6 +72,7 @@ pub use register::{
     admit, empty_spec, register, Change, Planned, PlannedProjection, RegisterError, Stored,
 };
 pub use registry::{ClaimOutcome, Completion, Registry, LEASES_VERSION};
+pub use runs::{check_run_name, Chosen, Job, LastRun, Runs};
 pub use services::{
     check_service_name, compose_texts, Registered, Registration, Registrations, Stamp, Written,
     MAX_SPEC_BYTES,

@@ -52,6 +52,14 @@ pub const BACKFILL_PK: &str = "_ddbp#backfill";
 /// The partition key of prune progress items.
 pub const PRUNE_PK: &str = "_ddbp#prune";
 
+/// The partition key of the pointers to each long job's last run
+/// (`control::runs`): what `--resume` continues.
+pub const RUNS_PK: &str = "_ddbp#runs";
+
+/// The partition key of a replay's progress (`replay --run`), per run:
+/// `_ddbp#replay#<run>`, laid out as a consumer's checkpoints.
+pub const REPLAY_PK_PREFIX: &str = "_ddbp#replay#";
+
 /// The partition key of the audit's items in the table.
 pub const AUDIT_PK: &str = "_ddbp#audit";
 
@@ -119,6 +127,8 @@ mod tests {
             HOLDS_PK,
             BACKFILL_PK,
             PRUNE_PK,
+            RUNS_PK,
+            REPLAY_PK_PREFIX,
             AUDIT_PK,
             VIOLATION_PK_PREFIX,
             COUNTER_MARKER_PREFIX,

@@ -1918,3 +1918,113 @@ async fn a_counter_off_by_what_moved_while_counted_is_set_aside_and_no_more() {
         again.to_text(&spec)
     );
 }
+
+/// `audit --resume` continues the run a killed `audit --run r1` left in
+/// the table: a segment it had read to its end is not read again (its
+/// findings come from the table, though the drift was repaired since: a
+/// new run would be clean), the other continues from its checkpoint. The
+/// run leaves nothing in the table, and `--resume` after it starts anew.
+#[tokio::test]
+async fn an_audit_resumed_from_the_table_continues_the_run_it_left() {
+    use ddb_projector::control::{Job, Runs};
+    let (spec, fixture) = drifted_social("audit-resume").await;
+    let (client, table, applier) = (&fixture.client, &fixture.table, &fixture.applier);
+    let of_items = |report: &AuditReport| -> Vec<(String, String, String)> {
+        found(report)
+            .into_iter()
+            .filter(|(rule, _, _)| rule != "followers" && rule != "following")
+            .collect()
+    };
+    let mut per_segment = Vec::new();
+    for segment in 0..2 {
+        let options = AuditOptions {
+            segments: 2,
+            segment: Some(segment),
+            page_size: Some(2),
+            ..AuditOptions::default()
+        };
+        per_segment.push(of_items(&audit(applier, &options).await.unwrap()));
+    }
+    let done = per_segment
+        .iter()
+        .position(|f| !f.is_empty())
+        .expect("a segment with findings") as u32;
+    let runs = Runs::new(client.clone(), table, &spec.table);
+    let scope = format!("{table}#all/2");
+    let chosen = runs
+        .choose(Job::Audit, &scope, Some("r1"), false, &mut |_| {})
+        .await
+        .unwrap();
+    assert!(!chosen.resumed);
+    let slice = |segment: u32| AuditOptions {
+        segments: 2,
+        segment: Some(segment),
+        page_size: Some(2),
+        checkpoint: Some(CheckpointStore::Table {
+            run: "r1".to_string(),
+        }),
+        max_pages: Some(1),
+        ..AuditOptions::default()
+    };
+    let mut slices = 0;
+    while !audit(applier, &slice(done)).await.unwrap().complete {
+        slices += 1;
+        assert!(slices < 100);
+    }
+    assert!(!audit(applier, &slice(1 - done)).await.unwrap().complete);
+    run_audit(applier, true).await;
+    assert!(run_audit(applier, false).await.is_clean());
+
+    let spec_path = support::repo().join("projections/social-service.toml");
+    let args = [
+        "audit",
+        "--spec",
+        spec_path.to_str().unwrap(),
+        "--table",
+        table,
+        "--segments",
+        "2",
+        "--page-size",
+        "2",
+        "--resume",
+        "--format",
+        "json",
+    ];
+    let resumed = cli(&args);
+    let err = String::from_utf8_lossy(&resumed.stderr);
+    assert_eq!(resumed.status.code(), Some(1), "{err}");
+    assert!(err.contains("resuming audit `r1`"), "{err}");
+    let report: AuditReport = serde_json::from_slice(&resumed.stdout).expect("a json report");
+    assert!(report.complete);
+    assert_eq!(of_items(&report), per_segment[done as usize]);
+    let left = client
+        .query()
+        .table_name(table)
+        .key_condition_expression("PK = :pk")
+        .expression_attribute_values(":pk", s("_ddbp#audit"))
+        .consistent_read(true)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(left.count(), 0, "{:?}", left.items());
+    assert!(runs.last(Job::Audit, &scope).await.unwrap().unwrap().done);
+
+    let again = cli(&args);
+    let err = String::from_utf8_lossy(&again.stderr);
+    assert_eq!(again.status.code(), Some(0), "{err}");
+    assert!(
+        err.contains("the last audit, `r1`, ran to its end: starting `audit-"),
+        "{err}"
+    );
+    let named = cli(&[
+        "audit",
+        "--spec",
+        spec_path.to_str().unwrap(),
+        "--table",
+        table,
+        "--run",
+        "has space",
+    ]);
+    assert_eq!(named.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&named.stderr).contains("is not a run name"));
+}
