@@ -344,7 +344,7 @@ pub(super) async fn audit_segment_shown(
             .is_none_or(|deadline| tokio::time::Instant::now() < deadline)
     };
     while options.max_pages.is_none_or(|max| read < max) && in_time() {
-        let Some(items) = pages.next(applier, &read_micro, &progress).await? else {
+        let Some(items) = pages.next(applier, &read_micro, progress).await? else {
             state.report.complete = true;
             break;
         };
