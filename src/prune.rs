@@ -18,10 +18,13 @@
 //! Every write is conditional on what the scan read (an item deleted only
 //! if its records are unchanged; attributes removed only from an item that
 //! still exists), so a page redone after a crash changes nothing more. The
-//! progress of each segment is checkpointed (`_ddbp#prune`), so running the
-//! command again continues; when every segment is done, the projection's
-//! dead letters and registry entries go too, unless a writer of it ran
-//! meanwhile (then the prune says so and keeps them).
+//! progress of each segment is checkpointed under the prune's run
+//! (`_ddbp#prune`, sort key `<table>#<projections>#<run>#<segment>/<total>`),
+//! so `prune --resume` (or `--run NAME` again) continues it; a prune
+//! without them starts from the beginning, so one run after a writer of
+//! the projection ran again scans everything again. When every segment is
+//! done, the projection's dead letters and registry entries go too, unless
+//! a writer of it ran meanwhile (then the prune says so and keeps them).
 
 use std::collections::{BTreeSet, HashMap};
 use std::io::IsTerminal;
@@ -181,6 +184,12 @@ pub struct PruneOptions {
     pub page_size: i32,
     /// A progress bar (terminal) or a log line every 5 seconds.
     pub progress: bool,
+    /// The run whose progress this prune keeps (`None`: one of its own,
+    /// kept under no name).
+    pub run: Option<String>,
+    /// Continue from the progress stored under `run` (else start from
+    /// the beginning).
+    pub resume: bool,
 }
 
 impl Default for PruneOptions {
@@ -192,6 +201,8 @@ impl Default for PruneOptions {
             segments: 4,
             page_size: 200,
             progress: true,
+            run: None,
+            resume: false,
         }
     }
 }
@@ -404,14 +415,9 @@ struct Run<'a> {
     write_micro: AtomicU64,
 }
 
-/// Prunes `retired` from `table`, whose spec is now `current`.
-pub async fn prune(
-    client: &aws_sdk_dynamodb::Client,
-    table: &str,
-    current: &Spec,
-    retired: &[Retired],
-    options: &PruneOptions,
-) -> Result<PruneSummary, ApplyError> {
+/// Why pruning `retired` from `table`, whose spec is now `current`, is
+/// refused before anything is written, if it is.
+pub fn refusal(table: &str, current: &Spec, retired: &[Retired]) -> Result<(), ApplyError> {
     // A counter's old version whose storage a current counter writes (the
     // counter was rolled back to it, or rebuilt there since) is that
     // counter's data now: nothing of it is retired.
@@ -428,6 +434,18 @@ pub async fn prune(
             }
         }
     }
+    Ok(())
+}
+
+/// Prunes `retired` from `table`, whose spec is now `current`.
+pub async fn prune(
+    client: &aws_sdk_dynamodb::Client,
+    table: &str,
+    current: &Spec,
+    retired: &[Retired],
+    options: &PruneOptions,
+) -> Result<PruneSummary, ApplyError> {
+    refusal(table, current, retired)?;
     let started = Instant::now();
     let started_ms = now_ms();
     let names: Vec<&str> = retired.iter().map(|r| r.name.as_str()).collect();
@@ -437,7 +455,10 @@ pub async fn prune(
         current,
         retired,
         options,
-        scope: format!("{table}#{}", names.join(",")),
+        scope: match &options.run {
+            Some(run) => format!("{table}#{}#{run}", names.join(",")),
+            None => format!("{table}#{}", names.join(",")),
+        },
         pacer: Pacer::new(options.max_wcu),
         read_pacer: Pacer::new(options.max_rcu),
         scanned: AtomicU64::new(0),
@@ -523,9 +544,9 @@ pub async fn prune(
                 }
             }
         }
-        if summary.forgotten.len() == retired.len() {
-            run.clear_progress().await?;
-        }
+        // Every segment is done: the run's progress is not needed (a
+        // prune run again, after a late writer, scans from the beginning).
+        run.clear_progress().await?;
     }
     summary.seconds = started.elapsed().as_secs_f64();
     tracing::info!(
@@ -572,7 +593,7 @@ impl Run<'_> {
         segment: u32,
         total: u32,
     ) -> Result<Option<Option<HashMap<String, Av>>>, ApplyError> {
-        if self.options.dry_run {
+        if self.options.dry_run || !self.options.resume {
             return Ok(Some(None));
         }
         let output = self

@@ -321,7 +321,34 @@ pub async fn prune(
         None => None,
     };
     let retired = crate::prune::retired(&c, &target.source(), &names, from).await?;
+    crate::prune::refusal(&c.table, &c.spec, &retired)?;
+    let mut options = options;
+    // Its progress goes under a run: the one named, the last one
+    // (--resume), or a new one.
+    let run = if options.dry_run {
+        None
+    } else {
+        let mut sorted = names.clone();
+        sorted.sort();
+        let scope = format!("{}#{}", c.table, sorted.join(","));
+        let runs = crate::control::Runs::new(c.dynamodb.clone(), &c.table, &c.spec.table);
+        let chosen = runs
+            .choose(
+                crate::control::Job::Prune,
+                &scope,
+                options.run.as_deref(),
+                options.resume,
+                &mut |note| eprintln!("{note}"),
+            )
+            .await?;
+        options.run = Some(chosen.run.clone());
+        options.resume = chosen.resumed;
+        Some((runs, scope, chosen.run))
+    };
     let summary = crate::prune::prune(&c.dynamodb, &c.table, &c.spec, &retired, &options).await?;
+    if let Some((runs, scope, run)) = &run {
+        runs.finish(crate::control::Job::Prune, scope, run).await?;
+    }
     eprintln!(
         "{}prune of {} from {}: {} items scanned, {} deleted, {} stripped of derived attributes, {} counter records removed, {} kept, {} dead letters removed, {:.1} WCU, {:.1} s",
         if options.dry_run { "dry-run " } else { "" },

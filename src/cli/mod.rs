@@ -291,6 +291,15 @@ pub enum Command {
         /// Scan segments in parallel.
         #[arg(long, default_value_t = 4)]
         segments: u32,
+        /// Keep the prune's progress in the table under this name, so that
+        /// the same command continues it after a crash or a kill.
+        #[arg(long)]
+        run: Option<String>,
+        /// Continue the last prune of these projections if it did not
+        /// finish (a new one when there is none); without --resume or
+        /// --run, a prune starts from the beginning.
+        #[arg(long)]
+        resume: bool,
         /// Output format: the summary as JSON on stdout (the default, as
         /// it always was) beside the text on stderr, or the text alone.
         #[arg(long, value_enum, default_value_t = OutputFormat::Json)]
@@ -734,6 +743,8 @@ pub fn run(cli: Cli) -> anyhow::Result<Outcome> {
             max_wcu,
             max_rcu,
             segments,
+            run,
+            resume,
             format,
         } => block_on(lifecycle::prune(
             target,
@@ -745,6 +756,8 @@ pub fn run(cli: Cli) -> anyhow::Result<Outcome> {
                 max_wcu,
                 max_rcu,
                 segments,
+                run,
+                resume,
                 ..Default::default()
             },
         )),

@@ -651,6 +651,81 @@ fn prune_cli(spec: &Path, table: &str, extra: &[&str]) -> Output {
     .concat())
 }
 
+/// One resume model for `prune`: `--resume` continues the last prune of
+/// the projections where it stopped (a segment it finished is not scanned
+/// again, so what it holds stays), and a prune without it starts from the
+/// beginning (and prunes the rest).
+#[tokio::test]
+async fn prune_resume_continues_the_last_run_and_a_new_prune_starts_over() {
+    use aws_sdk_dynamodb::types::AttributeValue as Av;
+    use ddb_projector::control::{Job, Runs};
+    let dir = tempfile::tempdir().unwrap();
+    let v1 = social_spec(dir.path(), "v1.toml", |t| t);
+    let v3 = social_spec(dir.path(), "v3.toml", v3);
+    let client = support::client().await;
+    let spec1 = Arc::new(Spec::from_file(&v1).unwrap());
+    let table = support::fresh_table(&client, &spec1, "prune-resume").await;
+    for (a, b) in [("a", "b"), ("c", "b"), ("b", "a"), ("d", "e"), ("e", "f")] {
+        put_item(&client, &table, &follow(a, b, "2026-11-23")).await;
+    }
+    run_drain(&v1, &table);
+    run_drain(&v3, &table);
+    let following = |items: &[super::model::Attrs]| {
+        items
+            .iter()
+            .filter(|i| {
+                support::text(i, "PK").is_some_and(|pk| pk.starts_with("COUNTER#following#"))
+            })
+            .count()
+    };
+    let shards = following(&support::scan_all(&client, &table).await);
+    assert!(shards > 1, "{shards}");
+    // A prune `p1` of 2 segments stopped after segment 0 was done.
+    let scope = format!("{table}#following");
+    Runs::new(client.clone(), &table, &spec1.table)
+        .choose(Job::Prune, &scope, Some("p1"), false, &mut |_| {})
+        .await
+        .unwrap();
+    client
+        .put_item()
+        .table_name(&table)
+        .item("PK", Av::S("_ddbp#prune".into()))
+        .item("SK", Av::S(format!("{table}#following#p1#0/2")))
+        .item("done", Av::Bool(true))
+        .send()
+        .await
+        .unwrap();
+    let args = ["--projection", "following", "--segments", "2"];
+    let resumed = prune_cli(&v3, &table, &[&args[..], &["--resume"]].concat());
+    assert!(resumed.status.success(), "{}", stderr(&resumed));
+    assert!(
+        stderr(&resumed).contains("resuming prune `p1`"),
+        "{}",
+        stderr(&resumed)
+    );
+    let left = following(&support::scan_all(&client, &table).await);
+    assert!(left > 0 && left < shards, "{left} of {shards} left");
+    // Forgotten by the registry now: the definition comes from v1's file.
+    let from = ["--from-spec", v1.to_str().unwrap()];
+    let again = prune_cli(&v3, &table, &[&args[..], &from[..], &["--resume"]].concat());
+    assert!(again.status.success(), "{}", stderr(&again));
+    assert!(
+        stderr(&again).contains("the last prune, `p1`, ran to its end: starting `prune-"),
+        "{}",
+        stderr(&again)
+    );
+    assert_eq!(following(&support::scan_all(&client, &table).await), 0);
+    let progress = client
+        .query()
+        .table_name(&table)
+        .key_condition_expression("PK = :pk")
+        .expression_attribute_values(":pk", Av::S("_ddbp#prune".into()))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(progress.count(), 0, "{:?}", progress.items());
+}
+
 #[tokio::test]
 async fn prune_removes_what_retired_projections_derived_and_nothing_else() {
     let dir = tempfile::tempdir().unwrap();
