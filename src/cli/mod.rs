@@ -166,6 +166,16 @@ pub enum Command {
         /// Where the changes come from, when not the table's own stream.
         #[command(flatten)]
         source: KinesisSource,
+        /// Keep each shard's position in the table under this name, so
+        /// that the same command continues the replay after a crash or a
+        /// kill.
+        #[arg(long)]
+        run: Option<String>,
+        /// Continue the last replay of this stream and these projections
+        /// if it did not catch up (a new one when there is none); without
+        /// --resume or --run, a replay keeps no position.
+        #[arg(long)]
+        resume: bool,
         /// Output format: the summary as text on stderr, or also as JSON
         /// on stdout.
         #[arg(long, value_enum, default_value_t = OutputFormat::Text)]
@@ -699,8 +709,16 @@ pub fn run(cli: Cli) -> anyhow::Result<Outcome> {
             target,
             projections,
             source,
+            run,
+            resume,
             format,
-        } => block_on(stream::replay(target, projections, source, format)),
+        } => block_on(stream::replay(
+            target,
+            projections,
+            source,
+            stream::Resume { run, resume },
+            format,
+        )),
         Command::Wait {
             target,
             keys,

@@ -61,12 +61,27 @@ pub async fn run(
 }
 
 /// `replay`: process the retained stream again from its start.
+/// Where `replay` keeps its positions: `--run NAME`, `--resume`, or
+/// (neither) nowhere.
+#[derive(Debug, Clone, Default)]
+pub struct Resume {
+    /// `--run NAME`.
+    pub run: Option<String>,
+    /// `--resume`.
+    pub resume: bool,
+}
+
 pub async fn replay(
     target: Target,
     projections: Vec<String>,
     source: KinesisSource,
+    resume: Resume,
     format: OutputFormat,
 ) -> anyhow::Result<Outcome> {
+    let stream = source
+        .kinesis_stream
+        .clone()
+        .unwrap_or_else(|| "stream".to_string());
     let mut options = from_kinesis(batch_limit(RunOptions::replay(None))?, &target, source);
     let c = match connect(&target).await {
         Ok(connection) => connection,
@@ -89,9 +104,44 @@ pub async fn replay(
     options.selection = (!selection.is_empty()).then_some(selection);
     let deployment = target.deployment();
     crate::global::require_home(&c, &deployment, "replay").await?;
+    let runs = crate::control::Runs::new(c.dynamodb.clone(), &c.table, &c.spec.table);
+    let mut names = projections.clone();
+    names.sort();
+    names.dedup();
+    let scope = format!(
+        "{}#{stream}#{}",
+        c.table,
+        if names.is_empty() {
+            "*".to_string()
+        } else {
+            names.join(",")
+        }
+    );
+    if resume.run.is_some() || resume.resume {
+        let chosen = runs
+            .choose(
+                crate::control::Job::Replay,
+                &scope,
+                resume.run.as_deref(),
+                resume.resume,
+                &mut |note| eprintln!("{note}"),
+            )
+            .await?;
+        options.replay_run = Some(chosen.run);
+    }
+    let run = options.replay_run.clone();
     match crate::global::run_stream(&c, &deployment, options, "replay").await {
         Ok(ran) => {
             print_ran("replay", &c.table, &ran, format);
+            match &run {
+                Some(run) if ran.summary.caught_up => {
+                    runs.finish(crate::control::Job::Replay, &scope, run).await?;
+                }
+                Some(run) => eprintln!(
+                    "replay `{run}` stopped before it caught up: continue it with --resume (or --run {run})"
+                ),
+                None => {}
+            }
             Ok(Outcome::Done)
         }
         Err(failed) => Err(print_failed("replay", &c.table, failed, format)),

@@ -90,6 +90,7 @@ pub async fn run_stream(
     // `run` consumes the stream for the whole spec; `replay` does not.
     let consumer = options.checkpoints && options.selection.is_none();
     tracing::info!(table = %c.table, stream = %stream_arn, drain = options.drain, checkpoints = options.checkpoints, "starting");
+    let options_drain = options.drain;
     let done = if options.drain {
         "caught up"
     } else {
@@ -253,9 +254,14 @@ pub async fn run_stream(
                     spec = Arc::new(laid);
                     continue;
                 }
+                let how = if options_drain && !summary.caught_up {
+                    "stopped"
+                } else {
+                    done
+                };
                 return Ok(Ran {
                     summary,
-                    how: done.to_string(),
+                    how: how.to_string(),
                 });
             }
             Err(error) => {

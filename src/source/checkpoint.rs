@@ -148,6 +148,13 @@ impl CheckpointStore {
         self
     }
 
+    /// The positions of replay `run` rather than a consumer's checkpoints
+    /// (`_ddbp#replay#<run>`): a replay resumed reads on from them.
+    pub fn for_replay(mut self, run: &str) -> CheckpointStore {
+        self.partition = format!("{}{run}", crate::dynamo::names::REPLAY_PK_PREFIX);
+        self
+    }
+
     /// The stream whose checkpoints these are.
     pub fn stream_arn(&self) -> &str {
         &self.stream_arn

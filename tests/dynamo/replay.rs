@@ -915,3 +915,98 @@ async fn a_redrive_shows_readers_each_item_as_before_or_after_it() {
         "the table after the redrive",
     );
 }
+
+/// One resume model for `replay`: `--resume` continues the last replay of
+/// the stream from the positions it kept in the table (a replay `r1`
+/// stopped after it had read every record reads none again: a reverse
+/// edge deleted since stays missing), deletes them once caught up, and
+/// `--resume` after it starts a new replay, which repairs the edge.
+#[tokio::test]
+async fn replay_resume_continues_from_the_positions_the_last_replay_kept() {
+    use ddb_projector::control::{Job, Runs};
+    use ddb_projector::spec::Spec;
+    let client = support::client().await;
+    let mut rng = Rng::new(seed());
+    let (table, follows) = drained_table(&client, "replay-resume", 40, &mut rng).await;
+    let spec = Spec::from_file(&spec_file()).unwrap();
+    // The consumer's checkpoints, copied as the positions of replay `r1`
+    // that read to where the stream ends, then stopped.
+    let checkpoints = client
+        .query()
+        .table_name(&table)
+        .key_condition_expression("PK = :pk")
+        .expression_attribute_values(":pk", Av::S("_ddbp#checkpoint".into()))
+        .send()
+        .await
+        .unwrap();
+    assert!(checkpoints.count() > 0);
+    for item in checkpoints.items() {
+        let mut item = item.clone();
+        item.insert("PK".into(), Av::S("_ddbp#replay#r1".into()));
+        client
+            .put_item()
+            .table_name(&table)
+            .set_item(Some(item))
+            .send()
+            .await
+            .unwrap();
+    }
+    let scope = format!("{table}#stream#*");
+    let runs = Runs::new(client.clone(), &table, &spec.table);
+    runs.choose(Job::Replay, &scope, Some("r1"), false, &mut |_| {})
+        .await
+        .unwrap();
+    let ((a, b), _) = follows.iter().next().expect("a follow");
+    let edge = (format!("USER#{b}"), format!("FOLLOWED_BY#{a}"));
+    delete(&client, &table, &edge.0, &edge.1).await;
+    let spec_path = spec_file();
+    let replay = |extra: &[&str]| {
+        let mut args = vec![
+            "replay",
+            "--spec",
+            spec_path.to_str().unwrap(),
+            "--table",
+            &table,
+        ];
+        args.extend_from_slice(extra);
+        cli(&args).output().expect("run the binary")
+    };
+    let resumed = replay(&["--resume"]);
+    let log = stderr(&resumed);
+    assert!(resumed.status.success(), "{log}");
+    assert!(log.contains("resuming replay `r1`"), "{log}");
+    // What it reads is what was written since: the bookkeeping and the
+    // deleted edge, no change of a source item.
+    assert_eq!(summary_value(&log, "items read"), 0.0, "{log}");
+    assert!(
+        support::get(&client, &table, &edge.0, &edge.1)
+            .await
+            .is_none(),
+        "the resumed replay read records before its positions"
+    );
+    let left = client
+        .query()
+        .table_name(&table)
+        .key_condition_expression("PK = :pk")
+        .expression_attribute_values(":pk", Av::S("_ddbp#replay#r1".into()))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(left.count(), 0, "{:?}", left.items());
+    assert!(runs.last(Job::Replay, &scope).await.unwrap().unwrap().done);
+
+    let again = replay(&["--resume"]);
+    let log = stderr(&again);
+    assert!(again.status.success(), "{log}");
+    assert!(
+        log.contains("the last replay, `r1`, ran to its end: starting `replay-"),
+        "{log}"
+    );
+    assert!(summary_value(&log, "items read") > 0.0, "{log}");
+    assert!(
+        support::get(&client, &table, &edge.0, &edge.1)
+            .await
+            .is_some(),
+        "the new replay did not derive the edge again"
+    );
+}

@@ -53,8 +53,13 @@ impl Coordinator {
         }
     }
 
-    pub(super) async fn run(mut self, stop: impl Future<Output = ()>) -> Result<(), RunErrorKind> {
+    /// Runs the shards until stopped, or (drain) caught up: `true` then.
+    pub(super) async fn run(
+        mut self,
+        stop: impl Future<Output = ()>,
+    ) -> Result<bool, RunErrorKind> {
         tokio::pin!(stop);
+        let mut caught_up = false;
         let mut stopping = false;
         let mut failure: Option<RunErrorKind> = None;
         // Whether anything changed since the shards were last listed.
@@ -96,6 +101,7 @@ impl Coordinator {
                         tracing::warn!(shards = ?waiting, "shards wait for parents that are neither finished nor readable");
                     }
                     tracing::info!(shards = self.shards.len(), "caught up");
+                    caught_up = true;
                     break;
                 }
             }
@@ -132,7 +138,7 @@ impl Coordinator {
         }
         match failure {
             Some(error) => Err(error),
-            None => Ok(()),
+            None => Ok(caught_up),
         }
     }
 
@@ -154,7 +160,7 @@ impl Coordinator {
                 closed: false,
             };
             let mut state = ShardState::Waiting;
-            if let Some(store) = &self.shared.checkpoints {
+            if let Some(store) = self.shared.positions() {
                 if let Some(checkpoint) = store.load(&info.shard_id).await? {
                     run.position = checkpoint.sequence_number.clone();
                     run.durable = checkpoint.sequence_number;
@@ -164,8 +170,12 @@ impl Coordinator {
                     }
                 }
                 // A parent trimmed away before it was read to its end: its
-                // remaining records are gone.
-                if let Some(parent) = &info.parent {
+                // remaining records are gone (a replay's are hints only).
+                if let Some(parent) = info
+                    .parent
+                    .as_ref()
+                    .filter(|_| self.shared.checkpoints.is_some())
+                {
                     if !listed_ids.contains(parent.as_str()) && !self.shards.contains_key(parent) {
                         if let Some(checkpoint) = store.load(parent).await? {
                             if !checkpoint.finished {

@@ -91,6 +91,12 @@ pub struct RunOptions {
     /// Where the runner reports its health (`run --metrics-addr`'s
     /// `/healthz`); while it runs, an idle runner renews its leases too.
     pub health: Option<Health>,
+    /// With a replay (no checkpoints): keep each shard's position under
+    /// this run (`_ddbp#replay#<run>`, laid out as checkpoints), read
+    /// from there, so a replay stopped anywhere continues (`replay
+    /// --resume`, `--run NAME`); the positions are deleted once it caught
+    /// up.
+    pub replay_run: Option<String>,
     /// Stops the run, as SIGTERM does, once it says `true` or its sender
     /// is gone (a library caller that dropped the run's future;
     /// `crate::global::work` listens to it).
@@ -122,6 +128,7 @@ impl RunOptions {
             from_ms: None,
             kinesis: None,
             health: None,
+            replay_run: None,
             stop: None,
         }
     }
@@ -191,6 +198,9 @@ pub struct Summary {
     pub last_lag_ms: Option<i64>,
     /// The largest such age seen.
     pub max_lag_ms: Option<i64>,
+    /// A drain (`run --drain`, `replay`) ended because every shard was
+    /// read to where the stream ends, not because it was stopped.
+    pub caught_up: bool,
 }
 
 impl fmt::Display for Summary {
@@ -382,6 +392,11 @@ impl StreamRunner {
             streams: self.streams.clone(),
             stream_arn: self.stream_arn.clone(),
             checkpoints: options.checkpoints.then(|| self.checkpoints()),
+            replay_progress: options
+                .replay_run
+                .as_deref()
+                .filter(|_| !options.checkpoints)
+                .map(|run| self.checkpoints().for_replay(run)),
             bookkeeping: Skip::Reserved.to_string(),
             batch_options: BatchOptions {
                 selection: options.selection.clone(),
@@ -418,7 +433,16 @@ impl StreamRunner {
         if let Some(health) = &health {
             health.set_running(false);
         }
+        // A replay that caught up needs its positions no more: the next
+        // one under this run starts from the trim horizon.
+        if let (Ok(true), Some(store)) = (&result, &shared.replay_progress) {
+            if let Err(error) = store.reset(None).await {
+                tracing::warn!(%error, "the replay's positions were not deleted: the next replay under its run reads on from them");
+            }
+        }
         let mut summary = shared.summary.lock().expect("summary lock").clone();
+        summary.caught_up = matches!(result, Ok(true));
+        let result = result.map(|_| ());
         summary.elapsed = started.elapsed();
         summary.records_per_second = if summary.elapsed.as_secs_f64() > 0.0 {
             summary.records as f64 / summary.elapsed.as_secs_f64()
@@ -489,6 +513,8 @@ struct Shared {
     stream_arn: String,
     others: OtherTables,
     checkpoints: Option<CheckpointStore>,
+    /// A replay's positions ([`RunOptions::replay_run`]).
+    replay_progress: Option<CheckpointStore>,
     /// The skip reason of the projector's own items.
     bookkeeping: String,
     batch_options: BatchOptions,
@@ -497,6 +523,12 @@ struct Shared {
 }
 
 impl Shared {
+    /// Where each shard's position is kept: the consumer's checkpoints,
+    /// or a replay's positions.
+    fn positions(&self) -> Option<&CheckpointStore> {
+        self.checkpoints.as_ref().or(self.replay_progress.as_ref())
+    }
+
     fn records_lost(
         &self,
         shard_id: &str,

@@ -430,7 +430,7 @@ async fn finish(shared: &Shared, run: &mut ShardRun) -> Result<(), RunErrorKind>
 /// failing transiently is left for the next batch: the position is only
 /// ever behind, never ahead.
 async fn save(shared: &Shared, run: &mut ShardRun, finished: bool) -> Result<(), RunErrorKind> {
-    let Some(store) = &shared.checkpoints else {
+    let Some(store) = shared.positions() else {
         return Ok(());
     };
     let checkpoint = Checkpoint {
