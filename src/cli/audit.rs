@@ -6,20 +6,10 @@ use std::path::PathBuf;
 
 use anyhow::Context;
 
-use super::{connect, OutputFormat, Target};
+use super::{connect, OutputFormat, Resume, Target};
 use crate::apply::Applier;
 use crate::audit::{audit as run_audit, merge as merge_reports, AuditOptions, AuditReport};
 use crate::spec::Spec;
-
-/// How `audit` keeps its progress: `--run NAME`, `--resume`, or (neither)
-/// in memory only.
-#[derive(Debug, Clone, Default)]
-pub struct Resume {
-    /// `--run NAME`.
-    pub run: Option<String>,
-    /// `--resume`.
-    pub resume: bool,
-}
 
 /// `audit`: exit 0 when clean, 1 when anything was found, 2 on error.
 pub async fn audit(
@@ -31,7 +21,7 @@ pub async fn audit(
     let Some(applier) = applier(&target, options.repair.then_some("audit --repair")).await? else {
         return Ok(Outcome::Failed);
     };
-    if resume.run.is_none() && !resume.resume {
+    if !resume.asked() {
         let report = run_audit(&applier, &options).await?;
         return print(&report, applier.spec(), format);
     }
@@ -41,24 +31,18 @@ pub async fn audit(
         Some(segment) => format!("{}#{segment}/{total}", applier.table()),
         None => format!("{}#all/{total}", applier.table()),
     };
-    let runs = crate::control::Runs::new(
-        applier.client().clone(),
-        applier.table(),
-        &applier.spec().table,
-    );
-    let chosen = runs
-        .choose(
+    let run = resume
+        .start(
+            applier.client(),
+            applier.table(),
+            &applier.spec().table,
             crate::control::Job::Audit,
-            &scope,
-            resume.run.as_deref(),
-            resume.resume,
-            &mut |note| eprintln!("{note}"),
+            scope,
         )
         .await?;
-    let report = crate::audit::audit_run(&applier, &options, &chosen.run).await?;
+    let report = crate::audit::audit_run(&applier, &options, &run.chosen.run).await?;
     if report.complete {
-        runs.finish(crate::control::Job::Audit, &scope, &chosen.run)
-            .await?;
+        run.finish().await?;
     }
     print(&report, applier.spec(), format)
 }

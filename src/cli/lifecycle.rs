@@ -330,24 +330,26 @@ pub async fn prune(
     } else {
         let mut sorted = names.clone();
         sorted.sort();
-        let scope = format!("{}#{}", c.table, sorted.join(","));
-        let runs = crate::control::Runs::new(c.dynamodb.clone(), &c.table, &c.spec.table);
-        let chosen = runs
-            .choose(
+        let resume = super::Resume {
+            run: options.run.take(),
+            resume: options.resume,
+        };
+        let run = resume
+            .start(
+                &c.dynamodb,
+                &c.table,
+                &c.spec.table,
                 crate::control::Job::Prune,
-                &scope,
-                options.run.as_deref(),
-                options.resume,
-                &mut |note| eprintln!("{note}"),
+                format!("{}#{}", c.table, sorted.join(",")),
             )
             .await?;
-        options.run = Some(chosen.run.clone());
-        options.resume = chosen.resumed;
-        Some((runs, scope, chosen.run))
+        options.run = Some(run.chosen.run.clone());
+        options.resume = run.chosen.resumed;
+        Some(run)
     };
     let summary = crate::prune::prune(&c.dynamodb, &c.table, &c.spec, &retired, &options).await?;
-    if let Some((runs, scope, run)) = &run {
-        runs.finish(crate::control::Job::Prune, scope, run).await?;
+    if let Some(run) = &run {
+        run.finish().await?;
     }
     eprintln!(
         "{}prune of {} from {}: {} items scanned, {} deleted, {} stripped of derived attributes, {} counter records removed, {} kept, {} dead letters removed, {:.1} WCU, {:.1} s",

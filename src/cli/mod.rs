@@ -716,7 +716,7 @@ pub fn run(cli: Cli) -> anyhow::Result<Outcome> {
             target,
             projections,
             source,
-            stream::Resume { run, resume },
+            Resume { run, resume },
             format,
         )),
         Command::Wait {
@@ -833,7 +833,7 @@ pub fn run(cli: Cli) -> anyhow::Result<Outcome> {
                 max_pages: None,
                 deadline: None,
             },
-            audit::Resume { run, resume },
+            Resume { run, resume },
         )),
         Command::AuditMerge {
             target,
@@ -854,6 +854,40 @@ pub fn run(cli: Cli) -> anyhow::Result<Outcome> {
             version,
             format,
         } => block_on(register::specs(table, service, history, version, format)),
+    }
+}
+
+/// `--run NAME` and `--resume`, as the long jobs take them (see
+/// `crate::control::Runs`).
+#[derive(Debug, Clone, Default)]
+pub struct Resume {
+    /// `--run NAME`.
+    pub run: Option<String>,
+    /// `--resume`.
+    pub resume: bool,
+}
+
+impl Resume {
+    /// Whether either was given.
+    fn asked(&self) -> bool {
+        self.run.is_some() || self.resume
+    }
+
+    /// The run `job` over `scope` of `table` goes under, recorded as its
+    /// last; what was chosen is said on stderr.
+    async fn start(
+        &self,
+        client: &aws_sdk_dynamodb::Client,
+        table: &str,
+        keys: &crate::spec::TableSpec,
+        job: crate::control::Job,
+        scope: String,
+    ) -> anyhow::Result<crate::control::JobRun> {
+        Ok(crate::control::Runs::new(client.clone(), table, keys)
+            .start(job, scope, self.run.as_deref(), self.resume, &mut |note| {
+                eprintln!("{note}")
+            })
+            .await?)
     }
 }
 

@@ -61,21 +61,11 @@ pub async fn run(
 }
 
 /// `replay`: process the retained stream again from its start.
-/// Where `replay` keeps its positions: `--run NAME`, `--resume`, or
-/// (neither) nowhere.
-#[derive(Debug, Clone, Default)]
-pub struct Resume {
-    /// `--run NAME`.
-    pub run: Option<String>,
-    /// `--resume`.
-    pub resume: bool,
-}
-
 pub async fn replay(
     target: Target,
     projections: Vec<String>,
     source: KinesisSource,
-    resume: Resume,
+    resume: super::Resume,
     format: OutputFormat,
 ) -> anyhow::Result<Outcome> {
     let stream = source
@@ -104,7 +94,6 @@ pub async fn replay(
     options.selection = (!selection.is_empty()).then_some(selection);
     let deployment = target.deployment();
     crate::global::require_home(&c, &deployment, "replay").await?;
-    let runs = crate::control::Runs::new(c.dynamodb.clone(), &c.table, &c.spec.table);
     let mut names = projections.clone();
     names.sort();
     names.dedup();
@@ -117,28 +106,29 @@ pub async fn replay(
             names.join(",")
         }
     );
-    if resume.run.is_some() || resume.resume {
-        let chosen = runs
-            .choose(
-                crate::control::Job::Replay,
-                &scope,
-                resume.run.as_deref(),
-                resume.resume,
-                &mut |note| eprintln!("{note}"),
-            )
-            .await?;
-        options.replay_run = Some(chosen.run);
-    }
-    let run = options.replay_run.clone();
+    let run = match resume.asked() {
+        true => Some(
+            resume
+                .start(
+                    &c.dynamodb,
+                    &c.table,
+                    &c.spec.table,
+                    crate::control::Job::Replay,
+                    scope,
+                )
+                .await?,
+        ),
+        false => None,
+    };
+    options.replay_run = run.as_ref().map(|r| r.chosen.run.clone());
     match crate::global::run_stream(&c, &deployment, options, "replay").await {
         Ok(ran) => {
             print_ran("replay", &c.table, &ran, format);
             match &run {
-                Some(run) if ran.summary.caught_up => {
-                    runs.finish(crate::control::Job::Replay, &scope, run).await?;
-                }
+                Some(run) if ran.summary.caught_up => run.finish().await?,
                 Some(run) => eprintln!(
-                    "replay `{run}` stopped before it caught up: continue it with --resume (or --run {run})"
+                    "replay `{0}` stopped before it caught up: continue it with --resume (or --run {0})",
+                    run.chosen.run
                 ),
                 None => {}
             }

@@ -72,7 +72,7 @@ pub use register::{
     admit, empty_spec, register, Change, Planned, PlannedProjection, RegisterError, Stored,
 };
 pub use registry::{ClaimOutcome, Completion, Registry, LEASES_VERSION};
-pub use runs::{check_run_name, Chosen, Job, LastRun, Runs};
+pub use runs::{check_run_name, Chosen, Job, JobRun, LastRun, Runs};
 pub use services::{
     check_service_name, compose_texts, Registered, Registration, Registrations, Stamp, Written,
     MAX_SPEC_BYTES,

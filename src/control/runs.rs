@@ -274,6 +274,25 @@ impl Runs {
         Ok(chosen)
     }
 
+    /// [`Runs::choose`], as a [`JobRun`] to finish once the job ran to its
+    /// end.
+    pub async fn start(
+        self,
+        job: Job,
+        scope: String,
+        run: Option<&str>,
+        resume: bool,
+        note: &mut (dyn FnMut(&str) + Send),
+    ) -> Result<JobRun, ApplyError> {
+        let chosen = self.choose(job, &scope, run, resume, note).await?;
+        Ok(JobRun {
+            runs: self,
+            job,
+            scope,
+            chosen,
+        })
+    }
+
     /// Records that `run` of `job` over `scope` ran to its end: `--resume`
     /// starts a new one.
     pub async fn finish(&self, job: Job, scope: &str, run: &str) -> Result<(), ApplyError> {
@@ -282,6 +301,25 @@ impl Runs {
             _ => now_ms(),
         };
         self.put(job, scope, run, true, started_ms).await
+    }
+}
+
+/// A job's run, chosen and recorded as its job's last.
+#[derive(Debug, Clone)]
+pub struct JobRun {
+    runs: Runs,
+    job: Job,
+    scope: String,
+    /// The run.
+    pub chosen: Chosen,
+}
+
+impl JobRun {
+    /// Records that the run ran to its end.
+    pub async fn finish(&self) -> Result<(), ApplyError> {
+        self.runs
+            .finish(self.job, &self.scope, &self.chosen.run)
+            .await
     }
 }
 

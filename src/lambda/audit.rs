@@ -146,13 +146,7 @@ impl AuditRequest {
     pub fn check(&self) -> Result<(), AuditRequestError> {
         // What a Step Functions execution name may hold; never `#` or `/`,
         // which the checkpoint's keys use.
-        let name_ok = !self.run.is_empty()
-            && self.run.chars().count() <= 80
-            && self
-                .run
-                .chars()
-                .all(|c| !c.is_whitespace() && !c.is_control() && !matches!(c, '#' | '/'));
-        if !name_ok {
+        if crate::control::check_run_name(&self.run).is_err() {
             return Err(AuditRequestError::BadRun(self.run.clone()));
         }
         let total = self.total_segments;
