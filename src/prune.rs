@@ -190,6 +190,11 @@ pub struct PruneOptions {
     /// Continue from the progress stored under `run` (else start from
     /// the beginning).
     pub resume: bool,
+    /// When the run first started (ms; `None`: now): a writer of a pruned
+    /// projection that ran since, even while no process pruned, may have
+    /// written into segments already done, so the projection is not
+    /// forgotten.
+    pub started_ms: Option<u64>,
 }
 
 impl Default for PruneOptions {
@@ -203,6 +208,7 @@ impl Default for PruneOptions {
             progress: true,
             run: None,
             resume: false,
+            started_ms: None,
         }
     }
 }
@@ -447,8 +453,10 @@ pub async fn prune(
 ) -> Result<PruneSummary, ApplyError> {
     refusal(table, current, retired)?;
     let started = Instant::now();
-    let started_ms = now_ms();
+    let started_ms = options.started_ms.unwrap_or_else(now_ms);
     let names: Vec<&str> = retired.iter().map(|r| r.name.as_str()).collect();
+    let mut sorted = names.clone();
+    sorted.sort_unstable();
     let run = Run {
         client,
         table,
@@ -456,8 +464,8 @@ pub async fn prune(
         retired,
         options,
         scope: match &options.run {
-            Some(run) => format!("{table}#{}#{run}", names.join(",")),
-            None => format!("{table}#{}", names.join(",")),
+            Some(run) => format!("{table}#{}#{run}", sorted.join(",")),
+            None => format!("{table}#{}", sorted.join(",")),
         },
         pacer: Pacer::new(options.max_wcu),
         read_pacer: Pacer::new(options.max_rcu),

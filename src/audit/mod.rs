@@ -56,7 +56,7 @@ pub mod wait;
 pub use checkpoint::CheckpointStore;
 use derive::{counters, Tally};
 pub use repair::repair;
-pub use resume::audit_run;
+pub use resume::{audit_run, forget_run, storage_run};
 use scan::{classify, Pages, Progress};
 use sketch::Sketch;
 

@@ -10,6 +10,15 @@
 //! [`super::audit`] answers. With `segment`, only that segment is audited
 //! (another machine audits the others), and its report, findings read
 //! back from the table, is what `audit-merge` takes.
+//!
+//! A run's items are deleted only by [`forget_run`], which the caller
+//! calls once the report is out: a crash before leaves the run to be
+//! merged again, to the same report, never a report lost with its
+//! findings.
+//!
+//! The items of a run are stored under [`storage_run`]: the run's name
+//! and the scan it is (the whole table in `N` segments, or segment `I` of
+//! `N`), so one name used for two scans never mixes their items.
 
 use super::checkpoint::{self, CheckpointStore};
 use super::passes::{self, Step};
@@ -17,13 +26,64 @@ use super::scan::Progress;
 use super::{AuditOptions, AuditReport};
 use crate::apply::{Applier, ApplyError};
 
-/// Audits `applier`'s table under `run`, from where the run stands.
+/// Where run `run` of the scan `options` asks for keeps its items.
+pub fn storage_run(run: &str, options: &AuditOptions) -> String {
+    let total = options.segments.max(1);
+    match options.segment {
+        Some(segment) => format!("{run}@{segment}of{total}"),
+        None => format!("{run}@all{total}"),
+    }
+}
+
+/// What a finished run leaves to delete once its report is out.
+#[derive(Debug)]
+pub struct Finished {
+    run: String,
+    segment: Option<u32>,
+    total: u32,
+    stored: Vec<crate::record::ItemKey>,
+}
+
+/// Deletes what `finished` names: the run's segments, pages and passes.
+pub async fn forget_run(applier: &Applier, finished: Finished) -> Result<(), ApplyError> {
+    let Finished {
+        run,
+        segment,
+        total,
+        stored,
+    } = finished;
+    match segment {
+        Some(segment) => {
+            let store = CheckpointStore::Table { run: run.clone() };
+            checkpoint::delete_segment(applier, &store, &run, segment, total).await
+        }
+        None => {
+            checkpoint::delete(applier, &stored).await?;
+            passes::delete_rest(applier, &run, total).await?;
+            checkpoint::sweep(applier, &run).await?;
+            Ok(())
+        }
+    }
+}
+
+/// Audits `applier`'s table under `run`, from where the run stands: the
+/// report, and (once complete) what to delete after it is out.
 pub async fn audit_run(
     applier: &Applier,
     options: &AuditOptions,
     run: &str,
-) -> Result<AuditReport, ApplyError> {
+) -> Result<(AuditReport, Option<Finished>), ApplyError> {
+    let run = &storage_run(run, options);
     let total = options.segments.max(1);
+    if let Some(segment) = options.segment.filter(|&s| s >= total) {
+        return Err(ApplyError::Fatal {
+            table: applier.table().to_string(),
+            message: format!(
+                "segment {segment} is not one of the {total} segments (0 to {})",
+                total - 1
+            ),
+        });
+    }
     let store = CheckpointStore::Table {
         run: run.to_string(),
     };
@@ -67,13 +127,14 @@ pub async fn audit_run(
         done?;
         match passes::merge_step(applier, run, total, options.repair).await? {
             Step::Merged(report, stored) => {
-                // What the run kept is not needed once merged: a crash
-                // before it is deleted merges again, to the same report.
-                checkpoint::delete(applier, &stored).await?;
-                passes::delete_rest(applier, run, total).await?;
-                checkpoint::sweep(applier, run).await?;
                 super::finished(applier.spec(), &report, 0);
-                return Ok(*report);
+                let finished = Finished {
+                    run: run.clone(),
+                    segment: None,
+                    total,
+                    stored,
+                };
+                return Ok((*report, Some(finished)));
             }
             Step::Pass {
                 pass: next,
@@ -90,7 +151,9 @@ pub async fn audit_run(
             Step::Incomplete(why) => {
                 return Err(ApplyError::Fatal {
                     table: applier.table().to_string(),
-                    message: why,
+                    message: format!(
+                        "{why} (a segment another process audits under the same run saved ahead of this one: run the audit again once it stops)"
+                    ),
                 })
             }
         }
@@ -98,7 +161,7 @@ pub async fn audit_run(
 }
 
 /// One segment of `run`, to its end; its report with the findings its
-/// pages stored, then its items deleted (the report is the record now).
+/// pages stored, and its items to delete once the report is out.
 async fn audit_one(
     applier: &Applier,
     options: &AuditOptions,
@@ -106,15 +169,27 @@ async fn audit_one(
     run: &str,
     segment: u32,
     total: u32,
-) -> Result<AuditReport, ApplyError> {
+) -> Result<(AuditReport, Option<Finished>), ApplyError> {
     let slice = checkpoint::audit_segment_from(applier, options, segment, store).await?;
     super::finished(applier.spec(), &slice.report, slice.scanned_now);
     if !slice.report.complete {
-        return Ok(slice.report);
+        // Another process saved the segment ahead of this one: its report
+        // is not this one's to give.
+        return Err(ApplyError::Fatal {
+            table: applier.table().to_string(),
+            message: format!(
+                "segment {segment} of {total} is being audited by another process under the same run, ahead of this one: run this again once it stops"
+            ),
+        });
     }
     let report = checkpoint::load_segment(applier, run, segment, total)
         .await?
         .unwrap_or(slice.report);
-    checkpoint::delete_segment(applier, store, run, segment, total).await?;
-    Ok(report)
+    let finished = Finished {
+        run: run.to_string(),
+        segment: Some(segment),
+        total,
+        stored: Vec::new(),
+    };
+    Ok((report, Some(finished)))
 }

@@ -18,7 +18,14 @@ pub async fn audit(
     options: AuditOptions,
     resume: Resume,
 ) -> anyhow::Result<Outcome> {
-    let Some(applier) = applier(&target, options.repair.then_some("audit --repair")).await? else {
+    // An audit that keeps its progress writes to the table: in a global
+    // table's home region only, as a repair.
+    let writes = match (options.repair, resume.asked()) {
+        (true, _) => Some("audit --repair"),
+        (false, true) => Some("audit --run"),
+        (false, false) => None,
+    };
+    let Some(applier) = applier(&target, writes).await? else {
         return Ok(Outcome::Failed);
     };
     if !resume.asked() {
@@ -27,6 +34,11 @@ pub async fn audit(
     }
     // Kept in the table: a run of its own per table and scan (and segment).
     let total = options.segments.max(1);
+    if let Some(segment) = options.segment.filter(|&s| s >= total) {
+        anyhow::bail!(
+            "--segment {segment} is out of range for --total-segments {total} (segments count from 0)"
+        );
+    }
     let scope = match options.segment {
         Some(segment) => format!("{}#{segment}/{total}", applier.table()),
         None => format!("{}#all/{total}", applier.table()),
@@ -40,11 +52,19 @@ pub async fn audit(
             scope,
         )
         .await?;
-    let report = crate::audit::audit_run(&applier, &options, &run.chosen.run).await?;
-    if report.complete {
-        run.finish().await?;
+    let (report, finished) = crate::audit::audit_run(&applier, &options, &run.chosen.run).await?;
+    // The report out first; then the run is done and its items go (a
+    // failure now loses nothing: the report is printed).
+    let outcome = print(&report, applier.spec(), format)?;
+    if let Some(finished) = finished {
+        if let Err(error) = run.finish().await {
+            tracing::warn!(%error, run = run.chosen.run, "the audit's run could not be recorded as done: --resume would merge it again");
+        }
+        if let Err(error) = crate::audit::forget_run(&applier, finished).await {
+            tracing::warn!(%error, run = run.chosen.run, "the audit's items in the table were not all deleted");
+        }
     }
-    print(&report, applier.spec(), format)
+    Ok(outcome)
 }
 
 /// `audit-merge`: as `audit`, for the segments' reports together.

@@ -345,6 +345,7 @@ pub async fn prune(
             .await?;
         options.run = Some(run.chosen.run.clone());
         options.resume = run.chosen.resumed;
+        options.started_ms = Some(run.chosen.started_ms);
         Some(run)
     };
     let summary = crate::prune::prune(&c.dynamodb, &c.table, &c.spec, &retired, &options).await?;

@@ -64,9 +64,12 @@ pub struct LastRun {
 pub struct Chosen {
     /// Its name.
     pub run: String,
-    /// It continues from the progress stored under that name (`false`: it
-    /// starts from the beginning, with nothing stored under it).
+    /// It continues from the progress stored under that name, if any
+    /// (`false`: it starts from the beginning).
     pub resumed: bool,
+    /// When the run was first started (ms): a resumed job judges what
+    /// happened "during" it from then.
+    pub started_ms: u64,
 }
 
 /// Checks a run's name: what a Step Functions execution name may hold,
@@ -166,6 +169,8 @@ impl Runs {
         }))
     }
 
+    /// Writes the pointer; with `only_if`, only while it still names that
+    /// run (a run finishing never overwrites a newer run's pointer).
     async fn put(
         &self,
         job: Job,
@@ -173,25 +178,38 @@ impl Runs {
         run: &str,
         done: bool,
         started_ms: u64,
+        only_if: Option<&str>,
     ) -> Result<(), ApplyError> {
         let mut item = self.key(job, scope);
         item.insert("run".to_string(), Av::S(run.to_string()));
         item.insert("done".to_string(), Av::Bool(done));
         item.insert("startedAt".to_string(), Av::N(started_ms.to_string()));
         item.insert("updatedAt".to_string(), Av::N(now_ms().to_string()));
-        self.client
+        let mut put = self
+            .client
             .put_item()
             .table_name(&self.table)
-            .set_item(Some(item))
-            .send()
-            .await
-            .map_err(|e| {
-                self.fatal(
-                    &format!("recording the {} run `{run}`", job.as_str()),
-                    describe(&e),
-                )
-            })?;
-        Ok(())
+            .set_item(Some(item));
+        if let Some(named) = only_if {
+            put = put
+                .condition_expression("#run = :run")
+                .expression_attribute_names("#run", "run")
+                .expression_attribute_values(":run", Av::S(named.to_string()));
+        }
+        match put.send().await {
+            Ok(_) => Ok(()),
+            Err(e)
+                if only_if.is_some()
+                    && e.as_service_error()
+                        .is_some_and(|e| e.is_conditional_check_failed_exception()) =>
+            {
+                Ok(())
+            }
+            Err(e) => Err(self.fatal(
+                &format!("recording the {} run `{run}`", job.as_str()),
+                describe(&e),
+            )),
+        }
     }
 
     /// The run `job` over `scope` goes under, recorded as its last: `run`
@@ -208,27 +226,35 @@ impl Runs {
     ) -> Result<Chosen, ApplyError> {
         let last = self.last(job, scope).await?;
         let name = job.as_str();
-        let (chosen, started_ms) = match (run, last) {
-            (Some(run), Some(last)) if last.run == run && !last.done => {
+        let chosen = match (run, last) {
+            (Some(run), Some(last)) if last.run == run && last.done => {
+                note(&format!(
+                    "{name} `{run}` ran to its end: starting it again from the beginning"
+                ));
+                Chosen {
+                    run: run.to_string(),
+                    resumed: false,
+                    started_ms: now_ms(),
+                }
+            }
+            (Some(run), Some(last)) if last.run == run => {
                 note(&format!("resuming {name} `{run}`"));
-                (
-                    Chosen {
-                        run: run.to_string(),
-                        resumed: true,
-                    },
-                    last.started_ms,
-                )
+                Chosen {
+                    run: run.to_string(),
+                    resumed: true,
+                    started_ms: last.started_ms,
+                }
             }
             (Some(run), _) => {
                 check_run_name(run).map_err(|e| self.fatal(&format!("--run for {name}"), e))?;
-                note(&format!("starting {name} `{run}`"));
-                (
-                    Chosen {
-                        run: run.to_string(),
-                        resumed: false,
-                    },
-                    now_ms(),
-                )
+                note(&format!(
+                    "running {name} `{run}` (from its progress in the table, if it has any)"
+                ));
+                Chosen {
+                    run: run.to_string(),
+                    resumed: true,
+                    started_ms: now_ms(),
+                }
             }
             (None, Some(last)) if resume && !last.done => {
                 note(&format!(
@@ -236,13 +262,11 @@ impl Runs {
                     last.run,
                     iso(last.started_ms)
                 ));
-                (
-                    Chosen {
-                        run: last.run,
-                        resumed: true,
-                    },
-                    last.started_ms,
-                )
+                Chosen {
+                    run: last.run,
+                    resumed: true,
+                    started_ms: last.started_ms,
+                }
             }
             (None, last) => {
                 let run = new_run(job);
@@ -261,16 +285,15 @@ impl Runs {
                         "starting {name} `{run}` (if it stops, continue it with --resume or --run {run})"
                     ));
                 }
-                (
-                    Chosen {
-                        run,
-                        resumed: false,
-                    },
-                    now_ms(),
-                )
+                Chosen {
+                    run,
+                    resumed: false,
+                    started_ms: now_ms(),
+                }
             }
         };
-        self.put(job, scope, &chosen.run, false, started_ms).await?;
+        self.put(job, scope, &chosen.run, false, chosen.started_ms, None)
+            .await?;
         Ok(chosen)
     }
 
@@ -296,11 +319,12 @@ impl Runs {
     /// Records that `run` of `job` over `scope` ran to its end: `--resume`
     /// starts a new one.
     pub async fn finish(&self, job: Job, scope: &str, run: &str) -> Result<(), ApplyError> {
-        let started_ms = match self.last(job, scope).await? {
-            Some(last) if last.run == run => last.started_ms,
-            _ => now_ms(),
+        let Some(last) = self.last(job, scope).await?.filter(|last| last.run == run) else {
+            // Another run is the last now: it is the one to resume.
+            return Ok(());
         };
-        self.put(job, scope, run, true, started_ms).await
+        self.put(job, scope, run, true, last.started_ms, Some(run))
+            .await
     }
 }
 

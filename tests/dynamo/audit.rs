@@ -1955,13 +1955,20 @@ async fn an_audit_resumed_from_the_table_continues_the_run_it_left() {
         .choose(Job::Audit, &scope, Some("r1"), false, &mut |_| {})
         .await
         .unwrap();
-    assert!(!chosen.resumed);
+    assert_eq!(chosen.run, "r1");
+    // The CLI stores a run under its name and scan.
+    let whole_scan = AuditOptions {
+        segments: 2,
+        ..AuditOptions::default()
+    };
+    let stored = ddb_projector::audit::storage_run("r1", &whole_scan);
+    assert_eq!(stored, "r1@all2");
     let slice = |segment: u32| AuditOptions {
         segments: 2,
         segment: Some(segment),
         page_size: Some(2),
         checkpoint: Some(CheckpointStore::Table {
-            run: "r1".to_string(),
+            run: stored.clone(),
         }),
         max_pages: Some(1),
         ..AuditOptions::default()
@@ -2027,4 +2034,35 @@ async fn an_audit_resumed_from_the_table_continues_the_run_it_left() {
     ]);
     assert_eq!(named.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&named.stderr).contains("is not a run name"));
+}
+
+/// A run that finishes after another became its job's last leaves the
+/// pointer to the other: `--resume` continues the newer run, not a new one.
+#[tokio::test]
+async fn a_run_finishing_late_never_overwrites_a_newer_runs_pointer() {
+    use ddb_projector::control::{Job, Runs};
+    let spec = support::shipped_spec("social-service.toml");
+    let fixture = support::fixture(spec.clone(), "runs-pointer").await;
+    let runs = Runs::new(fixture.client.clone(), &fixture.table, &spec.table);
+    let scope = "t#all/4";
+    let a = runs
+        .clone()
+        .start(Job::Audit, scope.to_string(), None, false, &mut |_| {})
+        .await
+        .unwrap();
+    let b = runs
+        .clone()
+        .start(Job::Audit, scope.to_string(), Some("b"), false, &mut |_| {})
+        .await
+        .unwrap();
+    a.finish().await.unwrap();
+    let last = runs.last(Job::Audit, scope).await.unwrap().unwrap();
+    assert_eq!((last.run.as_str(), last.done), ("b", false));
+    let resumed = runs
+        .choose(Job::Audit, scope, None, true, &mut |_| {})
+        .await
+        .unwrap();
+    assert_eq!(resumed.run, "b");
+    b.finish().await.unwrap();
+    assert!(runs.last(Job::Audit, scope).await.unwrap().unwrap().done);
 }
