@@ -2066,3 +2066,45 @@ async fn a_run_finishing_late_never_overwrites_a_newer_runs_pointer() {
     b.finish().await.unwrap();
     assert!(runs.last(Job::Audit, scope).await.unwrap().unwrap().done);
 }
+
+/// `audit --segment I --run NAME --repair` audits page by page from the
+/// table: a `unique` violation whose holders lie on several pages is
+/// recorded whole, as an audit without a run records it.
+#[tokio::test]
+async fn a_segment_audited_under_a_run_records_a_unique_violation_whole() {
+    let spec = support::shipped_spec("user-service.toml");
+    let support::Fixture {
+        client,
+        table,
+        applier,
+        ..
+    } = support::fixture(spec.clone(), "audit-run-unique").await;
+    three_users_sharing_an_address(&client, &table, &applier).await;
+    drop_index_keys(&client, &table, "u0", "e0").await;
+    drop_index_keys(&client, &table, "u2", "e2").await;
+    let options = AuditOptions {
+        segments: 1,
+        segment: Some(0),
+        repair: true,
+        page_size: Some(1),
+        ..AuditOptions::default()
+    };
+    let (report, finished) = ddb_projector::audit::audit_run(&applier, &options, "uq")
+        .await
+        .expect("audit under a run");
+    assert!(report.complete && finished.is_some());
+    let stored = applier.recorded_violations().await.unwrap();
+    let keys: Vec<Vec<String>> = stored
+        .iter()
+        .filter(|v| v.invariant == "unique-email-address")
+        .map(|v| v.keys.clone())
+        .collect();
+    assert_eq!(
+        keys,
+        [vec![
+            "USER#u0 / EMAIL#e0".to_string(),
+            "USER#u1 / EMAIL#e1".to_string(),
+            "USER#u2 / EMAIL#e2".to_string(),
+        ]]
+    );
+}
