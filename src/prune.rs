@@ -19,7 +19,8 @@
 //! if its records are unchanged; attributes removed only from an item that
 //! still exists), so a page redone after a crash changes nothing more. The
 //! progress of each segment is checkpointed under the prune's run
-//! (`_ddbp#prune`, sort key `<table>#<projections>#<run>#<segment>/<total>`),
+//! (`_ddbp#prune`, sort key `<scope>#<run>#<segment>/<total>`, the scope
+//! naming the projections and their retired definitions: [`scope`]),
 //! so `prune --resume` (or `--run NAME` again) continues it; a prune
 //! without them starts from the beginning, so one run after a writer of
 //! the projection ran again scans everything again. When every segment is
@@ -421,6 +422,31 @@ struct Run<'a> {
     write_micro: AtomicU64,
 }
 
+/// What a prune of `retired` from `table` works on, as its progress and
+/// its run's pointer name it: the table, the projections (sorted) and a
+/// hash of their retired definitions, so that a prune of another
+/// definition (`--from-spec`) never continues this one's progress.
+pub fn scope(table: &str, retired: &[Retired]) -> String {
+    let mut definitions: Vec<(&str, u64)> = retired
+        .iter()
+        .map(|r| {
+            let id = r.spec.projection_id(&r.name).expect("checked");
+            (r.name.as_str(), r.spec.projections[id].fingerprint)
+        })
+        .collect();
+    definitions.sort_unstable();
+    let hash = definitions
+        .iter()
+        .fold(0xcbf2_9ce4_8422_2325u64, |hash, (name, fingerprint)| {
+            name.bytes()
+                .map(u64::from)
+                .chain([0xff, *fingerprint])
+                .fold(hash, |h, x| (h ^ x).wrapping_mul(0x0000_0100_0000_01b3))
+        });
+    let names: Vec<&str> = definitions.iter().map(|(name, _)| *name).collect();
+    format!("{table}#{}#{hash:016x}", names.join(","))
+}
+
 /// Why pruning `retired` from `table`, whose spec is now `current`, is
 /// refused before anything is written, if it is.
 pub fn refusal(table: &str, current: &Spec, retired: &[Retired]) -> Result<(), ApplyError> {
@@ -455,8 +481,7 @@ pub async fn prune(
     let started = Instant::now();
     let started_ms = options.started_ms.unwrap_or_else(now_ms);
     let names: Vec<&str> = retired.iter().map(|r| r.name.as_str()).collect();
-    let mut sorted = names.clone();
-    sorted.sort_unstable();
+
     let run = Run {
         client,
         table,
@@ -464,8 +489,8 @@ pub async fn prune(
         retired,
         options,
         scope: match &options.run {
-            Some(run) => format!("{table}#{}#{run}", sorted.join(",")),
-            None => format!("{table}#{}", sorted.join(",")),
+            Some(run) => format!("{}#{run}", scope(table, retired)),
+            None => scope(table, retired),
         },
         pacer: Pacer::new(options.max_wcu),
         read_pacer: Pacer::new(options.max_rcu),
@@ -649,7 +674,44 @@ impl Run<'_> {
         Ok(())
     }
 
+    /// Deletes the run's progress: every segment's, whatever number of
+    /// segments an earlier attempt of the run scanned in (on a table
+    /// without a sort key, only this attempt's, which a query cannot
+    /// list).
     async fn clear_progress(&self) -> Result<(), ApplyError> {
+        if let Some(sk) = &self.current.table.sort_key {
+            let pk = &self.current.table.partition_key;
+            let mut start = None;
+            loop {
+                let page = self
+                    .client
+                    .query()
+                    .table_name(self.table)
+                    .key_condition_expression("#pk = :pk AND begins_with(#sk, :scope)")
+                    .expression_attribute_names("#pk", pk)
+                    .expression_attribute_names("#sk", sk)
+                    .expression_attribute_values(":pk", Av::S(PRUNE_PK.to_string()))
+                    .expression_attribute_values(":scope", Av::S(format!("{}#", self.scope)))
+                    .projection_expression("#pk, #sk")
+                    .set_exclusive_start_key(start)
+                    .send()
+                    .await
+                    .map_err(|e| self.fatal("listing its progress", e))?;
+                for key in page.items() {
+                    self.client
+                        .delete_item()
+                        .table_name(self.table)
+                        .set_key(Some(key.clone()))
+                        .send()
+                        .await
+                        .map_err(|e| self.fatal("clearing its progress", e))?;
+                }
+                match page.last_evaluated_key() {
+                    Some(key) if !key.is_empty() => start = Some(key.clone()),
+                    _ => return Ok(()),
+                }
+            }
+        }
         let total = self.options.segments.max(1);
         for segment in 0..total {
             self.client

@@ -328,8 +328,6 @@ pub async fn prune(
     let run = if options.dry_run {
         None
     } else {
-        let mut sorted = names.clone();
-        sorted.sort();
         let resume = super::Resume {
             run: options.run.take(),
             resume: options.resume,
@@ -340,7 +338,7 @@ pub async fn prune(
                 &c.table,
                 &c.spec.table,
                 crate::control::Job::Prune,
-                format!("{}#{}", c.table, sorted.join(",")),
+                crate::prune::scope(&c.table, &retired),
             )
             .await?;
         options.run = Some(run.chosen.run.clone());
