@@ -222,18 +222,10 @@ impl Projector {
     /// an object of them by table name.
     pub fn filters(&self) -> Result<serde_json::Value, SpecErrors> {
         let set = self.load()?;
-        let mut by_table = serde_json::Map::new();
-        for spec in set.specs() {
-            let criteria = crate::lambda::filters::filter_criteria(spec);
-            for note in &criteria.notes {
-                tracing::warn!(table = %spec.table.name, "{note}");
-            }
-            by_table.insert(spec.table.name.clone(), criteria.to_json());
-        }
-        Ok(match set.specs() {
-            [_] => by_table.into_iter().next().expect("one").1,
-            _ => serde_json::Value::Object(by_table),
-        })
+        let by_table = crate::lambda::filters::by_table(set.specs(), &mut |table, note| {
+            tracing::warn!(table, "{note}")
+        });
+        Ok(crate::lambda::filters::criteria_json(by_table))
     }
 
     /// Loads and compiles the spec with the projections written in Rust,

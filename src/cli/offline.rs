@@ -143,14 +143,9 @@ pub fn filters(path: &Path, format: OutputFormat) -> Outcome {
         Ok(set) => set,
         Err(code) => return code,
     };
-    let mut by_table = serde_json::Map::new();
-    for spec in set.specs() {
-        let criteria = crate::lambda::filters::filter_criteria(spec);
-        for note in &criteria.notes {
-            eprintln!("note: {}: {note}", spec.table.name);
-        }
-        by_table.insert(spec.table.name.clone(), criteria.to_json());
-    }
+    let by_table = crate::lambda::filters::by_table(set.specs(), &mut |table, note| {
+        eprintln!("note: {table}: {note}")
+    });
     if format == OutputFormat::Text {
         for (table, criteria) in &by_table {
             let filters = criteria["Filters"].as_array().cloned().unwrap_or_default();
@@ -161,10 +156,7 @@ pub fn filters(path: &Path, format: OutputFormat) -> Outcome {
         }
         return Outcome::Done;
     }
-    let json = match set.specs() {
-        [_] => by_table.into_iter().next().expect("one").1,
-        _ => serde_json::Value::Object(by_table),
-    };
+    let json = crate::lambda::filters::criteria_json(by_table);
     println!(
         "{}",
         serde_json::to_string_pretty(&json).expect("JSON values serialize")

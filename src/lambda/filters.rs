@@ -154,6 +154,35 @@ fn simplify(set: Alternatives) -> Alternatives {
         .collect()
 }
 
+/// The `FilterCriteria` of every table `specs` describe, by table name,
+/// as `ddb-projector filters` prints them (and `infra/deploy` reads); each
+/// note (a prefix that could match the projector's own items, ...) goes
+/// to `note` with its table.
+pub fn by_table(
+    specs: &[std::sync::Arc<Spec>],
+    note: &mut dyn FnMut(&str, &str),
+) -> serde_json::Map<String, serde_json::Value> {
+    let mut by_table = serde_json::Map::new();
+    for spec in specs {
+        let criteria = filter_criteria(spec);
+        for line in &criteria.notes {
+            note(&spec.table.name, line);
+        }
+        by_table.insert(spec.table.name.clone(), criteria.to_json());
+    }
+    by_table
+}
+
+/// What `filters` prints as JSON: one table's criteria, or (several) an
+/// object of them by table name.
+pub fn criteria_json(by_table: serde_json::Map<String, serde_json::Value>) -> serde_json::Value {
+    if by_table.len() == 1 {
+        by_table.into_iter().next().expect("one").1
+    } else {
+        serde_json::Value::Object(by_table)
+    }
+}
+
 /// Builds the filters for a spec (see the module docs).
 pub fn filter_criteria(spec: &Spec) -> FilterCriteria {
     let mut notes = Vec::new();
