@@ -384,18 +384,7 @@ impl Connected {
             "backfill",
         ))
         .await?;
-        let request = crate::backfill::Request {
-            projections: Vec::new(),
-            all: false,
-            run: None,
-            wait: std::time::Duration::from_secs(20 * 60),
-            segments: (0..4).collect(),
-            total_segments: 4,
-            max_wcu: None,
-            max_rcu: None,
-            resume: false,
-            dry_run: false,
-        };
+        let request = crate::backfill::Request::default();
         // What the messages suggest running: the CLI on this table, as
         // this consumer (it cannot run projections written in Rust).
         let mut target = format!("--table {}", self.connection.table);

@@ -801,7 +801,7 @@ impl Reporter {
 }
 
 /// What `backfill` was asked, checked: which projections, and how.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct Request {
     /// The projections named (none: what is not live).
     pub projections: Vec<String>,
@@ -823,6 +823,25 @@ pub struct Request {
     pub resume: bool,
     /// Count what would change without writing.
     pub dry_run: bool,
+}
+
+impl Default for Request {
+    /// What `backfill` with no flags asks: what is not live, a new run,
+    /// four segments, 20 minutes' wait for writers of another definition.
+    fn default() -> Self {
+        Request {
+            projections: Vec::new(),
+            all: false,
+            run: None,
+            wait: Duration::from_secs(20 * 60),
+            segments: (0..4).collect(),
+            total_segments: 4,
+            max_wcu: None,
+            max_rcu: None,
+            resume: false,
+            dry_run: false,
+        }
+    }
 }
 
 /// What the lifecycle backfill did.

@@ -396,6 +396,20 @@ mod tests {
     use crate::backfill::BackfillSummary;
 
     #[test]
+    fn a_backfill_with_no_flags_asks_what_the_library_asks() {
+        #[derive(clap::Parser)]
+        struct Parsed {
+            #[command(flatten)]
+            args: BackfillArgs,
+        }
+        let parsed = <Parsed as clap::Parser>::try_parse_from(["backfill"]).unwrap();
+        assert_eq!(
+            parsed.args.request().unwrap(),
+            crate::backfill::Request::default()
+        );
+    }
+
+    #[test]
     fn a_backfill_that_could_not_record_a_projection_exits_1() {
         let done = BackfillSummary {
             backfilled: vec!["followers".to_string()],
