@@ -263,6 +263,7 @@ pub(super) async fn audit_segment_shown(
         message,
     };
     let total = options.segments.max(1);
+    let judged = super::Judged::read(applier).await?;
     let loaded = load(applier, store, segment, total).await?;
     let mut saved = loaded.as_ref().map(|state| state.saves);
     let mut state = match loaded {
@@ -352,7 +353,7 @@ pub(super) async fn audit_segment_shown(
         scanned_now += items.len() as u64;
         let report = &mut state.report;
         report.scanned += items.len() as u64;
-        let found = page::check(applier, items, &mut sketch).await?;
+        let found = page::check(applier, items, &mut sketch, &judged).await?;
         pacer.consume(pages.last_units + found.read_units).await;
         report.read_units += pages.last_units + found.read_units;
         let mut part = AuditReport {
@@ -502,6 +503,7 @@ async fn finish(
     super::sort_findings(applier.spec(), &mut report.findings);
     report.violation_keys.sort();
     report.violation_keys.dedup();
+    report.not_live = super::Judged::read(applier).await?.not_live();
     Ok(report)
 }
 

@@ -45,6 +45,7 @@ use crate::spec::Spec;
 
 pub mod checkpoint;
 mod derive;
+mod lifecycle;
 mod page;
 pub mod passes;
 mod repair;
@@ -55,6 +56,8 @@ pub mod wait;
 
 pub use checkpoint::CheckpointStore;
 use derive::{counters, Tally};
+use lifecycle::Judged;
+pub use lifecycle::NotLive;
 pub use repair::repair;
 pub use resume::{audit_run, forget_run, storage_run};
 use scan::{classify, Pages, Progress};
@@ -274,6 +277,11 @@ pub struct AuditReport {
     /// not findings; the next audit checks them again.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub moved_while_counted: Vec<String>,
+    /// The projections that are not live, with their backfill: a new one
+    /// is judged, a changed or backfilling one is not (its data is not its
+    /// definition's until the backfill; see `lifecycle`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub not_live: Vec<NotLive>,
 }
 
 impl AuditReport {
@@ -305,12 +313,34 @@ impl AuditReport {
             )
             .collect();
         for (rule, kind) in rules {
+            let not_live = self.not_live.iter().find(|n| n.projection == rule);
+            if let Some(left) = not_live.filter(|n| !n.judged) {
+                out.push_str(&format!(
+                    "{rule} ({kind}): not judged, {}: its data is not its definition's until its backfill completes{}\n",
+                    left.state,
+                    left.next
+                        .as_ref()
+                        .map(|next| format!(" (next: {next})"))
+                        .unwrap_or_default()
+                ));
+                continue;
+            }
             let found: Vec<&Finding> = self.findings.iter().filter(|f| f.rule == rule).collect();
             if found.is_empty() {
                 out.push_str(&format!("{rule} ({kind}): ok\n"));
                 continue;
             }
             out.push_str(&format!("{rule} ({kind}): {} found\n", found.len()));
+            if let Some(new) = not_live {
+                out.push_str(&format!(
+                    "  ({}: not backfilled yet; what it finds on items written before it ran is what its backfill writes{})\n",
+                    new.state,
+                    new.next
+                        .as_ref()
+                        .map(|next| format!(": {next}"))
+                        .unwrap_or_default()
+                ));
+            }
             for finding in found {
                 out.push_str(&format!(
                     "  {:<10} {}{}\n",
@@ -376,6 +406,7 @@ async fn audit_segment(
     read_micro: &AtomicU64,
     progress: &Progress,
     pacer: &crate::backfill::Pacer,
+    judged: &Judged,
 ) -> Result<SegmentAudit, ApplyError> {
     let mut pages = Pages::new(segment, total, page_size);
     let mut out = SegmentAudit {
@@ -386,7 +417,7 @@ async fn audit_segment(
     };
     while let Some(items) = pages.next(applier, read_micro, progress).await? {
         out.scanned += items.len() as u64;
-        let found = page::check(applier, items, &mut out.sketch).await?;
+        let found = page::check(applier, items, &mut out.sketch, judged).await?;
         read_micro.fetch_add((found.read_units * 1e6) as u64, Ordering::Relaxed);
         pacer.consume(pages.last_units + found.read_units).await;
         out.findings.extend(found.findings);
@@ -550,6 +581,7 @@ pub async fn audit(applier: &Applier, options: &AuditOptions) -> Result<AuditRep
     let started = Instant::now();
     let started_ms = crate::dynamo::time::now_ms();
     let spec = applier.spec();
+    let judged = Judged::read(applier).await?;
     let read_micro = AtomicU64::new(0);
     let mine: Vec<u32> = match options.segment {
         Some(segment) => vec![segment],
@@ -569,6 +601,7 @@ pub async fn audit(applier: &Applier, options: &AuditOptions) -> Result<AuditRep
             &read_micro,
             &progress,
             &pacer,
+            &judged,
         )
     });
     let parts = futures::future::try_join_all(scans).await?;
@@ -579,6 +612,7 @@ pub async fn audit(applier: &Applier, options: &AuditOptions) -> Result<AuditRep
         complete: true,
         segment: options.segment,
         total_segments: segments,
+        not_live: judged.not_live(),
         ..AuditReport::default()
     };
     let mut sketch = Sketch::default();
@@ -602,6 +636,8 @@ pub async fn audit(applier: &Applier, options: &AuditOptions) -> Result<AuditRep
             !options.repair,
         )
         .await?;
+        let mut located = located;
+        judged.retain(&mut located);
         report.findings.extend(located);
         report.moved_while_counted = moved;
     }
@@ -731,6 +767,10 @@ pub(crate) async fn conclude(
     repair_counters: bool,
     recounted: Option<&repair::Recounted>,
 ) -> Result<AuditReport, ApplyError> {
+    let judged = Judged::read(applier).await?;
+    let mut counted = counted;
+    judged.retain(&mut counted);
+    report.not_live = judged.not_live();
     let mut counted = AuditReport {
         findings: counted,
         ..AuditReport::default()

@@ -43,6 +43,7 @@ pub(super) async fn check(
     applier: &Applier,
     items: Vec<Item>,
     sketch: &mut Sketch,
+    judged: &super::Judged,
 ) -> Result<Found, ApplyError> {
     let spec = applier.spec();
     let fatal = |error: WriteError| ApplyError::Fatal {
@@ -197,5 +198,6 @@ pub(super) async fn check(
         .violations
         .extend(unique.map_err(fatal)?.into_iter().flatten());
     found.read_units = reader.read_units();
+    judged.retain(&mut found.findings);
     Ok(found)
 }

@@ -12,7 +12,7 @@ use super::{connect, OutputFormat, Target};
 use crate::control::Commands;
 
 /// How `status` writes the commands it suggests for this target.
-fn commands(target: &Target) -> Commands {
+pub(super) fn commands(target: &Target) -> Commands {
     let mut line = target.args();
     if let Some(consumer) = &target.consumer {
         line.push_str(&format!(" --consumer {consumer}"));

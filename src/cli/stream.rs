@@ -94,6 +94,7 @@ pub async fn replay(
     options.selection = (!selection.is_empty()).then_some(selection);
     let deployment = target.deployment();
     crate::global::require_home(&c, &deployment, "replay").await?;
+    not_rebuilt(&c, &target, &projections).await;
     let mut names = projections.clone();
     names.sort();
     names.dedup();
@@ -135,6 +136,38 @@ pub async fn replay(
             Ok(Outcome::Done)
         }
         Err(failed) => Err(print_failed("replay", &c.table, failed, format)),
+    }
+}
+
+/// Says which projections of the replay (`chosen`; none: all) a replay
+/// does not make live: a changed, new or backfilling one is rebuilt by
+/// its backfill, not by the stream's retained records, and readers of a
+/// changed counter read its old version until that backfill completes.
+async fn not_rebuilt(c: &crate::control::Connection, target: &Target, chosen: &[String]) {
+    let report = match crate::control::status(c, &super::lifecycle::commands(target)).await {
+        Ok(report) => report,
+        Err(error) => {
+            tracing::warn!(%error, "reading the projections' lifecycle failed");
+            return;
+        }
+    };
+    use crate::control::State;
+    for row in &report.rows {
+        let pending = matches!(row.state, State::New | State::Changed | State::Backfilling);
+        if !pending || !(chosen.is_empty() || chosen.contains(&row.name)) {
+            continue;
+        }
+        let readers = if row.kind == "counter" && row.state == State::Changed {
+            ": readers read its old version until its backfill completes"
+        } else {
+            ""
+        };
+        eprintln!(
+            "replay does not rebuild `{}` ({}): it applies the stream's retained records, not the history before them{readers}; run {}",
+            row.name,
+            row.state.as_str(),
+            row.next.as_deref().unwrap_or("its backfill")
+        );
     }
 }
 

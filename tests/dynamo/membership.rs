@@ -945,6 +945,9 @@ async fn a_letter_held_during_a_redrive_keeps_its_hold() {
 /// Found in review: the audit skipped a counter's own markers once the
 /// counter counted another entity (the markers no longer parse as the
 /// counter's), so their records kept the counter off after a repair.
+/// Until the changed counter's backfill, the audit does not judge it (its
+/// storage holds the other definition's count, which readers read); once
+/// the backfill made it live, the repair drops the old source's markers.
 #[tokio::test]
 async fn an_audit_repair_drops_the_markers_a_counter_left_on_its_old_source() {
     let v1 = compiled(&format!("{TWO_EDGES}{FOLLOWERS}"));
@@ -953,15 +956,68 @@ async fn an_audit_repair_drops_the_markers_a_counter_left_on_its_old_source() {
         FOLLOWERS.replace("source = \"follow\"", "source = \"block\"")
     ));
     let mut live = Live::new(&v1, "audit-old-source").await;
+    // Short leases: v2's backfill waits out v1's writer.
+    let config = ApplyConfig {
+        lease: std::time::Duration::from_millis(300),
+        clock_skew: std::time::Duration::ZERO,
+        ..ApplyConfig::default()
+    };
     live.put(follow("a", "b", "t1", "x")).await;
-    live.drain(&v1).await;
+    let (client, table) = (live.client.clone(), live.table.clone());
+    let applier =
+        |spec: &Arc<Spec>| control::applier(client.clone(), spec.clone(), &table, config.clone());
+    apply_all(
+        &applier(&v1),
+        &live.history.records,
+        &BatchOptions::default(),
+    )
+    .await;
     assert_eq!(live.counter(&v1, "followers", "b").await, 1);
     let options = |repair| ddb_projector::audit::AuditOptions {
         repair,
         progress: false,
         ..Default::default()
     };
-    let report = ddb_projector::audit::audit(&live.applier(&v2), &options(true))
+    let before = ddb_projector::audit::audit(&applier(&v2), &options(true))
+        .await
+        .unwrap();
+    assert!(before.is_clean(), "{}", before.to_text(&v2));
+    assert!(
+        before
+            .not_live
+            .iter()
+            .any(|n| n.projection == "followers" && n.state == "changed" && !n.judged),
+        "{:?}",
+        before.not_live
+    );
+    assert_eq!(
+        live.counter(&v2, "followers", "b").await,
+        1,
+        "the repair wrote v2's count where v1's is read"
+    );
+    // v2 deployed (its worker takes its leases), then backfilled.
+    control::stream_consumer(client.clone(), v2.clone(), &table, config.clone())
+        .take_leases()
+        .await
+        .unwrap();
+    let id = v2.projection_id("followers").unwrap();
+    super::specgen::claim(&applier(&v2), &[id], "v2")
+        .await
+        .unwrap();
+    let summary = backfill(
+        &applier(&v2),
+        &BackfillOptions {
+            projections: Some(vec![id]),
+            progress: false,
+            resume: true,
+            run: Some("v2".to_string()),
+            ..BackfillOptions::default()
+        },
+    )
+    .await
+    .expect("backfill");
+    assert_eq!(summary.backfilled, vec!["followers".to_string()]);
+    let report = ddb_projector::audit::audit(&applier(&v2), &options(true))
         .await
         .unwrap();
     assert!(
@@ -969,9 +1025,10 @@ async fn an_audit_repair_drops_the_markers_a_counter_left_on_its_old_source() {
         "{:?}",
         report.repair_failures
     );
-    let again = ddb_projector::audit::audit(&live.applier(&v2), &options(false))
+    let again = ddb_projector::audit::audit(&applier(&v2), &options(false))
         .await
         .unwrap();
     assert!(again.is_clean(), "{}", again.to_text(&v2));
+    assert!(again.not_live.is_empty(), "{:?}", again.not_live);
     assert_eq!(live.counter(&v2, "followers", "b").await, 0);
 }

@@ -4,6 +4,7 @@ pub mod support;
 
 mod applier;
 mod audit;
+mod audit_lifecycle;
 mod backfill;
 mod delivery;
 mod embed;
