@@ -397,17 +397,28 @@ struct SegmentAudit {
     sketch: Sketch,
 }
 
+/// What the segments of one audit share.
+struct Shared<'a> {
+    read_micro: &'a AtomicU64,
+    progress: &'a Progress,
+    pacer: &'a crate::backfill::Pacer,
+    judged: &'a Judged,
+}
+
 /// Audits segment `segment` of `total`, page by page.
 async fn audit_segment(
     applier: &Applier,
     segment: u32,
     total: u32,
     page_size: Option<i32>,
-    read_micro: &AtomicU64,
-    progress: &Progress,
-    pacer: &crate::backfill::Pacer,
-    judged: &Judged,
+    shared: &Shared<'_>,
 ) -> Result<SegmentAudit, ApplyError> {
+    let Shared {
+        read_micro,
+        progress,
+        pacer,
+        judged,
+    } = *shared;
     let mut pages = Pages::new(segment, total, page_size);
     let mut out = SegmentAudit {
         scanned: 0,
@@ -592,18 +603,15 @@ pub async fn audit(applier: &Applier, options: &AuditOptions) -> Result<AuditRep
         .map(|n| n * mine.len() as u64 / segments as u64);
     let progress = Progress::new(options.progress, estimate);
     let pacer = crate::backfill::Pacer::new(options.max_rcu);
-    let scans = mine.iter().map(|&segment| {
-        audit_segment(
-            applier,
-            segment,
-            segments,
-            options.page_size,
-            &read_micro,
-            &progress,
-            &pacer,
-            &judged,
-        )
-    });
+    let shared = Shared {
+        read_micro: &read_micro,
+        progress: &progress,
+        pacer: &pacer,
+        judged: &judged,
+    };
+    let scans = mine
+        .iter()
+        .map(|&segment| audit_segment(applier, segment, segments, options.page_size, &shared));
     let parts = futures::future::try_join_all(scans).await?;
     progress.finish();
     let mut report = AuditReport {
