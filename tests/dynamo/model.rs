@@ -239,6 +239,63 @@ pub fn campaign(id: &str, profile: &str, status: &str) -> Attrs {
     ])
 }
 
+/// A campaign's performance snapshot of day `day` (`2026-11-DD`), spend
+/// in cents as an exact decimal.
+pub fn performance(campaign: &str, day: u64, cents: u64, clicks: u64) -> Attrs {
+    let date = format!("2026-11-{:02}", day + 1);
+    attrs(&[
+        ("PK", s(&format!("CAMPAIGN#{campaign}"))),
+        ("SK", s(&format!("PERF#{date}"))),
+        ("campaignId", s(campaign)),
+        ("date", s(&date)),
+        // As DynamoDB keeps a number: no trailing zero after the point.
+        (
+            "spend",
+            support::n_text(
+                format!("{}.{:02}", cents / 100, cents % 100)
+                    .trim_end_matches('0')
+                    .trim_end_matches('.'),
+            ),
+        ),
+        ("clicks", support::n(clicks as i64)),
+        (
+            "impressions",
+            support::n((clicks * 37 + cents % 1000) as i64),
+        ),
+    ])
+}
+
+/// Campaigns created, paused, deleted and created again, and their daily
+/// performance snapshots written, rewritten and deleted: the campaign
+/// totals move with every one, including snapshots of a campaign whose
+/// METADATA is not there (none are written onto it until it is).
+pub fn ads_history(history: &mut History, rng: &mut Rng, campaigns: usize, steps: usize) {
+    for step in 0..steps {
+        let c = format!("c{}", rng.below(campaigns as u64));
+        let pk = format!("CAMPAIGN#{c}");
+        match rng.below(10) {
+            0 | 1 => {
+                if history.get(&pk, "METADATA").is_some() && rng.chance(30) {
+                    history.delete(&pk, "METADATA");
+                } else {
+                    let status = ["ENABLED", "PAUSED", "ARCHIVED"][rng.below(3) as usize];
+                    let profile = format!("p{}", rng.below(3));
+                    history.put(campaign(&c, &profile, status));
+                }
+            }
+            2 => {
+                let day = rng.below(20);
+                history.delete(&pk, &format!("PERF#2026-11-{:02}", day + 1));
+            }
+            _ => {
+                let day = rng.below(20);
+                let cents = rng.below(100_000) + step as u64 % 7;
+                history.put(performance(&c, day, cents, rng.below(500)));
+            }
+        }
+    }
+}
+
 /// The users of the social history: `star` is the hot one.
 pub fn social_users(n: usize) -> Vec<String> {
     let mut users: Vec<String> = (0..n).map(|i| format!("u{i}")).collect();
@@ -252,6 +309,20 @@ pub fn social_history(history: &mut History, rng: &mut Rng, users: &[String], st
     let plain = &users[..users.len() - 1];
     for step in 0..steps {
         let a = &plain[rng.below(plain.len() as u64) as usize];
+        if rng.chance(8) {
+            // Profiles come, change and go: the rollups' targets (the hot
+            // user's too).
+            let user = if rng.chance(30) { "star" } else { a.as_str() };
+            let pk = format!("USER#{user}");
+            if history.get(&pk, "PROFILE").is_some() && rng.chance(35) {
+                history.delete(&pk, "PROFILE");
+            } else {
+                let mut item = profile(user);
+                item.insert("firstName".to_string(), s(&format!("Sam{step}")));
+                history.put(item);
+            }
+            continue;
+        }
         if rng.chance(25) {
             let badge = format!("b{}", rng.below(3));
             let tier = ["gold", "silver", "bronze"][rng.below(3) as usize];
@@ -386,6 +457,9 @@ pub async fn check_derived(
         let sk = text(item, "SK").unwrap();
         let gsi = (text(item, "GSI1PK"), text(item, "GSI1SK"));
         if let Some(id) = pk.strip_prefix("CAMPAIGN#") {
+            if sk != "METADATA" || spec.projection_id("campaign-gsi1-keys").is_none() {
+                continue;
+            }
             let expected = (
                 text(item, "profileId").map(|profile| format!("PROFILE#{profile}")),
                 text(item, "status").map(|status| format!("STATUS#{status}#CAMPAIGN#{id}")),
@@ -476,6 +550,9 @@ pub async fn check_derived(
             }
         }
     }
+    // Rollups and aggregates (and the counters they read), as the oracle
+    // that reads the spec's TOML computes them: independent of `src/plan`.
+    problems.extend(rollups_and_aggregates(client, table, spec).await);
     if spec.projection_id("followers").is_some() {
         let counts = stream::iter(users.iter())
             .map(|user| async move {
@@ -503,6 +580,29 @@ pub async fn check_derived(
         }
     }
     problems
+}
+
+/// What `oracle.rs` finds wrong with the counters, rollups and aggregates
+/// of `spec` (none when it has no rollup or aggregate).
+async fn rollups_and_aggregates(
+    client: &aws_sdk_dynamodb::Client,
+    table: &str,
+    spec: &Spec,
+) -> Vec<String> {
+    let mut value = toml::Value::try_from(&spec.raw).expect("the spec as TOML");
+    let Some(projections) = value.get_mut("projections").and_then(|p| p.as_array_mut()) else {
+        return Vec::new();
+    };
+    let kind = |p: &toml::Value| p.get("kind").and_then(|k| k.as_str()).map(str::to_string);
+    if !projections
+        .iter()
+        .any(|p| matches!(kind(p).as_deref(), Some("rollup" | "aggregate")))
+    {
+        return Vec::new();
+    }
+    projections.retain(|p| matches!(kind(p).as_deref(), Some("counter" | "rollup" | "aggregate")));
+    let text = toml::to_string(&value).expect("TOML");
+    super::oracle::differences(&text, &support::scan_all(client, table).await)
 }
 
 /// Fails with the first differences, if any.
@@ -537,6 +637,17 @@ pub async fn assert_converged(
 
 pub fn assert_sources_untouched(history: &History, scanned: &[Attrs], seed: u64) {
     let derived = ["GSI1PK", "GSI1SK"];
+    // What rollups and aggregates keep on their targets.
+    let totals = [
+        "followersCount",
+        "followingCount",
+        "totalSpend",
+        "totalClicks",
+        "totalImpressions",
+        "days",
+        "firstDate",
+        "lastDate",
+    ];
     for (key, wanted) in &history.items {
         let found = scanned
             .iter()
@@ -547,6 +658,8 @@ pub fn assert_sources_untouched(history: &History, scanned: &[Attrs], seed: u64)
             .iter()
             .filter(|(name, _)| {
                 !(derived.contains(&name.as_str())
+                    || totals.contains(&name.as_str())
+                    || name.starts_with("_ddbp#")
                     || key.1 == "PROFILE" && name.as_str() == "email")
             })
             .map(|(k, v)| (k.clone(), v.clone()))
@@ -566,7 +679,8 @@ pub async fn assert_no_dead_letters(applier: &Applier, seed: u64) {
 // ----------------------------------------------------------------- specs ---
 
 /// A spec with every kind the shipped specs use, over one table, for the
-/// runner: emails and profiles, follows and achievements.
+/// runner: emails and profiles, follows with their counters rolled up onto
+/// the profiles, achievements, campaigns with their performance totals.
 pub const COMBINED_SPEC: &str = r#"
 service = "combined-test"
 
@@ -640,6 +754,41 @@ name = "achievement-leaderboard-keys"
 kind = "index-keys"
 entity = "achievement"
 set = { GSI1PK = "TIER#{tier}", GSI1SK = "SCORE#{pad(score, 4)}" }
+
+[[projections]]
+name = "followers-count"
+kind = "rollup"
+counter = "followers"
+target = "profile"
+attribute = "followersCount"
+
+[[projections]]
+name = "following-count"
+kind = "rollup"
+counter = "following"
+target = "profile"
+attribute = "followingCount"
+
+[entities.campaign]
+pk = "CAMPAIGN#{campaignId}"
+sk = "METADATA"
+
+[entities.performance]
+pk = "CAMPAIGN#{campaignId}"
+sk = "PERF#{date}"
+
+[[projections]]
+name = "campaign-gsi1-keys"
+kind = "index-keys"
+entity = "campaign"
+set = { GSI1PK = "PROFILE#{profileId}", GSI1SK = "STATUS#{status}#CAMPAIGN#{campaignId}" }
+
+[[projections]]
+name = "campaign-totals"
+kind = "aggregate"
+source = "performance"
+target = "campaign"
+set = { totalSpend = "sum(spend)", totalClicks = "sum(clicks)", totalImpressions = "sum(impressions)", days = "count()", firstDate = "min(date)", lastDate = "max(date)" }
 "#;
 
 /// What `read_counter` gives for counter `name` of user `user`.

@@ -17,8 +17,8 @@ use ddb_projector::spec::Spec;
 use futures::stream::{self, StreamExt};
 
 use super::model::{
-    achievement, assert_no_problems, attrs, campaign, check_derived, email, follow, profile,
-    put_item, seed_from_env, user_counter, user_items, Attrs, Rng, COMBINED_SPEC,
+    achievement, assert_no_problems, attrs, campaign, check_derived, email, follow, performance,
+    profile, put_item, seed_from_env, user_counter, user_items, Attrs, Rng, COMBINED_SPEC,
 };
 use super::support::{self, delete, get, s, text};
 
@@ -578,8 +578,32 @@ async fn churn(
             0 | 1 => "hot".to_string(),
             _ => format!("u{}", rng.below(users)),
         };
-        match rng.below(10) {
+        match rng.below(12) {
             0..=3 => put_item(&client, &table, &follow(&a, &b, &format!("{lane}.{i}"))).await,
+            10 => {
+                // Profiles go and come back: the rollups' targets.
+                let key = (format!("USER#{a}"), "PROFILE".to_string());
+                if rng.chance(40) {
+                    delete(&client, &table, &key.0, &key.1).await;
+                } else {
+                    put_item(&client, &table, &profile(&a)).await;
+                }
+            }
+            11 => {
+                // A campaign of this lane, and its daily snapshots.
+                let c = format!("c{lane}.{}", rng.below(3));
+                match rng.below(10) {
+                    0 => put_item(&client, &table, &campaign(&c, &a, "ENABLED")).await,
+                    1 => {
+                        let date = format!("PERF#2026-11-{:02}", rng.below(9) + 1);
+                        delete(&client, &table, &format!("CAMPAIGN#{c}"), &date).await
+                    }
+                    _ => {
+                        let item = performance(&c, rng.below(9), rng.below(50_000), rng.below(90));
+                        put_item(&client, &table, &item).await
+                    }
+                }
+            }
             4 | 5 => {
                 delete(
                     &client,
@@ -641,7 +665,7 @@ async fn churn(
 }
 
 /// Records the runner's checkpoints are past, over all shards.
-async fn checkpointed_records(runner: &StreamRunner) -> u64 {
+pub(super) async fn checkpointed_records(runner: &StreamRunner) -> u64 {
     runner
         .checkpoints()
         .list()
@@ -784,6 +808,21 @@ async fn killing_the_runner_at_random_points_loses_and_double_counts_nothing() {
         &check_derived(&client, &table, &spec, &[]).await,
         &format!("seed {seed}"),
     );
+    // The check covered rollups and aggregates: their targets and sources
+    // are in the table.
+    let items = user_items(&client, &table).await;
+    let has = |f: &dyn Fn(&str, &str) -> bool| {
+        items
+            .iter()
+            .any(|item| f(&text(item, "PK").unwrap(), &text(item, "SK").unwrap()))
+    };
+    assert!(has(&|pk, sk| pk.starts_with("USER#") && sk == "PROFILE"));
+    assert!(has(
+        &|pk, sk| pk.starts_with("CAMPAIGN#") && sk == "METADATA"
+    ));
+    assert!(has(
+        &|pk, sk| pk.starts_with("CAMPAIGN#") && sk.starts_with("PERF#")
+    ));
     let output = cli(&["dlq", "list", "--spec", path(&spec_file), "--table", &table])
         .env("AWS_ENDPOINT_URL", &endpoint)
         .output()

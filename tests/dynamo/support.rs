@@ -175,6 +175,11 @@ pub fn s(value: &str) -> Av {
     Av::S(value.to_string())
 }
 
+/// A number attribute from its decimal text (`12.34`).
+pub fn n_text(value: &str) -> Av {
+    Av::N(value.to_string())
+}
+
 /// A number attribute.
 pub fn n(value: i64) -> Av {
     Av::N(value.to_string())
