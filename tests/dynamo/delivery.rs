@@ -13,6 +13,7 @@ use ddb_projector::apply::{Applier, BatchOptions, Delivered, Delivery as ApplyDe
 use proptest::prelude::*;
 use proptest::test_runner::TestCaseError;
 
+use super::faults::Faults;
 use super::model::{delete_item, put_item, Attrs, History, Record};
 use super::support::{self, text};
 
@@ -269,6 +270,59 @@ pub async fn deliver(
     base: usize,
     plan: &Delivery,
 ) -> Result<(), TestCaseError> {
+    deliver_with(applier, writer, base, plan, None).await
+}
+
+/// Applies `batch` with a kill armed to land after `after` writes are
+/// answered: the invocation is dropped where the kill lands (between a
+/// write and the writes after it, which never reach DynamoDB), and Lambda
+/// delivers the batch again (whether or not the kill landed: a batch
+/// delivered twice changes nothing).
+async fn kill_then_redeliver(
+    applier: &Applier,
+    faults: &Faults,
+    batch: &[Record],
+    after: u64,
+    kinesis: bool,
+) -> Result<(), TestCaseError> {
+    faults.arm_kill(after);
+    let work = async {
+        if kinesis {
+            let _ = apply_kinesis(applier, batch).await;
+        } else {
+            let options = BatchOptions {
+                delivery: lambda_delivery(applier, batch),
+                ..BatchOptions::default()
+            };
+            let _ = applier.apply_batch(batch, &options).await;
+        }
+    };
+    // A kill that lands as the work ends still lands first: the process
+    // died before the invocation returned.
+    let landed = tokio::select! {
+        biased;
+        () = faults.killed() => true,
+        () = work => false,
+    };
+    faults.disarm(landed);
+    if kinesis {
+        apply_kinesis(applier, batch).await
+    } else {
+        apply(applier, batch).await
+    }
+}
+
+/// [`deliver`] through a client whose `chaos` injects faults at its rate,
+/// and kills the invocation in the middle of batches: every batch after
+/// its first write answered until one kill has landed, then every third
+/// after 1 to 3 writes.
+pub async fn deliver_with(
+    applier: &Applier,
+    writer: &mut Writer<'_>,
+    base: usize,
+    plan: &Delivery,
+    chaos: Option<&Faults>,
+) -> Result<(), TestCaseError> {
     let records = &writer.history.records[base..];
     let order = if plan.kinesis {
         // Any order, even one item's.
@@ -310,6 +364,17 @@ pub async fn deliver(
             .write_until(base + newest + plan.live.map_or(records.len(), usize::from))
             .await;
         let batch: Vec<Record> = indexes.iter().map(|&i| records[i].clone()).collect();
+        if let Some(faults) = chaos.filter(|f| f.kills_landed() == 0 || turn % 3 == 0) {
+            // After the first write until one kill landed, then after 1 to 3.
+            let after = if faults.kills_landed() == 0 {
+                1
+            } else {
+                1 + turn as u64 % 3
+            };
+            kill_then_redeliver(applier, faults, &batch, after, plan.kinesis).await?;
+            delivered.extend_from_slice(indexes);
+            continue;
+        }
         match *mishap {
             Mishap::None => apply(applier, &batch).await?,
             Mishap::CrashThenBisect { percent } => {

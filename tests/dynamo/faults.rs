@@ -119,6 +119,43 @@ struct State {
     injected: [AtomicU64; 5],
     /// Dropped answers of writes DynamoDB had applied successfully.
     lost_writes: AtomicU64,
+    /// The process kill (see [`Faults::arm_kill`]).
+    kill: Mutex<Kill>,
+    /// Writes answered as applied, since the start.
+    writes_answered: AtomicU64,
+    /// Kills that landed while the batch still had requests to make.
+    kills_landed: AtomicU64,
+    /// Requests refused because the process was killed.
+    cut: AtomicU64,
+    /// Writes answered while a kill was armed.
+    armed_writes: AtomicU64,
+}
+
+/// A kill armed to land once so many writes were answered.
+#[derive(Debug, Default)]
+struct Kill {
+    /// Writes to answer before the kill; `None`: disarmed.
+    after: Option<u64>,
+    answered: u64,
+    killed: bool,
+    notify: Arc<tokio::sync::Notify>,
+}
+
+/// A request made after the process was killed: it never reaches
+/// DynamoDB.
+#[derive(Debug, Clone)]
+struct Cut;
+
+impl Storable for Cut {
+    type Storer = StoreReplace<Cut>;
+}
+
+/// The operation of an attempt, kept to count the writes answered.
+#[derive(Debug, Clone)]
+struct Operation(String);
+
+impl Storable for Operation {
+    type Storer = StoreReplace<Operation>;
 }
 
 impl Faults {
@@ -151,7 +188,88 @@ impl Faults {
             calls: AtomicU64::new(0),
             injected: Default::default(),
             lost_writes: AtomicU64::new(0),
+            kill: Mutex::new(Kill::default()),
+            writes_answered: AtomicU64::new(0),
+            kills_landed: AtomicU64::new(0),
+            cut: AtomicU64::new(0),
+            armed_writes: AtomicU64::new(0),
         }))
+    }
+
+    /// Arms a kill of the process: once `after` more writes are answered
+    /// as applied, no request of this client reaches DynamoDB any more
+    /// (each fails as a reset connection) and [`Faults::killed`]
+    /// completes, so that the caller drops what it was doing, as a SIGKILL
+    /// would, between a write and the writes after it.
+    pub fn arm_kill(&self, after: u64) {
+        let mut kill = self.0.kill.lock().expect("not poisoned");
+        *kill = Kill {
+            after: Some(after.max(1)),
+            ..Kill::default()
+        };
+    }
+
+    /// Completes when the armed kill lands.
+    pub async fn killed(&self) {
+        let notify = self.0.kill.lock().expect("not poisoned").notify.clone();
+        notify.notified().await;
+    }
+
+    /// Disarms the kill (the process restarts); `landed`: it landed while
+    /// the work was not done, which the caller dropped.
+    pub fn disarm(&self, landed: bool) {
+        *self.0.kill.lock().expect("not poisoned") = Kill::default();
+        if landed {
+            self.0.kills_landed.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    /// Faults injected, of every kind.
+    pub fn injected_total(&self) -> u64 {
+        Fault::ALL.iter().map(|kind| self.injected(*kind)).sum()
+    }
+
+    /// Answers of applied writes lost.
+    pub fn lost_writes(&self) -> u64 {
+        self.0.lost_writes.load(Ordering::Relaxed)
+    }
+
+    /// Kills that landed in the middle of the work.
+    pub fn kills_landed(&self) -> u64 {
+        self.0.kills_landed.load(Ordering::Relaxed)
+    }
+
+    /// Writes answered while a kill was armed: with a kill armed after the
+    /// first, any of them means a kill landed.
+    pub fn armed_writes(&self) -> u64 {
+        self.0.armed_writes.load(Ordering::Relaxed)
+    }
+
+    /// Requests a kill kept from DynamoDB.
+    pub fn cut(&self) -> u64 {
+        self.0.cut.load(Ordering::Relaxed)
+    }
+
+    fn is_killed(&self) -> bool {
+        self.0.kill.lock().expect("not poisoned").killed
+    }
+
+    /// A write of `operation` was answered as applied: the armed kill
+    /// counts it.
+    fn answered(&self, operation: &str) {
+        if !WRITES.contains(&operation) && operation != "BatchWriteItem" {
+            return;
+        }
+        self.0.writes_answered.fetch_add(1, Ordering::Relaxed);
+        let mut kill = self.0.kill.lock().expect("not poisoned");
+        if let Some(after) = kill.after {
+            self.0.armed_writes.fetch_add(1, Ordering::Relaxed);
+            kill.answered += 1;
+            if kill.answered >= after && !kill.killed {
+                kill.killed = true;
+                kill.notify.notify_one();
+            }
+        }
     }
 
     /// A DynamoDB client whose calls go through this interceptor. Without
@@ -209,10 +327,13 @@ impl Faults {
 
     /// Every kind was injected at least once, and some applied write lost its answer.
     pub fn assert_every_kind(&self, seed: u64) {
-        if self.0.per_million < 200_000 {
-            // Too few faults in a short test to expect each kind.
+        // Each kind is a fifth of the faults; with fewer than 10 of a kind
+        // expected, none is likely enough (e^-10 at 10) not to be asserted.
+        let calls = self.0.calls.load(Ordering::Relaxed) as f64;
+        let per_kind = calls * self.0.per_million as f64 / 1e6 / 5.0;
+        if per_kind < 10.0 {
             eprintln!(
-                "below a 20% rate, not every kind is expected ({})",
+                "not asserting every fault kind: {per_kind:.1} of each expected in {calls} calls at this rate ({})",
                 self.report()
             );
             return;
@@ -377,8 +498,17 @@ impl Intercept for Faults {
         cfg: &mut ConfigBag,
     ) -> Result<(), BoxError> {
         cfg.interceptor_state().unset::<Planned>();
+        cfg.interceptor_state().unset::<Cut>();
         let request = context.request();
         let target = request.headers().get("x-amz-target").unwrap_or_default();
+        cfg.interceptor_state().store_put(Operation(
+            target.split_once('.').map_or("", |(_, op)| op).to_string(),
+        ));
+        if self.is_killed() {
+            self.0.cut.fetch_add(1, Ordering::Relaxed);
+            cfg.interceptor_state().store_put(Cut);
+            return Ok(());
+        }
         if let Some(planned) = self.plan(target, request.body().bytes()) {
             cfg.interceptor_state().store_put(planned);
         }
@@ -391,11 +521,13 @@ impl Intercept for Faults {
         _components: &RuntimeComponents,
         cfg: &mut ConfigBag,
     ) -> Result<(), BoxError> {
-        let Some(planned) = cfg.load::<Planned>() else {
-            return Ok(());
-        };
+        let cut = cfg.load::<Cut>().is_some();
+        let rewrite = cut
+            || cfg.load::<Planned>().is_some_and(|planned| {
+                planned.fault != Fault::DroppedAfterApply && planned.dynamodb
+            });
         // Streams calls only read: sending them changes nothing.
-        if planned.fault != Fault::DroppedAfterApply && planned.dynamodb {
+        if rewrite {
             let request = context.request_mut();
             request
                 .headers_mut()
@@ -466,7 +598,25 @@ impl Intercept for Faults {
         _components: &RuntimeComponents,
         cfg: &mut ConfigBag,
     ) -> Result<(), BoxError> {
+        if cfg.load::<Cut>().is_some() {
+            context
+                .inner_mut()
+                .set_output_or_error(Err(OrchestratorError::connector(ConnectorError::io(
+                    std::io::Error::new(
+                        std::io::ErrorKind::ConnectionReset,
+                        "the process was killed (injected)",
+                    )
+                    .into(),
+                ))));
+            return Ok(());
+        }
         let Some(planned) = cfg.load::<Planned>() else {
+            let applied = context
+                .response()
+                .is_some_and(|response| response.status().is_success());
+            if let (true, Some(Operation(operation))) = (applied, cfg.load::<Operation>()) {
+                self.answered(operation);
+            }
             return Ok(());
         };
         let error = match planned.fault {
@@ -655,6 +805,10 @@ async fn the_applier_converges_on_a_social_history_under_every_fault() {
     let users = social_users(20);
     let mut history = History::default();
     social_history(&mut history, &mut Rng::new(seed), &users, 700);
+    assert!(
+        history.items.keys().any(|(_, sk)| sk == "PROFILE"),
+        "seed {seed}: no profile for the rollups to keep totals on"
+    );
     history.write_final(clean.client(), &table).await;
     let delivery = deliver(&applier, &history.records, seed).await;
     eprintln!(
@@ -703,6 +857,46 @@ async fn the_applier_converges_on_a_user_history_under_every_fault() {
     .await;
     eprintln!(
         "timing: user fault test took {:.1} s",
+        started.elapsed().as_secs_f64()
+    );
+}
+
+/// The aggregate's recompute (read the target and its partition, write
+/// on condition of a token) under every fault, answers lost after the
+/// write included: campaign totals exact to the cent.
+#[tokio::test]
+async fn the_applier_converges_on_an_ads_history_under_every_fault() {
+    let started = Instant::now();
+    let seed = seed();
+    let faults = Faults::new(seed ^ 0xad5, rate());
+    let (applier, clean, spec, table) = setup("ads-platform.toml", "fault-ads", &faults).await;
+    let mut history = History::default();
+    ads_history(&mut history, &mut Rng::new(seed), 8, 1500);
+    history.write_final(clean.client(), &table).await;
+    let delivery = deliver(&applier, &history.records, seed).await;
+    eprintln!(
+        "ads: {} records, {delivery:?}; {}",
+        history.records.len(),
+        faults.report()
+    );
+    let stats = &delivery.stats;
+    assert!(
+        stats.requests.recompute_reads > 0,
+        "seed {seed}: no aggregate was recomputed: {delivery:?}"
+    );
+    assert_delivered_exactly(
+        &faults,
+        &clean,
+        &spec,
+        &table,
+        &history,
+        &[],
+        &delivery,
+        seed,
+    )
+    .await;
+    eprintln!(
+        "timing: ads fault test took {:.1} s",
         started.elapsed().as_secs_f64()
     );
 }

@@ -158,6 +158,17 @@ async fn project(
         .redrive(None)
         .await
         .map_err(|error| TestCaseError::fail(format!("redrive on {table}: {error}")))?;
+    let left = applier
+        .dead_letter_store()
+        .list()
+        .await
+        .map_err(|error| TestCaseError::fail(format!("listing letters: {error}")))?;
+    prop_assert!(
+        left.is_empty(),
+        "left after the redrive on {}: {:#?}",
+        table,
+        left
+    );
     Ok(snapshot(&client, table).await)
 }
 

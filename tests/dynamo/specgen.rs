@@ -47,7 +47,8 @@ use ddb_projector::spec::Spec;
 use proptest::prelude::*;
 use proptest::test_runner::{Config, FileFailurePersistence, TestCaseError, TestRunner};
 
-use super::delivery::{apply_with, deliver, delivery, runtime, snapshot, Delivery, Writer};
+use super::delivery::{apply_with, deliver_with, delivery, runtime, snapshot, Delivery, Writer};
+use super::faults::Faults;
 use super::model::{attrs, Attrs, History};
 use super::oracle;
 use super::support::{self, s};
@@ -76,6 +77,11 @@ struct Coverage {
     locate_passes: AtomicUsize,
     recount_passes: AtomicUsize,
     kinesis: AtomicUsize,
+    audited_before_backfill: AtomicUsize,
+    kills: AtomicUsize,
+    cut: AtomicUsize,
+    faults: AtomicUsize,
+    lost_writes: AtomicUsize,
 }
 
 static COVERAGE: Coverage = Coverage {
@@ -98,6 +104,11 @@ static COVERAGE: Coverage = Coverage {
     locate_passes: AtomicUsize::new(0),
     recount_passes: AtomicUsize::new(0),
     kinesis: AtomicUsize::new(0),
+    audited_before_backfill: AtomicUsize::new(0),
+    kills: AtomicUsize::new(0),
+    cut: AtomicUsize::new(0),
+    faults: AtomicUsize::new(0),
+    lost_writes: AtomicUsize::new(0),
 };
 
 fn count(what: &AtomicUsize, n: usize) {
@@ -611,7 +622,15 @@ fn key(entity: Entity, a: u8, b: u8) -> (String, String) {
     (pk, sk)
 }
 
-fn item(entity: Entity, a: u8, b: u8, x: u8, n: Option<u8>, f: Option<bool>, p: bool) -> Attrs {
+pub(super) fn item(
+    entity: Entity,
+    a: u8,
+    b: u8,
+    x: u8,
+    n: Option<u8>,
+    f: Option<bool>,
+    p: bool,
+) -> Attrs {
     let (pk, sk) = key(entity, a, b);
     let mut item = attrs(&[("PK", s(&pk)), ("SK", s(&sk))]);
     if matches!(entity, Entity::Node | Entity::Tally | Entity::Group) {
@@ -704,6 +723,10 @@ struct Plan {
     replay: Option<(Vec<u8>, u8)>,
     /// Redrive one projection's letters first (index into v2).
     redrive_first: Option<u8>,
+    /// The share of the stream workers' calls that fault, in percent
+    /// (throttling, 500s, timeouts, conflicts, answers lost after the
+    /// write); the workers are also killed in the middle of batches.
+    faults: u8,
 }
 
 fn plan() -> impl Strategy<Value = Plan> {
@@ -716,6 +739,7 @@ fn plan() -> impl Strategy<Value = Plan> {
         prop::collection::vec(any::<u8>(), 0..3),
         prop::option::of((prop::collection::vec(any::<u8>(), 1..3), 0u8..=100)),
         prop::option::of(any::<u8>()),
+        prop::sample::select(vec![5u8, 15, 25]),
     )
         .prop_map(
             |(
@@ -727,6 +751,7 @@ fn plan() -> impl Strategy<Value = Plan> {
                 extra_backfill,
                 replay,
                 redrive_first,
+                faults,
             )| Plan {
                 phase1,
                 phase2,
@@ -736,6 +761,7 @@ fn plan() -> impl Strategy<Value = Plan> {
                 extra_backfill,
                 replay,
                 redrive_first,
+                faults,
             },
         )
 }
@@ -748,7 +774,11 @@ fn compile(projections: &[Projection], label: &str) -> (Arc<Spec>, String) {
 
 /// Claims `selection` of `applier`'s spec for `run`, waiting out the
 /// leases of another definition as `backfill` does.
-async fn claim(applier: &Applier, selection: &[usize], run: &str) -> Result<(), TestCaseError> {
+pub(super) async fn claim(
+    applier: &Applier,
+    selection: &[usize],
+    run: &str,
+) -> Result<(), TestCaseError> {
     let registry = Registry::new(
         applier.client().clone(),
         applier.table(),
@@ -903,7 +933,11 @@ async fn check_oracle(
 /// markers and records, an index or copy attribute (their names carry the
 /// projection's id), an edge's reverse items unless `kept` has an edge onto
 /// the same entity.
-fn leftovers(items: &[Attrs], dropped: &[&Projection], kept: &[Projection]) -> Vec<String> {
+pub(super) fn leftovers(
+    items: &[Attrs],
+    dropped: &[&Projection],
+    kept: &[Projection],
+) -> Vec<String> {
     let mut out = Vec::new();
     let targets_kept = |rev: bool| {
         kept.iter()
@@ -1139,7 +1173,15 @@ async fn case(specs: &Specs, plan: &Plan) -> Result<(), TestCaseError> {
         clock_skew: std::time::Duration::ZERO,
         ..ApplyConfig::default()
     };
-    let worker1 = control::stream_consumer(client.clone(), v1.clone(), &table, config.clone());
+    // The stream workers' calls go through the fault interceptor: faults
+    // at the drawn rate while they deliver, and kills mid-batch.
+    let faults = Faults::new(
+        fnv(format!("{specs:?}{plan:?}").as_bytes()),
+        f64::from(plan.faults) / 100.0,
+    );
+    faults.set_enabled(false);
+    let faulty = faults.dynamodb(&support::sdk_config().await, true);
+    let worker1 = control::stream_consumer(faulty.clone(), v1.clone(), &table, config.clone());
     let filler1 = control::applier(client.clone(), v1.clone(), &table, config.clone());
     let registry = Registry::new(client.clone(), &table, &v2.table);
     // v1 and v2 reach the workers as a service team's CI registers them:
@@ -1220,7 +1262,9 @@ async fn case(specs: &Specs, plan: &Plan) -> Result<(), TestCaseError> {
         };
         // Deployed: the worker takes its leases when it starts.
         worker1.take_leases().await.map_err(TestCaseError::fail)?;
-        deliver(&worker1, &mut writer1, 0, &plan.delivery1).await?;
+        faults.set_enabled(true);
+        deliver_with(&worker1, &mut writer1, 0, &plan.delivery1, Some(&faults)).await?;
+        faults.set_enabled(false);
         redrive_all(&worker1, None).await?;
         check_oracle(&client, &table, &toml1, "after phase 1 under v1").await?;
         // Projected from the first write on, but not backfilled: not live
@@ -1305,7 +1349,7 @@ async fn case(specs: &Specs, plan: &Plan) -> Result<(), TestCaseError> {
                 .count(),
         );
         let id2 = |name: &str| laid2.projection_id(name).expect("laid out from v2");
-        let worker2 = control::stream_consumer(client.clone(), laid2.clone(), &table, config.clone());
+        let worker2 = control::stream_consumer(faulty.clone(), laid2.clone(), &table, config.clone());
         let filler2 = control::applier(client.clone(), laid2.clone(), &table, config.clone());
         let not_live: BTreeSet<String> = states(&client, &table, &v2)
             .await
@@ -1344,7 +1388,9 @@ async fn case(specs: &Specs, plan: &Plan) -> Result<(), TestCaseError> {
         let drain_first =
             plan.backfill_pages == 3 || (!beside.is_empty() && plan.backfill_pages == 2);
         if drain_first {
-            deliver(&worker2, &mut writer, phase1, &plan.delivery2).await?;
+            faults.set_enabled(true);
+            deliver_with(&worker2, &mut writer, phase1, &plan.delivery2, Some(&faults)).await?;
+            faults.set_enabled(false);
             redrive_all(&worker2, None).await?;
             // With the rollups of those counters that v1 had as they are:
             // they total the version readers read.
@@ -1368,12 +1414,60 @@ async fn case(specs: &Specs, plan: &Plan) -> Result<(), TestCaseError> {
                 )
                 .await?;
             }
+            // The audit reads the lifecycle: before the backfill, it finds
+            // nothing but on new projections (their history is not derived
+            // yet), judges no changed one by its new definition, and its
+            // repair leaves readers the version they read.
+            let report = audit(
+                &worker2,
+                &AuditOptions {
+                    repair: true,
+                    progress: false,
+                    ..AuditOptions::default()
+                },
+            )
+            .await
+            .map_err(|error| TestCaseError::fail(format!("audit --repair before the backfill: {error}")))?;
+            count(&COVERAGE.audited_before_backfill, 1);
+            for finding in &report.findings {
+                prop_assert!(
+                    report
+                        .not_live
+                        .iter()
+                        .any(|n| n.projection == finding.rule && n.judged),
+                    "before v2's backfill, the audit found on `{}`, which is not new: {:?}\nnot live: {:?}",
+                    finding.rule,
+                    finding,
+                    report.not_live
+                );
+            }
+            for name in &needed {
+                prop_assert!(
+                    report.not_live.iter().any(|n| &n.projection == name),
+                    "the audit says nothing of `{}`, which needs its backfill: {:?}",
+                    name,
+                    report.not_live
+                );
+            }
+            if !old.is_empty() {
+                check_oracle(
+                    &client,
+                    &table,
+                    &spec_toml(&old),
+                    "readers of counters rebuilt beside, after `audit --repair` before the backfill",
+                )
+                .await?;
+            }
         }
         let live = async {
             if drain_first {
                 return Ok(());
             }
-            deliver(&worker2, &mut writer, phase1, &plan.delivery2).await
+            faults.set_enabled(true);
+            let delivered =
+                deliver_with(&worker2, &mut writer, phase1, &plan.delivery2, Some(&faults)).await;
+            faults.set_enabled(false);
+            delivered
         };
         let filling = async {
             if selection.is_empty() {
@@ -1607,6 +1701,19 @@ async fn case(specs: &Specs, plan: &Plan) -> Result<(), TestCaseError> {
             check_oracle(&client, &table, &toml2, "after the prune").await?;
             check_live(&client, &table, &v2, "after the prune").await?;
         }
+        // The workers were killed in the middle of a batch, between a write
+        // answered and the requests after it (which never reached DynamoDB),
+        // as the interceptor saw it.
+        prop_assert!(
+            faults.kills_landed() > 0 || faults.armed_writes() == 0,
+            "no kill landed inside a batch ({} writes answered while one was armed): {}",
+            faults.armed_writes(),
+            faults.report()
+        );
+        count(&COVERAGE.kills, faults.kills_landed() as usize);
+        count(&COVERAGE.cut, faults.cut() as usize);
+        count(&COVERAGE.faults, faults.injected_total() as usize);
+        count(&COVERAGE.lost_writes, faults.lost_writes() as usize);
         Ok(())
     }
     .await;
@@ -1633,7 +1740,7 @@ fn generated_specs_stay_exact_through_changes_backfills_replays_and_redrives() {
         max_shrink_time: 600_000,
         ..Config::default()
     };
-    let mut runner = TestRunner::new(config);
+    let mut runner = TestRunner::new(config.clone());
     let started = std::time::Instant::now();
     // A case is one large future, polled on this thread: debug builds lay
     // it out unoptimized, beyond a test thread's 2 MiB stack.
@@ -1644,7 +1751,8 @@ fn generated_specs_stay_exact_through_changes_backfills_replays_and_redrives() {
                 .run(&(specs(), plan()), |(specs, plan)| {
                     runtime().block_on(case(&specs, &plan))
                 })
-                .map_err(|error| error.to_string())
+                .map_err(|error| error.to_string())?;
+            top_up(&config)
         })
         .expect("a thread")
         .join()
@@ -1652,7 +1760,7 @@ fn generated_specs_stay_exact_through_changes_backfills_replays_and_redrives() {
     let c = &COVERAGE;
     let n = |what: &AtomicUsize| what.load(Ordering::Relaxed);
     eprintln!(
-        "timing: generated specs: {cases} cases took {:.1} s; of {} runs (with shrinking): {} with counters riding on edges, {} moving a counter between an edge and markers of its own, {} changing what needs a backfill, {} backfilled beside the live worker, {} replaying some projections, {} pruning what v2 retired, {} counters rebuilt beside their old version, {} cases reading them before the backfill, {} with rollups ({} rebuilt with their counter), {} with aggregates ({} onto a target keyed by their sort key), {} with drift planted, found and repaired ({} sliced merges located counters in a pass, {} recounted in one); {} records, {} dead letters redriven; {} delivered as a Kinesis stream does (any order, derived as items are now)",
+        "timing: generated specs: {cases} cases took {:.1} s; of {} runs (with shrinking): {} with counters riding on edges, {} moving a counter between an edge and markers of its own, {} changing what needs a backfill, {} backfilled beside the live worker, {} replaying some projections, {} pruning what v2 retired, {} counters rebuilt beside their old version, {} cases reading them before the backfill, {} with rollups ({} rebuilt with their counter), {} with aggregates ({} onto a target keyed by their sort key), {} with drift planted, found and repaired ({} sliced merges located counters in a pass, {} recounted in one); {} records, {} dead letters redriven; {} delivered as a Kinesis stream does (any order, derived as items are now); {} faults injected into the workers' calls ({} answers of applied writes lost), {} kills inside a batch ({} requests they cut off); {} audited with repair before the backfill",
         started.elapsed().as_secs_f64(),
         n(&c.cases),
         n(&c.counters_on_edges),
@@ -1673,31 +1781,140 @@ fn generated_specs_stay_exact_through_changes_backfills_replays_and_redrives() {
         n(&c.records),
         n(&c.letters_redriven),
         n(&c.kinesis),
+        n(&c.faults),
+        n(&c.lost_writes),
+        n(&c.kills),
+        n(&c.cut),
+        n(&c.audited_before_backfill),
     );
     if let Err(error) = result {
         panic!("{error}");
     }
-    // Drift planted on counters must keep reaching the merge's counting
-    // passes (40 cases drew 28 locate and 12 recount passes).
-    if n(&c.planted) >= 20 {
-        assert!(
-            n(&c.locate_passes) > 0 && n(&c.recount_passes) > 0,
-            "no sliced merge located counters or recounted shards in a pass"
-        );
+    // Whatever the number of cases (the random ones and the top-up's),
+    // the paths that matter were reached: a change to the generator that
+    // stopped reaching one fails here.
+    for goal in GOALS {
+        assert!((goal.reached)(), "no generated case {}", goal.what);
     }
-    // The generator must keep reaching the rebuild: a change to it that
-    // stopped changing counters would otherwise pass unseen (asserted on
-    // long runs only: some 24-case runs draw none).
-    if cases >= 80 {
-        assert!(
-            n(&c.rebuilt_beside) > 0 && n(&c.readers_checked) > 0,
-            "no generated case rebuilt a counter beside its old version and read it"
-        );
-        assert!(
-            n(&c.rollups_rebuilt) > 0 && n(&c.aggregates_grouped) > 0,
-            "no generated case rebuilt a rollup with its counter, or drew an aggregate onto a group"
-        );
+}
+
+/// A path the generated cases must reach in every run.
+struct Goal {
+    what: &'static str,
+    /// Whether the cases so far reached it.
+    reached: fn() -> bool,
+    /// Cases likely to reach it.
+    likely: fn(&Specs, &Plan) -> bool,
+}
+
+fn reached(what: &AtomicUsize) -> bool {
+    what.load(Ordering::Relaxed) > 0
+}
+
+/// Whether some counter of v1 is changed in v2 over the same source: it is
+/// rebuilt beside the version readers read.
+fn rebuilds_a_counter(specs: &Specs) -> Option<u8> {
+    specs.v1.iter().find_map(|old| {
+        let Kind::Counter { source, .. } = old.kind else {
+            return None;
+        };
+        specs.v2.iter().find_map(|new| match new.kind {
+            Kind::Counter { source: s2, .. }
+                if new.id == old.id && new.kind != old.kind && s2 == source =>
+            {
+                Some(old.id)
+            }
+            _ => None,
+        })
+    })
+}
+
+/// The phase 2 worker drains before the backfill when a counter is rebuilt
+/// beside (see `case`).
+fn drains_first(plan: &Plan) -> bool {
+    plan.backfill_pages >= 2
+}
+
+const GOALS: &[Goal] = &[
+    Goal {
+        what: "met an injected fault, and lost the answer of an applied write",
+        reached: || reached(&COVERAGE.faults) && reached(&COVERAGE.lost_writes),
+        likely: |_, plan| plan.faults == 25,
+    },
+    Goal {
+        what: "rebuilt a counter beside its old version, read it, and audited before the backfill",
+        reached: || {
+            reached(&COVERAGE.rebuilt_beside)
+                && reached(&COVERAGE.readers_checked)
+                && reached(&COVERAGE.audited_before_backfill)
+        },
+        likely: |specs, plan| rebuilds_a_counter(specs).is_some() && drains_first(plan),
+    },
+    Goal {
+        what: "rebuilt a rollup with its counter",
+        reached: || reached(&COVERAGE.rollups_rebuilt),
+        likely: |specs, _| {
+            rebuilds_a_counter(specs).is_some_and(|id| {
+                specs
+                    .v2
+                    .iter()
+                    .any(|p| matches!(p.kind, Kind::Rollup { counter, .. } if counter == id))
+            })
+        },
+    },
+    Goal {
+        what: "drew an aggregate onto a group",
+        reached: || reached(&COVERAGE.aggregates_grouped),
+        likely: |specs, _| {
+            specs
+                .v2
+                .iter()
+                .any(|p| matches!(p.kind, Kind::Aggregate { group: true, .. }))
+        },
+    },
+    Goal {
+        what: "had a sliced merge locate counters and recount shards in passes",
+        reached: || reached(&COVERAGE.locate_passes) && reached(&COVERAGE.recount_passes),
+        // Drift is planted on a counter when v2 derives nothing else.
+        likely: |specs, _| {
+            specs
+                .v2
+                .iter()
+                .all(|p| matches!(p.kind, Kind::Counter { .. }))
+        },
+    },
+];
+
+/// Cases drawn for each goal the random cases missed, at most this many.
+const TOP_UP: u32 = 8;
+
+/// Draws cases likely to reach each goal the run has not reached, one at a
+/// time, until it is reached (or `TOP_UP` cases did not reach it: the
+/// assertion after the run says which).
+fn top_up(config: &Config) -> Result<(), String> {
+    for goal in GOALS {
+        let mut drawn = 0;
+        while !(goal.reached)() && drawn < TOP_UP {
+            drawn += 1;
+            eprintln!(
+                "generated specs: no case {} yet: drawing one likely to ({drawn} of at most {TOP_UP})",
+                goal.what
+            );
+            let likely = goal.likely;
+            let mut runner = TestRunner::new(Config {
+                cases: 1,
+                ..config.clone()
+            });
+            runner
+                .run(
+                    &(specs(), plan())
+                        .prop_filter(goal.what, move |(specs, plan)| likely(specs, plan)),
+                    |(specs, plan)| runtime().block_on(case(&specs, &plan)),
+                )
+                .map_err(|error| error.to_string())?;
+        }
     }
+    Ok(())
 }
 
 /// An audit as the Lambda runs it: two segments, each in slices of one
