@@ -27,5 +27,6 @@ mod replay;
 mod replication;
 mod runner;
 mod specgen;
+mod specgen_kills;
 mod table;
 mod wait;
