@@ -91,10 +91,42 @@ impl Judged {
             .any(|n| !n.judged && n.projection == rule)
     }
 
-    /// Keeps the findings of what is judged.
+    /// Keeps the findings of what is judged: a finding of a projection
+    /// left out stays when it changes the members of a counter that is
+    /// judged (a reverse item of a changed edge that a live counter rides
+    /// on: without its repair, recounting the counter would count it
+    /// short). The fix a dropped finding carried for one marker moves to a
+    /// kept finding of the same marker (only the first carries it).
     pub(crate) fn retain(&self, findings: &mut Vec<Finding>) {
-        if self.not_live.iter().any(|n| !n.judged) {
-            findings.retain(|finding| self.judges(&finding.rule));
+        if !self.not_live.iter().any(|n| !n.judged) {
+            return;
+        }
+        let kept = |finding: &Finding| {
+            self.judges(&finding.rule) || finding.counters.iter().any(|c| self.judges(c))
+        };
+        let mut fixes: Vec<(String, super::Fix, Vec<String>)> = Vec::new();
+        for finding in findings.iter_mut() {
+            if !kept(finding) {
+                if let Some(fix) = finding.fix.take() {
+                    fixes.push((
+                        finding.key.clone(),
+                        fix,
+                        std::mem::take(&mut finding.shards),
+                    ));
+                }
+            }
+        }
+        findings.retain(|finding| kept(finding));
+        for (key, fix, shards) in fixes {
+            if let Some(finding) = findings
+                .iter_mut()
+                .find(|f| f.key == key && f.fix.is_none())
+            {
+                finding.fix = Some(fix);
+                if finding.shards.is_empty() {
+                    finding.shards = shards;
+                }
+            }
         }
     }
 

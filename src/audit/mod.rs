@@ -314,7 +314,8 @@ impl AuditReport {
             .collect();
         for (rule, kind) in rules {
             let not_live = self.not_live.iter().find(|n| n.projection == rule);
-            if let Some(left) = not_live.filter(|n| !n.judged) {
+            let found_any = self.findings.iter().any(|f| f.rule == rule);
+            if let Some(left) = not_live.filter(|n| !n.judged && !found_any) {
                 out.push_str(&format!(
                     "{rule} ({kind}): not judged, {}: its data is not its definition's until its backfill completes{}\n",
                     left.state,

@@ -632,6 +632,8 @@ pub async fn merge_step(
             Err(why) => return Ok(again(&plan, pass, "locate", why)),
         };
         counters(applier.spec(), &sketch, &tally, &mut located);
+        // What the merge does not judge, it neither reports nor recounts.
+        super::Judged::read(applier).await?.retain(&mut located);
         moved = match &plan.moved {
             Some(moved) => {
                 located.retain(|finding| !moved.contains(&finding.key));

@@ -216,3 +216,77 @@ async fn an_audit_judges_a_changed_counter_by_each_generations_own_definition() 
     );
     let _ = client.delete_table().table_name(&table).send().await;
 }
+
+const EDGE: &str = r#"
+service = "edges"
+
+[table]
+name = "Edges"
+
+[entities.follow]
+pk = "USER#{followerId}"
+sk = "FOLLOWS#{followeeId}"
+
+[entities.followed_by]
+pk = "USER#{followeeId}"
+sk = "FOLLOWED_BY#{followerId}"
+
+[[projections]]
+name = "followed-by"
+kind = "inverse-edge"
+source = "follow"
+target = "followed_by"
+COPY
+
+[[projections]]
+name = "followers"
+kind = "counter"
+source = "follow"
+of = { userId = "{followeeId}" }
+shards = 4
+"#;
+
+/// Found in review: an edge whose copy changed is not judged, but the
+/// counter riding on it still is. A reverse item gone (drift) made the
+/// audit drop the edge's membership finding and then recount the live
+/// counter to the records left, one short of the follows that exist.
+#[tokio::test]
+async fn a_live_counter_on_a_changed_edge_is_never_recounted_short() {
+    let dir = tempfile::tempdir().unwrap();
+    let write = |name: &str, copy: &str| {
+        let path = dir.path().join(name);
+        std::fs::write(&path, EDGE.replace("COPY", copy)).unwrap();
+        path
+    };
+    let v1 = write("v1.toml", "copy = { followedAt = \"{followedAt}\" }");
+    let v2 = write(
+        "v2.toml",
+        "copy = { followedAt = \"{followedAt}\", since = \"{followedAt}\" }",
+    );
+    let client = support::client().await;
+    let compiled = ddb_projector::spec::Spec::from_file(&v1).unwrap();
+    let table = support::fresh_table(&client, &compiled, "audit-edge-changed").await;
+    for a in ["a", "b", "c"] {
+        put_item(&client, &table, &super::model::follow(a, "u0", "t1")).await;
+    }
+    ok(with(&["run", "--drain"], &v1, &table), "v1 run");
+    ok(with(&["backfill"], &v1, &table), "v1 backfill");
+    std::thread::sleep(std::time::Duration::from_millis(1_200));
+    ok(with(&["run", "--drain"], &v2, &table), "v2 run");
+    support::delete(&client, &table, "USER#u0", "FOLLOWED_BY#b").await;
+    let read = || {
+        let out = ok(
+            with(
+                &["counter", "get", "followers", "--key", "userId=u0"],
+                &v2,
+                &table,
+            ),
+            "counter get",
+        );
+        String::from_utf8_lossy(&out.stdout).trim().to_string()
+    };
+    assert_eq!(read(), "3");
+    let _ = audit_json(&v2, &table, &["--repair"]);
+    assert_eq!(read(), "3", "the repair recounted a live counter short");
+    let _ = client.delete_table().table_name(&table).send().await;
+}
