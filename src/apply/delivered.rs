@@ -723,7 +723,8 @@ fn expired_due(ctx: &Ctx<'_>) -> bool {
 }
 
 /// The keys of expired entries of the table, a page of each partition at
-/// most (the rest are found next time).
+/// most (the rest are found next time). The partitions are read at once:
+/// one round trip, not one per partition.
 async fn expired(
     client: &aws_sdk_dynamodb::Client,
     table: &str,
@@ -736,9 +737,8 @@ async fn expired(
         return Vec::new();
     };
     let now = crate::dynamo::time::now_ms() / 1000;
-    let mut found = Vec::new();
-    for pk in pks {
-        let page = client
+    let pages = futures::future::join_all(pks.iter().map(|pk| {
+        client
             .query()
             .table_name(table)
             .key_condition_expression("#pk = :pk")
@@ -750,7 +750,10 @@ async fn expired(
             .expression_attribute_values(":now", Av::N(now.to_string()))
             .projection_expression("#pk, #sk")
             .send()
-            .await;
+    }))
+    .await;
+    let mut found = Vec::new();
+    for page in pages {
         match page {
             Ok(page) => found.extend(page.items().iter().cloned()),
             Err(error) => {

@@ -237,15 +237,23 @@ impl Leases {
             .iter()
             .any(|id| state.until.get(id).copied().unwrap_or(0) < now)
             || (empty_consumer && state.consumer_until < now);
-        if !state.started {
-            self.store_spec().await?;
-        }
-        if (!state.started || lapsed) && !self.consumer {
-            self.check_deployed().await?;
-        }
-        if (!state.started || lapsed) && self.consumer {
-            self.check_consumers().await?;
-        }
+        // The spec is stored while what runs is checked: one round trip.
+        let store = async {
+            match state.started {
+                false => self.store_spec().await,
+                true => Ok(()),
+            }
+        };
+        let check = async {
+            match (!state.started || lapsed, self.consumer) {
+                (true, false) => self.check_deployed().await,
+                (true, true) => self.check_consumers().await,
+                (false, _) => Ok(()),
+            }
+        };
+        let (stored, checked) = tokio::join!(store, check);
+        stored?;
+        checked?;
         let until = needed.max(now) + self.length.as_millis() as u64;
         self.renew(&ids, until, now, !state.started || lapsed)
             .await?;
