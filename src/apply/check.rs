@@ -27,7 +27,7 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 use aws_sdk_dynamodb::types::{AttributeValue as Av, ReturnConsumedCapacity};
 use futures::stream::StreamExt;
 
-use super::ctx::Ctx;
+use super::ctx::{within, Ctx};
 use super::dlq::now;
 use super::reads::{query_all, read_markers, read_sources, KeyQuery};
 use super::writes::{av, Expr};
@@ -114,13 +114,25 @@ fn reads(invariant: &crate::spec::Invariant) -> Vec<String> {
 }
 
 /// Which of a batch's scopes to check.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub(crate) enum Part {
-    All,
-    /// Values of `unique` invariants.
-    Values,
-    /// Partitions of the other invariants.
-    Partitions,
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Part<'t> {
+    /// What the batch's recomputes cannot change, checked while they run:
+    /// the values of `unique` invariants when no recompute writes on their
+    /// entity, and the partitions no target falls in, read once with the
+    /// recomputes that read them ahead of their target.
+    Early(Recomputed<'t>),
+    /// The rest, checked after the recomputes.
+    Late(Recomputed<'t>),
+}
+
+/// What a batch's recomputes write and read.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Recomputed<'t> {
+    /// Their targets.
+    pub targets: &'t [ItemKey],
+    /// The partitions read by those that read their target right before
+    /// (`denormalize`): checked after them, reusing that read.
+    pub read: &'t [SourceQuery],
 }
 
 /// Whether no recompute writes on an entity a `unique` invariant checks:
@@ -143,7 +155,7 @@ pub(crate) async fn check_batch(
     batch: &[Result<ChangeRecord, DecodeProblem>],
     options: &super::BatchOptions,
     concurrency: usize,
-    part: Part,
+    part: Part<'_>,
 ) -> CheckStats {
     let deadline = options.deadline;
     let spec = ctx.spec;
@@ -224,12 +236,22 @@ pub(crate) async fn check_batch(
         }
         last_state.insert(key, new_image);
     }
-    if part == Part::Values {
-        partitions.clear();
-    }
-    if part == Part::Partitions {
-        values.clear();
-    }
+    let values_early = values_precede_recomputes(spec);
+    let (early, recomputed) = match part {
+        Part::Early(recomputed) => (true, recomputed),
+        Part::Late(recomputed) => (false, recomputed),
+    };
+    values.retain(|_, _| values_early == early);
+    partitions.retain(|(entity, pk), _| {
+        let query = partition_query(spec, *entity, pk);
+        let untouched = !recomputed
+            .targets
+            .iter()
+            .any(|target| within(&query, target))
+            && !recomputed.read.contains(&query);
+        untouched == early
+    });
+    let shared = early;
     let scopes: Vec<Scope<'_>> = partitions
         .into_iter()
         .map(|((entity, pk), (record, touched))| Scope::Partition {
@@ -248,6 +270,28 @@ pub(crate) async fn check_batch(
                 }),
         )
         .collect();
+    // The values some item of the batch holds after it. A value the batch
+    // only released can have no new violation (a holder gone makes no
+    // duplicate): it is checked only if a violation is recorded for it,
+    // once the read of the recorded ones says so.
+    let held: HashSet<(usize, String)> = spec
+        .invariants
+        .iter()
+        .enumerate()
+        .filter(|(_, invariant)| matches!(invariant.kind, InvariantKind::Unique { .. }))
+        .flat_map(|(id, invariant)| {
+            last_state
+                .values()
+                .flatten()
+                .filter_map(move |image| unique_value(spec, invariant, *image).map(|v| (id, v)))
+        })
+        .collect();
+    let released = |scope: &Scope<'_>| match scope {
+        Scope::Value {
+            invariant, value, ..
+        } => !held.contains(&(*invariant, value.clone())),
+        Scope::Partition { .. } => false,
+    };
     let mut total = CheckStats::default();
     for round in scopes.chunks(SCOPES_PER_ROUND) {
         if deadline.is_some_and(|d| tokio::time::Instant::now() >= d) {
@@ -257,9 +301,11 @@ pub(crate) async fn check_batch(
                 .increment(round.len() as u64);
             continue;
         }
-        let futures: Vec<_> = round
+        let (now, later): (Vec<&Scope<'_>>, Vec<&Scope<'_>>) =
+            round.iter().partition(|scope| !released(scope));
+        let futures: Vec<_> = now
             .iter()
-            .map(|scope| check_scope(ctx, scope, deadline, &latest, &last_state))
+            .map(|scope| check_scope(ctx, scope, deadline, &latest, &last_state, shared))
             .collect();
         // The violations recorded where the round's scopes may have them
         // are read meanwhile: one round trip fewer before they are synced.
@@ -275,26 +321,61 @@ pub(crate) async fn check_batch(
                 .buffer_unordered(concurrency.max(1))
                 .collect::<Vec<_>>(),
         );
-        let (results, stored) = tokio::join!(checking, async {
+        // The released values with a violation recorded are checked once
+        // the read of the recorded ones answers, beside the other checks.
+        let released_checks: std::pin::Pin<
+            Box<
+                dyn std::future::Future<
+                        Output = (Result<HashMap<ItemKey, Item>, WriteError>, Results<'_>),
+                    > + Send
+                    + '_,
+            >,
+        > = Box::pin(async {
             if ahead.is_empty() {
-                return Ok(HashMap::new());
+                return (Ok(HashMap::new()), Vec::new());
             }
             ctx.count(|r| &mut r.check_reads);
-            read_markers(ctx, ahead.iter().collect()).await
+            let stored = read_markers(ctx, ahead.iter().collect()).await;
+            let Ok(found) = &stored else {
+                return (stored, Vec::new());
+            };
+            let due: Vec<_> = later
+                .iter()
+                .filter(|scope| match scope {
+                    Scope::Value {
+                        invariant, value, ..
+                    } => found.contains_key(&ItemKey {
+                        pk: violation_pk(&spec.invariants[*invariant].name),
+                        sk: Some(scope_prefix(value)),
+                    }),
+                    Scope::Partition { .. } => true,
+                })
+                .map(|scope| check_scope(ctx, scope, deadline, &latest, &last_state, shared))
+                .collect();
+            let results = futures::stream::iter(due)
+                .buffer_unordered(concurrency.max(1))
+                .collect::<Vec<_>>()
+                .await;
+            (stored, results)
         });
+        let (mut results, (stored, more)) = tokio::join!(checking, released_checks);
+        // A released value without a recorded violation counts as checked.
+        total.scopes += later.len() - more.len();
+        results.extend(more);
         let mut checked = Vec::new();
         for (stats, found) in results {
             total.add(&stats);
             checked.extend(found);
         }
-        let synced = match stored {
-            Ok(stored) => sync(ctx, &checked, &mut total, &ahead, stored).await,
-            Err(error) => Err(error),
+        let (synced, unread) = match stored {
+            Ok(stored) => (sync(ctx, &checked, &mut total, &ahead, stored).await, 0),
+            // The released values went unchecked too.
+            Err(error) => (Err(error), later.len()),
         };
         if let Err(error) = synced {
-            total.unchecked += checked.len();
+            total.unchecked += checked.len() + unread;
             metrics::counter!("projector_invariant_checks_skipped_total", "reason" => "error")
-                .increment(checked.len() as u64);
+                .increment((checked.len() + unread) as u64);
             tracing::warn!(%error, "recording invariant violations failed; `audit` will find them");
         }
     }
@@ -307,6 +388,7 @@ async fn check_scope<'a>(
     deadline: Option<tokio::time::Instant>,
     latest: &HashMap<(usize, String), ItemKey>,
     last_state: &HashMap<ItemKey, Option<&Image>>,
+    shared: bool,
 ) -> (CheckStats, Vec<Checked<'a>>) {
     let mut stats = CheckStats {
         scopes: 1,
@@ -325,7 +407,10 @@ async fn check_scope<'a>(
             pk,
             record,
             touched,
-        } => check_partition_scope(ctx, *entity, pk, record, touched, latest, &mut stats).await,
+        } => {
+            let read = PartitionRead { shared };
+            check_partition_scope(ctx, *entity, pk, record, touched, latest, &mut stats, read).await
+        }
         Scope::Value {
             invariant,
             value,
@@ -342,6 +427,14 @@ async fn check_scope<'a>(
             (stats, Vec::new())
         }
     }
+}
+
+/// How a partition check reads its partition.
+#[derive(Debug, Clone, Copy)]
+struct PartitionRead {
+    /// Once with the batch's recomputes ([`Ctx::read_shared`]), while
+    /// they run; otherwise after them, reusing what they read.
+    shared: bool,
 }
 
 /// The query that reads an entity's items in a partition.
@@ -364,15 +457,18 @@ async fn check_partition_scope<'a>(
     touched: &[ItemKey],
     latest: &HashMap<(usize, String), ItemKey>,
     stats: &mut CheckStats,
+    read: PartitionRead,
 ) -> Result<Vec<Checked<'a>>, WriteError> {
     let spec = ctx.spec;
     let query = partition_query(spec, entity, pk);
     // A recompute of this batch read the same items after the batch's
     // other writes: the same state this read would see, unless someone
-    // else wrote since (whose stream record brings its own check).
-    let items = match ctx.partition_read(&query) {
-        Some(items) => items,
-        None => {
+    // else wrote since (whose stream record brings its own check). While
+    // the recomputes run, the read is shared with them.
+    let items = match (read.shared, ctx.partition_read(&query)) {
+        (true, _) => ctx.read_shared(&query, |r| &mut r.check_reads).await?,
+        (false, Some(items)) => items,
+        (false, None) => {
             ctx.count(|r| &mut r.check_reads);
             read_sources(ctx, &query).await?
         }

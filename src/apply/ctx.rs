@@ -36,10 +36,25 @@ pub(crate) struct Ctx<'a> {
     /// here: reading the target earlier than its sources is what its
     /// conditional write needs, so an early read only risks a retry.
     pub targets: std::sync::Mutex<HashMap<ItemKey, Option<HashMap<String, Av>>>>,
+    /// Markers (and the sources guarding them) read ahead, at the start of
+    /// the batch beside the holds (`None`: absent then). The marker
+    /// writes that read first take them from here: every marker write is
+    /// conditional on the state it assumes, so an earlier read only risks
+    /// another round of that write.
+    pub markers: std::sync::Mutex<HashMap<ItemKey, Option<Item>>>,
+    /// Source partitions read once after the batch's first phase, for
+    /// whichever of a recompute (whose target was read ahead) and an
+    /// invariant check of the partition asks first: the other waits for
+    /// the same read.
+    pub shared: std::sync::Mutex<HashMap<SourceQuery, SharedRead>>,
     /// Whether recomputes' reads are kept for the invariant check (a
     /// batch's are; an audit's, which never check from them, are not).
     pub keep_reads: bool,
 }
+
+/// A partition read once for whoever asks ([`Ctx::shared`]).
+pub(crate) type SharedRead =
+    std::sync::Arc<tokio::sync::OnceCell<Result<Vec<Item>, crate::dynamo::retry::WriteError>>>;
 
 /// What recomputes read and wrote, for the invariant check.
 #[derive(Debug, Default)]
@@ -92,6 +107,10 @@ pub struct Requests {
     /// Items sent in `TransactWriteItems`, condition checks included (not
     /// requests).
     pub transaction_items: u64,
+    /// Recomputed targets (`denormalize`, `rollup`, `aggregate`), each
+    /// counted once whatever its attempts (not requests).
+    #[serde(default)]
+    pub recomputes: u64,
 }
 
 impl Requests {
@@ -109,6 +128,7 @@ impl Requests {
         self.cancelled_transactions += other.cancelled_transactions;
         self.batch_write_items += other.batch_write_items;
         self.transaction_items += other.transaction_items;
+        self.recomputes += other.recomputes;
     }
 
     /// The least DynamoDB bills for the writes sent, whatever the endpoint
@@ -160,6 +180,8 @@ impl<'a> Ctx<'a> {
             requests: std::sync::Mutex::new(Requests::default()),
             partitions: std::sync::Mutex::new(PartitionReads::default()),
             targets: std::sync::Mutex::new(HashMap::new()),
+            markers: std::sync::Mutex::new(HashMap::new()),
+            shared: std::sync::Mutex::new(HashMap::new()),
             keep_reads: true,
         }
     }
@@ -181,6 +203,67 @@ impl<'a> Ctx<'a> {
             }
             Err(error) => tracing::debug!(%error, "reading recompute targets ahead failed"),
         }
+    }
+
+    /// Reads the markers `keys` ahead (see [`Ctx::markers`]). A failed
+    /// read leaves them to be read when written.
+    pub(crate) async fn read_markers_ahead(&self, keys: Vec<ItemKey>) {
+        if keys.is_empty() {
+            return;
+        }
+        self.count(|r| &mut r.marker_reads);
+        match super::reads::read_markers(self, keys.iter().collect()).await {
+            Ok(mut found) => {
+                let mut markers = self.markers.lock().expect("not poisoned");
+                for key in keys {
+                    let item = found.remove(&key);
+                    markers.insert(key, item);
+                }
+            }
+            Err(error) => tracing::debug!(%error, "reading markers ahead failed"),
+        }
+    }
+
+    /// Of `keys`, the markers read ahead (each taken once: `Some(None)`
+    /// when absent then), and the keys still to read.
+    pub(crate) fn markers_read_ahead<'k>(
+        &self,
+        keys: Vec<&'k ItemKey>,
+    ) -> (HashMap<ItemKey, Item>, Vec<&'k ItemKey>) {
+        let mut markers = self.markers.lock().expect("not poisoned");
+        let (mut found, mut rest) = (HashMap::new(), Vec::new());
+        for key in keys {
+            match markers.remove(key) {
+                Some(Some(item)) => {
+                    found.insert(key.clone(), item);
+                }
+                Some(None) => {}
+                None => rest.push(key),
+            }
+        }
+        (found, rest)
+    }
+
+    /// The items of `query`, read once after the batch's first phase for
+    /// every caller (see [`Ctx::shared`]); the read counts for `purpose`.
+    pub(crate) async fn read_shared(
+        &self,
+        query: &SourceQuery,
+        purpose: fn(&mut Requests) -> &mut u64,
+    ) -> Result<Vec<Item>, crate::dynamo::retry::WriteError> {
+        let cell = self
+            .shared
+            .lock()
+            .expect("not poisoned")
+            .entry(query.clone())
+            .or_default()
+            .clone();
+        cell.get_or_init(|| async {
+            self.count(purpose);
+            super::reads::read_sources(self, query).await
+        })
+        .await
+        .clone()
     }
 
     /// The target read ahead for `key`, once.

@@ -775,8 +775,37 @@ async fn read(
             }
         }
     }
-    ctx.count(|r| &mut r.marker_reads);
-    super::reads::read_markers(ctx, keys).await
+    let (mut found, rest) = ctx.markers_read_ahead(keys);
+    if !rest.is_empty() {
+        ctx.count(|r| &mut r.marker_reads);
+        found.extend(super::reads::read_markers(ctx, rest).await?);
+    }
+    Ok(found)
+}
+
+/// The markers (and guarding sources) writing `groups` will read first,
+/// as [`write_markers`] decides it: what a batch reads ahead.
+pub(crate) fn keys_read_first(
+    spec: &Spec,
+    groups: &[super::coalesce::Group],
+    read_all_first: bool,
+) -> Vec<ItemKey> {
+    let mut keys: Vec<ItemKey> = Vec::new();
+    let mut seen: HashSet<&ItemKey> = HashSet::new();
+    for group in groups {
+        let Some(change) = marker_change(spec, &group.effect) else {
+            continue;
+        };
+        if !(read_all_first || change.read_first(&spec.table)) {
+            continue;
+        }
+        for key in std::iter::once(change.key).chain(change.guard.map(|g| &g.source)) {
+            if seen.insert(key) {
+                keys.push(key.clone());
+            }
+        }
+    }
+    keys
 }
 
 /// The expressions of one write.

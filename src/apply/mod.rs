@@ -451,6 +451,7 @@ impl Applier {
                 })
             }) && whole_images(batch)
         });
+        let keeps_markers = !markers.is_empty();
         if delivery.is_some() {
             ids.extend(markers);
         }
@@ -533,7 +534,10 @@ impl Applier {
         // read meanwhile: one round trip fewer on the batch's critical
         // path. (A target read earlier only makes a retry likelier: any
         // recompute that lands in between moves the token. A `denormalize`
-        // target has no token, so it is read right before its sources.)
+        // writes on condition of the values it copies, which can go from
+        // A to B and back to A: read early, the target would let a write
+        // of B pass over that return, if B's recompute landed anywhere in
+        // the first phase. It is read right before its sources.)
         let mut targets: Vec<&ItemKey> = plans
             .iter()
             .flatten()
@@ -549,6 +553,26 @@ impl Applier {
             .collect();
         targets.sort_unstable();
         targets.dedup();
+        // The markers the writes will read first are read meanwhile too,
+        // as the plans stand before the holds and the ledger (which rarely
+        // change them: what they add is read when written).
+        let marker_keys = if !keeps_markers {
+            Vec::new()
+        } else {
+            let effects = plans.iter().enumerate().flat_map(|(i, plan)| {
+                plan.iter()
+                    .flat_map(|plan| &plan.effects)
+                    .filter(|effect| {
+                        matches!(
+                            effect.op,
+                            crate::plan::Op::Membership { .. } | crate::plan::Op::DropRecord { .. }
+                        )
+                    })
+                    .map(move |effect| (i, effect.clone()))
+            });
+            let groups = coalesce::coalesce(effects, &spec.table);
+            markers::keys_read_first(spec, &groups, options.read_markers_first)
+        };
         let holds = async {
             if candidates.is_empty() {
                 return None;
@@ -565,8 +589,13 @@ impl Applier {
                 None => None,
             }
         };
-        let (leased, holds, (), ledger) =
-            tokio::join!(lease, holds, ctx.read_targets_ahead(targets), ledger);
+        let (leased, holds, (), (), ledger) = tokio::join!(
+            lease,
+            holds,
+            ctx.read_targets_ahead(targets),
+            ctx.read_markers_ahead(marker_keys),
+            ledger
+        );
         if lease_until.is_some() {
             if let Err(message) = leased {
                 return Ok(all_failed(message, n, n_effects, &ctx));
@@ -707,17 +736,40 @@ impl Applier {
         let (recomputes, first): (Vec<_>, Vec<_>) = groups
             .into_iter()
             .partition(|g| matches!(g.effect.op, crate::plan::Op::Recompute { .. }));
-        // The values of `unique` invariants need only the first phase's
-        // writes when no recompute writes on their entity: they are
-        // checked while the recomputes run.
+        // What the recomputes cannot change is checked while they run
+        // (`check::Part::Early`): values of `unique` invariants when no
+        // recompute writes on their entity, partitions no target falls in.
         let checking = self.config.check_invariants && !spec.invariants.is_empty();
-        let early = checking && check::values_precede_recomputes(spec);
+        let targets: Vec<ItemKey> = recomputes
+            .iter()
+            .filter_map(|group| match &group.effect.op {
+                crate::plan::Op::Recompute { target, .. } => Some(target.clone()),
+                _ => None,
+            })
+            .collect();
+        // The partitions read by recomputes that read their target right
+        // before (`denormalize`): their checks reuse that read after them.
+        let fresh: Vec<crate::plan::SourceQuery> = recomputes
+            .iter()
+            .filter(|group| !crate::kinds::uses_token(spec, group.effect.projection))
+            .filter_map(|group| match &group.effect.op {
+                crate::plan::Op::Recompute {
+                    sources: crate::plan::Sources::Query(query),
+                    ..
+                } => Some(query.clone()),
+                _ => None,
+            })
+            .collect();
+        let recomputing = check::Recomputed {
+            targets: &targets,
+            read: &fresh,
+        };
         let mut written = self.write_before_deadline(&ctx, first, options).await;
         let (recomputed, early_checks) = tokio::join!(
             self.write_before_deadline(&ctx, recomputes, options),
             async {
-                if early {
-                    let part = check::Part::Values;
+                if checking {
+                    let part = check::Part::Early(recomputing);
                     check::check_batch(&ctx, batch, options, self.config.concurrency, part).await
                 } else {
                     CheckStats::default()
@@ -788,11 +840,7 @@ impl Applier {
         // 7. Check the invariants whose scope the batch touched; never
         // changes a record's status.
         let checks = if checking {
-            let part = if early {
-                check::Part::Partitions
-            } else {
-                check::Part::All
-            };
+            let part = check::Part::Late(recomputing);
             let mut checks =
                 check::check_batch(&ctx, batch, options, self.config.concurrency, part).await;
             checks.add(&early_checks);

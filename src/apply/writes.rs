@@ -172,17 +172,40 @@ pub(crate) async fn read_recompute_sources(
     target: &ItemKey,
     sources: &Sources,
 ) -> Result<Vec<Item>, WriteError> {
+    read_sources_of(ctx, projection, target, sources, false).await
+}
+
+/// [`read_recompute_sources`]; with `shared`, a query's items are the
+/// read shared with the batch's invariant checks ([`Ctx::read_shared`]):
+/// for a target read before the batch's first phase.
+async fn read_sources_of(
+    ctx: &Ctx<'_>,
+    projection: ProjectionId,
+    target: &ItemKey,
+    sources: &Sources,
+    shared: bool,
+) -> Result<Vec<Item>, WriteError> {
     let items = match sources {
         Sources::Query(query) => {
-            let items = read_sources(ctx, query).await?;
+            let items = match shared {
+                true => ctx.read_shared(query, |r| &mut r.recompute_reads).await?,
+                false => {
+                    ctx.count(|r| &mut r.recompute_reads);
+                    read_sources(ctx, query).await?
+                }
+            };
             ctx.remember_read(query, &items);
             items
         }
-        Sources::Items(keys) => read_markers(ctx, keys.iter().collect())
-            .await?
-            .into_values()
-            .collect(),
+        Sources::Items(keys) => {
+            ctx.count(|r| &mut r.recompute_reads);
+            read_markers(ctx, keys.iter().collect())
+                .await?
+                .into_values()
+                .collect()
+        }
         Sources::Counter { counter, values } => {
+            ctx.count(|r| &mut r.recompute_reads);
             let keys = readers_shards(ctx, *counter, values).await?;
             read_markers(ctx, keys.iter().collect())
                 .await?
@@ -208,64 +231,83 @@ pub(crate) async fn recompute(
     let token = crate::kinds::uses_token(ctx.spec, projection)
         .then(|| crate::dynamo::names::token_attribute(&ctx.spec.projections[projection].name));
     let key = ctx.key(target);
+    ctx.count(|r| &mut r.recomputes);
+    let read_target = || async {
+        ctx.count(|r| &mut r.recompute_reads);
+        let current = with_retries(
+            "read_target",
+            ctx.config.max_retry_time,
+            &ctx.retries,
+            || {
+                let request = ctx
+                    .client
+                    .get_item()
+                    .table_name(ctx.table)
+                    .set_key(Some(key.clone()))
+                    .consistent_read(true)
+                    .return_consumed_capacity(ReturnConsumedCapacity::Total);
+                async move { request.send().await.map_err(sdk) }
+            },
+        )
+        .await?;
+        ctx.count_units(current.consumed_capacity(), false);
+        Ok::<_, WriteError>(current.item().cloned())
+    };
+    let convert = |read: HashMap<String, Av>| {
+        item_from_sdk(read)
+            .map_err(|error| WriteError::Poison(format!("the target {target}: {error}")))
+    };
+    // The target as read before the next attempt's sources, when the
+    // attempt before read it.
+    let mut before: Option<HashMap<String, Av>> = None;
     for _ in 0..ATTEMPTS {
         // A target read ahead serves as the token to write on condition
         // of. That it was absent is not trusted: a target created since
         // may have been recomputed before this batch's first phase
         // landed, so absence is read again, now.
-        let read_ahead = token.as_ref().and_then(|_| ctx.target_read_ahead(target));
-        let ahead = matches!(read_ahead, Some(Some(_)));
-        let current = match read_ahead {
-            Some(Some(read)) => Some(read),
-            Some(None) | None => {
-                ctx.count(|r| &mut r.recompute_reads);
-                let current = with_retries(
-                    "read_target",
-                    ctx.config.max_retry_time,
-                    &ctx.retries,
-                    || {
-                        let request = ctx
-                            .client
-                            .get_item()
-                            .table_name(ctx.table)
-                            .set_key(Some(key.clone()))
-                            .consistent_read(true)
-                            .return_consumed_capacity(ReturnConsumedCapacity::Total);
-                        async move { request.send().await.map_err(sdk) }
-                    },
-                )
-                .await?;
-                ctx.count_units(current.consumed_capacity(), false);
-                current.item().cloned()
-            }
+        let (current, ahead) = match before.take() {
+            Some(read) => (Some(read), false),
+            None => match token.as_ref().and_then(|_| ctx.target_read_ahead(target)) {
+                Some(Some(read)) => (Some(read), true),
+                Some(None) | None => (read_target().await?, false),
+            },
         };
         let Some(current) = current else {
             // No target item (yet): its INSERT will trigger a recompute.
             return Ok(());
         };
-        ctx.count(|r| &mut r.recompute_reads);
-        let current = item_from_sdk(current)
-            .map_err(|error| WriteError::Poison(format!("the target {target}: {error}")))?;
-        let items = read_recompute_sources(ctx, projection, target, sources).await?;
+        let current = convert(current)?;
+        let items = read_sources_of(ctx, projection, target, sources, ahead).await?;
         let wanted = crate::kinds::compute(ctx.spec, projection, &items).map_err(|error| {
             WriteError::Poison(format!("cannot compute the target {target}: {error}"))
         })?;
-        let same = wanted
-            .iter()
-            .all(|(name, value)| match (current.get(name), value) {
-                (Some(have), Some(want)) => values_equal(have, want),
-                (None, None) => true,
-                _ => false,
-            });
-        if same {
+        let holds_wanted = |current: &Item| {
+            wanted
+                .iter()
+                .all(|(name, value)| match (current.get(name), value) {
+                    (Some(have), Some(want)) => values_equal(have, want),
+                    (None, None) => true,
+                    _ => false,
+                })
+        };
+        if holds_wanted(&current) {
+            if !ahead {
+                return Ok(());
+            }
             // Equal to a target read ahead, before this batch's first
             // phase, says nothing of the target now: a recompute of
             // another batch may have written since, from sources this
-            // batch had not moved yet. Read it again.
-            if ahead {
-                continue;
+            // batch had not moved yet. Read it again: equal now, after
+            // the sources were read, it is done; otherwise that read is
+            // the next attempt's target, read before its sources.
+            let Some(now) = read_target().await? else {
+                return Ok(());
+            };
+            if holds_wanted(&convert(now.clone())?) {
+                return Ok(());
             }
-            return Ok(());
+            before = Some(now);
+            continue;
         }
         let mut expr = Expr::default();
         let pk = expr.name(ctx.pk_name());

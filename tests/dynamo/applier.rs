@@ -1164,3 +1164,150 @@ async fn a_record_a_redelivery_skips_leaves_its_writes_to_its_items_last_record(
         1
     );
 }
+
+#[derive(Clone)]
+/// Runs `action` before the first request whose body holds every needle
+/// (on its own thread and runtime: an interceptor cannot await).
+struct BeforeRequest {
+    operation: &'static str,
+    needles: &'static [&'static str],
+    action: Arc<dyn Fn() + Send + Sync>,
+    fired: Arc<std::sync::atomic::AtomicUsize>,
+}
+
+impl std::fmt::Debug for BeforeRequest {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("BeforeRequest")
+            .field("needles", &self.needles)
+            .finish()
+    }
+}
+
+impl aws_smithy_runtime_api::client::interceptors::Intercept for BeforeRequest {
+    fn name(&self) -> &'static str {
+        "BeforeRequest"
+    }
+
+    fn read_before_transmit(
+        &self,
+        context: &aws_smithy_runtime_api::client::interceptors::context::BeforeTransmitInterceptorContextRef<'_>,
+        _components: &aws_smithy_runtime_api::client::runtime_components::RuntimeComponents,
+        _cfg: &mut aws_smithy_types::config_bag::ConfigBag,
+    ) -> Result<(), aws_smithy_runtime_api::box_error::BoxError> {
+        let request = context.request();
+        let body = String::from_utf8_lossy(request.body().bytes().unwrap_or_default());
+        let target = request.headers().get("x-amz-target").unwrap_or_default();
+        if target.ends_with(self.operation)
+            && self.needles.iter().all(|needle| body.contains(needle))
+            && self.fired.fetch_add(1, std::sync::atomic::Ordering::SeqCst) == 0
+        {
+            let action = self.action.clone();
+            std::thread::spawn(move || action()).join().unwrap();
+        }
+        Ok(())
+    }
+}
+
+/// A `denormalize` writes on condition of the values it copies, which can
+/// go from A to B and back to A. A batch that read its target before its
+/// first phase would let its write of B pass over that return: the copy
+/// on the profile would stay B while the primary email says A. Read right
+/// before its sources, the target already shows B and nothing is written.
+#[tokio::test]
+async fn a_denormalized_copy_is_never_written_over_a_return_to_its_value() {
+    let spec = support::shipped_spec("user-service.toml");
+    let support::Fixture {
+        applier,
+        client,
+        table,
+        ..
+    } = support::fixture(spec.clone(), "aba").await;
+    write(&client, &table, &profile("u1")).await;
+    let a = email("u1", "e1", "a@x.org", true);
+    let b = email("u1", "e1", "b@x.org", true);
+    write(&client, &table, &a).await;
+    let outcome = applier
+        .apply_batch(
+            &[change(1, ChangeKind::Insert, None, Some(&a))],
+            &BatchOptions::default(),
+        )
+        .await
+        .unwrap();
+    assert!(outcome.statuses.iter().all(|s| s.is_handled()));
+
+    // Another worker (another stream shard) applies the email's changes.
+    let endpoint = support::endpoint();
+    let other = |from: Attrs, to: Attrs, seq: u64| {
+        let (spec, table) = (spec.clone(), table.clone());
+        move || {
+            let runtime = tokio::runtime::Runtime::new().unwrap();
+            runtime.block_on(async {
+                let config = support::sdk_config_for(endpoint).await;
+                let client = aws_sdk_dynamodb::Client::new(&config);
+                write(&client, &table, &to).await;
+                let worker = control::applier(client, spec.clone(), &table, ApplyConfig::default());
+                let records = [change(seq, ChangeKind::Modify, Some(&from), Some(&to))];
+                let outcome = worker
+                    .apply_batch(&records, &BatchOptions::default())
+                    .await
+                    .unwrap();
+                assert!(outcome.statuses.iter().all(|s| s.is_handled()));
+            })
+        }
+    };
+    // A to B while this batch writes its first phase (the email's index
+    // keys); B back to A before this batch's write of the profile.
+    let to_b: Arc<dyn Fn() + Send + Sync> = Arc::new(other(a.clone(), b.clone(), 10));
+    let to_a: Arc<dyn Fn() + Send + Sync> = Arc::new(other(b.clone(), a.clone(), 11));
+    let first_phase = BeforeRequest {
+        operation: "UpdateItem",
+        needles: &["EMAIL#e1", "GSI1PK"],
+        action: to_b,
+        fired: Arc::default(),
+    };
+    let profile_write = BeforeRequest {
+        operation: "UpdateItem",
+        needles: &["PROFILE"],
+        action: to_a.clone(),
+        fired: Arc::default(),
+    };
+    let config = support::sdk_config().await;
+    let hooked = aws_sdk_dynamodb::Client::from_conf(
+        aws_sdk_dynamodb::config::Builder::from(&config)
+            .interceptor(first_phase)
+            .interceptor(profile_write.clone())
+            .build(),
+    );
+    let batch = control::applier(hooked, spec.clone(), &table, ApplyConfig::default());
+    // The email's change to A, delivered late (its GSI keys are written).
+    let z = email("u1", "e1", "z@x.org", true);
+    let outcome = batch
+        .apply_batch(
+            &[change(5, ChangeKind::Modify, Some(&z), Some(&a))],
+            &BatchOptions::default(),
+        )
+        .await
+        .unwrap();
+    assert!(outcome.statuses.iter().all(|s| s.is_handled()));
+    if profile_write
+        .fired
+        .load(std::sync::atomic::Ordering::SeqCst)
+        == 0
+    {
+        // The batch wrote no profile: the return to A happens now.
+        std::thread::spawn(move || to_a()).join().unwrap();
+    }
+    let primary = text(
+        &get(&client, &table, "USER#u1", "EMAIL#e1").await.unwrap(),
+        "email",
+    );
+    assert_eq!(primary.as_deref(), Some("a@x.org"));
+    let copied = text(
+        &get(&client, &table, "USER#u1", "PROFILE").await.unwrap(),
+        "email",
+    );
+    assert_eq!(
+        copied, primary,
+        "the profile's copy against its primary email"
+    );
+}

@@ -460,6 +460,24 @@ async fn the_online_check_records_a_violation_in_the_batch_that_causes_it_and_cl
     write_and_apply(&applier, &client, &table, 7, Some(&dup), None).await;
     // u10 has no email left: nothing required of it; the address is unique again.
     assert!(recorded(&applier).await.is_empty());
+
+    // An address changed: the new one is checked against the index; the
+    // old one, released with no violation recorded, is not queried (a
+    // holder gone makes no duplicate). Both scopes count as checked.
+    let e1_moved = email("u9", "e1", "c@x.org", false, true);
+    let stats = write_and_apply(
+        &applier,
+        &client,
+        &table,
+        8,
+        Some(&e1_touched),
+        Some(&e1_moved),
+    )
+    .await;
+    assert_eq!(stats.checks.scopes, 2, "{stats:?}");
+    // The GSI query of c@x.org and the read of the recorded violations.
+    assert_eq!(stats.requests.check_reads, 2, "{stats:?}");
+    assert!(recorded(&applier).await.is_empty());
     // Checking wrote only bookkeeping: the source items are as written.
     assert_eq!(
         get(&client, &table, "USER#u9", "EMAIL#e1")
