@@ -61,7 +61,7 @@ const LEASE_MARGIN_MS: u64 = 5_000;
 #[derive(Debug, Clone)]
 pub struct ApplyConfig {
     /// Independent requests in flight at once, per stage of a batch
-    /// (`PROJECTOR_CONCURRENCY`, default 256). DynamoDB serves them in
+    /// (`PROJECTOR_CONCURRENCY`, default 512). DynamoDB serves them in
     /// parallel, so this bounds how many round trips a batch waits for in
     /// sequence: a batch of 1,000 records sends a few hundred requests.
     pub concurrency: usize,
@@ -108,7 +108,7 @@ impl Default for ApplyConfig {
     }
 }
 
-/// The default [`ApplyConfig::concurrency`]: `PROJECTOR_CONCURRENCY`, or 256.
+/// The default [`ApplyConfig::concurrency`]: `PROJECTOR_CONCURRENCY`, or 512.
 pub fn concurrency() -> usize {
     std::env::var("PROJECTOR_CONCURRENCY")
         .ok()
@@ -117,7 +117,7 @@ pub fn concurrency() -> usize {
         .unwrap_or(DEFAULT_CONCURRENCY)
 }
 
-const DEFAULT_CONCURRENCY: usize = 256;
+const DEFAULT_CONCURRENCY: usize = 512;
 
 /// Options for one batch.
 #[derive(Debug, Clone, Default)]
