@@ -4,16 +4,29 @@
 //! run, then merges the runs into a table, `target/bench-e2e/results.json`
 //! and the chart `docs/bench-e2e.svg`.
 //!
-//! One run (`bench_e2e run --contender C --batch B --records N --out FILE`,
-//! `AWS_ENDPOINT_URL` set):
+//! One run (`bench_e2e run --contender C --batch B --records N --out FILE
+//! [--workloads social,user,ads]`, `AWS_ENDPOINT_URL` set) covers one
+//! workload per shipped spec, each in its own table (`--records` split
+//! social 40%, user 30%, ads 30% over the chosen ones):
 //!
-//! 1. creates `SocialServiceTable` and `UserServiceTable` as
-//!    `ddb-projector table create` does (streams on, `NEW_AND_OLD_IMAGES`);
-//! 2. writes a seeded workload of at least N source writes as plain writers
-//!    would: follows, unfollows and re-follows with one hot user receiving
-//!    30% of new follows, achievements with tier and score changes,
-//!    profiles with three emails each, primary-email switches, address
-//!    changes, email removes and inserts;
+//! - **social** (`projections/social-service.toml`, whole): follows,
+//!   unfollows and re-follows with one hot user receiving 30% of new
+//!   follows, achievements with tier and score changes, and profiles
+//!   (created before or after their users' first follows, rewritten,
+//!   a few deleted and created again) carrying the rollups' totals;
+//! - **user** (`projections/user-service.toml`): profiles with three
+//!   emails each, primary-email switches, address changes, email removes
+//!   and inserts;
+//! - **ads** (`projections/ads-platform.toml`): advertisers, campaigns
+//!   with status changes, ad groups, and mostly daily performance
+//!   snapshots (written, corrected, a few deleted, some before their
+//!   campaign exists) that drive the aggregate `campaign-totals`.
+//!
+//! The run:
+//!
+//! 1. creates each workload's table as `ddb-projector table create` does
+//!    (streams on, `NEW_AND_OLD_IMAGES`);
+//! 2. writes the seeded workloads as plain writers would;
 //! 3. reads the records back with the Streams API and decodes them into the
 //!    crate's `ChangeRecord`s (not timed);
 //! 4. feeds them, in stream order and in batches of B (as Lambda would, one
@@ -24,7 +37,15 @@
 //!    - `baseline`: a handler written the way a team writes one by hand:
 //!      per record, sequential single-item SDK calls, plain counters;
 //! 5. checks that the derived state is right (every inverse edge, counter,
-//!    GSI key and copied email), so neither contender wins by being wrong.
+//!    profile total, GSI key, copied email and campaign total), so neither
+//!    contender wins by being wrong.
+//!
+//! Beside the whole run's figures, each workload (table) gets its own:
+//! records/s over its processing time, sequential round trips per batch
+//! (steady state, first batch, most), requests, billed and minimum write
+//! units per record, and for the projector recomputes per batch and
+//! requests by purpose (`workloads` in the run's results; the report's
+//! per-workload table and `docs/bench-e2e-specs.svg`).
 //!
 //! Write units are measured three ways by an SDK interceptor on the
 //! contender's client:
@@ -41,7 +62,8 @@
 //!   is assumed billed as if it ran (shown separately);
 //! - **minimum**: one 1-KB write per derived item that must change per
 //!   source record, counted from the records themselves (inverse edge, each
-//!   counter, a changed GSI key pair, a changed copied email), with no
+//!   counter, a changed GSI key pair, a changed copied email, each profile
+//!   total item and campaign item moved; see [`minimum_writes`]), with no
 //!   transactional surcharge.
 //!
 //! The same interceptor counts every call by operation (retries included),
@@ -107,9 +129,13 @@ enum Command {
         /// Records per batch.
         #[arg(long)]
         batch: usize,
-        /// Source writes (stream records) at least, over both tables.
+        /// Source writes (stream records) at least, over all the tables.
         #[arg(long, default_value_t = 20_000)]
         records: usize,
+        /// The workloads, one table each, processed in this order
+        /// (`social`, `user`, `ads`, comma-separated).
+        #[arg(long, default_value = "social,user,ads")]
+        workloads: String,
         /// Seeds the workload.
         #[arg(long, default_value_t = 42)]
         seed: u64,
@@ -137,6 +163,9 @@ enum Command {
         /// The chart.
         #[arg(long, default_value = "docs/bench-e2e.svg")]
         svg: PathBuf,
+        /// The per-workload chart (B=1000, records/s per round-trip time).
+        #[arg(long, default_value = "docs/bench-e2e-specs.svg")]
+        specs_svg: PathBuf,
     },
 }
 
@@ -147,12 +176,23 @@ async fn main() {
             contender,
             batch,
             records,
+            workloads,
             seed,
             out,
             latency_ms,
             rtt_ms,
         } => {
-            let result = run(&contender, batch.max(1), records, seed, latency_ms, rtt_ms).await;
+            let workloads = Workload::parse_list(&workloads);
+            let result = run(
+                &contender,
+                batch.max(1),
+                records,
+                &workloads,
+                seed,
+                latency_ms,
+                rtt_ms,
+            )
+            .await;
             if let Some(dir) = out.parent() {
                 std::fs::create_dir_all(dir).expect("create the output folder");
             }
@@ -174,6 +214,24 @@ async fn main() {
                 result.peak_rss_mb,
                 result.problems.len()
             );
+            for w in &result.workloads {
+                eprintln!(
+                    "  {}: {} records in {} batches, {:.0} records/s; round trips per batch {:.1} (first {}, most {}); requests/record {:.2}; billed WU/record {:.2}, minimum {:.2}{}; {} problems",
+                    w.workload,
+                    w.records,
+                    w.batches,
+                    w.records_per_s,
+                    w.round_trips_steady_mean,
+                    w.round_trips_first,
+                    w.round_trips_max,
+                    w.requests_per_record,
+                    w.billed_units_per_record,
+                    w.minimum_units_per_record,
+                    w.recomputes_per_batch
+                        .map_or(String::new(), |r| format!("; recomputes/batch {r:.1}")),
+                    w.problems
+                );
+            }
             if !result.problems.is_empty() {
                 for problem in result.problems.iter().take(20) {
                     eprintln!("  {problem}");
@@ -181,7 +239,12 @@ async fn main() {
                 std::process::exit(1);
             }
         }
-        Command::Report { runs, json, svg } => report(&runs, &json, &svg),
+        Command::Report {
+            runs,
+            json,
+            svg,
+            specs_svg,
+        } => report(&runs, &json, &svg, &specs_svg),
     }
 }
 
@@ -251,18 +314,131 @@ impl History {
     }
 }
 
+/// The workloads, one per shipped spec, each in its own table.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Workload {
+    Social,
+    User,
+    Ads,
+}
+
+impl Workload {
+    const ALL: [Workload; 3] = [Workload::Social, Workload::User, Workload::Ads];
+
+    fn name(self) -> &'static str {
+        match self {
+            Workload::Social => "social",
+            Workload::User => "user",
+            Workload::Ads => "ads",
+        }
+    }
+
+    fn spec_file(self) -> &'static str {
+        match self {
+            Workload::Social => "projections/social-service.toml",
+            Workload::User => "projections/user-service.toml",
+            Workload::Ads => "projections/ads-platform.toml",
+        }
+    }
+
+    /// Its share of `--records`, against the other chosen workloads'.
+    fn share(self) -> usize {
+        match self {
+            Workload::Social => 4,
+            Workload::User | Workload::Ads => 3,
+        }
+    }
+
+    /// `social,user,ads` (any of them, in the order to process them).
+    fn parse_list(list: &str) -> Vec<Workload> {
+        let mut out: Vec<Workload> = Vec::new();
+        for name in list.split(',').map(str::trim).filter(|n| !n.is_empty()) {
+            let workload = Workload::ALL
+                .into_iter()
+                .find(|w| w.name() == name)
+                .unwrap_or_else(|| panic!("unknown workload `{name}` (social, user, ads)"));
+            if !out.contains(&workload) {
+                out.push(workload);
+            }
+        }
+        assert!(!out.is_empty(), "no workload chosen (social, user, ads)");
+        out
+    }
+
+    /// The seeded writes of about `target` records.
+    fn history(self, rng: &mut Rng, target: usize) -> History {
+        match self {
+            Workload::Social => social_history(rng, target),
+            Workload::User => user_history(rng, target),
+            Workload::Ads => ads_history(rng, target),
+        }
+    }
+}
+
+/// `records` split over `workloads` by their shares (the last takes the
+/// rest), in their order.
+fn split_records(records: usize, workloads: &[Workload]) -> Vec<usize> {
+    let total: usize = workloads.iter().map(|w| w.share()).sum();
+    let mut left = records;
+    workloads
+        .iter()
+        .enumerate()
+        .map(|(i, w)| {
+            let n = if i + 1 == workloads.len() {
+                left
+            } else {
+                records * w.share() / total
+            };
+            left -= n;
+            n
+        })
+        .collect()
+}
+
 /// Follows (30% of new ones to the hot user), unfollows, re-follows with a
-/// new `followedAt`, and achievements whose tier or score changes.
+/// new `followedAt`, achievements whose tier or score changes, and (15%
+/// of the steps) profiles `USER#{u} / PROFILE`, the rollups' targets:
+/// about 85% of the users (the hot user first) get one at some point of
+/// the history, so some before and some after their first follows; the
+/// others' steps rewrite a profile with a new `displayName` (a plain Put
+/// replacing the item, which wipes the totals) or, one in ten, delete it;
+/// a deleted profile picked again is created again.
 fn social_history(rng: &mut Rng, target: usize) -> History {
     let mut history = History::default();
     let users: Vec<String> = (0..(target / 8).max(50))
         .map(|i| format!("u{i:05}"))
         .collect();
+    // The users still to get a profile, in a seeded order, the hot user
+    // (popped from the end) first.
+    let mut pending: Vec<String> = users.iter().filter(|_| rng.chance(85)).cloned().collect();
+    for i in (1..pending.len()).rev() {
+        pending.swap(i, rng.below(i as u64 + 1) as usize);
+    }
+    pending.push(STAR.to_string());
+    // The users that have had a profile.
+    let mut profiled: Vec<String> = Vec::new();
     // The follows that exist, to pick unfollows and re-follows from.
     let mut follows: Vec<(String, String)> = Vec::new();
     let mut step = 0;
     while history.ops.len() < target {
         step += 1;
+        if rng.chance(15) {
+            if !pending.is_empty() && (profiled.is_empty() || rng.chance(75)) {
+                let user = pending.pop().expect("not empty");
+                history.put(social_profile(&user, 0));
+                profiled.push(user);
+            } else {
+                let user = profiled[rng.below(profiled.len() as u64) as usize].clone();
+                let pk = format!("USER#{user}");
+                if history.get(&pk, "PROFILE").is_some() && rng.chance(10) {
+                    history.delete(&pk, "PROFILE");
+                } else {
+                    // A new display name, or the profile created again.
+                    history.put(social_profile(&user, step));
+                }
+            }
+            continue;
+        }
         let roll = rng.below(100);
         if roll < 20 {
             let user = &users[rng.below(users.len() as u64) as usize];
@@ -368,6 +544,224 @@ fn user_history(rng: &mut Rng, target: usize) -> History {
     history
 }
 
+/// The ads platform: advertisers (`PROFILE#{p} / METADATA`), campaigns
+/// created along the history (3% of the steps: `PROFILE#{p} /
+/// CAMPAIGN#{c}`, `CAMPAIGN#{c} / METADATA` with status ENABLED, one or
+/// two ad groups), campaign rewrites (7%: a plain Put replacing the item,
+/// most with a new status, which moves its GSI1 keys, the others with a
+/// new name), new ad groups (2%), and the rest daily performance
+/// snapshots `CAMPAIGN#{c} / PERF#{date}` (about 80% of the writes: a
+/// campaign's next day, a correction of a day it has, or one in twenty a
+/// delete); one snapshot in ten goes to one of the next campaigns, whose
+/// METADATA is not written yet.
+fn ads_history(rng: &mut Rng, target: usize) -> History {
+    const STATUSES: [&str; 3] = ["ENABLED", "PAUSED", "ARCHIVED"];
+    let mut history = History::default();
+    let advertisers = (target / 300).max(3);
+    let campaigns = (target / 40).max(10);
+    let campaign = |i: usize| format!("c{i:05}");
+    // Per campaign: its advertiser, its next day, the days it has.
+    let owner: Vec<usize> = (0..campaigns)
+        .map(|_| rng.below(advertisers as u64) as usize)
+        .collect();
+    let mut next_day = vec![0u32; campaigns];
+    let mut days: Vec<Vec<u32>> = vec![Vec::new(); campaigns];
+    let mut ad_groups = vec![0usize; campaigns];
+    // Campaigns `..created` exist.
+    let mut created = 0;
+    let mut step = 0;
+    while history.ops.len() < target {
+        step += 1;
+        let roll = rng.below(100);
+        if created < campaigns && (created == 0 || roll < 3) {
+            let (c, p) = (campaign(created), format!("p{:04}", owner[created]));
+            if history.get(&format!("PROFILE#{p}"), "METADATA").is_none() {
+                history.put(attrs(&[
+                    ("PK", s(&format!("PROFILE#{p}"))),
+                    ("SK", s("METADATA")),
+                    ("profileId", s(&p)),
+                    ("name", s(&format!("Advertiser {p}"))),
+                ]));
+            }
+            history.put(attrs(&[
+                ("PK", s(&format!("PROFILE#{p}"))),
+                ("SK", s(&format!("CAMPAIGN#{c}"))),
+                ("profileId", s(&p)),
+                ("campaignId", s(&c)),
+            ]));
+            history.put(campaign_item(&c, &p, "ENABLED", 0));
+            for _ in 0..=rng.below(2) {
+                history.put(ad_group(&c, ad_groups[created]));
+                ad_groups[created] += 1;
+            }
+            created += 1;
+        } else if roll < 10 {
+            let i = rng.below(created as u64) as usize;
+            let c = campaign(i);
+            let old = history
+                .get(&format!("CAMPAIGN#{c}"), "METADATA")
+                .cloned()
+                .expect("a created campaign");
+            let p = text(&old, "profileId").expect("profileId");
+            let status = text(&old, "status").expect("status");
+            if rng.chance(70) {
+                let others: Vec<&str> = STATUSES.into_iter().filter(|x| *x != status).collect();
+                let new = others[rng.below(others.len() as u64) as usize];
+                history.put(campaign_item(&c, &p, new, step));
+            } else {
+                history.put(campaign_item(&c, &p, &status, step));
+            }
+        } else if roll < 12 {
+            let i = rng.below(created as u64) as usize;
+            history.put(ad_group(&campaign(i), ad_groups[i]));
+            ad_groups[i] += 1;
+        } else {
+            let i = if created < campaigns && rng.chance(10) {
+                created + rng.below((campaigns - created).min(3) as u64) as usize
+            } else {
+                rng.below(created as u64) as usize
+            };
+            let c = campaign(i);
+            let pick = rng.below(100);
+            if days[i].is_empty() || pick < 70 {
+                let day = next_day[i];
+                next_day[i] += 1;
+                days[i].push(day);
+                history.put(performance(&c, day, rng));
+            } else if pick < 95 {
+                let day = days[i][rng.below(days[i].len() as u64) as usize];
+                let old = history
+                    .get(&format!("CAMPAIGN#{c}"), &format!("PERF#{}", date(day)))
+                    .cloned()
+                    .expect("a snapshot it has");
+                let mut new = performance(&c, day, rng);
+                if new.get("spend") == old.get("spend") {
+                    new.insert("spend".into(), Av::N("0.01".into()));
+                    if new.get("spend") == old.get("spend") {
+                        new.insert("spend".into(), Av::N("0.02".into()));
+                    }
+                }
+                history.put(new);
+            } else {
+                let at = rng.below(days[i].len() as u64) as usize;
+                let day = days[i].swap_remove(at);
+                history.delete(&format!("CAMPAIGN#{c}"), &format!("PERF#{}", date(day)));
+            }
+        }
+    }
+    history
+}
+
+/// A campaign's METADATA item; `version` names its name.
+fn campaign_item(c: &str, p: &str, status: &str, version: usize) -> Attrs {
+    attrs(&[
+        ("PK", s(&format!("CAMPAIGN#{c}"))),
+        ("SK", s("METADATA")),
+        ("profileId", s(p)),
+        ("campaignId", s(c)),
+        ("status", s(status)),
+        ("name", s(&format!("Campaign {c} v{version}"))),
+    ])
+}
+
+fn ad_group(c: &str, n: usize) -> Attrs {
+    attrs(&[
+        ("PK", s(&format!("CAMPAIGN#{c}"))),
+        ("SK", s(&format!("ADGROUP#g{n}"))),
+        ("campaignId", s(c)),
+        ("adGroupId", s(&format!("g{n}"))),
+        ("name", s(&format!("Ad group {n}"))),
+    ])
+}
+
+/// A daily snapshot with seeded figures: spend in cents as a decimal
+/// (`"123.45"`), clicks and impressions integers.
+fn performance(c: &str, day: u32, rng: &mut Rng) -> Attrs {
+    let spend = rng.below(50_000);
+    let clicks = rng.below(2_000);
+    let impressions = clicks * 20 + rng.below(10_000);
+    let date = date(day);
+    attrs(&[
+        ("PK", s(&format!("CAMPAIGN#{c}"))),
+        ("SK", s(&format!("PERF#{date}"))),
+        ("campaignId", s(c)),
+        ("date", s(&date)),
+        (
+            "spend",
+            Av::N(format!("{}.{:02}", spend / 100, spend % 100)),
+        ),
+        ("clicks", Av::N(clicks.to_string())),
+        ("impressions", Av::N(impressions.to_string())),
+    ])
+}
+
+/// The date `day` days after 2026-01-01, as `2026-03-07`.
+fn date(day: u32) -> String {
+    let (mut year, mut left) = (2026u32, day);
+    loop {
+        let leap = year % 4 == 0 && (year % 100 != 0 || year % 400 == 0);
+        let lengths = [
+            31,
+            if leap { 29 } else { 28 },
+            31,
+            30,
+            31,
+            30,
+            31,
+            31,
+            30,
+            31,
+            30,
+            31,
+        ];
+        for (month, length) in lengths.into_iter().enumerate() {
+            if left < length {
+                return format!("{year}-{:02}-{:02}", month + 1, left + 1);
+            }
+            left -= length;
+        }
+        year += 1;
+    }
+}
+
+/// A DynamoDB number in hundredths (cents), exactly: `"12.3"` is 1230,
+/// `"1.5E+3"` 150000; `None` when it is not a whole number of cents.
+fn cents(number: &str) -> Option<i128> {
+    let number = number.trim();
+    let (negative, rest) = match number.strip_prefix('-') {
+        Some(rest) => (true, rest),
+        None => (false, number.strip_prefix('+').unwrap_or(number)),
+    };
+    let (mantissa, exponent) = match rest.find(['e', 'E']) {
+        Some(at) => (&rest[..at], rest[at + 1..].parse::<i32>().ok()?),
+        None => (rest, 0),
+    };
+    let (whole, fraction) = mantissa.split_once('.').unwrap_or((mantissa, ""));
+    let digits: String = format!("{whole}{fraction}");
+    if digits.is_empty() || !digits.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    let digits = digits.trim_start_matches('0');
+    let mut scale = exponent - fraction.len() as i32 + 2;
+    let mut digits = digits.to_string();
+    while scale < 0 {
+        if !digits.ends_with('0') && !digits.is_empty() {
+            return None;
+        }
+        digits.pop();
+        scale += 1;
+    }
+    let mut value: i128 = if digits.is_empty() {
+        0
+    } else {
+        digits.parse().ok()?
+    };
+    for _ in 0..scale {
+        value = value.checked_mul(10)?;
+    }
+    Some(if negative { -value } else { value })
+}
+
 fn follow(a: &str, b: &str, at: &str) -> Attrs {
     attrs(&[
         ("PK", s(&format!("USER#{a}"))),
@@ -375,6 +769,16 @@ fn follow(a: &str, b: &str, at: &str) -> Attrs {
         ("followerId", s(a)),
         ("followeeId", s(b)),
         ("followedAt", s(at)),
+    ])
+}
+
+/// A social profile; `version` names its display name.
+fn social_profile(user: &str, version: usize) -> Attrs {
+    attrs(&[
+        ("PK", s(&format!("USER#{user}"))),
+        ("SK", s("PROFILE")),
+        ("userId", s(user)),
+        ("displayName", s(&format!("User {user} v{version}"))),
     ])
 }
 
@@ -751,8 +1155,12 @@ impl AnswerOrder {
     }
 }
 
-/// One call: sent, answered, the operation.
-type Span = (Instant, Instant, String);
+/// One call: sent, answered, the operation, the write units the billing
+/// model bills for it (as counted in `billed_units`: a success, a failed
+/// condition or a cancelled transaction; 0 for other errors and reads).
+/// A call: sent, answered, operation, billed units, and what it named
+/// (`BENCH_TRACE_CHAIN` only: the key's prefixes, the index, the items).
+type Span = (Instant, Instant, String, f64, String);
 
 /// The longest chain of `spans` (request sent, answer read) in which each
 /// starts after the one before was answered: the sequential round trips
@@ -770,9 +1178,23 @@ fn sequential_round_trips(spans: &mut [Span]) -> (usize, Vec<String>) {
         return (0, Vec::new());
     };
     let length = chain[at].0;
-    let mut operations = vec![spans[at].2.clone()];
+    let start = spans[0].0;
+    let label = |k: usize| {
+        let span = &spans[k];
+        if span.4.is_empty() {
+            return span.2.clone();
+        }
+        format!(
+            "{}[{}]@{:.0}-{:.0}ms",
+            span.2,
+            span.4,
+            (span.0 - start).as_secs_f64() * 1e3,
+            (span.1 - start).as_secs_f64() * 1e3
+        )
+    };
+    let mut operations = vec![label(at)];
     while let Some(before) = chain[at].1 {
-        operations.push(spans[before].2.clone());
+        operations.push(label(before));
         at = before;
     }
     operations.reverse();
@@ -818,6 +1240,49 @@ struct Pending {
     sent: Instant,
     billed: f64,
     write: bool,
+    /// What the call named, for the chain's trace.
+    detail: String,
+}
+
+/// What a request names, shortly: a key's prefixes (`USER#/PROFILE`), a
+/// query's index and values, a transaction's or batch's item count.
+fn call_detail(body: &serde_json::Value) -> String {
+    let prefix = |value: &serde_json::Value| -> String {
+        let text = value
+            .as_object()
+            .and_then(|o| o.values().next())
+            .and_then(|x| x.as_str())
+            .unwrap_or("");
+        text.chars()
+            .take_while(|c| !c.is_ascii_digit())
+            .take(16)
+            .collect()
+    };
+    if let Some(key) = body.get("Key").or(body.get("Item")) {
+        return format!("{}/{}", prefix(&key["PK"]), prefix(&key["SK"]));
+    }
+    if body.get("KeyConditionExpression").is_some() {
+        let values: Vec<String> = body["ExpressionAttributeValues"]
+            .as_object()
+            .map(|o| o.values().map(prefix).collect())
+            .unwrap_or_default();
+        let index = body["IndexName"].as_str().unwrap_or("");
+        return format!("{index}:{}", values.join(","));
+    }
+    if let Some(items) = body["TransactItems"].as_array() {
+        return items.len().to_string();
+    }
+    if let Some(tables) = body["RequestItems"].as_object() {
+        let n: usize = tables
+            .values()
+            .map(|v| match v {
+                serde_json::Value::Array(writes) => writes.len(),
+                other => other["Keys"].as_array().map_or(0, Vec::len),
+            })
+            .sum();
+        return n.to_string();
+    }
+    String::new()
 }
 
 impl Storable for Pending {
@@ -939,11 +1404,16 @@ impl Intercept for Meter {
             .bytes()
             .and_then(|b| serde_json::from_slice(b).ok())
             .unwrap_or_default();
+        let detail = match std::env::var_os("BENCH_TRACE_CHAIN") {
+            Some(_) => call_detail(&body),
+            None => String::new(),
+        };
         cfg.interceptor_state().store_put(Pending {
             operation: operation.to_string(),
             sent: Instant::now(),
             billed: billed_units(operation, &body),
             write: WRITE_OPERATIONS.contains(&operation),
+            detail,
         });
         Ok(())
     }
@@ -963,11 +1433,7 @@ impl Intercept for Meter {
             entry.calls += 1;
             entry.total_ms += pending.sent.elapsed().as_secs_f64() * 1e3;
         }
-        self.0.spans.lock().expect("not poisoned").push((
-            pending.sent,
-            Instant::now(),
-            pending.operation.clone(),
-        ));
+        let answered = Instant::now();
         let response = context.response();
         let body: serde_json::Value = response
             .body()
@@ -975,7 +1441,9 @@ impl Intercept for Meter {
             .and_then(|b| serde_json::from_slice(b).ok())
             .unwrap_or_default();
         let state = &self.0;
+        let mut billed = 0.0;
         if response.status().is_success() {
+            billed = pending.billed;
             state
                 .billed_ok
                 .fetch_add(micro(pending.billed), Ordering::Relaxed);
@@ -1005,11 +1473,13 @@ impl Intercept for Meter {
             let kind = body["__type"].as_str().unwrap_or_default();
             if kind.ends_with("ConditionalCheckFailedException") {
                 state.failed_conditions.fetch_add(1, Ordering::Relaxed);
+                billed = pending.billed;
                 state
                     .billed_failed_conditions
                     .fetch_add(micro(pending.billed), Ordering::Relaxed);
             } else if kind.ends_with("TransactionCanceledException") {
                 state.cancelled_transactions.fetch_add(1, Ordering::Relaxed);
+                billed = pending.billed;
                 state
                     .billed_cancelled
                     .fetch_add(micro(pending.billed), Ordering::Relaxed);
@@ -1017,15 +1487,41 @@ impl Intercept for Meter {
                 state.other_errors.fetch_add(1, Ordering::Relaxed);
             }
         }
+        state.spans.lock().expect("not poisoned").push((
+            pending.sent,
+            answered,
+            pending.operation.clone(),
+            billed,
+            pending.detail.clone(),
+        ));
         Ok(())
     }
 }
 
 // ---------------------------------------------------------------- minimum ---
 
-/// The writes the projections need per source record, by kind: for each
-/// record in stream order, the derived items whose value it changes.
-fn minimum_writes(social: &[Record], user: &[Record]) -> BTreeMap<String, u64> {
+/// The writes the projections need per source record of `workload`, by
+/// kind: for each record in stream order, the derived items whose value
+/// it changes, one write per item.
+///
+/// - social: the inverse edge (a follow inserted or removed, or its
+///   `followedAt` changed); both counters (a follow inserted or removed);
+///   an achievement's GSI key pair when it moves; profile totals: a follow
+///   inserted or removed moves the followee's `followersCount` and the
+///   follower's `followingCount`, one write per such profile that exists
+///   at that point of the stream, and a profile written (an INSERT, or a
+///   MODIFY: a writer's Put replaces the item, totals included) needs its
+///   totals written, one write, even when both are 0 (the rollup writes
+///   0, not nothing);
+/// - user: an email's GSI key pair when it moves; the profile's copied
+///   email when it changes (or appears with the profile);
+/// - ads: a campaign's METADATA written needs one write of that item:
+///   `campaign GSI keys` when the keys move (an INSERT, a status change;
+///   the write carries the totals too), else `campaign totals` (a Put that
+///   keeps the keys still replaced the totals); a snapshot inserted,
+///   removed or whose figures changed moves its campaign's totals, one
+///   write when the campaign's METADATA exists at that point.
+fn minimum_writes(workload: Workload, records: &[Record]) -> BTreeMap<String, u64> {
     let mut kinds: BTreeMap<String, u64> = BTreeMap::new();
     let mut add = |kind: &str, n: u64| *kinds.entry(kind.to_string()).or_default() += n;
     let string = |item: Option<&Image>, name: &str| -> Option<String> {
@@ -1034,33 +1530,104 @@ fn minimum_writes(social: &[Record], user: &[Record]) -> BTreeMap<String, u64> {
             _ => None,
         }
     };
-    for record in social.iter().flatten() {
-        let sk = string(Some(&record.keys), "SK").unwrap_or_default();
-        let (old, new) = (record.old_image.as_ref(), record.new_image.as_ref());
-        if sk.starts_with("FOLLOWS#") {
-            match record.kind {
-                ChangeKind::Insert | ChangeKind::Remove => {
-                    add("inverse edge", 1);
-                    add("counters", 2);
-                }
-                ChangeKind::Modify => {
-                    if string(old, "followedAt") != string(new, "followedAt") {
-                        add("inverse edge", 1);
+    match workload {
+        Workload::Social => {
+            // Users whose profile exists.
+            let mut profiles: HashSet<String> = HashSet::new();
+            for record in records.iter().flatten() {
+                let pk = string(Some(&record.keys), "PK").unwrap_or_default();
+                let sk = string(Some(&record.keys), "SK").unwrap_or_default();
+                let (old, new) = (record.old_image.as_ref(), record.new_image.as_ref());
+                if let Some(followee) = sk.strip_prefix("FOLLOWS#") {
+                    let follower = pk.trim_start_matches("USER#");
+                    match record.kind {
+                        ChangeKind::Insert | ChangeKind::Remove => {
+                            add("inverse edge", 1);
+                            add("counters", 2);
+                            let totals = [followee, follower]
+                                .iter()
+                                .filter(|u| profiles.contains(**u))
+                                .count();
+                            add("profile totals", totals as u64);
+                        }
+                        ChangeKind::Modify => {
+                            if string(old, "followedAt") != string(new, "followedAt") {
+                                add("inverse edge", 1);
+                            }
+                        }
+                    }
+                } else if sk.starts_with("ACHIEVEMENT#") {
+                    let keys = |item: Option<&Image>| {
+                        Some((
+                            string(item, "tier")?,
+                            format!("{:0>4}", string(item, "score")?),
+                        ))
+                    };
+                    if new.is_some() && keys(new) != keys(old) {
+                        add("achievement GSI keys", 1);
+                    }
+                } else if sk == "PROFILE" {
+                    let user = pk.trim_start_matches("USER#").to_string();
+                    if new.is_some() {
+                        add("profile totals", 1);
+                        profiles.insert(user);
+                    } else {
+                        profiles.remove(&user);
                     }
                 }
             }
-        } else if sk.starts_with("ACHIEVEMENT#") {
-            let keys = |item: Option<&Image>| {
-                Some((
-                    string(item, "tier")?,
-                    format!("{:0>4}", string(item, "score")?),
-                ))
-            };
-            if new.is_some() && keys(new) != keys(old) {
-                add("achievement GSI keys", 1);
+        }
+        Workload::User => minimum_user_writes(records, &mut add),
+        Workload::Ads => {
+            // Campaigns whose METADATA exists.
+            let mut campaigns: HashSet<String> = HashSet::new();
+            for record in records.iter().flatten() {
+                let pk = string(Some(&record.keys), "PK").unwrap_or_default();
+                let sk = string(Some(&record.keys), "SK").unwrap_or_default();
+                let (old, new) = (record.old_image.as_ref(), record.new_image.as_ref());
+                let Some(campaign) = pk.strip_prefix("CAMPAIGN#") else {
+                    continue;
+                };
+                if sk == "METADATA" {
+                    let keys = |item: Option<&Image>| {
+                        Some((string(item, "profileId")?, string(item, "status")?))
+                    };
+                    if new.is_none() {
+                        campaigns.remove(campaign);
+                        continue;
+                    }
+                    campaigns.insert(campaign.to_string());
+                    if keys(new) != keys(old) {
+                        add("campaign GSI keys", 1);
+                    } else {
+                        add("campaign totals", 1);
+                    }
+                } else if sk.starts_with("PERF#") {
+                    let figures = |item: Option<&Image>| {
+                        ["spend", "clicks", "impressions"].map(|name| string(item, name))
+                    };
+                    let moved = match record.kind {
+                        ChangeKind::Insert | ChangeKind::Remove => true,
+                        ChangeKind::Modify => figures(old) != figures(new),
+                    };
+                    if moved && campaigns.contains(campaign) {
+                        add("campaign totals", 1);
+                    }
+                }
             }
         }
     }
+    kinds
+}
+
+/// The user workload's minimum (see [`minimum_writes`]).
+fn minimum_user_writes(user: &[Record], add: &mut impl FnMut(&str, u64)) {
+    let string = |item: Option<&Image>, name: &str| -> Option<String> {
+        match item?.get(name)? {
+            ValueRef::S(v) | ValueRef::N(v) => Some(v.to_string()),
+            _ => None,
+        }
+    };
     // user -> email id -> (address, primary); profiles that exist.
     let mut emails: HashMap<String, BTreeMap<String, (String, bool)>> = HashMap::new();
     let mut profiles: HashSet<String> = HashSet::new();
@@ -1108,7 +1675,6 @@ fn minimum_writes(social: &[Record], user: &[Record]) -> BTreeMap<String, u64> {
             }
         }
     }
-    kinds
 }
 
 // ------------------------------------------------------------ contenders ---
@@ -1117,14 +1683,27 @@ fn minimum_writes(social: &[Record], user: &[Record]) -> BTreeMap<String, u64> {
 #[derive(Default)]
 struct Processing {
     latencies_ms: Vec<f64>,
-    /// Each batch's start and end.
-    windows: Vec<(Instant, Instant)>,
+    /// Each batch's workload (its position in the run's list), start and
+    /// end.
+    windows: Vec<(usize, Instant, Instant)>,
     batches: usize,
     stats: BatchStats,
     passes: usize,
     failed_deliveries: usize,
-    /// Processing time per table (social, user).
+    /// Processing time per table, in the run's workload order.
     table_seconds: Vec<f64>,
+    /// Per table, in the same order.
+    tables: Vec<TableProcessing>,
+}
+
+/// One table's processing: the tables go one after the other, so its
+/// window holds its calls only.
+struct TableProcessing {
+    started: Instant,
+    ended: Instant,
+    batches: usize,
+    /// What `BatchStats` counted (the projector only).
+    stats: BatchStats,
 }
 
 /// ddb-projector: each table's records in batches through `apply_batch`;
@@ -1137,11 +1716,14 @@ async fn run_projector(
     ledger: bool,
 ) -> Processing {
     let mut processing = Processing::default();
-    for (applier, records) in appliers {
+    for (table, (applier, records)) in appliers.iter().enumerate() {
         let table_started = Instant::now();
+        let mut table_stats = BatchStats::default();
+        let mut table_batches = 0;
         for chunk in records.chunks(batch) {
             let started = Instant::now();
             processing.batches += 1;
+            table_batches += 1;
             let mut start = 0;
             for pass in 1.. {
                 assert!(pass <= 10, "a batch was still not handled after 10 passes");
@@ -1155,6 +1737,7 @@ async fn run_projector(
                     .await
                     .unwrap_or_else(|error| panic!("the batch failed as a whole: {error}"));
                 processing.stats.add(&outcome.stats);
+                table_stats.add(&outcome.stats);
                 for status in &outcome.statuses {
                     if let RecordStatus::DeadLettered(reasons) = status {
                         panic!("a record was dead-lettered: {reasons:?}");
@@ -1171,11 +1754,17 @@ async fn run_projector(
             processing
                 .latencies_ms
                 .push(started.elapsed().as_secs_f64() * 1e3);
-            processing.windows.push((started, Instant::now()));
+            processing.windows.push((table, started, Instant::now()));
         }
         processing
             .table_seconds
             .push(table_started.elapsed().as_secs_f64());
+        processing.tables.push(TableProcessing {
+            started: table_started,
+            ended: Instant::now(),
+            batches: table_batches,
+            stats: table_stats,
+        });
     }
     processing
 }
@@ -1201,11 +1790,128 @@ fn delivery(applier: &Applier, records: &[Record]) -> Option<Arc<Delivery>> {
 /// The baseline: a stream handler as a team writes it by hand. For each
 /// record in order, decide by key pattern and make sequential single-item
 /// calls. Counters are plain `ADD`s on one item per user (not sharded, not
-/// idempotent: a redelivered record counts twice).
+/// idempotent: a redelivered record counts twice), and so are the profile
+/// totals beside them; a profile written gets both totals set from the
+/// counts; a campaign's totals are recomputed from a Query of its
+/// snapshots whenever it or one of them is written.
 struct Baseline {
     client: aws_sdk_dynamodb::Client,
     social_table: String,
     user_table: String,
+    ads_table: String,
+}
+
+/// A campaign's totals over its PERF# items, as `campaign-totals` defines
+/// them: sums exact (in hundredths, never floats), `days` counted, the
+/// dates compared as strings; over no snapshots `days` is 0 and the others
+/// are absent.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+struct CampaignTotals {
+    days: i128,
+    /// In hundredths.
+    spend: Option<i128>,
+    clicks: Option<i128>,
+    impressions: Option<i128>,
+    first_date: Option<String>,
+    last_date: Option<String>,
+}
+
+impl CampaignTotals {
+    /// Over the snapshots `items` (other items are left out); the date is
+    /// the sort key's, the entity's key variable.
+    fn of<'a>(items: impl IntoIterator<Item = &'a Attrs>) -> CampaignTotals {
+        let mut totals = CampaignTotals::default();
+        let sum = |total: &mut Option<i128>, item: &Attrs, name: &str| {
+            if let Some(n) = item.get(name).and_then(|v| v.as_n().ok()) {
+                let n = cents(n).unwrap_or_else(|| panic!("{name} = {n}: not in cents"));
+                *total = Some(total.unwrap_or(0) + n);
+            }
+        };
+        for item in items {
+            let Some(date) =
+                text(item, "SK").and_then(|sk| sk.strip_prefix("PERF#").map(str::to_string))
+            else {
+                continue;
+            };
+            totals.days += 1;
+            sum(&mut totals.spend, item, "spend");
+            sum(&mut totals.clicks, item, "clicks");
+            sum(&mut totals.impressions, item, "impressions");
+            if totals.first_date.as_ref().is_none_or(|d| date < *d) {
+                totals.first_date = Some(date.clone());
+            }
+            if totals.last_date.as_ref().is_none_or(|d| date > *d) {
+                totals.last_date = Some(date);
+            }
+        }
+        totals
+    }
+
+    /// Each total attribute and its value (`None`: absent).
+    fn attributes(&self) -> [(&'static str, Option<Av>); 6] {
+        let number = |hundredths: Option<i128>| hundredths.map(|h| Av::N(hundredths_text(h)));
+        [
+            ("totalSpend", number(self.spend)),
+            ("totalClicks", number(self.clicks)),
+            ("totalImpressions", number(self.impressions)),
+            ("days", Some(Av::N(self.days.to_string()))),
+            ("firstDate", self.first_date.clone().map(Av::S)),
+            ("lastDate", self.last_date.clone().map(Av::S)),
+        ]
+    }
+
+    /// The totals an item holds (numbers read by value).
+    fn on(item: &Attrs) -> Result<CampaignTotals, String> {
+        let number = |name: &str| -> Result<Option<i128>, String> {
+            match item.get(name) {
+                None => Ok(None),
+                Some(Av::N(n)) => cents(n)
+                    .map(Some)
+                    .ok_or_else(|| format!("{name} = {n}, not a whole number of cents")),
+                Some(other) => Err(format!("{name} = {other:?}, not a number")),
+            }
+        };
+        Ok(CampaignTotals {
+            // -1: absent (the aggregate always writes `days`).
+            days: number("days")?.map_or(-1, |d| d / 100),
+            spend: number("totalSpend")?,
+            clicks: number("totalClicks")?,
+            impressions: number("totalImpressions")?,
+            first_date: text(item, "firstDate"),
+            last_date: text(item, "lastDate"),
+        })
+    }
+}
+
+/// Hundredths as a DynamoDB number: `1234` is `12.34`, `1200` is `12`.
+fn hundredths_text(h: i128) -> String {
+    let sign = if h < 0 { "-" } else { "" };
+    let h = h.abs();
+    if h % 100 == 0 {
+        format!("{sign}{}", h / 100)
+    } else {
+        format!("{sign}{}.{:02}", h / 100, h % 100)
+    }
+}
+
+/// A conditional update (`attribute_exists(PK)`) whose item is absent is
+/// fine: there is nothing to write on; any other error is not.
+fn absent_is_fine<T, R: std::fmt::Debug>(
+    sent: Result<
+        T,
+        aws_sdk_dynamodb::error::SdkError<
+            aws_sdk_dynamodb::operation::update_item::UpdateItemError,
+            R,
+        >,
+    >,
+    what: &str,
+) {
+    if let Err(error) = sent {
+        let absent = error
+            .as_service_error()
+            .is_some_and(|e| e.is_conditional_check_failed_exception());
+        assert!(absent, "{what}: {error:?}");
+    }
 }
 
 /// The baseline's counters: `USER#{id} / COUNTS`, `followers`, `following`.
@@ -1283,6 +1989,62 @@ impl Baseline {
                     .await
                     .expect("count");
             }
+            // The totals on the profiles, where they exist.
+            for (user, total) in [(followee, "followersCount"), (follower, "followingCount")] {
+                let sent = self
+                    .client
+                    .update_item()
+                    .table_name(table)
+                    .key("PK", s(&format!("USER#{user}")))
+                    .key("SK", s("PROFILE"))
+                    .update_expression("ADD #t :d")
+                    .condition_expression("attribute_exists(PK)")
+                    .expression_attribute_names("#t", total)
+                    .expression_attribute_values(":d", Av::N(delta.to_string()))
+                    .return_consumed_capacity(ReturnConsumedCapacity::Total)
+                    .send()
+                    .await;
+                absent_is_fine(sent, "add to a profile total");
+            }
+        } else if sk == "PROFILE" {
+            // A writer's Put (a new profile, or one rewritten) leaves no
+            // totals: set both from the counts (0 when there are none, as
+            // the rollups write).
+            if record.kind == ChangeKind::Remove {
+                return;
+            }
+            let counts = self
+                .client
+                .get_item()
+                .table_name(table)
+                .key("PK", s(&pk))
+                .key("SK", s(BASELINE_COUNTS))
+                .consistent_read(true)
+                .return_consumed_capacity(ReturnConsumedCapacity::Total)
+                .send()
+                .await
+                .expect("get counts");
+            let count = |name: &str| {
+                counts
+                    .item()
+                    .and_then(|item| item.get(name))
+                    .cloned()
+                    .unwrap_or_else(|| Av::N("0".into()))
+            };
+            let sent = self
+                .client
+                .update_item()
+                .table_name(table)
+                .key("PK", s(&pk))
+                .key("SK", s("PROFILE"))
+                .update_expression("SET followersCount = :a, followingCount = :b")
+                .condition_expression("attribute_exists(PK)")
+                .expression_attribute_values(":a", count("followers"))
+                .expression_attribute_values(":b", count("following"))
+                .return_consumed_capacity(ReturnConsumedCapacity::Total)
+                .send()
+                .await;
+            absent_is_fine(sent, "set profile totals");
         } else if sk.starts_with("ACHIEVEMENT#") {
             let Some(new) = Baseline::image(record, true) else {
                 return;
@@ -1373,11 +2135,90 @@ impl Baseline {
             .return_consumed_capacity(ReturnConsumedCapacity::Total)
             .send()
             .await;
-        if let Err(error) = sent {
-            let deleted = error
-                .as_service_error()
-                .is_some_and(|e| e.is_conditional_check_failed_exception());
-            assert!(deleted, "set GSI keys: {error:?}");
+        absent_is_fine(sent, "set GSI keys");
+    }
+
+    /// A campaign's METADATA written: its GSI1 keys and its totals, from a
+    /// Query of its snapshots, in one update while it exists. A snapshot
+    /// written or deleted: the totals again, on the campaign if it exists.
+    async fn handle_ads(&self, record: &ChangeRecord) {
+        let (pk, sk) = Baseline::key(record);
+        let Some(campaign) = pk.strip_prefix("CAMPAIGN#") else {
+            return;
+        };
+        let keys = if sk == "METADATA" {
+            let Some(new) = Baseline::image(record, true) else {
+                return;
+            };
+            Some((
+                format!("PROFILE#{}", text(&new, "profileId").unwrap_or_default()),
+                format!(
+                    "STATUS#{}#CAMPAIGN#{campaign}",
+                    text(&new, "status").unwrap_or_default()
+                ),
+            ))
+        } else if sk.starts_with("PERF#") {
+            None
+        } else {
+            return;
+        };
+        let totals = self.campaign_totals(&pk).await;
+        let mut request = self
+            .client
+            .update_item()
+            .table_name(&self.ads_table)
+            .key("PK", s(&pk))
+            .key("SK", s("METADATA"))
+            .condition_expression("attribute_exists(PK)")
+            .return_consumed_capacity(ReturnConsumedCapacity::Total);
+        let (mut set, mut remove) = (Vec::new(), Vec::new());
+        if let Some((gsi_pk, gsi_sk)) = keys {
+            set.push("GSI1PK = :gp, GSI1SK = :gs".to_string());
+            request = request
+                .expression_attribute_values(":gp", s(&gsi_pk))
+                .expression_attribute_values(":gs", s(&gsi_sk));
+        }
+        for (i, (name, value)) in totals.attributes().into_iter().enumerate() {
+            request = request.expression_attribute_names(format!("#t{i}"), name);
+            match value {
+                Some(value) => {
+                    set.push(format!("#t{i} = :t{i}"));
+                    request = request.expression_attribute_values(format!(":t{i}"), value);
+                }
+                None => remove.push(format!("#t{i}")),
+            }
+        }
+        let mut expression = format!("SET {}", set.join(", "));
+        if !remove.is_empty() {
+            expression.push_str(&format!(" REMOVE {}", remove.join(", ")));
+        }
+        let sent = request.update_expression(expression).send().await;
+        absent_is_fine(sent, "set campaign totals");
+    }
+
+    /// The totals over the campaign's snapshots: a consistent Query.
+    async fn campaign_totals(&self, pk: &str) -> CampaignTotals {
+        let mut items = Vec::new();
+        let mut start = None;
+        loop {
+            let page = self
+                .client
+                .query()
+                .table_name(&self.ads_table)
+                .key_condition_expression("PK = :pk AND begins_with(SK, :p)")
+                .expression_attribute_values(":pk", s(pk))
+                .expression_attribute_values(":p", s("PERF#"))
+                .consistent_read(true)
+                .set_exclusive_start_key(start)
+                .return_consumed_capacity(ReturnConsumedCapacity::Total)
+                .send()
+                .await
+                .expect("query snapshots");
+            items.extend(page.items().iter().cloned());
+            match page.last_evaluated_key() {
+                Some(key) if !key.is_empty() => start = Some(key.clone()),
+                _ => return CampaignTotals::of(&items),
+            }
         }
     }
 
@@ -1401,46 +2242,69 @@ impl Baseline {
 
 async fn run_baseline(
     baseline: &Baseline,
-    social: &[Record],
-    user: &[Record],
+    tables: &[(Workload, &[Record])],
     batch: usize,
 ) -> Processing {
     let mut processing = Processing::default();
-    for (records, social_table) in [(social, true), (user, false)] {
+    for (table, (workload, records)) in tables.iter().enumerate() {
         let table_started = Instant::now();
+        let mut table_batches = 0;
         for chunk in records.chunks(batch) {
             let started = Instant::now();
             processing.batches += 1;
+            table_batches += 1;
             processing.passes += 1;
             for record in chunk.iter().flatten() {
-                if social_table {
-                    baseline.handle_social(record).await;
-                } else {
-                    baseline.handle_user(record).await;
+                match workload {
+                    Workload::Social => baseline.handle_social(record).await,
+                    Workload::User => baseline.handle_user(record).await,
+                    Workload::Ads => baseline.handle_ads(record).await,
                 }
             }
             processing
                 .latencies_ms
                 .push(started.elapsed().as_secs_f64() * 1e3);
-            processing.windows.push((started, Instant::now()));
+            processing.windows.push((table, started, Instant::now()));
         }
         processing
             .table_seconds
             .push(table_started.elapsed().as_secs_f64());
+        processing.tables.push(TableProcessing {
+            started: table_started,
+            ended: Instant::now(),
+            batches: table_batches,
+            stats: BatchStats::default(),
+        });
     }
     processing
 }
 
 // ----------------------------------------------------------------- check ---
 
-/// Every difference between the derived state and what the final source
-/// items imply; `projector` says where the counters live.
+/// Every difference between the derived state of `workload`'s table and
+/// what the final source items imply; `projector` says where the social
+/// counters live. With the hot user's followers (expected, found) for the
+/// social workload.
 async fn check_state(
     client: &aws_sdk_dynamodb::Client,
+    workload: Workload,
+    table: &str,
+    history: &History,
+    projector: bool,
+) -> (Vec<String>, (i64, i64)) {
+    match workload {
+        Workload::Social => check_social(client, table, history, projector).await,
+        Workload::User => (check_user(client, table, history).await, (0, 0)),
+        Workload::Ads => (check_ads(client, table, history).await, (0, 0)),
+    }
+}
+
+/// Inverse edges, counters, achievements' GSI keys, and for every profile
+/// that exists its totals, equal to its final follows (0 written).
+async fn check_social(
+    client: &aws_sdk_dynamodb::Client,
     social_table: &str,
-    user_table: &str,
     social: &History,
-    user: &History,
     projector: bool,
 ) -> (Vec<String>, (i64, i64)) {
     let mut problems = Vec::new();
@@ -1543,7 +2407,45 @@ async fn check_state(
             .copied()
             .unwrap_or(0),
     );
+    // The rollups' totals: on every profile that exists, its final follows
+    // (0 too: a rollup writes 0, not nothing); no profile brought back.
+    for ((pk, sk), _) in social.items.iter().filter(|((_, sk), _)| sk == "PROFILE") {
+        let user = pk.trim_start_matches("USER#").to_string();
+        let found = by_key.get(&(pk.clone(), sk.clone()));
+        for (attribute, counter) in [
+            ("followersCount", "followers"),
+            ("followingCount", "following"),
+        ] {
+            let expected = want.get(&(user.clone(), counter)).copied().unwrap_or(0);
+            let have = found.and_then(|p| p.get(attribute)).cloned();
+            let value = have
+                .as_ref()
+                .and_then(|v| v.as_n().ok())
+                .and_then(|n| cents(n));
+            if value != Some(i128::from(expected) * 100) {
+                problems.push(format!(
+                    "{pk}/PROFILE: {attribute} {have:?}, expected {expected}"
+                ));
+            }
+        }
+    }
+    for item in &items {
+        let key = History::key(item);
+        if key.1 == "PROFILE" && !social.items.contains_key(&key) {
+            problems.push(format!("{}/{}: a profile no writer wrote", key.0, key.1));
+        }
+    }
+    (problems, star)
+}
 
+/// Emails' GSI keys and each profile's copied primary email; nothing
+/// written beside the writers' items (but the projector's own).
+async fn check_user(
+    client: &aws_sdk_dynamodb::Client,
+    user_table: &str,
+    user: &History,
+) -> Vec<String> {
+    let mut problems = Vec::new();
     let items = scan_all(client, user_table).await;
     let by_key: HashMap<(String, String), &Attrs> = items
         .iter()
@@ -1587,7 +2489,67 @@ async fn check_state(
             problems.push(format!("{}/{}: an item no writer wrote", key.0, key.1));
         }
     }
-    (problems, star)
+    problems
+}
+
+/// Every campaign's GSI1 keys and totals over its final snapshots
+/// (numbers by value); nothing written beside the writers' items (but
+/// the projector's own).
+async fn check_ads(
+    client: &aws_sdk_dynamodb::Client,
+    ads_table: &str,
+    ads: &History,
+) -> Vec<String> {
+    let mut problems = Vec::new();
+    let items = scan_all(client, ads_table).await;
+    let by_key: HashMap<(String, String), &Attrs> = items
+        .iter()
+        .map(|item| (History::key(item), item))
+        .collect();
+    for ((pk, sk), item) in ads
+        .items
+        .iter()
+        .filter(|((pk, sk), _)| pk.starts_with("CAMPAIGN#") && sk == "METADATA")
+    {
+        let campaign = pk.trim_start_matches("CAMPAIGN#");
+        let Some(found) = by_key.get(&(pk.clone(), sk.clone())) else {
+            problems.push(format!("{pk}/{sk}: gone"));
+            continue;
+        };
+        let expected = (
+            Some(format!("PROFILE#{}", text(item, "profileId").unwrap())),
+            Some(format!(
+                "STATUS#{}#CAMPAIGN#{campaign}",
+                text(item, "status").unwrap()
+            )),
+        );
+        let have = (text(found, "GSI1PK"), text(found, "GSI1SK"));
+        if have != expected {
+            problems.push(format!(
+                "{pk}/{sk}: GSI1 keys {have:?}, expected {expected:?}"
+            ));
+        }
+        let snapshots = ads
+            .items
+            .range((pk.clone(), "PERF#".to_string())..)
+            .take_while(|((p, s), _)| p == pk && s.starts_with("PERF#"))
+            .map(|(_, item)| item);
+        let expected = CampaignTotals::of(snapshots);
+        match CampaignTotals::on(found) {
+            Ok(have) if have == expected => {}
+            Ok(have) => problems.push(format!(
+                "{pk}/{sk}: totals {have:?}, expected {expected:?} (sums in hundredths; days -1: absent)"
+            )),
+            Err(problem) => problems.push(format!("{pk}/{sk}: {problem}")),
+        }
+    }
+    for item in &items {
+        let key = History::key(item);
+        if !key.0.starts_with("_ddbp#") && !ads.items.contains_key(&key) {
+            problems.push(format!("{}/{}: an item no writer wrote", key.0, key.1));
+        }
+    }
+    problems
 }
 
 // ------------------------------------------------------------------- run ---
@@ -1613,12 +2575,15 @@ struct RunResult {
     records: usize,
     social_records: usize,
     user_records: usize,
+    #[serde(default)]
+    ads_records: usize,
     batches: usize,
     passes: usize,
     failed_deliveries: usize,
     setup_seconds: f64,
     seconds: f64,
-    /// Processing time of the social table's records, then the user table's.
+    /// Processing time of each table's records, in the order of
+    /// `workloads` (social then user in runs from before it).
     table_seconds: Vec<f64>,
     records_per_s: f64,
     p50_ms: f64,
@@ -1656,6 +2621,48 @@ struct RunResult {
     hot_user_followers: i64,
     hot_user_followers_found: i64,
     problems: Vec<String>,
+    /// Per workload (table), in the order processed (empty in runs from
+    /// before it).
+    #[serde(default)]
+    workloads: Vec<WorkloadResult>,
+}
+
+/// One workload's (table's) figures within a run. The tables are
+/// processed one after the other: the calls sent within a table's
+/// processing window are its own.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+struct WorkloadResult {
+    /// `social`, `user` or `ads`.
+    workload: String,
+    table: String,
+    records: usize,
+    batches: usize,
+    /// Its processing time, and its records per second of it.
+    seconds: f64,
+    records_per_s: f64,
+    /// Sequential round trips per batch: the mean over the steady-state
+    /// batches (all but the table's first; the first's when it has one
+    /// batch only), the first batch's, and the most.
+    round_trips_steady_mean: f64,
+    round_trips_first: usize,
+    round_trips_max: usize,
+    /// Calls sent in its processing window (retries included), by
+    /// operation, and per record.
+    requests: u64,
+    calls: BTreeMap<String, u64>,
+    requests_per_record: f64,
+    /// What the billing model bills for those calls.
+    billed_units: f64,
+    billed_units_per_record: f64,
+    minimum_units: u64,
+    minimum_units_per_record: f64,
+    minimum_by_kind: BTreeMap<String, u64>,
+    /// Recomputed targets per batch and the requests by purpose, as
+    /// `BatchStats` counted them (the projector only).
+    recomputes_per_batch: Option<f64>,
+    requests_by_purpose: Option<ddb_projector::apply::Requests>,
+    /// Problems the check found in its table.
+    problems: usize,
 }
 
 fn status_kib(field: &str) -> f64 {
@@ -1683,61 +2690,66 @@ async fn run(
     contender: &str,
     batch: usize,
     records: usize,
+    workloads: &[Workload],
     seed: u64,
     latency_ms: f64,
     rtt_ms: f64,
 ) -> RunResult {
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));
-    // Without the rollups (the counters' totals on the profile): the
-    // hand-written handler does not keep them, and the series compares
-    // the same work since before they were shipped.
-    let text =
-        std::fs::read_to_string(root.join("projections/social-service.toml")).expect("social spec");
-    let (start, end) = (
-        text.find("# The counters' totals on the profile")
-            .expect("the rollups' comment"),
-        text.find("# Leaderboard by tier")
-            .expect("the leaderboard's comment"),
-    );
-    let social_spec = Arc::new(
-        Spec::from_toml(
-            &format!("{}{}", &text[..start], &text[end..]),
-            "social-service.toml",
-        )
-        .expect("social spec"),
-    );
-    let user_spec =
-        Arc::new(Spec::from_file(&root.join("projections/user-service.toml")).expect("user spec"));
+    let specs: Vec<Arc<Spec>> = workloads
+        .iter()
+        .map(|w| {
+            Arc::new(
+                Spec::from_file(&root.join(w.spec_file()))
+                    .unwrap_or_else(|e| panic!("{}: {e}", w.spec_file())),
+            )
+        })
+        .collect();
     let config = aws_config::load_from_env().await;
     let plain = aws_sdk_dynamodb::Client::new(&config);
     let streams = aws_sdk_dynamodbstreams::Client::new(&config);
-    let social_table = social_spec.table.name.clone();
-    let user_table = user_spec.table.name.clone();
+    let tables: Vec<String> = specs.iter().map(|spec| spec.table.name.clone()).collect();
 
     let setup = Instant::now();
-    for (spec, table) in [(&social_spec, &social_table), (&user_spec, &user_table)] {
+    for (spec, table) in specs.iter().zip(&tables) {
         ddb_projector::table::create_table(&plain, spec, table)
             .await
             .expect("create table");
     }
     let mut rng = Rng(seed.max(1));
-    let social_target = records * 2 / 3;
-    let social_history = social_history(&mut rng, social_target);
-    let user_history = user_history(&mut rng, records - social_target);
-    tokio::join!(
-        write_history(&plain, &social_table, &social_history),
-        write_history(&plain, &user_table, &user_history)
-    );
-    let social = read_stream(&plain, &streams, &social_table).await;
-    let user = read_stream(&plain, &streams, &user_table).await;
-    assert_eq!(
-        social.len(),
-        social_history.ops.len(),
-        "social stream records"
-    );
-    assert_eq!(user.len(), user_history.ops.len(), "user stream records");
+    let histories: Vec<History> = workloads
+        .iter()
+        .zip(split_records(records, workloads))
+        .map(|(workload, target)| workload.history(&mut rng, target))
+        .collect();
+    futures::future::join_all(
+        tables
+            .iter()
+            .zip(&histories)
+            .map(|(table, history)| write_history(&plain, table, history)),
+    )
+    .await;
+    let mut streamed: Vec<Vec<Record>> = Vec::new();
+    for ((workload, table), history) in workloads.iter().zip(&tables).zip(&histories) {
+        let records = read_stream(&plain, &streams, table).await;
+        assert_eq!(
+            records.len(),
+            history.ops.len(),
+            "{} stream records",
+            workload.name()
+        );
+        streamed.push(records);
+    }
     let setup_seconds = setup.elapsed().as_secs_f64();
-    let minimum = minimum_writes(&social, &user);
+    let minimums: Vec<BTreeMap<String, u64>> = workloads
+        .iter()
+        .zip(&streamed)
+        .map(|(workload, records)| minimum_writes(*workload, records))
+        .collect();
+    let mut minimum: BTreeMap<String, u64> = BTreeMap::new();
+    for (kind, n) in minimums.iter().flatten() {
+        *minimum.entry(kind.clone()).or_default() += n;
+    }
 
     let meter = Meter::default();
     let mut builder = aws_sdk_dynamodb::config::Builder::from(&config).interceptor(meter.clone());
@@ -1771,31 +2783,39 @@ async fn run(
                 check_invariants: contender != "projector-nochecks",
                 ..ApplyConfig::default()
             };
-            let appliers = [
-                (
-                    control::applier(
-                        client.clone(),
-                        social_spec.clone(),
-                        &social_table,
-                        apply.clone(),
-                    ),
-                    social.as_slice(),
-                ),
-                (
-                    control::applier(client.clone(), user_spec.clone(), &user_table, apply),
-                    user.as_slice(),
-                ),
-            ];
+            let appliers: Vec<(Applier, &[Record])> = specs
+                .iter()
+                .zip(&tables)
+                .zip(&streamed)
+                .map(|((spec, table), records)| {
+                    (
+                        control::applier(client.clone(), spec.clone(), table, apply.clone()),
+                        records.as_slice(),
+                    )
+                })
+                .collect();
             let ledger = contender != "projector-noledger";
             (run_projector(&appliers, batch, ledger).await, true)
         }
         "baseline" => {
+            let table_of = |wanted: Workload| {
+                workloads
+                    .iter()
+                    .position(|w| *w == wanted)
+                    .map_or(String::new(), |i| tables[i].clone())
+            };
             let baseline = Baseline {
                 client: client.clone(),
-                social_table: social_table.clone(),
-                user_table: user_table.clone(),
+                social_table: table_of(Workload::Social),
+                user_table: table_of(Workload::User),
+                ads_table: table_of(Workload::Ads),
             };
-            (run_baseline(&baseline, &social, &user, batch).await, false)
+            let inputs: Vec<(Workload, &[Record])> = workloads
+                .iter()
+                .copied()
+                .zip(streamed.iter().map(Vec::as_slice))
+                .collect();
+            (run_baseline(&baseline, &inputs, batch).await, false)
         }
         other => panic!(
             "unknown contender `{other}` (projector, projector-nochecks, projector-noledger, baseline)"
@@ -1804,32 +2824,46 @@ async fn run(
     let seconds = started.elapsed().as_secs_f64();
     let peak_rss_mb = status_kib("VmHWM:") / 1024.0;
 
-    let (problems, (hot_user_followers, hot_user_followers_found)) = check_state(
-        &plain,
-        &social_table,
-        &user_table,
-        &social_history,
-        &user_history,
-        is_projector,
-    )
-    .await;
-    let n = social.len() + user.len();
+    let mut problems = Vec::new();
+    let mut table_problems = Vec::new();
+    let (mut hot_user_followers, mut hot_user_followers_found) = (0, 0);
+    for ((workload, table), history) in workloads.iter().zip(&tables).zip(&histories) {
+        let (found, star) = check_state(&plain, *workload, table, history, is_projector).await;
+        if *workload == Workload::Social {
+            (hot_user_followers, hot_user_followers_found) = star;
+        }
+        table_problems.push(found.len());
+        problems.extend(
+            found
+                .into_iter()
+                .map(|problem| format!("{}: {problem}", workload.name())),
+        );
+    }
+    let n: usize = streamed.iter().map(Vec::len).sum();
+    let records_of = |wanted: Workload| {
+        workloads
+            .iter()
+            .position(|w| *w == wanted)
+            .map_or(0, |i| streamed[i].len())
+    };
     let mut latencies = processing.latencies_ms.clone();
     latencies.sort_by(f64::total_cmp);
     let state = &meter.0;
     let calls = state.calls.lock().expect("not poisoned").clone();
     let spans = state.spans.lock().expect("not poisoned").clone();
-    let trips: Vec<usize> = processing
+    let trace = std::env::var_os("BENCH_TRACE_CHAIN").is_some();
+    // Per batch: its table and its sequential round trips.
+    let trips: Vec<(usize, usize)> = processing
         .windows
         .iter()
-        .map(|&(start, end)| {
+        .map(|&(table, start, end)| {
             let mut within: Vec<Span> = spans
                 .iter()
                 .filter(|span| span.0 >= start && span.0 <= end)
                 .cloned()
                 .collect();
             let (length, operations) = sequential_round_trips(&mut within);
-            if std::env::var_os("BENCH_TRACE_CHAIN").is_some() {
+            if trace {
                 let mut counts: BTreeMap<&str, usize> = BTreeMap::new();
                 for span in &within {
                     *counts.entry(span.2.as_str()).or_default() += 1;
@@ -1845,14 +2879,71 @@ async fn run(
                     most = most.max(in_flight);
                 }
                 eprintln!(
-                    "{length} round trips in {:.0} ms, {most} in flight at most: {} (calls: {counts:?})",
+                    "[{}] {length} round trips in {:.0} ms, {most} in flight at most: {} (calls: {counts:?})",
+                    workloads[table].name(),
                     (end - start).as_secs_f64() * 1e3,
                     operations.join(" > ")
                 );
             }
-            length
+            (table, length)
         })
         .collect();
+    let per_workload: Vec<WorkloadResult> = workloads
+        .iter()
+        .enumerate()
+        .map(|(i, workload)| {
+            let table = &processing.tables[i];
+            let records = streamed[i].len();
+            let per = |x: f64| x / records.max(1) as f64;
+            let own: Vec<usize> = trips
+                .iter()
+                .filter(|(t, _)| *t == i)
+                .map(|(_, length)| *length)
+                .collect();
+            let first = own.first().copied().unwrap_or(0);
+            let steady = if own.len() > 1 {
+                own[1..].iter().sum::<usize>() as f64 / (own.len() - 1) as f64
+            } else {
+                first as f64
+            };
+            let mut by_operation: BTreeMap<String, u64> = BTreeMap::new();
+            let mut billed = 0.0;
+            for span in spans
+                .iter()
+                .filter(|span| span.0 >= table.started && span.0 <= table.ended)
+            {
+                *by_operation.entry(span.2.clone()).or_default() += 1;
+                billed += span.3;
+            }
+            let requests: u64 = by_operation.values().sum();
+            let seconds = table.ended.duration_since(table.started).as_secs_f64();
+            let minimum_units: u64 = minimums[i].values().sum();
+            WorkloadResult {
+                workload: workload.name().to_string(),
+                table: tables[i].clone(),
+                records,
+                batches: table.batches,
+                seconds,
+                records_per_s: records as f64 / seconds.max(1e-9),
+                round_trips_steady_mean: steady,
+                round_trips_first: first,
+                round_trips_max: own.iter().copied().max().unwrap_or(0),
+                requests,
+                calls: by_operation,
+                requests_per_record: per(requests as f64),
+                billed_units: billed,
+                billed_units_per_record: per(billed),
+                minimum_units,
+                minimum_units_per_record: per(minimum_units as f64),
+                minimum_by_kind: minimums[i].clone(),
+                recomputes_per_batch: is_projector
+                    .then(|| table.stats.requests.recomputes as f64 / table.batches.max(1) as f64),
+                requests_by_purpose: is_projector.then(|| table.stats.requests.clone()),
+                problems: table_problems[i],
+            }
+        })
+        .collect();
+    let trips: Vec<usize> = trips.into_iter().map(|(_, length)| length).collect();
     RunResult {
         contender: contender.to_string(),
         batch,
@@ -1862,8 +2953,9 @@ async fn run(
         round_trips_max: trips.iter().copied().max().unwrap_or(0),
         seed,
         records: n,
-        social_records: social.len(),
-        user_records: user.len(),
+        social_records: records_of(Workload::Social),
+        user_records: records_of(Workload::User),
+        ads_records: records_of(Workload::Ads),
         batches: processing.batches,
         passes: processing.passes,
         failed_deliveries: processing.failed_deliveries,
@@ -1900,6 +2992,7 @@ async fn run(
         hot_user_followers,
         hot_user_followers_found,
         problems,
+        workloads: per_workload,
     }
 }
 
@@ -1926,7 +3019,7 @@ fn conditions(r: &RunResult) -> String {
     }
 }
 
-fn report(runs_dir: &Path, json: &Path, svg: &Path) {
+fn report(runs_dir: &Path, json: &Path, svg: &Path, specs_svg: &Path) {
     let mut runs: Vec<RunResult> = std::fs::read_dir(runs_dir)
         .unwrap_or_else(|e| panic!("read {}: {e}", runs_dir.display()))
         .filter_map(Result::ok)
@@ -2011,6 +3104,7 @@ fn report(runs_dir: &Path, json: &Path, svg: &Path) {
             r.requests_per_record
         );
     }
+    let workload_ratios = workload_table(&runs);
     let find = |contender: &str, batch: usize| {
         runs.iter().find(|r| {
             r.contender == contender && r.batch == batch && r.latency_ms == 0.0 && r.rtt_ms == 0.0
@@ -2079,6 +3173,7 @@ fn report(runs_dir: &Path, json: &Path, svg: &Path) {
         "runs": runs,
         "records_per_s_ratio_projector_over_baseline": ratios,
         "records_per_s_ratio_with_simulated_latency": simulated,
+        "records_per_s_ratio_per_workload": workload_ratios,
         "targets": {
             "records_per_s_at_least_5x_baseline_at_batch_100": speed_target,
             "billed_units_within_1_2x_minimum_at_batch_100": units_target,
@@ -2093,7 +3188,232 @@ fn report(runs_dir: &Path, json: &Path, svg: &Path) {
     std::fs::write(json, serde_json::to_string_pretty(&merged).expect("json"))
         .expect("write results");
     chart(&runs, svg).expect("draw the chart");
-    eprintln!("wrote {} and {}", json.display(), svg.display());
+    specs_chart(&runs, specs_svg).expect("draw the per-workload chart");
+    eprintln!(
+        "wrote {}, {} and {}",
+        json.display(),
+        svg.display(),
+        specs_svg.display()
+    );
+}
+
+/// Prints the per-workload table, then the projector ÷ baseline records/s
+/// of each (workload, batch, conditions) both ran; returns those ratios
+/// by `workload@batch[@N ms-rtt|@N ms]`.
+fn workload_table(runs: &[RunResult]) -> BTreeMap<String, f64> {
+    println!();
+    println!("| contender | workload | batch | round trip (ms) | records | records/s | round trips per batch (steady mean / first / most) | recomputes per batch | requests/record | billed WU/record (model) | minimum WU/record |");
+    println!("|---|---|---|---|---|---|---|---|---|---|---|");
+    for r in runs {
+        for w in &r.workloads {
+            println!(
+                "| {}{} | {} | {} | {} | {} | {:.0} | {:.1} / {} / {} | {} | {:.2} | {:.2} | {:.2} |",
+                label(&r.contender),
+                if r.latency_ms > 0.0 {
+                    format!(", +{} ms simulated latency", r.latency_ms)
+                } else {
+                    String::new()
+                },
+                w.workload,
+                r.batch,
+                r.rtt_ms,
+                w.records,
+                w.records_per_s,
+                w.round_trips_steady_mean,
+                w.round_trips_first,
+                w.round_trips_max,
+                w.recomputes_per_batch
+                    .map_or("-".to_string(), |x| format!("{x:.1}")),
+                w.requests_per_record,
+                w.billed_units_per_record,
+                w.minimum_units_per_record
+            );
+        }
+    }
+    let mut ratios = BTreeMap::new();
+    let mut lines = Vec::new();
+    for p in runs.iter().filter(|r| r.contender == "projector") {
+        let Some(b) = runs.iter().find(|r| {
+            r.contender == "baseline"
+                && r.batch == p.batch
+                && r.latency_ms == p.latency_ms
+                && r.rtt_ms == p.rtt_ms
+        }) else {
+            continue;
+        };
+        for pw in &p.workloads {
+            let Some(bw) = b.workloads.iter().find(|w| w.workload == pw.workload) else {
+                continue;
+            };
+            let ratio = pw.records_per_s / bw.records_per_s;
+            let mut key = format!("{}@{}", pw.workload, p.batch);
+            if p.rtt_ms > 0.0 {
+                key.push_str(&format!("@{}ms-rtt", p.rtt_ms));
+            } else if p.latency_ms > 0.0 {
+                key.push_str(&format!("@{}ms", p.latency_ms));
+            }
+            ratios.insert(key, ratio);
+            lines.push(format!(
+                "| {} | {} | {}{} | {:.0} | {:.0} | {ratio:.2}x |",
+                pw.workload,
+                p.batch,
+                p.rtt_ms,
+                if p.latency_ms > 0.0 {
+                    format!(" (+{} ms simulated latency)", p.latency_ms)
+                } else {
+                    String::new()
+                },
+                pw.records_per_s,
+                bw.records_per_s
+            ));
+        }
+    }
+    if !lines.is_empty() {
+        println!();
+        println!("| workload | batch | round trip (ms) | ddb-projector records/s | baseline records/s | ddb-projector ÷ baseline |");
+        println!("|---|---|---|---|---|---|");
+        for line in lines {
+            println!("{line}");
+        }
+    }
+    ratios
+}
+
+/// Per workload, the records/s of ddb-projector and the baseline at
+/// B=1000 at each round-trip time the runs have (no simulated latency):
+/// one panel per workload, a pair of bars per round-trip time, log scale.
+fn specs_chart(runs: &[RunResult], path: &Path) -> Result<(), Box<dyn std::error::Error>> {
+    use plotters::prelude::*;
+    const BATCH: usize = 1000;
+    let contenders = [
+        ("projector", RGBColor(31, 119, 180)),
+        ("baseline", RGBColor(214, 39, 40)),
+    ];
+    let runs: Vec<&RunResult> = runs
+        .iter()
+        .filter(|r| r.batch == BATCH && r.latency_ms == 0.0)
+        .filter(|r| contenders.iter().any(|(c, _)| *c == r.contender))
+        .collect();
+    let mut workloads: Vec<String> = Vec::new();
+    let mut rtts: Vec<f64> = Vec::new();
+    for r in &runs {
+        if !rtts.contains(&r.rtt_ms) {
+            rtts.push(r.rtt_ms);
+        }
+        for w in &r.workloads {
+            if !workloads.contains(&w.workload) {
+                workloads.push(w.workload.clone());
+            }
+        }
+    }
+    rtts.sort_by(f64::total_cmp);
+    let order = |w: &String| {
+        Workload::ALL
+            .iter()
+            .position(|x| x.name() == w)
+            .unwrap_or(usize::MAX)
+    };
+    workloads.sort_by_key(order);
+    if let Some(dir) = path.parent() {
+        std::fs::create_dir_all(dir)?;
+    }
+    let value = |contender: &str, workload: &str, rtt: f64| {
+        runs.iter()
+            .find(|r| r.contender == contender && r.rtt_ms == rtt)
+            .and_then(|r| r.workloads.iter().find(|w| w.workload == workload))
+            .map(|w| w.records_per_s)
+    };
+    let values: Vec<f64> = runs
+        .iter()
+        .flat_map(|r| r.workloads.iter().map(|w| w.records_per_s))
+        .filter(|v| *v > 0.0)
+        .collect();
+    let width = 300 * workloads.len().max(1) as u32 + 80;
+    let root = SVGBackend::new(path, (width, 520)).into_drawing_area();
+    root.fill(&WHITE)?;
+    if workloads.is_empty() || rtts.is_empty() {
+        root.titled(
+            &format!("no B={BATCH} run with per-workload figures"),
+            ("sans-serif", 20),
+        )?;
+        root.present()?;
+        return Ok(());
+    }
+    let max = values.iter().copied().fold(1.0, f64::max);
+    let min = values
+        .iter()
+        .copied()
+        .fold(f64::INFINITY, f64::min)
+        .min(max);
+    let y_range = 10f64.powf((min / 1.5).max(1.0).log10().floor())..max * 3.0;
+    let root = root.titled(
+        &format!("records/s per shipped spec at B={BATCH}, against the round-trip time (DynamoDB Local, 2 shared cores)"),
+        ("sans-serif", 18),
+    )?;
+    let (legend_area, panels_area) = root.split_vertically(36);
+    let panels = panels_area.split_evenly((1, workloads.len()));
+    for (workload, panel) in workloads.iter().zip(&panels) {
+        let spec = Workload::ALL
+            .iter()
+            .find(|w| w.name() == workload)
+            .map_or(String::new(), |w| {
+                format!(" ({})", w.spec_file().trim_start_matches("projections/"))
+            });
+        let mut chart = ChartBuilder::on(panel)
+            .caption(format!("{workload}{spec}"), ("sans-serif", 16))
+            .margin(10)
+            .x_label_area_size(40)
+            .y_label_area_size(60)
+            .build_cartesian_2d(0f64..rtts.len() as f64, y_range.clone().log_scale())?;
+        let labels = rtts.clone();
+        chart
+            .configure_mesh()
+            .disable_x_mesh()
+            .x_labels(rtts.len() * 2 + 1)
+            .x_label_formatter(&move |x| {
+                let slot = x.floor();
+                if (x - slot - 0.5).abs() < 1e-6 && (slot as usize) < labels.len() {
+                    format!("{} ms", labels[slot as usize])
+                } else {
+                    String::new()
+                }
+            })
+            .x_desc("round trip (proxy)")
+            .y_desc("records/s (log scale)")
+            .y_label_formatter(&|y| format!("{y:.0}"))
+            .draw()?;
+        for (slot, rtt) in rtts.iter().enumerate() {
+            for (j, (contender, color)) in contenders.iter().enumerate() {
+                let Some(v) = value(contender, workload, *rtt) else {
+                    continue;
+                };
+                let left = slot as f64 + 0.12 + 0.38 * j as f64;
+                let right = left + 0.36;
+                chart.draw_series([Rectangle::new(
+                    [(left, y_range.start), (right, v)],
+                    color.filled(),
+                )])?;
+                chart.draw_series([Text::new(
+                    format!("{v:.0}"),
+                    // Above the bar (the text hangs from its anchor).
+                    (left, v * 1.5),
+                    ("sans-serif", 11),
+                )])?;
+            }
+        }
+    }
+    // The legend: a swatch and a name per contender.
+    for (j, (contender, color)) in contenders.iter().enumerate() {
+        let x = 80 + 260 * j as i32;
+        legend_area.draw(&Rectangle::new([(x, 10), (x + 18, 26)], color.filled()))?;
+        legend_area.draw(&Text::new(
+            format!("{} (B={BATCH})", label(contender)),
+            (x + 26, 12),
+            ("sans-serif", 14),
+        ))?;
+    }
+    root.present()?;
+    Ok(())
 }
 
 fn chart(runs: &[RunResult], path: &Path) -> Result<(), Box<dyn std::error::Error>> {
