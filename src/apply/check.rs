@@ -323,14 +323,10 @@ pub(crate) async fn check_batch(
         );
         // The released values with a violation recorded are checked once
         // the read of the recorded ones answers, beside the other checks.
-        let released_checks: std::pin::Pin<
-            Box<
-                dyn std::future::Future<
-                        Output = (Result<HashMap<ItemKey, Item>, WriteError>, Results<'_>),
-                    > + Send
-                    + '_,
-            >,
-        > = Box::pin(async {
+        type Stored = Result<HashMap<ItemKey, Item>, WriteError>;
+        type Released<'c> =
+            std::pin::Pin<Box<dyn std::future::Future<Output = (Stored, Results<'c>)> + Send + 'c>>;
+        let released_checks: Released<'_> = Box::pin(async {
             if ahead.is_empty() {
                 return (Ok(HashMap::new()), Vec::new());
             }
@@ -408,8 +404,8 @@ async fn check_scope<'a>(
             record,
             touched,
         } => {
-            let read = PartitionRead { shared };
-            check_partition_scope(ctx, *entity, pk, record, touched, latest, &mut stats, read).await
+            let read = PartitionRead { shared, latest };
+            check_partition_scope(ctx, *entity, pk, record, touched, &mut stats, read).await
         }
         Scope::Value {
             invariant,
@@ -429,12 +425,15 @@ async fn check_scope<'a>(
     }
 }
 
-/// How a partition check reads its partition.
+/// How a partition check reads its partition, and what it repairs.
 #[derive(Debug, Clone, Copy)]
-struct PartitionRead {
+struct PartitionRead<'l> {
     /// Once with the batch's recomputes ([`Ctx::read_shared`]), while
     /// they run; otherwise after them, reusing what they read.
     shared: bool,
+    /// For keep-latest: the item that came to satisfy a count
+    /// invariant's condition last, per (invariant, partition).
+    latest: &'l HashMap<(usize, String), ItemKey>,
 }
 
 /// The query that reads an entity's items in a partition.
@@ -455,11 +454,11 @@ async fn check_partition_scope<'a>(
     pk: &str,
     record: &'a ChangeRecord,
     touched: &[ItemKey],
-    latest: &HashMap<(usize, String), ItemKey>,
     stats: &mut CheckStats,
-    read: PartitionRead,
+    read: PartitionRead<'_>,
 ) -> Result<Vec<Checked<'a>>, WriteError> {
     let spec = ctx.spec;
+    let latest = read.latest;
     let query = partition_query(spec, entity, pk);
     // A recompute of this batch read the same items after the batch's
     // other writes: the same state this read would see, unless someone
