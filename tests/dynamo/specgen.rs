@@ -1012,11 +1012,18 @@ async fn plant_drift(
 ) -> Option<String> {
     let items = support::scan_all(client, table).await;
     // The attributes each kept projection writes, as `Projection::toml`
-    // names them (a v1 variant's leftovers are not v2's to audit).
-    let written: Vec<String> = kept
+    // names them, and the sort keys of the items it writes them on (a v1
+    // variant's leftovers are not v2's to audit: an aggregate moved onto
+    // the other target leaves its old totals, same names, for `prune`).
+    let written: Vec<(String, fn(&str) -> bool)> = kept
         .iter()
         .flat_map(|p| {
             let id = p.id;
+            let on: fn(&str) -> bool = match p.kind {
+                Kind::Aggregate { group: true, .. } => |sk| sk.starts_with("G#"),
+                Kind::Aggregate { group: false, .. } => |sk| sk == "META",
+                _ => |_| true,
+            };
             let names: Vec<String> = match p.kind {
                 Kind::IndexKeys { variant: 1, .. } => vec![format!("ik{id}p")],
                 Kind::IndexKeys { .. } => vec![format!("ik{id}p"), format!("ik{id}s")],
@@ -1034,10 +1041,11 @@ async fn plant_drift(
                     vec![format!("ag{id}n"), format!("ag{id}k"), format!("ag{id}c")]
                 }
             };
-            names
+            names.into_iter().map(move |name| (name, on))
         })
         .collect();
-    let derived_attribute = |name: &str| written.iter().any(|w| w == name);
+    let derived_attribute =
+        |name: &str, sk: &str| written.iter().any(|(w, on)| w == name && on(sk));
     let edge_onto = |entity_pk: &str, sk: &str| {
         kept.iter().any(|p| match p.kind {
             Kind::Edge { rev, .. } => {
@@ -1079,7 +1087,7 @@ async fn plant_drift(
         if edge_onto(&pk, &sk) {
             candidates.push((pk.clone(), sk.clone(), None));
         }
-        let mut names: Vec<&String> = item.keys().filter(|n| derived_attribute(n)).collect();
+        let mut names: Vec<&String> = item.keys().filter(|n| derived_attribute(n, &sk)).collect();
         names.sort();
         for name in names {
             candidates.push((pk.clone(), sk.clone(), Some(name.clone())));
