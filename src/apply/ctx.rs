@@ -9,7 +9,7 @@ use aws_sdk_dynamodb::types::{AttributeValue as Av, ConsumedCapacity};
 use super::{ApplyConfig, Control};
 use crate::plan::SourceQuery;
 use crate::record::{Item, ItemKey};
-use crate::spec::Spec;
+use crate::spec::{ProjectionId, Spec};
 
 /// Shared state of one batch's writes.
 pub(crate) struct Ctx<'a> {
@@ -35,7 +35,12 @@ pub(crate) struct Ctx<'a> {
     /// absent then). A recompute's first attempt takes its target from
     /// here: reading the target earlier than its sources is what its
     /// conditional write needs, so an early read only risks a retry.
+    /// Each projection recomputing a target takes it once: two rollups
+    /// onto one profile each write on condition of their own token and
+    /// attributes, which the other's write leaves as they were.
     pub targets: std::sync::Mutex<HashMap<ItemKey, Option<HashMap<String, Av>>>>,
+    /// The (projection, target) pairs that took their target read ahead.
+    pub targets_taken: std::sync::Mutex<std::collections::HashSet<(ProjectionId, ItemKey)>>,
     /// Markers (and the sources guarding them) read ahead, at the start of
     /// the batch beside the holds (`None`: absent then). The marker
     /// writes that read first take them from here: every marker write is
@@ -47,10 +52,27 @@ pub(crate) struct Ctx<'a> {
     /// invariant check of the partition asks first: the other waits for
     /// the same read.
     pub shared: std::sync::Mutex<HashMap<SourceQuery, SharedRead>>,
+    /// The items recomputes compute from by key (a rollup's shards), read
+    /// once after the batch's first phase for every recompute whose
+    /// target was read ahead ([`Ctx::shared_items`]).
+    pub items: ItemReads,
     /// Whether recomputes' reads are kept for the invariant check (a
     /// batch's are; an audit's, which never check from them, are not).
     pub keep_reads: bool,
 }
+
+/// The source items of a phase's recomputes, read together.
+#[derive(Default)]
+pub(crate) struct ItemReads {
+    /// The keys the recomputes whose target was read ahead read.
+    wanted: std::sync::Mutex<std::collections::HashSet<ItemKey>>,
+    /// Those items, once read (a new cell for each phase that names
+    /// them); absent ones are not in the map.
+    read: std::sync::Mutex<std::sync::Arc<ItemsCell>>,
+}
+
+type ItemsCell =
+    tokio::sync::OnceCell<Result<HashMap<ItemKey, Item>, crate::dynamo::retry::WriteError>>;
 
 /// A partition read once for whoever asks ([`Ctx::shared`]).
 pub(crate) type SharedRead =
@@ -180,8 +202,10 @@ impl<'a> Ctx<'a> {
             requests: std::sync::Mutex::new(Requests::default()),
             partitions: std::sync::Mutex::new(PartitionReads::default()),
             targets: std::sync::Mutex::new(HashMap::new()),
+            targets_taken: std::sync::Mutex::new(std::collections::HashSet::new()),
             markers: std::sync::Mutex::new(HashMap::new()),
             shared: std::sync::Mutex::new(HashMap::new()),
+            items: ItemReads::default(),
             keep_reads: true,
         }
     }
@@ -266,9 +290,77 @@ impl<'a> Ctx<'a> {
         .clone()
     }
 
-    /// The target read ahead for `key`, once.
-    pub(crate) fn target_read_ahead(&self, key: &ItemKey) -> Option<Option<HashMap<String, Av>>> {
-        self.targets.lock().expect("not poisoned").remove(key)
+    /// Whether `key` was read ahead, and found.
+    pub(crate) fn target_found_ahead(&self, key: &ItemKey) -> bool {
+        matches!(
+            self.targets.lock().expect("not poisoned").get(key),
+            Some(Some(_))
+        )
+    }
+
+    /// Names the source items [`Ctx::shared_items`] reads together:
+    /// those of the recomputes whose target was read ahead.
+    pub(crate) fn want_items(&self, wanted: std::collections::HashSet<ItemKey>) {
+        *self.items.wanted.lock().expect("not poisoned") = wanted;
+        *self.items.read.lock().expect("not poisoned") = Default::default();
+    }
+
+    /// The items of `keys` (those that exist), read once, after the
+    /// batch's first phase, with every item [`Ctx::want_items`] named:
+    /// `BatchGetItem`s of 100 keys sent together, one round trip for
+    /// all. `None`: not all of them named.
+    pub(crate) async fn shared_items(
+        &self,
+        keys: &[ItemKey],
+    ) -> Option<Result<Vec<Item>, crate::dynamo::retry::WriteError>> {
+        let cell = {
+            let wanted = self.items.wanted.lock().expect("not poisoned");
+            if !keys.iter().all(|key| wanted.contains(key)) {
+                return None;
+            }
+            self.items.read.lock().expect("not poisoned").clone()
+        };
+        let read = cell
+            .get_or_init(|| async {
+                let wanted: Vec<ItemKey> = self
+                    .items
+                    .wanted
+                    .lock()
+                    .expect("not poisoned")
+                    .iter()
+                    .cloned()
+                    .collect();
+                self.count_n(|r| &mut r.recompute_reads, wanted.len().div_ceil(100));
+                super::reads::read_markers(self, wanted.iter().collect()).await
+            })
+            .await;
+        Some(match read {
+            Ok(found) => Ok(keys
+                .iter()
+                .filter_map(|key| found.get(key).cloned())
+                .collect()),
+            Err(error) => Err(error.clone()),
+        })
+    }
+
+    /// The target read ahead for `key`, once for `projection`.
+    pub(crate) fn target_read_ahead(
+        &self,
+        projection: ProjectionId,
+        key: &ItemKey,
+    ) -> Option<Option<HashMap<String, Av>>> {
+        let read = self
+            .targets
+            .lock()
+            .expect("not poisoned")
+            .get(key)
+            .cloned()?;
+        let first = self
+            .targets_taken
+            .lock()
+            .expect("not poisoned")
+            .insert((projection, key.clone()));
+        first.then_some(read)
     }
 
     pub(crate) fn remember_read(&self, query: &SourceQuery, items: &[Item]) {

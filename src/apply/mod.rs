@@ -1072,6 +1072,23 @@ impl Applier {
             }
         }
         let mut results: Vec<Option<Result<(), WriteError>>> = vec![None; groups.len()];
+        // The recomputes whose target was read ahead read their source
+        // items (a rollup's shards) together, once, after the first phase
+        // (`Ctx::shared_items`).
+        ctx.want_items(
+            singles
+                .iter()
+                .filter_map(|&index| match &groups[index].effect.op {
+                    Op::Recompute {
+                        target,
+                        sources: crate::plan::Sources::Items(keys),
+                    } if ctx.target_found_ahead(target) => Some(keys),
+                    _ => None,
+                })
+                .flatten()
+                .cloned()
+                .collect(),
+        );
 
         let member_writes = async {
             let changes: Vec<markers::MarkerChange<'_>> = members

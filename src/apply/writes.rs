@@ -133,6 +133,18 @@ async fn readers_shards(
     counter: ProjectionId,
     values: &[String],
 ) -> Result<Vec<ItemKey>, WriteError> {
+    let (storage, shards) = readers_storage(ctx, counter).await?;
+    Ok((0..shards)
+        .map(|shard| ctx.spec.counter_shard_key(&storage, values, shard))
+        .collect())
+}
+
+/// The storage and shard count of the version of `counter` readers read
+/// ([`readers_shards`]): one consistent read of the registry.
+async fn readers_storage(
+    ctx: &Ctx<'_>,
+    counter: ProjectionId,
+) -> Result<(String, u32), WriteError> {
     let spec = ctx.spec;
     let Some(c) = spec.counter(counter) else {
         return Err(WriteError::Fatal(format!(
@@ -141,6 +153,7 @@ async fn readers_shards(
         )));
     };
     let name = &spec.projections[counter].name;
+    ctx.count(|r| &mut r.recompute_reads);
     // The SDK retries throttling; anything else has the records redelivered.
     let read = ctx
         .control
@@ -148,7 +161,7 @@ async fn readers_shards(
         .await
         .map_err(|error| WriteError::Transient(error.to_string()))?;
     let ours: Vec<&String> = c.of.iter().map(|(v, _)| v).collect();
-    let (storage, shards) = match read {
+    Ok(match read {
         Some(read) if read.vars.iter().collect::<Vec<_>>() == ours => (read.storage, read.shards),
         Some(_) => (c.storage.clone(), c.shards),
         // None recorded (a registry from before versions were recorded):
@@ -157,10 +170,7 @@ async fn readers_shards(
             Some(old) => (old.storage.clone(), old.shards),
             None => (c.storage.clone(), c.shards),
         },
-    };
-    Ok((0..shards)
-        .map(|shard| spec.counter_shard_key(&storage, values, shard))
-        .collect())
+    })
 }
 
 /// What a recompute of `target` computes from: its sources, read
@@ -198,15 +208,24 @@ async fn read_sources_of(
             items
         }
         Sources::Items(keys) => {
-            ctx.count(|r| &mut r.recompute_reads);
-            read_markers(ctx, keys.iter().collect())
-                .await?
-                .into_values()
-                .collect()
+            let together = match shared {
+                true => ctx.shared_items(keys).await,
+                false => None,
+            };
+            match together {
+                Some(items) => items?,
+                None => {
+                    ctx.count(|r| &mut r.recompute_reads);
+                    read_markers(ctx, keys.iter().collect())
+                        .await?
+                        .into_values()
+                        .collect()
+                }
+            }
         }
         Sources::Counter { counter, values } => {
-            ctx.count(|r| &mut r.recompute_reads);
             let keys = readers_shards(ctx, *counter, values).await?;
+            ctx.count(|r| &mut r.recompute_reads);
             read_markers(ctx, keys.iter().collect())
                 .await?
                 .into_values()
@@ -267,7 +286,10 @@ pub(crate) async fn recompute(
         // landed, so absence is read again, now.
         let (current, ahead) = match before.take() {
             Some(read) => (Some(read), false),
-            None => match token.as_ref().and_then(|_| ctx.target_read_ahead(target)) {
+            None => match token
+                .as_ref()
+                .and_then(|_| ctx.target_read_ahead(projection, target))
+            {
                 Some(Some(read)) => (Some(read), true),
                 Some(None) | None => (read_target().await?, false),
             },

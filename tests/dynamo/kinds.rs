@@ -1108,6 +1108,62 @@ async fn a_rollup_target_read_ahead_of_a_concurrent_recompute_is_only_a_first_gu
     assert_followers_total_follows_the_counter(&fixture, 2).await;
 }
 
+#[tokio::test]
+async fn a_batchs_rollups_read_their_targets_and_shards_in_two_requests() {
+    // Five users follow each other's neighbour: each profile gets both of
+    // its rollups (followers, following) recomputed. Their targets are
+    // read ahead together, and, the first phase done, their shards: two
+    // requests, where each rollup reading its own took 16 (the targets,
+    // the second rollup of each profile its target again, and each its
+    // shards).
+    let fixture = support::fixture(
+        support::shipped_spec("social-service.toml"),
+        "rollup-together",
+    )
+    .await;
+    let (client, table) = (&fixture.client, &fixture.table);
+    let users = ["a", "b", "c", "d", "e"];
+    let mut setup = Vec::new();
+    for (i, user) in users.iter().enumerate() {
+        let item = profile(user);
+        write(client, table, &item).await;
+        setup.push(change(i as u64 + 1, ChangeKind::Insert, None, Some(&item)));
+    }
+    fixture
+        .applier
+        .apply_batch(&setup, &BatchOptions::default())
+        .await
+        .unwrap();
+    let mut batch = Vec::new();
+    for (i, user) in users.iter().enumerate() {
+        let item = follow(user, users[(i + 1) % users.len()], "t1");
+        write(client, table, &item).await;
+        batch.push(change(i as u64 + 10, ChangeKind::Insert, None, Some(&item)));
+    }
+    let outcome = fixture
+        .applier
+        .apply_batch(&batch, &BatchOptions::default())
+        .await
+        .unwrap();
+    assert!(outcome.statuses.iter().all(|s| *s == RecordStatus::Applied));
+    let requests = &outcome.stats.requests;
+    assert_eq!(requests.recomputes, 10, "{requests:?}");
+    assert_eq!(requests.recompute_reads, 2, "{requests:?}");
+    for user in users {
+        for (attribute, counter) in [
+            ("followersCount", "followers"),
+            ("followingCount", "following"),
+        ] {
+            let (total, counted) = total_and_counter(&fixture, user, attribute, counter).await;
+            assert_eq!(
+                (total, counted),
+                (Some("1".to_string()), 1),
+                "{user} {attribute}"
+            );
+        }
+    }
+}
+
 /// An applier on `fixture`'s table whose read ahead of profiles (the
 /// batch's first `BatchGetItem` naming one) answers `profiles`: what
 /// another worker may have read before a concurrent recompute.
