@@ -998,6 +998,9 @@ fn fnv(bytes: &[u8]) -> u64 {
     })
 }
 
+/// Whether a sort key is one a projection writes its attributes on.
+type OnKeys = fn(&str) -> bool;
+
 /// Corrupts one derived thing of `kept` (judged from the generator's own
 /// names, not from `src/plan`), chosen by `seed`: a counter shard's count
 /// moves by one, a reverse edge or counter marker goes, or a derived
@@ -1015,11 +1018,11 @@ async fn plant_drift(
     // names them, and the sort keys of the items it writes them on (a v1
     // variant's leftovers are not v2's to audit: an aggregate moved onto
     // the other target leaves its old totals, same names, for `prune`).
-    let written: Vec<(String, fn(&str) -> bool)> = kept
+    let written: Vec<(String, OnKeys)> = kept
         .iter()
         .flat_map(|p| {
             let id = p.id;
-            let on: fn(&str) -> bool = match p.kind {
+            let on: OnKeys = match p.kind {
                 Kind::Aggregate { group: true, .. } => |sk| sk.starts_with("G#"),
                 Kind::Aggregate { group: false, .. } => |sk| sk == "META",
                 _ => |_| true,
