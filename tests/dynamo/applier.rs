@@ -1165,49 +1165,6 @@ async fn a_record_a_redelivery_skips_leaves_its_writes_to_its_items_last_record(
     );
 }
 
-#[derive(Clone)]
-/// Runs `action` before the first request whose body holds every needle
-/// (on its own thread and runtime: an interceptor cannot await).
-struct BeforeRequest {
-    operation: &'static str,
-    needles: &'static [&'static str],
-    action: Arc<dyn Fn() + Send + Sync>,
-    fired: Arc<std::sync::atomic::AtomicUsize>,
-}
-
-impl std::fmt::Debug for BeforeRequest {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("BeforeRequest")
-            .field("needles", &self.needles)
-            .finish()
-    }
-}
-
-impl aws_smithy_runtime_api::client::interceptors::Intercept for BeforeRequest {
-    fn name(&self) -> &'static str {
-        "BeforeRequest"
-    }
-
-    fn read_before_transmit(
-        &self,
-        context: &aws_smithy_runtime_api::client::interceptors::context::BeforeTransmitInterceptorContextRef<'_>,
-        _components: &aws_smithy_runtime_api::client::runtime_components::RuntimeComponents,
-        _cfg: &mut aws_smithy_types::config_bag::ConfigBag,
-    ) -> Result<(), aws_smithy_runtime_api::box_error::BoxError> {
-        let request = context.request();
-        let body = String::from_utf8_lossy(request.body().bytes().unwrap_or_default());
-        let target = request.headers().get("x-amz-target").unwrap_or_default();
-        if target.ends_with(self.operation)
-            && self.needles.iter().all(|needle| body.contains(needle))
-            && self.fired.fetch_add(1, std::sync::atomic::Ordering::SeqCst) == 0
-        {
-            let action = self.action.clone();
-            std::thread::spawn(move || action()).join().unwrap();
-        }
-        Ok(())
-    }
-}
-
 /// A `denormalize` writes on condition of the values it copies, which can
 /// go from A to B and back to A. A batch that read its target before its
 /// first phase would let its write of B pass over that return: the copy
@@ -1259,13 +1216,13 @@ async fn a_denormalized_copy_is_never_written_over_a_return_to_its_value() {
     // keys); B back to A before this batch's write of the profile.
     let to_b: Arc<dyn Fn() + Send + Sync> = Arc::new(other(a.clone(), b.clone(), 10));
     let to_a: Arc<dyn Fn() + Send + Sync> = Arc::new(other(b.clone(), a.clone(), 11));
-    let first_phase = BeforeRequest {
+    let first_phase = support::BeforeRequest {
         operation: "UpdateItem",
         needles: &["EMAIL#e1", "GSI1PK"],
         action: to_b,
         fired: Arc::default(),
     };
-    let profile_write = BeforeRequest {
+    let profile_write = support::BeforeRequest {
         operation: "UpdateItem",
         needles: &["PROFILE"],
         action: to_a.clone(),

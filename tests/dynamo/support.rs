@@ -435,3 +435,46 @@ pub fn moto() -> &'static str {
         format!("http://127.0.0.1:{port}")
     })
 }
+
+/// Runs `action` before the first request whose body holds every needle
+/// (on its own thread and runtime: an interceptor cannot await).
+#[derive(Clone)]
+pub struct BeforeRequest {
+    pub operation: &'static str,
+    pub needles: &'static [&'static str],
+    pub action: std::sync::Arc<dyn Fn() + Send + Sync>,
+    pub fired: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+}
+
+impl std::fmt::Debug for BeforeRequest {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("BeforeRequest")
+            .field("needles", &self.needles)
+            .finish()
+    }
+}
+
+impl aws_smithy_runtime_api::client::interceptors::Intercept for BeforeRequest {
+    fn name(&self) -> &'static str {
+        "BeforeRequest"
+    }
+
+    fn read_before_transmit(
+        &self,
+        context: &aws_smithy_runtime_api::client::interceptors::context::BeforeTransmitInterceptorContextRef<'_>,
+        _components: &aws_smithy_runtime_api::client::runtime_components::RuntimeComponents,
+        _cfg: &mut aws_smithy_types::config_bag::ConfigBag,
+    ) -> Result<(), aws_smithy_runtime_api::box_error::BoxError> {
+        let request = context.request();
+        let body = String::from_utf8_lossy(request.body().bytes().unwrap_or_default());
+        let target = request.headers().get("x-amz-target").unwrap_or_default();
+        if target.ends_with(self.operation)
+            && self.needles.iter().all(|needle| body.contains(needle))
+            && self.fired.fetch_add(1, std::sync::atomic::Ordering::SeqCst) == 0
+        {
+            let action = self.action.clone();
+            std::thread::spawn(move || action()).join().unwrap();
+        }
+        Ok(())
+    }
+}
