@@ -65,10 +65,21 @@ pub(crate) struct Ctx<'a> {
 #[derive(Default)]
 pub(crate) struct ItemReads {
     /// The keys the recomputes whose target was read ahead read.
-    wanted: std::sync::Mutex<std::collections::HashSet<ItemKey>>,
-    /// Those items, once read (a new cell for each phase that names
-    /// them); absent ones are not in the map.
-    read: std::sync::Mutex<std::sync::Arc<ItemsCell>>,
+    wanted: std::sync::Mutex<ItemsWanted>,
+}
+
+#[derive(Default)]
+struct ItemsWanted {
+    /// Every key named for the phase.
+    all: std::collections::HashSet<ItemKey>,
+    /// Those no read has covered yet.
+    unread: std::collections::HashSet<ItemKey>,
+    /// The latest read, while it is being answered (or not yet sent),
+    /// and the keys it covers.
+    current: Option<(
+        std::sync::Arc<ItemsCell>,
+        std::sync::Arc<std::collections::HashSet<ItemKey>>,
+    )>,
 }
 
 type ItemsCell =
@@ -301,46 +312,54 @@ impl<'a> Ctx<'a> {
     /// Names the source items [`Ctx::shared_items`] reads together:
     /// those of the recomputes whose target was read ahead.
     pub(crate) fn want_items(&self, wanted: std::collections::HashSet<ItemKey>) {
-        *self.items.wanted.lock().expect("not poisoned") = wanted;
-        *self.items.read.lock().expect("not poisoned") = Default::default();
+        *self.items.wanted.lock().expect("not poisoned") = ItemsWanted {
+            unread: wanted.clone(),
+            all: wanted,
+            current: None,
+        };
     }
 
-    /// The items of `keys` (those that exist), read once, after the
-    /// batch's first phase, with every item [`Ctx::want_items`] named:
-    /// `BatchGetItem`s of 100 keys sent together, one round trip for
-    /// all. `None`: not all of them named.
-    pub(crate) async fn shared_items(
-        &self,
-        keys: &[ItemKey],
-    ) -> Option<Result<Vec<Item>, crate::dynamo::retry::WriteError>> {
-        let cell = {
-            let wanted = self.items.wanted.lock().expect("not poisoned");
-            if !keys.iter().all(|key| wanted.contains(key)) {
+    /// The items of `keys` (those that exist), read with the other items
+    /// [`Ctx::want_items`] named: `BatchGetItem`s of 100 keys sent
+    /// together, one round trip for all the recomputes that ask while it
+    /// is answered. A recompute that asks once it was answered starts the
+    /// next read, of the keys not read yet (and its own): no recompute
+    /// writes from a read older than its own start, however long it
+    /// waited for a slot. `None` (read them alone): not all named, or the
+    /// read together failed (one bad key fails no other recompute).
+    pub(crate) async fn shared_items(&self, keys: &[ItemKey]) -> Option<Vec<Item>> {
+        let (cell, covered) = {
+            let mut wanted = self.items.wanted.lock().expect("not poisoned");
+            if !keys.iter().all(|key| wanted.all.contains(key)) {
                 return None;
             }
-            self.items.read.lock().expect("not poisoned").clone()
+            let joinable = wanted.current.as_ref().is_some_and(|(cell, covered)| {
+                !cell.initialized() && keys.iter().all(|key| covered.contains(key))
+            });
+            if !joinable {
+                let mut covered = std::mem::take(&mut wanted.unread);
+                covered.extend(keys.iter().cloned());
+                wanted.current = Some((Default::default(), std::sync::Arc::new(covered)));
+            }
+            wanted.current.clone().expect("set above")
         };
         let read = cell
             .get_or_init(|| async {
-                let wanted: Vec<ItemKey> = self
-                    .items
-                    .wanted
-                    .lock()
-                    .expect("not poisoned")
-                    .iter()
-                    .cloned()
-                    .collect();
-                self.count_n(|r| &mut r.recompute_reads, wanted.len().div_ceil(100));
-                super::reads::read_markers(self, wanted.iter().collect()).await
+                self.count_n(|r| &mut r.recompute_reads, covered.len().div_ceil(100));
+                super::reads::read_markers(self, covered.iter().collect()).await
             })
             .await;
-        Some(match read {
-            Ok(found) => Ok(keys
-                .iter()
-                .filter_map(|key| found.get(key).cloned())
-                .collect()),
-            Err(error) => Err(error.clone()),
-        })
+        match read {
+            Ok(found) => Some(
+                keys.iter()
+                    .filter_map(|key| found.get(key).cloned())
+                    .collect(),
+            ),
+            Err(error) => {
+                tracing::debug!(%error, "reading recompute sources together failed");
+                None
+            }
+        }
     }
 
     /// The target read ahead for `key`, once for `projection`.

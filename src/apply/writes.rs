@@ -213,7 +213,7 @@ async fn read_sources_of(
                 false => None,
             };
             match together {
-                Some(items) => items?,
+                Some(items) => items,
                 None => {
                     ctx.count(|r| &mut r.recompute_reads);
                     read_markers(ctx, keys.iter().collect())
