@@ -1219,8 +1219,11 @@ async fn a_shard_key_dynamodb_refuses_fails_only_its_own_rollup() {
     // 2,048 bytes and its counter shards' keys do not: its profile's
     // totals can never be recomputed. Read with every other rollup's
     // shards, those keys must not fail them too.
-    let fixture =
-        support::fixture(support::shipped_spec("social-service.toml"), "rollup-poison").await;
+    let fixture = support::fixture(
+        support::shipped_spec("social-service.toml"),
+        "rollup-poison",
+    )
+    .await;
     let (client, table) = (&fixture.client, &fixture.table);
     let long = "l".repeat(2_030);
     let (pb, pl, cb) = (profile("b"), profile(&long), follow("c", "b", "t1"));
