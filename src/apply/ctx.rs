@@ -325,13 +325,17 @@ impl<'a> Ctx<'a> {
     /// is answered. A recompute that asks once it was answered starts the
     /// next read, of the keys not read yet (and its own): no recompute
     /// writes from a read older than its own start, however long it
-    /// waited for a slot. `None` (read them alone): not all named, or the
-    /// read together failed (one bad key fails no other recompute).
-    pub(crate) async fn shared_items(&self, keys: &[ItemKey]) -> Option<Vec<Item>> {
+    /// waited for a slot. `None` (read them alone): not all named, or a
+    /// key DynamoDB refuses failed the read together (one bad key fails no
+    /// other recompute); a read throttled past the retry time fails.
+    pub(crate) async fn shared_items(
+        &self,
+        keys: &[ItemKey],
+    ) -> Result<Option<Vec<Item>>, crate::dynamo::retry::WriteError> {
         let (cell, covered) = {
             let mut wanted = self.items.wanted.lock().expect("not poisoned");
             if !keys.iter().all(|key| wanted.all.contains(key)) {
-                return None;
+                return Ok(None);
             }
             let joinable = wanted.current.as_ref().is_some_and(|(cell, covered)| {
                 !cell.initialized() && keys.iter().all(|key| covered.contains(key))
@@ -350,15 +354,19 @@ impl<'a> Ctx<'a> {
             })
             .await;
         match read {
-            Ok(found) => Some(
+            Ok(found) => Ok(Some(
                 keys.iter()
                     .filter_map(|key| found.get(key).cloned())
                     .collect(),
-            ),
-            Err(error) => {
+            )),
+            // A key DynamoDB refuses fails the read of every key with it.
+            Err(crate::dynamo::retry::WriteError::Poison(error)) => {
                 tracing::debug!(%error, "reading recompute sources together failed");
-                None
+                Ok(None)
             }
+            // Throttled past the retry time: reading each alone would only
+            // add requests to a table that is shedding them.
+            Err(error) => Err(error.clone()),
         }
     }
 

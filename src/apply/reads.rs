@@ -8,7 +8,7 @@ use aws_sdk_dynamodb::types::{AttributeValue as Av, ReturnConsumedCapacity};
 use super::ctx::Ctx;
 use super::writes::Expr;
 use crate::decode::item_from_sdk;
-use crate::dynamo::retry::{sdk, wait_for_unprocessed, with_retries, WriteError};
+use crate::dynamo::retry::{sdk, with_retries, ErrorClass, WriteError};
 use crate::plan::SourceQuery;
 use crate::record::{Item, ItemKey};
 
@@ -149,47 +149,57 @@ pub(crate) async fn read_items(
 }
 
 /// One `BatchGetItem` of at most 100 keys, and again for what DynamoDB
-/// leaves unprocessed.
+/// leaves unprocessed: a retry like a throttled request's, so a table that
+/// keeps leaving keys unprocessed fails the read once the retry time is
+/// spent instead of holding the batch past its deadline.
 async fn read_chunk(
     ctx: &Ctx<'_>,
-    mut pending: Vec<HashMap<String, Av>>,
+    chunk: Vec<HashMap<String, Av>>,
     what: &'static str,
 ) -> Result<Vec<HashMap<String, Av>>, WriteError> {
     use aws_sdk_dynamodb::types::KeysAndAttributes;
-    let mut found = Vec::new();
-    while !pending.is_empty() {
-        let chunk = std::mem::take(&mut pending);
-        let output = with_retries(what, ctx.config.max_retry_time, &ctx.retries, || {
-            let request = ctx
-                .client
-                .batch_get_item()
-                .request_items(
-                    ctx.table,
-                    KeysAndAttributes::builder()
-                        .set_keys(Some(chunk.clone()))
-                        .consistent_read(true)
-                        .build()
-                        .expect("keys are set"),
-                )
-                .return_consumed_capacity(ReturnConsumedCapacity::Total);
-            async move { request.send().await.map_err(sdk) }
-        })
-        .await?;
-        ctx.count_units(output.consumed_capacity(), false);
-        found.extend(
-            output
-                .responses()
-                .and_then(|r| r.get(ctx.table))
-                .into_iter()
-                .flatten()
-                .cloned(),
-        );
-        if let Some(left) = output.unprocessed_keys().and_then(|u| u.get(ctx.table)) {
-            pending.extend(left.keys().iter().cloned());
-            wait_for_unprocessed().await;
+    let pending = std::sync::Mutex::new(chunk);
+    let found = std::sync::Mutex::new(Vec::new());
+    let (pending, found_ref) = (&pending, &found);
+    with_retries(what, ctx.config.max_retry_time, &ctx.retries, || {
+        let request = ctx
+            .client
+            .batch_get_item()
+            .request_items(
+                ctx.table,
+                KeysAndAttributes::builder()
+                    .set_keys(Some(pending.lock().expect("not poisoned").clone()))
+                    .consistent_read(true)
+                    .build()
+                    .expect("keys are set"),
+            )
+            .return_consumed_capacity(ReturnConsumedCapacity::Total);
+        async move {
+            let output = request.send().await.map_err(sdk)?;
+            ctx.count_units(output.consumed_capacity(), false);
+            found_ref.lock().expect("not poisoned").extend(
+                output
+                    .responses()
+                    .and_then(|r| r.get(ctx.table))
+                    .into_iter()
+                    .flatten()
+                    .cloned(),
+            );
+            match output.unprocessed_keys().and_then(|u| u.get(ctx.table)) {
+                Some(left) if !left.keys().is_empty() => {
+                    // Ask again for only what DynamoDB did not read.
+                    *pending.lock().expect("not poisoned") = left.keys().to_vec();
+                    Err((
+                        ErrorClass::Retry("unprocessed keys"),
+                        "BatchGetItem left keys unprocessed".to_string(),
+                    ))
+                }
+                _ => Ok(()),
+            }
         }
-    }
-    Ok(found)
+    })
+    .await?;
+    Ok(found.into_inner().expect("not poisoned"))
 }
 
 fn flat(map: &HashMap<String, Av>) -> Vec<(String, String)> {

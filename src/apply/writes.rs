@@ -209,7 +209,7 @@ async fn read_sources_of(
         }
         Sources::Items(keys) => {
             let together = match shared {
-                true => ctx.shared_items(keys).await,
+                true => ctx.shared_items(keys).await?,
                 false => None,
             };
             match together {
