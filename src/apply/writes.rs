@@ -312,24 +312,42 @@ pub(crate) async fn recompute(
                     _ => false,
                 })
         };
+        // The version of the sources read, for kinds whose token is one.
+        let version = token
+            .as_ref()
+            .and_then(|_| crate::kinds::version(ctx.spec, projection, &items));
+        let recorded = token.as_ref().and_then(|token| current.get(token));
         if holds_wanted(&current) {
-            if !ahead {
-                return Ok(());
+            match &version {
+                // Computed from the very sources read: current, however
+                // long ago the target was read.
+                Some(version) if recorded.is_some_and(|r| values_equal(version, r)) => {
+                    return Ok(());
+                }
+                // Equal, but from sources that moved since the target's
+                // write: the token moves, turning back any recompute that
+                // read the token before this one and its sources before
+                // they moved (it would write an older result over this).
+                Some(_) => {}
+                None if !ahead => return Ok(()),
+                None => {
+                    // Equal to a target read ahead, before this batch's
+                    // first phase, says nothing of the target now: a
+                    // recompute of another batch may have written since,
+                    // from sources this batch had not moved yet. Read it
+                    // again: equal now, after the sources were read, it
+                    // is done; otherwise that read is the next attempt's
+                    // target, read before its sources.
+                    let Some(now) = read_target().await? else {
+                        return Ok(());
+                    };
+                    if holds_wanted(&convert(now.clone())?) {
+                        return Ok(());
+                    }
+                    before = Some(now);
+                    continue;
+                }
             }
-            // Equal to a target read ahead, before this batch's first
-            // phase, says nothing of the target now: a recompute of
-            // another batch may have written since, from sources this
-            // batch had not moved yet. Read it again: equal now, after
-            // the sources were read, it is done; otherwise that read is
-            // the next attempt's target, read before its sources.
-            let Some(now) = read_target().await? else {
-                return Ok(());
-            };
-            if holds_wanted(&convert(now.clone())?) {
-                return Ok(());
-            }
-            before = Some(now);
-            continue;
         }
         let mut expr = Expr::default();
         let pk = expr.name(ctx.pk_name());
@@ -338,30 +356,25 @@ pub(crate) async fn recompute(
         let mut condition = vec![format!("attribute_exists({pk})")];
         if let Some(token) = &token {
             let t = expr.name(token);
-            let seen = match current.get(token) {
-                Some(AttributeValue::N(n)) => n.parse::<u64>().ok(),
-                _ => None,
-            };
-            match (current.get(token), seen) {
-                (Some(value), Some(n)) => {
+            match recorded {
+                Some(value) => {
                     let v = expr.value(av(value));
                     condition.push(format!("{t} = {v}"));
-                    let next = expr.value(Av::N((n + 1).to_string()));
-                    sets.push(format!("{t} = {next}"));
                 }
-                (Some(value), None) => {
-                    // Not a number: a writer put something else there.
-                    let v = expr.value(av(value));
-                    condition.push(format!("{t} = {v}"));
-                    let next = expr.value(Av::N("1".to_string()));
-                    sets.push(format!("{t} = {next}"));
-                }
-                (None, _) => {
-                    condition.push(format!("attribute_not_exists({t})"));
-                    let next = expr.value(Av::N("1".to_string()));
-                    sets.push(format!("{t} = {next}"));
-                }
+                None => condition.push(format!("attribute_not_exists({t})")),
             }
+            // The sources' version, or the count of writes: one more, or 1
+            // over what is not a number (a writer put something else there).
+            let next = match (&version, recorded) {
+                (Some(version), _) => av(version),
+                (None, Some(AttributeValue::N(n))) => match n.parse::<u64>() {
+                    Ok(n) => Av::N((n + 1).to_string()),
+                    Err(_) => Av::N("1".to_string()),
+                },
+                (None, _) => Av::N("1".to_string()),
+            };
+            let next = expr.value(next);
+            sets.push(format!("{t} = {next}"));
         }
         for (name, value) in &wanted {
             let n = expr.name(name);

@@ -345,6 +345,15 @@ pub(crate) trait Recompute {
 
     /// Whether its writes are ordered by a token kept on the target.
     fn uses_token(&self) -> bool;
+
+    /// The version of what its recompute read, if what it reads carries
+    /// one that only grows (a counter's shards count their moves): the
+    /// token it writes, so that an equal result read from newer sources
+    /// still moves the token, and a result computed from the very sources
+    /// the target records is known current without a second read.
+    fn version(&self, _rules: &Rules, _reads: &[Item]) -> Option<AttributeValue> {
+        None
+    }
 }
 
 /// What a projection writes, and onto whose items.
@@ -535,6 +544,12 @@ pub fn compute(rules: &Rules, id: ProjectionId, reads: &[Item]) -> Result<Target
             rules.projections[id].kind_name()
         )),
     }
+}
+
+/// The version of the sources projection `id`'s recompute read, if its
+/// kind keeps one as its token (see [`Recompute::version`]).
+pub fn version(rules: &Rules, id: ProjectionId, reads: &[Item]) -> Option<AttributeValue> {
+    rules.kind(id).recompute()?.version(rules, reads)
 }
 
 /// Whether projection `id`'s recomputes order their writes by a token.

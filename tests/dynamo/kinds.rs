@@ -1325,16 +1325,14 @@ async fn shards_left_unprocessed_for_good_fail_the_record_in_its_retry_time() {
 }
 
 #[tokio::test]
-#[ignore = "known defect: a recompute that finds its target equal writes nothing, so a concurrent one that read before its move still passes; moving the token then loops on its own record, see the closing note of issue 38"]
 async fn a_rollup_found_equal_still_turns_back_a_recompute_that_read_before_it() {
     // Worker W counts d's follow of b (2) and is about to write 2 when
     // worker A counts c's unfollow (1 again) and finds the profile's 1
-    // equal. If A wrote nothing, W's write, on condition of the token it
-    // read before A's move, would pass and leave 2 for good. (It does
-    // today: the fix needs the target to carry the version of the shards
-    // it was computed from, so that an equal total read from newer shards
-    // moves the token once, and its own record, finding the version
-    // current, writes nothing.)
+    // equal. Had A written nothing, W's write, on condition of the token
+    // it read before A's move, would pass and leave 2 for good. A's shards
+    // moved since the profile's write, so A moves the token (the shards'
+    // version) though the total is equal; W is turned back, reads again,
+    // and finds the total current from the very shards it read.
     let fixture =
         support::fixture(support::shipped_spec("social-service.toml"), "rollup-equal").await;
     let (client, table) = (&fixture.client, &fixture.table);
@@ -1417,9 +1415,66 @@ async fn a_rollup_found_equal_still_turns_back_a_recompute_that_read_before_it()
         before_w_writes
             .fired
             .load(std::sync::atomic::Ordering::SeqCst),
-        2,
-        "W wrote, was turned back, and wrote again"
+        1,
+        "W wrote once, was turned back, and found the total current"
     );
+}
+
+#[tokio::test]
+async fn a_rollups_own_write_and_a_replay_find_the_total_current_in_one_read() {
+    // The profile's total was written from shards at some version; the
+    // MODIFY of that write, and a replay of every record, read the same
+    // shards: the token names that version, so each finds the total
+    // current and writes nothing, without reading the profile again after
+    // the read ahead (an equal total from a read ahead proved nothing).
+    let fixture =
+        support::fixture(support::shipped_spec("social-service.toml"), "rollup-echo").await;
+    let (client, table) = (&fixture.client, &fixture.table);
+    let (pb, pc, cb) = (profile("b"), profile("c"), follow("c", "b", "t1"));
+    for item in [&pb, &pc, &cb] {
+        write(client, table, item).await;
+    }
+    let history = vec![
+        change(1, ChangeKind::Insert, None, Some(&pb)),
+        change(2, ChangeKind::Insert, None, Some(&pc)),
+        change(3, ChangeKind::Insert, None, Some(&cb)),
+    ];
+    fixture
+        .applier
+        .apply_batch(&history, &BatchOptions::default())
+        .await
+        .unwrap();
+    assert_followers_total_follows_the_counter(&fixture, 1).await;
+    let written = get(client, table, "USER#b", "PROFILE")
+        .await
+        .expect("the profile");
+    let token = written
+        .get("_ddbp#v#followers-count")
+        .expect("the total's token");
+    let echo = change(4, ChangeKind::Modify, Some(&pb), Some(&written));
+    for (what, records) in [
+        ("its own write", vec![echo.clone()]),
+        ("a replay", {
+            let mut all = history.clone();
+            all.push(echo.clone());
+            all
+        }),
+    ] {
+        let outcome = fixture
+            .applier
+            .apply_batch(&records, &BatchOptions::default())
+            .await
+            .unwrap();
+        assert!(outcome.statuses.iter().all(|s| s.is_handled()), "{what}");
+        let requests = &outcome.stats.requests;
+        assert!(requests.recomputes > 0, "{what}: {requests:?}");
+        assert_eq!(requests.updates, 0, "{what}: {requests:?}");
+        // The profiles read ahead, then the shards of their rollups.
+        assert_eq!(requests.recompute_reads, 2, "{what}: {requests:?}");
+        let now = get(client, table, "USER#b", "PROFILE").await.unwrap();
+        assert_eq!(now.get("_ddbp#v#followers-count"), Some(token), "{what}");
+    }
+    assert_followers_total_follows_the_counter(&fixture, 1).await;
 }
 
 /// An applier on `fixture`'s table whose read ahead of profiles (the

@@ -15,9 +15,14 @@
 //! every effect that can move a shard of the counter (a membership that
 //! changes, a record dropped) is followed by a recompute of the instance's
 //! target, which reads the shards consistently after the shard moved and
-//! writes their sum on condition of the target's token. Records of the
-//! target (it appears, a writer overwrote the total) recompute it too; a
-//! target that does not exist is never created.
+//! writes their sum on condition of the target's token. The token is the
+//! version of the shards read ([`version`]): a total equal to the
+//! target's, read from shards that moved since, still writes the version,
+//! so that no recompute that read before the move can pass after it.
+//! Records of the target (it appears, a writer overwrote the total)
+//! recompute it too; the MODIFY of the projector's own write finds the
+//! version current and writes nothing. A target that does not exist is
+//! never created.
 //!
 //! A rollup is a projection of its counter's definition: its fingerprint
 //! covers the counter's, so when the counter changes (and is rebuilt in a
@@ -37,7 +42,7 @@ use super::{
     Expectation, Kind, Planning, Projection, ProjectionKind, Pruning, RawProjection, Recompute,
     Rules, TargetState, Writes,
 };
-use crate::dynamo::names::{token_attribute, COUNT_ATTRIBUTE};
+use crate::dynamo::names::{token_attribute, CHANGES_ATTRIBUTE, COUNT_ATTRIBUTE};
 use crate::effect::{Effect, Op, PlanProblem, Sources, Subject};
 use crate::record::{AttributeValue, Item, ItemKey};
 use crate::schema::{fingerprint, Compiler, Entity, EntityId, ProjectionId, TableSpec};
@@ -389,6 +394,39 @@ pub fn compute(_rules: &Rules, p: &Rollup, shards: &[Item]) -> Result<TargetStat
     )])
 }
 
+/// The version of the shards a recompute read: which shards, and how many
+/// transactions moved each (`changes`, which only grows), as
+/// `<moves>:<hash>`. Two reads of one instance's shards have the same
+/// version exactly when no shard moved between them, so a total equal to
+/// the target's but read from moved shards still moves the token (turning
+/// back a recompute that read before the move), and the target's own
+/// record, finding the version current, writes nothing.
+pub fn version(rules: &Rules, shards: &[Item]) -> AttributeValue {
+    let mut read: Vec<(ItemKey, u64)> = shards
+        .iter()
+        .filter_map(|shard| {
+            let changes = match shard.get(CHANGES_ATTRIBUTE) {
+                Some(AttributeValue::N(n)) => n.parse().unwrap_or(0),
+                _ => 0,
+            };
+            Some((rules.table.item_key(shard)?, changes))
+        })
+        .collect();
+    read.sort_unstable();
+    let moves: u64 = read.iter().map(|(_, changes)| changes).sum();
+    let text: String = read
+        .iter()
+        .map(|(key, changes)| {
+            format!(
+                "{}\u{0}{}\u{0}{changes}\n",
+                key.pk,
+                key.sk.as_deref().unwrap_or("")
+            )
+        })
+        .collect();
+    AttributeValue::S(format!("{moves}:{:016x}", fingerprint(&text)))
+}
+
 /// One line for `plan --describe` and `status`.
 pub(crate) fn describe(rules: &Rules, p: &Rollup) -> String {
     format!(
@@ -498,6 +536,10 @@ impl Recompute for Rollup {
 
     fn uses_token(&self) -> bool {
         true
+    }
+
+    fn version(&self, rules: &Rules, reads: &[Item]) -> Option<AttributeValue> {
+        Some(version(rules, reads))
     }
 }
 
