@@ -395,12 +395,15 @@ pub fn compute(_rules: &Rules, p: &Rollup, shards: &[Item]) -> Result<TargetStat
 }
 
 /// The version of the shards a recompute read: which shards, and how many
-/// transactions moved each (`changes`, which only grows), as
-/// `<moves>:<hash>`. Two reads of one instance's shards have the same
-/// version exactly when no shard moved between them, so a total equal to
-/// the target's but read from moved shards still moves the token (turning
+/// transactions moved each (`changes`, which only grows), hashed to a
+/// number. Two reads of one instance's shards have the same version
+/// exactly when no shard moved between them, so a total equal to the
+/// target's but read from moved shards still moves the token (turning
 /// back a recompute that read before the move), and the target's own
-/// record, finding the version current, writes nothing.
+/// record, finding the version current, writes nothing. A number, so that
+/// a build from before versions, which adds one to a token it can parse
+/// and starts again at 1 over one it cannot, never brings back a token a
+/// recompute may still hold while both builds run.
 pub fn version(rules: &Rules, shards: &[Item]) -> AttributeValue {
     let mut read: Vec<(ItemKey, u64)> = shards
         .iter()
@@ -413,7 +416,6 @@ pub fn version(rules: &Rules, shards: &[Item]) -> AttributeValue {
         })
         .collect();
     read.sort_unstable();
-    let moves: u64 = read.iter().map(|(_, changes)| changes).sum();
     let text: String = read
         .iter()
         .map(|(key, changes)| {
@@ -424,7 +426,7 @@ pub fn version(rules: &Rules, shards: &[Item]) -> AttributeValue {
             )
         })
         .collect();
-    AttributeValue::S(format!("{moves}:{:016x}", fingerprint(&text)))
+    AttributeValue::N(fingerprint(&text).to_string())
 }
 
 /// One line for `plan --describe` and `status`.
@@ -568,6 +570,52 @@ mod tests {
             let paired = with_counters(&spec, &[first], apart);
             assert_eq!(paired, expected, "apart: {apart}");
             assert_eq!(with_counters(&spec, &paired, apart), paired);
+        }
+    }
+
+    /// The version names the shards and their moves, in any order, and is
+    /// a number an earlier build (which counts its tokens up) reads as
+    /// one, so it never starts such a token over at 1.
+    #[test]
+    fn the_version_follows_every_move_and_is_a_counted_number() {
+        use crate::record::{AttributeValue, Item};
+        let spec = Spec::from_toml(
+            include_str!("../../../projections/social-service.toml"),
+            "social-service.toml",
+        )
+        .expect("compiles");
+        let shard = |pk: &str, count: i64, changes: Option<u64>| {
+            let mut item = Item::default();
+            item.insert("PK".into(), AttributeValue::S(pk.into()));
+            item.insert("SK".into(), AttributeValue::S("COUNTER".into()));
+            item.insert("count".into(), AttributeValue::N(count.to_string()));
+            if let Some(changes) = changes {
+                item.insert("changes".into(), AttributeValue::N(changes.to_string()));
+            }
+            item
+        };
+        let version = |shards: &[Item]| super::version(&spec, shards);
+        let (a, b) = ("COUNTER#followers#b#0", "COUNTER#followers#b#1");
+        let base = version(&[shard(a, 1, Some(1)), shard(b, 1, Some(1))]);
+        assert_eq!(
+            base,
+            version(&[shard(b, 1, Some(1)), shard(a, 1, Some(1))]),
+            "order"
+        );
+        // A move that leaves the total where it was is still a move.
+        let moved = version(&[shard(a, 0, Some(2)), shard(b, 2, Some(2))]);
+        assert_ne!(base, moved);
+        // A shard that appears, even without a stamp, is another version.
+        assert_ne!(base, version(&[shard(a, 1, Some(1))]));
+        assert_ne!(
+            version(&[shard(a, 1, Some(1))]),
+            version(&[shard(a, 1, Some(1)), shard(b, 0, None)])
+        );
+        for v in [base, moved] {
+            let AttributeValue::N(n) = v else {
+                panic!("not a number: {v:?}")
+            };
+            assert!(n.parse::<u64>().is_ok(), "{n}");
         }
     }
 
