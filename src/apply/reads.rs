@@ -149,57 +149,66 @@ pub(crate) async fn read_items(
 }
 
 /// One `BatchGetItem` of at most 100 keys, and again for what DynamoDB
-/// leaves unprocessed: a retry like a throttled request's, so a table that
-/// keeps leaving keys unprocessed fails the read once the retry time is
-/// spent instead of holding the batch past its deadline.
+/// leaves unprocessed. An answer that reads none of the keys asked for is
+/// a retry like a throttled request's, so a table that keeps leaving them
+/// all unprocessed fails the read once the retry time is spent instead of
+/// holding the batch past its deadline; an answer that reads some starts
+/// the retry time again.
 async fn read_chunk(
     ctx: &Ctx<'_>,
     chunk: Vec<HashMap<String, Av>>,
     what: &'static str,
 ) -> Result<Vec<HashMap<String, Av>>, WriteError> {
     use aws_sdk_dynamodb::types::KeysAndAttributes;
-    let pending = std::sync::Mutex::new(chunk);
-    let found = std::sync::Mutex::new(Vec::new());
-    let (pending, found_ref) = (&pending, &found);
-    with_retries(what, ctx.config.max_retry_time, &ctx.retries, || {
-        let request = ctx
-            .client
-            .batch_get_item()
-            .request_items(
-                ctx.table,
-                KeysAndAttributes::builder()
-                    .set_keys(Some(pending.lock().expect("not poisoned").clone()))
-                    .consistent_read(true)
-                    .build()
-                    .expect("keys are set"),
-            )
-            .return_consumed_capacity(ReturnConsumedCapacity::Total);
-        async move {
-            let output = request.send().await.map_err(sdk)?;
-            ctx.count_units(output.consumed_capacity(), false);
-            found_ref.lock().expect("not poisoned").extend(
-                output
+    let mut found = Vec::new();
+    let mut pending = chunk;
+    while !pending.is_empty() {
+        let asked = &pending;
+        let (items, left) = with_retries(what, ctx.config.max_retry_time, &ctx.retries, || {
+            let request = ctx
+                .client
+                .batch_get_item()
+                .request_items(
+                    ctx.table,
+                    KeysAndAttributes::builder()
+                        .set_keys(Some(asked.clone()))
+                        .consistent_read(true)
+                        .build()
+                        .expect("keys are set"),
+                )
+                .return_consumed_capacity(ReturnConsumedCapacity::Total);
+            async move {
+                let output = request.send().await.map_err(sdk)?;
+                ctx.count_units(output.consumed_capacity(), false);
+                let items: Vec<HashMap<String, Av>> = output
                     .responses()
                     .and_then(|r| r.get(ctx.table))
                     .into_iter()
                     .flatten()
-                    .cloned(),
-            );
-            match output.unprocessed_keys().and_then(|u| u.get(ctx.table)) {
-                Some(left) if !left.keys().is_empty() => {
-                    // Ask again for only what DynamoDB did not read.
-                    *pending.lock().expect("not poisoned") = left.keys().to_vec();
-                    Err((
+                    .cloned()
+                    .collect();
+                let left: Vec<HashMap<String, Av>> = output
+                    .unprocessed_keys()
+                    .and_then(|u| u.get(ctx.table))
+                    .map(|left| left.keys().to_vec())
+                    .unwrap_or_default();
+                if items.is_empty() && left.len() >= asked.len() {
+                    return Err((
                         ErrorClass::Retry("unprocessed keys"),
-                        "BatchGetItem left keys unprocessed".to_string(),
-                    ))
+                        "BatchGetItem left every key unprocessed".to_string(),
+                    ));
                 }
-                _ => Ok(()),
+                Ok((items, left))
             }
+        })
+        .await?;
+        found.extend(items);
+        if !left.is_empty() {
+            crate::dynamo::retry::wait_for_unprocessed().await;
         }
-    })
-    .await?;
-    Ok(found.into_inner().expect("not poisoned"))
+        pending = left;
+    }
+    Ok(found)
 }
 
 fn flat(map: &HashMap<String, Av>) -> Vec<(String, String)> {
