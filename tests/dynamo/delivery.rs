@@ -51,14 +51,14 @@ pub enum Mishap {
 #[derive(Debug, Clone)]
 pub struct Delivery {
     /// Priorities that interleave the items' records (per-item order kept).
-    shuffle: Vec<u32>,
+    pub shuffle: Vec<u32>,
     /// Batch sizes, used in turn.
-    sizes: Vec<usize>,
+    pub sizes: Vec<usize>,
     /// One per batch, used in turn.
-    mishaps: Vec<Mishap>,
+    pub mishaps: Vec<Mishap>,
     /// Source items are written as the stream goes (the table is at most
     /// `ahead` records ahead of the batch), or all up front.
-    live: Option<u8>,
+    pub live: Option<u8>,
     /// As Kinesis Data Streams for DynamoDB delivers: one item's records
     /// in any order (not only interleaved with others'), each batch
     /// derived as its items are now, as the Kinesis source applies it.

@@ -2002,3 +2002,430 @@ async fn sliced_audit(
     }
     unreachable!("the loop returns")
 }
+
+/// The case a full run drew on 2026-11-29 (at `813563d`) whose audit found
+/// counter `ct0` one short before v2's backfill: `CounterOff { expected:
+/// 3, actual: 2 }` on `COUNTER#ct0#v1`, repaired. proptest saved no seed;
+/// this is the minimal input it printed. It passed 12 runs of its own
+/// since (timing decides: live writes, a Kinesis-order first delivery,
+/// kills mid-batch), so it is kept to be run in a loop, not in CI.
+#[test]
+#[ignore = "a case drawn once that lost a count; not reproduced yet"]
+fn the_case_that_lost_a_count_of_ct0() {
+    use super::delivery::Mishap;
+    let (specs, plan) = (
+        Specs {
+            v1: vec![
+                Projection {
+                    id: 0,
+                    kind: Kind::Counter {
+                        source: Source::Attr,
+                        by_b: true,
+                        when: When::Always,
+                        shards: 1,
+                    },
+                },
+                Projection {
+                    id: 1,
+                    kind: Kind::Counter {
+                        source: Source::Attr,
+                        by_b: true,
+                        when: When::Flag,
+                        shards: 2,
+                    },
+                },
+                Projection {
+                    id: 2,
+                    kind: Kind::Denormalize {
+                        when: When::Flag,
+                        variant: 0,
+                    },
+                },
+                Projection {
+                    id: 3,
+                    kind: Kind::Counter {
+                        source: Source::Attr,
+                        by_b: false,
+                        when: When::KindP,
+                        shards: 3,
+                    },
+                },
+            ],
+            v2: vec![
+                Projection {
+                    id: 0,
+                    kind: Kind::Counter {
+                        source: Source::Attr,
+                        by_b: true,
+                        when: When::Always,
+                        shards: 1,
+                    },
+                },
+                Projection {
+                    id: 2,
+                    kind: Kind::Denormalize {
+                        when: When::KindP,
+                        variant: 1,
+                    },
+                },
+                Projection {
+                    id: 3,
+                    kind: Kind::Counter {
+                        source: Source::Attr,
+                        by_b: true,
+                        when: When::Always,
+                        shards: 3,
+                    },
+                },
+                Projection {
+                    id: 10,
+                    kind: Kind::Edge {
+                        source: Source::Attr,
+                        rev: true,
+                        when: When::KindP,
+                        variant: 2,
+                    },
+                },
+            ],
+        },
+        Plan {
+            phase1: vec![
+                Write::Delete {
+                    entity: Entity::Link,
+                    a: 1,
+                    b: 0,
+                },
+                Write::Put {
+                    entity: Entity::Link,
+                    a: 2,
+                    b: 0,
+                    x: 2,
+                    n: None,
+                    f: None,
+                    p: false,
+                },
+                Write::Put {
+                    entity: Entity::Tally,
+                    a: 1,
+                    b: 1,
+                    x: 1,
+                    n: Some(0),
+                    f: Some(true),
+                    p: false,
+                },
+                Write::Delete {
+                    entity: Entity::Attr,
+                    a: 1,
+                    b: 2,
+                },
+                Write::Put {
+                    entity: Entity::Link,
+                    a: 0,
+                    b: 0,
+                    x: 0,
+                    n: Some(0),
+                    f: Some(false),
+                    p: false,
+                },
+                Write::Put {
+                    entity: Entity::Link,
+                    a: 1,
+                    b: 0,
+                    x: 0,
+                    n: None,
+                    f: None,
+                    p: false,
+                },
+                Write::Put {
+                    entity: Entity::Link,
+                    a: 2,
+                    b: 0,
+                    x: 0,
+                    n: None,
+                    f: None,
+                    p: true,
+                },
+            ],
+            phase2: vec![
+                Write::Delete {
+                    entity: Entity::Node,
+                    a: 0,
+                    b: 1,
+                },
+                Write::Delete {
+                    entity: Entity::Link,
+                    a: 1,
+                    b: 2,
+                },
+                Write::Delete {
+                    entity: Entity::Node,
+                    a: 2,
+                    b: 1,
+                },
+                Write::Put {
+                    entity: Entity::Link,
+                    a: 1,
+                    b: 0,
+                    x: 3,
+                    n: None,
+                    f: None,
+                    p: true,
+                },
+                Write::Delete {
+                    entity: Entity::Link,
+                    a: 0,
+                    b: 2,
+                },
+                Write::Put {
+                    entity: Entity::Attr,
+                    a: 2,
+                    b: 2,
+                    x: 2,
+                    n: Some(2),
+                    f: None,
+                    p: false,
+                },
+                Write::Put {
+                    entity: Entity::Group,
+                    a: 2,
+                    b: 0,
+                    x: 0,
+                    n: Some(2),
+                    f: Some(false),
+                    p: false,
+                },
+                Write::Put {
+                    entity: Entity::Tally,
+                    a: 1,
+                    b: 2,
+                    x: 1,
+                    n: None,
+                    f: None,
+                    p: false,
+                },
+                Write::Delete {
+                    entity: Entity::Attr,
+                    a: 1,
+                    b: 1,
+                },
+                Write::Put {
+                    entity: Entity::Attr,
+                    a: 2,
+                    b: 0,
+                    x: 1,
+                    n: None,
+                    f: Some(false),
+                    p: false,
+                },
+                Write::Put {
+                    entity: Entity::Link,
+                    a: 2,
+                    b: 1,
+                    x: 3,
+                    n: None,
+                    f: None,
+                    p: true,
+                },
+                Write::Put {
+                    entity: Entity::Attr,
+                    a: 2,
+                    b: 2,
+                    x: 2,
+                    n: None,
+                    f: None,
+                    p: true,
+                },
+                Write::Put {
+                    entity: Entity::Link,
+                    a: 1,
+                    b: 0,
+                    x: 0,
+                    n: None,
+                    f: None,
+                    p: false,
+                },
+                Write::Put {
+                    entity: Entity::Link,
+                    a: 0,
+                    b: 1,
+                    x: 0,
+                    n: Some(2),
+                    f: Some(true),
+                    p: true,
+                },
+                Write::Put {
+                    entity: Entity::Link,
+                    a: 1,
+                    b: 2,
+                    x: 2,
+                    n: None,
+                    f: Some(true),
+                    p: false,
+                },
+                Write::Put {
+                    entity: Entity::Tally,
+                    a: 2,
+                    b: 0,
+                    x: 1,
+                    n: Some(0),
+                    f: Some(false),
+                    p: true,
+                },
+                Write::Put {
+                    entity: Entity::Attr,
+                    a: 0,
+                    b: 0,
+                    x: 0,
+                    n: Some(1),
+                    f: None,
+                    p: false,
+                },
+                Write::Put {
+                    entity: Entity::Attr,
+                    a: 1,
+                    b: 1,
+                    x: 1,
+                    n: Some(1),
+                    f: None,
+                    p: false,
+                },
+                Write::Put {
+                    entity: Entity::Group,
+                    a: 1,
+                    b: 1,
+                    x: 1,
+                    n: None,
+                    f: Some(false),
+                    p: false,
+                },
+                Write::Put {
+                    entity: Entity::Link,
+                    a: 0,
+                    b: 2,
+                    x: 0,
+                    n: Some(0),
+                    f: Some(false),
+                    p: true,
+                },
+                Write::Put {
+                    entity: Entity::Link,
+                    a: 1,
+                    b: 0,
+                    x: 1,
+                    n: None,
+                    f: None,
+                    p: true,
+                },
+                Write::Put {
+                    entity: Entity::Attr,
+                    a: 0,
+                    b: 1,
+                    x: 1,
+                    n: None,
+                    f: Some(true),
+                    p: true,
+                },
+                Write::Put {
+                    entity: Entity::Attr,
+                    a: 2,
+                    b: 1,
+                    x: 2,
+                    n: None,
+                    f: None,
+                    p: true,
+                },
+                Write::Put {
+                    entity: Entity::Attr,
+                    a: 1,
+                    b: 0,
+                    x: 1,
+                    n: Some(1),
+                    f: None,
+                    p: false,
+                },
+                Write::Put {
+                    entity: Entity::Attr,
+                    a: 1,
+                    b: 1,
+                    x: 0,
+                    n: None,
+                    f: Some(true),
+                    p: true,
+                },
+                Write::Put {
+                    entity: Entity::Node,
+                    a: 2,
+                    b: 0,
+                    x: 2,
+                    n: Some(1),
+                    f: Some(true),
+                    p: false,
+                },
+                Write::Put {
+                    entity: Entity::Tally,
+                    a: 2,
+                    b: 0,
+                    x: 2,
+                    n: Some(0),
+                    f: Some(true),
+                    p: false,
+                },
+                Write::Put {
+                    entity: Entity::Tally,
+                    a: 1,
+                    b: 2,
+                    x: 0,
+                    n: Some(0),
+                    f: Some(false),
+                    p: true,
+                },
+            ],
+            delivery1: Delivery {
+                shuffle: vec![
+                    1097654374, 710238051, 4157602700, 2228121215, 3257984523, 3943866134,
+                    1688037587, 2955016251, 4065851607, 3309472489, 3126804391,
+                ],
+                sizes: vec![8, 16, 13],
+                mishaps: vec![Mishap::CrashThenBisect { percent: 80 }],
+                live: None,
+                kinesis: true,
+            },
+            delivery2: Delivery {
+                shuffle: vec![
+                    118559245, 2253436000, 1870160752, 3120798919, 512330610, 2852275080,
+                    2870679622, 2801943586, 2923149911, 1760658054, 629378202, 4201793665,
+                    4013332910, 1574850184, 4235945443, 2116310848, 2375282578, 4178085924,
+                    3641143204, 2724076194, 1191335842, 827911174, 2766383383, 3274211705,
+                    3283860050, 390274166, 2673607272, 1751674088, 4049694353, 3900455633,
+                    3699341890, 4236103145, 3471219850, 443716923, 3611519338, 3006062712,
+                    494166678, 1194907437, 4177777546, 2702661085, 2866844100,
+                ],
+                sizes: vec![26, 9],
+                mishaps: vec![
+                    Mishap::CrashThenBisect { percent: 23 },
+                    Mishap::None,
+                    Mishap::Redeliver { back: 23 },
+                    Mishap::None,
+                ],
+                live: Some(17),
+                kinesis: false,
+            },
+            backfill_pages: 3,
+            extra_backfill: vec![64],
+            replay: None,
+            redrive_first: None,
+            faults: 25,
+        },
+    );
+    std::thread::Builder::new()
+        .stack_size(64 << 20)
+        .spawn(move || {
+            runtime()
+                .block_on(case(&specs, &plan))
+                .map_err(|e| e.to_string())
+        })
+        .expect("a thread")
+        .join()
+        .expect("the case thread")
+        .unwrap();
+}
