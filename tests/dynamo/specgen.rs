@@ -2003,7 +2003,7 @@ async fn sliced_audit(
     unreachable!("the loop returns")
 }
 
-/// The case a full run drew on 2026-11-29 (at `813563d`) whose audit found
+/// The case a full run drew on 2026-11-29 (at `14de43c`) whose audit found
 /// counter `ct0` one short before v2's backfill: `CounterOff { expected:
 /// 3, actual: 2 }` on `COUNTER#ct0#v1`, repaired. proptest saved no seed;
 /// this is the minimal input it printed. It passed 12 runs of its own
