@@ -8,7 +8,7 @@ use aws_sdk_dynamodb::types::{AttributeValue as Av, ReturnConsumedCapacity};
 use super::ctx::Ctx;
 use super::writes::Expr;
 use crate::decode::item_from_sdk;
-use crate::dynamo::retry::{sdk, with_retries, ErrorClass, WriteError};
+use crate::dynamo::retry::{sdk, wait_for_unprocessed, with_retries, ErrorClass, WriteError};
 use crate::plan::SourceQuery;
 use crate::record::{Item, ItemKey};
 
@@ -204,7 +204,7 @@ async fn read_chunk(
         .await?;
         found.extend(items);
         if !left.is_empty() {
-            crate::dynamo::retry::wait_for_unprocessed().await;
+            wait_for_unprocessed().await;
         }
         pending = left;
     }
