@@ -516,13 +516,22 @@ impl super::Applier {
     /// what `delivery` reached: it restarts at the first record an
     /// invocation reports failed, and the records after it that did apply
     /// come again.
+    ///
+    /// A restart at the delivery's own first record finds its entry where
+    /// it is: a pointer written there would take the place of the root,
+    /// pointing at itself, and the delivery after it would find nothing
+    /// held before.
     pub async fn delivery_restarts_at(
         &self,
         delivery: &Delivery,
         event_id: &str,
     ) -> Result<(), String> {
+        let at = id_key(hash_text(event_id));
+        if at == delivery.key {
+            return Ok(());
+        }
         let ctx = self.ctx();
-        put_pointer(&ctx, &id_key(hash_text(event_id)), &delivery.key).await
+        put_pointer(&ctx, &at, &delivery.key).await
     }
 
     /// `delivery` was applied whole: its entry goes once the source can no

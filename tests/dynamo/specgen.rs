@@ -2003,14 +2003,19 @@ async fn sliced_audit(
     unreachable!("the loop returns")
 }
 
-/// The case a full run drew on 2026-11-29 (at `14de43c`) whose audit found
-/// counter `ct0` one short before v2's backfill: `CounterOff { expected:
-/// 3, actual: 2 }` on `COUNTER#ct0#v1`, repaired. proptest saved no seed;
-/// this is the minimal input it printed. It passed 12 runs of its own
-/// since (timing decides: live writes, a Kinesis-order first delivery,
-/// kills mid-batch), so it is kept to be run in a loop, not in CI.
+/// The case a full run drew on 2026-11-29 (at `14de43c`), and CI drew
+/// again, whose audit found counter `ct0` one short before v2's backfill:
+/// `CounterOff { expected: 3, actual: 2 }` on `COUNTER#ct0#v1`. Timing
+/// decides it: it failed about 1 run in 20 under CPU load. The cause: the
+/// second half of a bisected batch failed at its first record (its lease
+/// renewal met an injected transaction conflict), and the restart pointer
+/// written at the half's own key replaced its root; the retry applied the
+/// item's last record as it was, while the first half had skipped the
+/// record that counts it. `applier::a_piece_failing_at_its_first_record_
+/// keeps_what_earlier_deliveries_held` now shows it every run; this case
+/// stays, to be run in a loop under load.
 #[test]
-#[ignore = "a case drawn once that lost a count; not reproduced yet"]
+#[ignore = "timing decides it: run it in a loop under CPU load"]
 fn the_case_that_lost_a_count_of_ct0() {
     use super::delivery::Mishap;
     let (specs, plan) = (
