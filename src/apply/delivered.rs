@@ -50,8 +50,7 @@ use std::sync::{Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 use aws_sdk_dynamodb::types::{
-    AttributeValue as Av, DeleteRequest, PutRequest, ReturnValuesOnConditionCheckFailure,
-    WriteRequest,
+    AttributeValue as Av, PutRequest, ReturnValuesOnConditionCheckFailure, WriteRequest,
 };
 use aws_smithy_types::Blob;
 use futures::stream::StreamExt;
@@ -61,10 +60,11 @@ use crate::dynamo::names::DELIVERED_PK;
 use crate::dynamo::retry::{sdk, with_retries, ErrorClass, WriteError};
 use crate::record::{ItemKey, SequenceNumber};
 
-/// How long an entry stays once its delivery completed: Lambda may still
-/// send a batch again after it succeeded (a lane of a parallelized shard
-/// holding the checkpoint back, a restarted event source mapping).
-const KEEP_COMPLETED: Duration = Duration::from_secs(3600);
+/// How long an entry stays once its delivery completed, unless
+/// [`super::ApplyConfig::keep_deliveries`] says otherwise: Lambda may
+/// still send a batch again after it succeeded (a lane of a parallelized
+/// shard holding the checkpoint back, a restarted event source mapping).
+pub(crate) const KEEP_COMPLETED: Duration = Duration::from_secs(3600);
 
 /// How long an entry lives at most: a DynamoDB stream keeps records 24 h.
 const EXPIRES_AFTER: Duration = Duration::from_secs(2 * 24 * 3600);
@@ -427,8 +427,8 @@ impl Delivery {
                     _ => self.through.clone(),
                 };
                 let merged = earlier.merge(&own);
-                store(ctx, &self.key, &merged).await?;
-                let pointers = point(ctx, &self.key, &merged).await?;
+                store(ctx, &self.key, &merged, &self.nonce).await?;
+                let pointers = point(ctx, &self.key, &merged, &self.nonce).await?;
                 *self.pointers.lock().expect("not poisoned") = pointers;
                 metrics::counter!("projector_redeliveries_total").increment(1);
                 tracing::info!(
@@ -496,18 +496,22 @@ impl Delivery {
         if self.found.get().is_none() || matches!(self.kind, Kind::Page { .. }) {
             return;
         }
-        let now = Instant::now();
+        let due = Instant::now() + ctx.config.keep_deliveries;
         let pointers = std::mem::take(&mut *self.pointers.lock().expect("not poisoned"));
         completed_list()
             .lock()
             .expect("not poisoned")
             .entry(ctx.table.to_string())
             .or_default()
-            .extend(
-                std::iter::once(self.key.clone())
-                    .chain(pointers)
-                    .map(|at| (entry_key(ctx, &at), now)),
-            );
+            .extend(std::iter::once(self.key.clone()).chain(pointers).map(|at| {
+                (
+                    Due {
+                        key: entry_key(ctx, &at),
+                        unless: Unless::Rewritten(self.nonce.clone()),
+                    },
+                    due,
+                )
+            }));
     }
 }
 
@@ -531,7 +535,7 @@ impl super::Applier {
             return Ok(());
         }
         let ctx = self.ctx();
-        put_pointer(&ctx, &at, &delivery.key).await
+        put_pointer(&ctx, &at, &delivery.key, &delivery.nonce).await
     }
 
     /// `delivery` was applied whole: its entry goes once the source can no
@@ -680,8 +684,26 @@ fn decode_ids(bytes: &[u8]) -> BTreeSet<u64> {
         .collect()
 }
 
-/// Entries of completed deliveries, by table, and when they completed.
-type Completed = HashMap<String, Vec<(HashMap<String, Av>, Instant)>>;
+/// Entries of completed deliveries, by table, and when they fall due.
+type Completed = HashMap<String, Vec<(Due, Instant)>>;
+
+/// An entry to delete, and what keeps it.
+#[derive(Debug, Clone)]
+struct Due {
+    key: HashMap<String, Av>,
+    unless: Unless,
+}
+
+/// What makes the sweep leave an entry it found due.
+#[derive(Debug, Clone)]
+enum Unless {
+    /// Another delivery wrote it since this one (its mark is no longer
+    /// this one's): Lambda sent the records again after the delivery
+    /// completed, and that delivery's pieces still need it.
+    Rewritten(String),
+    /// It was written again since it was found expired (at this second).
+    Renewed(u64),
+}
 
 fn completed_list() -> &'static Mutex<Completed> {
     static LIST: OnceLock<Mutex<Completed>> = OnceLock::new();
@@ -739,7 +761,7 @@ async fn expired(
     table: &str,
     spec: &crate::spec::TableSpec,
     pks: &[String],
-) -> Vec<HashMap<String, Av>> {
+) -> Vec<Due> {
     let Some(sk) = &spec.sort_key else {
         // Entries are partitions of their own: the TTL attribute, or
         // `expires`, is all there is.
@@ -764,7 +786,10 @@ async fn expired(
     let mut found = Vec::new();
     for page in pages {
         match page {
-            Ok(page) => found.extend(page.items().iter().cloned()),
+            Ok(page) => found.extend(page.items().iter().map(|key| Due {
+                key: key.clone(),
+                unless: Unless::Renewed(now),
+            })),
             Err(error) => {
                 tracing::debug!(error = %crate::dynamo::retry::describe(&error), "looking for expired entries of the ledger of deliveries failed");
             }
@@ -774,61 +799,59 @@ async fn expired(
 }
 
 /// The entries of completed deliveries whose time has come.
-fn completed_due(ctx: &Ctx<'_>) -> Vec<HashMap<String, Av>> {
+fn completed_due(ctx: &Ctx<'_>) -> Vec<Due> {
     let mut list = completed_list().lock().expect("not poisoned");
     let Some(entries) = list.get_mut(ctx.table) else {
         return Vec::new();
     };
     let (due, keep): (Vec<_>, Vec<_>) = entries
         .drain(..)
-        .partition(|(_, at)| at.elapsed() >= KEEP_COMPLETED);
+        .partition(|(_, due)| *due <= Instant::now());
     *entries = keep;
     due.into_iter().map(|(key, _)| key).collect()
 }
 
-/// Deletes entries, 25 to a request, best effort.
-async fn delete_entries(
-    client: &aws_sdk_dynamodb::Client,
-    table: &str,
-    due: Vec<HashMap<String, Av>>,
-) {
-    for chunk in due.chunks(25) {
-        let mut requests: Vec<WriteRequest> = chunk
-            .iter()
-            .map(|key| {
-                WriteRequest::builder()
-                    .delete_request(
-                        DeleteRequest::builder()
-                            .set_key(Some(key.clone()))
-                            .build()
-                            .expect("key is set"),
-                    )
-                    .build()
-            })
-            .collect();
-        for _ in 0..3 {
-            let sent = client
-                .batch_write_item()
-                .request_items(table, requests.clone())
-                .send()
-                .await;
-            match sent {
-                Ok(output) => {
-                    requests = output
-                        .unprocessed_items()
-                        .and_then(|u| u.get(table))
-                        .cloned()
-                        .unwrap_or_default();
-                    if requests.is_empty() {
-                        break;
-                    }
-                }
-                Err(error) => {
-                    tracing::debug!(error = %crate::dynamo::retry::describe(&error), "deleting entries of the ledger of deliveries failed; they expire");
-                    break;
+/// Deletes entries, best effort, each on condition that it is still as
+/// it was when it fell due: a delivery's entries are the ones it wrote
+/// (its mark), an expired one was not written again since it was found.
+/// A delete per entry, as a batch of deletes takes no condition; the
+/// sweep is off every batch's path.
+async fn delete_entries(client: &aws_sdk_dynamodb::Client, table: &str, due: Vec<Due>) {
+    let deletes = due.into_iter().map(|due| {
+        let request = client
+            .delete_item()
+            .table_name(table)
+            .set_key(Some(due.key));
+        let request = match due.unless {
+            Unless::Rewritten(by) => request
+                .condition_expression("#by = :by")
+                .expression_attribute_names("#by", "by")
+                .expression_attribute_values(":by", Av::S(by)),
+            Unless::Renewed(now) => request
+                .condition_expression("#e < :now")
+                .expression_attribute_names("#e", "expires")
+                .expression_attribute_values(":now", Av::N(now.to_string())),
+        };
+        async move {
+            if let Err(error) = request.send().await {
+                if !matches!(sdk(error).0, ErrorClass::Conditional) {
+                    return 1u64;
                 }
             }
+            0
         }
+    });
+    let failed: u64 = futures::stream::iter(deletes)
+        .buffer_unordered(8)
+        .collect::<Vec<u64>>()
+        .await
+        .into_iter()
+        .sum();
+    if failed > 0 {
+        tracing::debug!(
+            failed,
+            "deleting entries of the ledger of deliveries failed; they expire"
+        );
     }
 }
 
@@ -1033,8 +1056,10 @@ async fn read(ctx: &Ctx<'_>, at: &str) -> Result<Option<Held>, String> {
 }
 
 /// Stores `root` at `at`, whatever was there (it holds all of that).
-async fn store(ctx: &Ctx<'_>, at: &str, root: &Root) -> Result<(), String> {
-    store_fields(ctx, at, root_fields(root)).await
+async fn store(ctx: &Ctx<'_>, at: &str, root: &Root, by: &str) -> Result<(), String> {
+    let mut fields = root_fields(root);
+    fields.push(("by", Av::S(by.to_string())));
+    store_fields(ctx, at, fields).await
 }
 
 /// Stores an entry of `fields` at `at`, whatever was there.
@@ -1055,8 +1080,15 @@ async fn store_fields(ctx: &Ctx<'_>, at: &str, fields: Vec<(&str, Av)>) -> Resul
 }
 
 /// A pointer from `at` to the root at `root`.
-async fn put_pointer(ctx: &Ctx<'_>, at: &str, root: &str) -> Result<(), String> {
-    let item = entry_item(ctx, at, vec![("root", Av::S(root.to_string()))]);
+async fn put_pointer(ctx: &Ctx<'_>, at: &str, root: &str, by: &str) -> Result<(), String> {
+    let item = entry_item(
+        ctx,
+        at,
+        vec![
+            ("root", Av::S(root.to_string())),
+            ("by", Av::S(by.to_string())),
+        ],
+    );
     ctx.count(|r| &mut r.deliveries);
     let retries = std::sync::atomic::AtomicU64::new(0);
     with_retries("deliveries", ctx.config.max_retry_time, &retries, || {
@@ -1074,7 +1106,7 @@ async fn put_pointer(ctx: &Ctx<'_>, at: &str, root: &str) -> Result<(), String> 
 /// Points at the root at `at` from every record it names but its own
 /// first, 25 to a `BatchWriteItem`, as many in flight as the applier's
 /// concurrency allows.
-async fn point(ctx: &Ctx<'_>, at: &str, root: &Root) -> Result<Vec<String>, String> {
+async fn point(ctx: &Ctx<'_>, at: &str, root: &Root, by: &str) -> Result<Vec<String>, String> {
     let keys: Vec<String> = root
         .ids
         .iter()
@@ -1084,7 +1116,14 @@ async fn point(ctx: &Ctx<'_>, at: &str, root: &Root) -> Result<Vec<String>, Stri
     let pointers: Vec<WriteRequest> = keys
         .iter()
         .map(|key| {
-            let item = entry_item(ctx, key, vec![("root", Av::S(at.to_string()))]);
+            let item = entry_item(
+                ctx,
+                key,
+                vec![
+                    ("root", Av::S(at.to_string())),
+                    ("by", Av::S(by.to_string())),
+                ],
+            );
             WriteRequest::builder()
                 .put_request(
                     PutRequest::builder()

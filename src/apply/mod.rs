@@ -91,6 +91,11 @@ pub struct ApplyConfig {
     /// decoded (letters of a projection are its consumer's already), and
     /// leaves the other's projections to it ([`crate::control`]).
     pub consumer: Option<String>,
+    /// How long the ledger of deliveries keeps a completed Lambda batch's
+    /// entries (default 1 h): Lambda may send a batch again after it
+    /// succeeded (a lane of a parallelized shard holding the checkpoint
+    /// back, a restarted event source mapping).
+    pub keep_deliveries: Duration,
 }
 
 impl Default for ApplyConfig {
@@ -104,6 +109,7 @@ impl Default for ApplyConfig {
             lease: lease_length(),
             clock_skew: Duration::from_millis(clock_skew_ms()),
             consumer: None,
+            keep_deliveries: delivered::KEEP_COMPLETED,
         }
     }
 }

@@ -1265,6 +1265,155 @@ async fn a_piece_failing_at_its_first_record_keeps_what_earlier_deliveries_held(
     );
 }
 
+/// Found in review: the sweep deleted a completed delivery's entries an
+/// hour later whatever they held by then. Lambda may send records again
+/// after a batch succeeded (a restarted event source mapping); a delivery
+/// of them in that hour rewrites the same entries, and its pieces need
+/// them: deleted, the piece holding an item's last record found nothing,
+/// applied it as it was, and the follow an earlier piece skipped was lost.
+/// Each entry now carries its writer's mark, and the sweep deletes only
+/// what is still its delivery's own.
+#[tokio::test]
+async fn the_sweep_leaves_the_entries_a_later_delivery_rewrote() {
+    use ddb_projector::apply::Delivery;
+
+    let support::Fixture {
+        client,
+        table,
+        spec,
+        ..
+    } = support::fixture(support::shipped_spec("social-service.toml"), "ledger-sweep").await;
+    // Completed deliveries' entries fall due after a second.
+    let keep = std::time::Duration::from_millis(1000);
+    let applier = control::applier(
+        client.clone(),
+        spec.clone(),
+        &table,
+        ApplyConfig {
+            keep_deliveries: keep,
+            ..ApplyConfig::default()
+        },
+    );
+    let mut noted = follow("a", "b", FOLLOWED_AT);
+    noted.insert("note".to_string(), s("read by no projection"));
+    for item in [
+        follow("c", "d", FOLLOWED_AT),
+        noted.clone(),
+        follow("x", "y", FOLLOWED_AT),
+        follow("p", "q", FOLLOWED_AT),
+    ] {
+        write(&client, &table, &item).await;
+    }
+    let first = follow("a", "b", FOLLOWED_AT);
+    let records = [
+        change(
+            1,
+            ChangeKind::Insert,
+            None,
+            Some(&follow("c", "d", FOLLOWED_AT)),
+        ),
+        change(2, ChangeKind::Insert, None, Some(&first)),
+        change(3, ChangeKind::Modify, Some(&first), Some(&noted)),
+        change(
+            4,
+            ChangeKind::Insert,
+            None,
+            Some(&follow("x", "y", FOLLOWED_AT)),
+        ),
+        change(
+            5,
+            ChangeKind::Insert,
+            None,
+            Some(&follow("p", "q", FOLLOWED_AT)),
+        ),
+    ];
+    let delivery = |part: &[super::model::Record]| {
+        let all = delivered_of(&applier, part);
+        let first = all[0].sequence_number.clone();
+        let through = all.last().unwrap().sequence_number.clone();
+        let id = all[0].event_id.clone();
+        Arc::new(Delivery::new(&id, first, through, Box::new(move || all.clone())).unwrap())
+    };
+    let run = |part: &'static [usize], delivery: Arc<Delivery>| {
+        let batch: Vec<_> = part.iter().map(|&i| records[i].clone()).collect();
+        let applier = applier.clone();
+        async move {
+            let options = BatchOptions {
+                delivery: Some(delivery),
+                ..BatchOptions::default()
+            };
+            let outcome = applier.apply_batch(&batch, &options).await.unwrap();
+            assert_eq!(outcome.first_failure(), None, "{:?}", outcome.statuses);
+        }
+    };
+    // The ledger's entries, by the event id they are keyed by (FNV-1a).
+    let entry = |event_id: &str| {
+        let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
+        for byte in event_id.bytes() {
+            hash ^= u64::from(byte);
+            hash = hash.wrapping_mul(0x0100_0000_01b3);
+        }
+        format!("id#{hash:016x}")
+    };
+    let ledger = || async {
+        support::scan_all(&client, &table)
+            .await
+            .into_iter()
+            .filter(|item| text(item, "PK").is_some_and(|pk| pk.starts_with("_ddbp#delivered#")))
+            .filter_map(|item| text(&item, "SK"))
+            .collect::<Vec<String>>()
+    };
+    // The batch of the first three wrote only the other follow and
+    // crashed; its first half came again and completed.
+    run(&[0], delivery(&records[..3])).await;
+    let half = delivery(&records[..2]);
+    run(&[0, 1], half.clone()).await;
+    applier.delivery_completed(&half);
+    // The mapping restarted and sent [follow, note] again: the follow
+    // writes nothing (a later record of its edge was delivered), and the
+    // invocation ends before the note is applied.
+    run(&[1], delivery(&records[1..3])).await;
+    // Another batch completes; once both are due, the next batch starts
+    // the sweep.
+    let other = delivery(&records[3..4]);
+    run(&[3], other.clone()).await;
+    applier.delivery_completed(&other);
+    tokio::time::sleep(keep + std::time::Duration::from_millis(100)).await;
+    run(&[4], delivery(&records[4..])).await;
+    let mut left = ledger().await;
+    for _ in 0..50 {
+        if !left.contains(&entry("e4")) {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+        left = ledger().await;
+    }
+    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+    let left = ledger().await;
+    assert!(
+        !left.contains(&entry("e4")),
+        "the other batch's entry is swept: {left:?}"
+    );
+    for id in ["e1", "e2", "e3"] {
+        assert!(
+            left.contains(&entry(id)),
+            "the sweep leaves the entry at {id}, which [follow, note] rewrote: {left:?}"
+        );
+    }
+    // The note comes alone.
+    run(&[2], delivery(&records[2..3])).await;
+    assert!(
+        get(&client, &table, "USER#b", "FOLLOWED_BY#a")
+            .await
+            .is_some(),
+        "the edge a->b is lost when the sweep deletes entries a later delivery rewrote"
+    );
+    assert_eq!(
+        user_counter(&client, &table, &spec, "followers", "b").await,
+        1
+    );
+}
+
 /// A `denormalize` writes on condition of the values it copies, which can
 /// go from A to B and back to A. A batch that read its target before its
 /// first phase would let its write of B pass over that return: the copy
