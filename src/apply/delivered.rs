@@ -75,8 +75,8 @@ const EXPIRED_EVERY: Duration = Duration::from_secs(3600);
 /// Partitions the ledger's entries spread over, by key.
 const PARTITIONS: u64 = 16;
 
-/// A root's stored size beyond which its event ids are left out (an item
-/// holds 400 KB): its pieces then find it only from its first record.
+/// A root's stored size beyond which it is stored without its records
+/// (an item holds 400 KB): its re-deliveries then apply them as they come.
 const MAX_ROOT_BYTES: usize = 300 * 1024;
 
 /// How many pointers a re-delivery follows to its root.
@@ -150,6 +150,12 @@ impl Root {
     /// where an earlier one did holds all of it that comes after its start
     /// (records are contiguous), so an item with several records in the
     /// two has them in one of them.
+    /// Whether the root fits its entry whole: its event ids (how later
+    /// pieces find it) and its items' last records.
+    fn fits(&self) -> bool {
+        self.ids.len() * 8 + encode_last(&self.last).len() <= MAX_ROOT_BYTES
+    }
+
     fn merge(mut self, other: &Root) -> Root {
         for (item, seq) in &other.last {
             let entry = self.last.entry(item.clone()).or_insert_with(|| seq.clone());
@@ -426,7 +432,26 @@ impl Delivery {
                     Some(through) if known => through.clone(),
                     _ => self.through.clone(),
                 };
+                let held_last = earlier.last.clone();
                 let merged = earlier.merge(&own);
+                if !merged.fits() {
+                    // Stored without its event ids, the merge could not be
+                    // found from a later piece, which would apply an item's
+                    // last record as it is after this one skipped the
+                    // records before it. The entry stays as it was, and
+                    // this delivery skips only what it says: the pieces
+                    // find that too.
+                    metrics::counter!("projector_deliveries_too_large_total").increment(1);
+                    tracing::warn!(
+                        delivery = %self.key,
+                        records = records.len(),
+                        "a delivery too large for its entry in the ledger of deliveries: its records are planned by what earlier deliveries held alone"
+                    );
+                    return Ok(Some(Earlier {
+                        through: reached,
+                        last: if known { held_last } else { HashMap::new() },
+                    }));
+                }
                 store(ctx, &self.key, &merged, &self.nonce).await?;
                 let pointers = point(ctx, &self.key, &merged, &self.nonce).await?;
                 *self.pointers.lock().expect("not poisoned") = pointers;
@@ -937,25 +962,31 @@ fn held(item: &HashMap<String, Av>) -> Option<Held> {
 }
 
 fn root_fields(root: &Root) -> Vec<(&'static str, Av)> {
-    let mut fields = vec![
-        (
-            "through",
-            Av::S(
-                root.through
-                    .as_ref()
-                    .map_or_else(String::new, SequenceNumber::padded),
-            ),
+    let mut fields = vec![(
+        "through",
+        Av::S(
+            root.through
+                .as_ref()
+                .map_or_else(String::new, SequenceNumber::padded),
         ),
-        ("last", Av::B(Blob::new(encode_last(&root.last)))),
-    ];
-    let ids = encode_ids(&root.ids);
-    let last = encode_last(&root.last).len();
-    if ids.len() + last <= MAX_ROOT_BYTES {
-        fields.push(("ids", Av::B(Blob::new(ids))));
+    )];
+    // A Lambda delivery's root holds both or neither: the items' last
+    // records without the ids would let a piece found from the first
+    // record skip records whose item's last one is in a piece that finds
+    // nothing. A runner's shard entry holds no ids (its pages find it by
+    // the shard).
+    if root.ids.is_empty() || root.fits() {
+        fields.push(("last", Av::B(Blob::new(encode_last(&root.last)))));
+    }
+    if root.ids.is_empty() {
+        return fields;
+    }
+    if root.fits() {
+        fields.push(("ids", Av::B(Blob::new(encode_ids(&root.ids)))));
     } else {
         tracing::warn!(
             records = root.ids.len(),
-            "a delivery too large to point at from each record: a piece of it is known only from its first record"
+            "a delivery too large for its entry in the ledger of deliveries: stored without its records, its re-deliveries apply them as they come"
         );
     }
     fields
@@ -1254,5 +1285,33 @@ mod tests {
         ledger.moved_to(Some(&seq(3)));
         assert!(ledger.root().last.is_empty());
         assert_eq!(ledger.through, None);
+    }
+
+    #[test]
+    fn a_root_too_large_for_its_entry_is_stored_with_neither_ids_nor_last() {
+        let item = |k: usize| ItemKey {
+            pk: format!("USER#{}", "a".repeat(480)),
+            sk: Some(format!("FOLLOWS#{}{k:03}", "b".repeat(480))),
+        };
+        let root = |n: usize, ids: bool| Root {
+            through: Some(seq(2 * n as u64)),
+            last: (0..n).map(|k| (item(k), seq((n + k) as u64))).collect(),
+            ids: if ids {
+                (0..2 * n as u64).collect()
+            } else {
+                BTreeSet::new()
+            },
+        };
+        let names = |root: &Root| -> Vec<&str> {
+            root_fields(root)
+                .into_iter()
+                .map(|(name, _)| name)
+                .collect()
+        };
+        assert_eq!(names(&root(100, true)), ["through", "last", "ids"]);
+        assert!(!root(320, true).fits());
+        assert_eq!(names(&root(320, true)), ["through"]);
+        // A runner's shard entry holds no ids: its last records stay.
+        assert_eq!(names(&root(320, false)), ["through", "last"]);
     }
 }

@@ -1414,6 +1414,98 @@ async fn the_sweep_leaves_the_entries_a_later_delivery_rewrote() {
     );
 }
 
+/// Found in review: a delivery whose entry in the ledger would pass its
+/// size limit was stored without its event ids, but with its items' last
+/// records. A re-delivery of its first half found it, skipped each
+/// follow whose later record (a change no projection reads) was in the
+/// second half, and pointed only from its own records; the second half
+/// found nothing and applied those records as they came, planning
+/// nothing: the edges and their counts were lost. Such a root is now
+/// stored with neither, and a merge too large is not stored at all.
+#[tokio::test]
+async fn a_delivery_too_large_for_its_entry_loses_nothing_when_bisected() {
+    use ddb_projector::apply::Delivery;
+
+    let support::Fixture {
+        applier,
+        client,
+        table,
+        spec,
+    } = support::fixture(support::shipped_spec("social-service.toml"), "ledger-large").await;
+    // Keys of about 500 bytes: 320 items with two records each make an
+    // entry of about 320 KB, past the ledger's 300 KB.
+    let n = 320;
+    let a = "a".repeat(480);
+    let b = |k: usize| format!("{}{k:03}", "b".repeat(480));
+    let mut records = Vec::new();
+    for k in 0..n {
+        records.push(change(
+            k as u64 + 1,
+            ChangeKind::Insert,
+            None,
+            Some(&follow(&a, &b(k), FOLLOWED_AT)),
+        ));
+    }
+    for k in 0..n {
+        let first = follow(&a, &b(k), FOLLOWED_AT);
+        let mut noted = first.clone();
+        noted.insert("note".to_string(), s("read by no projection"));
+        write(&client, &table, &noted).await;
+        records.push(change(
+            (n + k) as u64 + 1,
+            ChangeKind::Modify,
+            Some(&first),
+            Some(&noted),
+        ));
+    }
+    let delivery = |part: &[super::model::Record]| {
+        let all = delivered_of(&applier, part);
+        let first = all[0].sequence_number.clone();
+        let through = all.last().unwrap().sequence_number.clone();
+        let id = all[0].event_id.clone();
+        Arc::new(Delivery::new(&id, first, through, Box::new(move || all.clone())).unwrap())
+    };
+    let run = |batch: Vec<super::model::Record>, delivery: Arc<Delivery>| {
+        let applier = applier.clone();
+        async move {
+            let options = BatchOptions {
+                delivery: Some(delivery),
+                ..BatchOptions::default()
+            };
+            let outcome = applier.apply_batch(&batch, &options).await.unwrap();
+            assert_eq!(outcome.first_failure(), None, "{:?}", outcome.statuses);
+        }
+    };
+    // The first invocation of all of them wrote the first follow and
+    // crashed; Lambda bisects.
+    run(records[..1].to_vec(), delivery(&records)).await;
+    run(records[..n].to_vec(), delivery(&records[..n])).await;
+    run(records[n..].to_vec(), delivery(&records[n..])).await;
+    let mut lost = Vec::new();
+    for k in 0..n {
+        if get(
+            &client,
+            &table,
+            &format!("USER#{}", b(k)),
+            &format!("FOLLOWED_BY#{a}"),
+        )
+        .await
+        .is_none()
+        {
+            lost.push(k);
+        }
+    }
+    assert!(
+        lost.is_empty(),
+        "{} of {n} edges lost: {lost:?}",
+        lost.len()
+    );
+    assert_eq!(
+        user_counter(&client, &table, &spec, "following", &a).await,
+        n as i64
+    );
+}
+
 /// A `denormalize` writes on condition of the values it copies, which can
 /// go from A to B and back to A. A batch that read its target before its
 /// first phase would let its write of B pass over that return: the copy
