@@ -229,6 +229,10 @@ pub struct Delivery {
     found: tokio::sync::OnceCell<Option<Earlier>>,
     /// The pointers a re-delivery wrote at its records.
     pointers: Mutex<Vec<String>>,
+    /// Where the root this delivery planned by lives, when that is not at
+    /// its own key (a delivery too large to store its merge): restarts
+    /// point there, so no chain of pointers grows.
+    anchor: OnceLock<String>,
     /// This delivery's mark on its entry: an answer lost after the write
     /// lands, and the write sent again finds its own mark, not an earlier
     /// delivery's.
@@ -391,6 +395,7 @@ impl Delivery {
             kind,
             found: tokio::sync::OnceCell::new(),
             pointers: Mutex::new(Vec::new()),
+            anchor: OnceLock::new(),
             nonce: nonce(),
         }
     }
@@ -424,9 +429,9 @@ impl Delivery {
                 // held with it: this delivery's own records count as
                 // delivered before, superseded by their items' later ones
                 // in it.
-                let (earlier, known) = match resolve(ctx, held).await? {
-                    Some(root) => (root, true),
-                    None => (Root::default(), false),
+                let (earlier, known, root_at) = match resolve(ctx, &self.key, held).await? {
+                    Some((root, at)) => (root, true, Some(at)),
+                    None => (Root::default(), false, None),
                 };
                 let reached = match &earlier.through {
                     Some(through) if known => through.clone(),
@@ -442,6 +447,9 @@ impl Delivery {
                     // this delivery skips only what it says: the pieces
                     // find that too.
                     metrics::counter!("projector_deliveries_too_large_total").increment(1);
+                    if let Some(at) = root_at.filter(|at| *at != self.key) {
+                        let _ = self.anchor.set(at);
+                    }
                     tracing::warn!(
                         delivery = %self.key,
                         records = records.len(),
@@ -556,11 +564,12 @@ impl super::Applier {
         event_id: &str,
     ) -> Result<(), String> {
         let at = id_key(hash_text(event_id));
-        if at == delivery.key {
+        let root = delivery.anchor.get().unwrap_or(&delivery.key);
+        if at == *root {
             return Ok(());
         }
         let ctx = self.ctx();
-        put_pointer(&ctx, &at, &delivery.key, &delivery.nonce).await
+        put_pointer(&ctx, &at, root, &delivery.nonce).await
     }
 
     /// `delivery` was applied whole: its entry goes once the source can no
@@ -940,6 +949,20 @@ enum Held {
     Pointer(String),
 }
 
+/// What a Lambda delivery's entry holds. A root an earlier build stored
+/// without its event ids (too large) but with its items' last records is
+/// read without them: its pieces other than the first cannot find it, so
+/// nothing may be skipped by it.
+fn delivery_held(item: &HashMap<String, Av>) -> Option<Held> {
+    match held(item)? {
+        Held::Root(mut root) if !item.contains_key("ids") => {
+            root.last.clear();
+            Some(Held::Root(root))
+        }
+        other => Some(other),
+    }
+}
+
 fn held(item: &HashMap<String, Av>) -> Option<Held> {
     if let Some(Av::S(root)) = item.get("root") {
         return Some(Held::Pointer(root.clone()));
@@ -1049,16 +1072,27 @@ async fn create(ctx: &Ctx<'_>, at: &str, own: &Root, nonce: &str) -> Result<Opti
     if matches!(old.get("by"), Some(Av::S(by)) if by == nonce) {
         return Ok(None);
     }
-    Ok(held(&old))
+    Ok(delivery_held(&old))
 }
 
-/// The root `held` stands for, following pointers; `None` when it is gone.
-async fn resolve(ctx: &Ctx<'_>, mut held: Held) -> Result<Option<Root>, String> {
-    for _ in 0..MAX_HOPS {
+/// The root `held` (found at `at`) stands for, following pointers, and
+/// the key it lives at; `None` when it is gone (or more than
+/// [`MAX_HOPS`] pointers away).
+async fn resolve(
+    ctx: &Ctx<'_>,
+    at: &str,
+    mut held: Held,
+) -> Result<Option<(Root, String)>, String> {
+    let mut at = at.to_string();
+    for hop in 0..=MAX_HOPS {
         match held {
-            Held::Root(root) => return Ok(Some(root)),
-            Held::Pointer(at) => match read(ctx, &at).await? {
-                Some(next) => held = next,
+            Held::Root(root) => return Ok(Some((root, at))),
+            Held::Pointer(_) if hop == MAX_HOPS => break,
+            Held::Pointer(next) => match read(ctx, &next).await? {
+                Some(found) => {
+                    held = found;
+                    at = next;
+                }
                 None => return Ok(None),
             },
         }
@@ -1083,7 +1117,7 @@ async fn read(ctx: &Ctx<'_>, at: &str) -> Result<Option<Held>, String> {
     .await
     .map_err(failed)?
     .item;
-    Ok(item.as_ref().and_then(held))
+    Ok(item.as_ref().and_then(delivery_held))
 }
 
 /// Stores `root` at `at`, whatever was there (it holds all of that).
@@ -1313,5 +1347,33 @@ mod tests {
         assert_eq!(names(&root(320, true)), ["through"]);
         // A runner's shard entry holds no ids: its last records stay.
         assert_eq!(names(&root(320, false)), ["through", "last"]);
+    }
+
+    #[test]
+    fn a_root_an_earlier_build_stored_without_its_ids_skips_nothing() {
+        let root = Root {
+            through: Some(seq(9)),
+            last: [(
+                ItemKey {
+                    pk: "USER#a".into(),
+                    sk: Some("FOLLOWS#b".into()),
+                },
+                seq(7),
+            )]
+            .into_iter()
+            .collect(),
+            ids: [1, 2].into_iter().collect(),
+        };
+        let mut item: HashMap<String, Av> = root_fields(&root)
+            .into_iter()
+            .map(|(name, value)| (name.to_string(), value))
+            .collect();
+        let last = |item: &HashMap<String, Av>| match delivery_held(item) {
+            Some(Held::Root(root)) => root.last.len(),
+            _ => panic!("a root"),
+        };
+        assert_eq!(last(&item), 1);
+        item.remove("ids");
+        assert_eq!(last(&item), 0);
     }
 }

@@ -1506,6 +1506,131 @@ async fn a_delivery_too_large_for_its_entry_loses_nothing_when_bisected() {
     );
 }
 
+/// Found in review: a re-delivery too large to store its merge plans by
+/// the root it found, but its restart pointers pointed at its own key,
+/// which holds only a pointer to that root. Each such retry that failed
+/// again added a hop, and past four hops the root counted as gone: the
+/// item's last record then applied as it came after the retries had
+/// skipped the record before it. Restarts now point at the root itself.
+#[tokio::test]
+async fn a_restart_of_a_delivery_too_large_to_store_points_at_its_root() {
+    use ddb_projector::apply::Delivery;
+
+    let support::Fixture {
+        applier,
+        client,
+        table,
+        spec,
+    } = support::fixture(
+        support::shipped_spec("social-service.toml"),
+        "ledger-anchor",
+    )
+    .await;
+    // 200 items with two records fit an entry (about 200 KB); 350 do not.
+    let (fit, n) = (200, 350);
+    let a = "a".repeat(480);
+    let b = |k: usize| format!("{}{k:03}", "b".repeat(480));
+    let mut inserts = Vec::new();
+    let mut modifies = Vec::new();
+    for k in 0..n {
+        let first = follow(&a, &b(k), FOLLOWED_AT);
+        let mut noted = first.clone();
+        noted.insert("note".to_string(), s("read by no projection"));
+        write(&client, &table, &noted).await;
+        inserts.push(change(k as u64 + 1, ChangeKind::Insert, None, Some(&first)));
+        modifies.push(change(
+            (n + k) as u64 + 1,
+            ChangeKind::Modify,
+            Some(&first),
+            Some(&noted),
+        ));
+    }
+    let delivery = |part: &[super::model::Record]| {
+        let all = delivered_of(&applier, part);
+        let first = all[0].sequence_number.clone();
+        let through = all.iter().map(|d| d.sequence_number.clone()).max().unwrap();
+        let id = all[0].event_id.clone();
+        Arc::new(Delivery::new(&id, first, through, Box::new(move || all.clone())).unwrap())
+    };
+    let run = |batch: Vec<super::model::Record>, delivery: Arc<Delivery>| {
+        let applier = applier.clone();
+        async move {
+            let options = BatchOptions {
+                delivery: Some(delivery),
+                ..BatchOptions::default()
+            };
+            let outcome = applier.apply_batch(&batch, &options).await.unwrap();
+            assert_eq!(outcome.first_failure(), None, "{:?}", outcome.statuses);
+        }
+    };
+    let entry = |event_id: &str| {
+        let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
+        for byte in event_id.bytes() {
+            hash ^= u64::from(byte);
+            hash = hash.wrapping_mul(0x0100_0000_01b3);
+        }
+        format!("id#{hash:016x}")
+    };
+    // D1: the first 200 items' records; it wrote its first record and
+    // failed from the second on.
+    let d1: Vec<_> = inserts[..fit]
+        .iter()
+        .chain(&modifies[..fit])
+        .cloned()
+        .collect();
+    let first = delivery(&d1);
+    run(d1[..1].to_vec(), first.clone()).await;
+    applier.delivery_restarts_at(&first, "e2").await.unwrap();
+    // D2, from the second record, with 150 more items: too large to store
+    // its merge, it plans by D1's root; it fails at the sixth item's
+    // modify.
+    let d2: Vec<_> = inserts[1..].iter().chain(&modifies).cloned().collect();
+    let second = delivery(&d2);
+    run(d2[..1].to_vec(), second.clone()).await;
+    let restart = &modifies[5].as_ref().unwrap().event_id;
+    applier
+        .delivery_restarts_at(&second, restart)
+        .await
+        .unwrap();
+    let pointer = support::scan_all(&client, &table)
+        .await
+        .into_iter()
+        .find(|item| text(item, "SK").as_deref() == Some(entry(restart).as_str()))
+        .expect("the restart's pointer");
+    assert_eq!(
+        text(&pointer, "root"),
+        Some(entry("e1")),
+        "the restart points at the root D2 planned by, not at its own key"
+    );
+    // D3, from the restart, applies the rest.
+    let d3: Vec<_> = modifies[5..].to_vec();
+    run(d3, delivery(&modifies[5..])).await;
+    run(d2[1..].to_vec(), delivery(&d2[1..])).await;
+    let mut lost = Vec::new();
+    for k in 0..n {
+        if get(
+            &client,
+            &table,
+            &format!("USER#{}", b(k)),
+            &format!("FOLLOWED_BY#{a}"),
+        )
+        .await
+        .is_none()
+        {
+            lost.push(k);
+        }
+    }
+    assert!(
+        lost.is_empty(),
+        "{} of {n} edges lost: {lost:?}",
+        lost.len()
+    );
+    assert_eq!(
+        user_counter(&client, &table, &spec, "following", &a).await,
+        n as i64
+    );
+}
+
 /// A `denormalize` writes on condition of the values it copies, which can
 /// go from A to B and back to A. A batch that read its target before its
 /// first phase would let its write of B pass over that return: the copy
