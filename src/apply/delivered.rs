@@ -890,11 +890,17 @@ async fn delete_entries(client: &aws_sdk_dynamodb::Client, table: &str, due: Vec
 }
 
 /// A mark no other delivery's write carries.
+/// Lambda's sandboxes often share a process id, so the process's random
+/// hash keys (`RandomState`) tell them apart.
 fn nonce() -> String {
+    use std::hash::BuildHasher;
     use std::sync::atomic::{AtomicU64, Ordering};
     static NEXT: AtomicU64 = AtomicU64::new(0);
+    static PROCESS: OnceLock<u64> = OnceLock::new();
+    let process =
+        *PROCESS.get_or_init(|| std::collections::hash_map::RandomState::new().hash_one(0u8));
     format!(
-        "{}-{}-{}",
+        "{}-{process:016x}-{}-{}",
         std::process::id(),
         crate::dynamo::time::now_ms(),
         NEXT.fetch_add(1, Ordering::Relaxed)
