@@ -1027,6 +1027,17 @@ async fn expired_entries_of_the_ledger_of_deliveries_are_deleted() {
     );
 }
 
+/// The sort key of a Lambda delivery's entry in the ledger: the FNV-1a
+/// hash of the event id it is keyed by.
+fn ledger_key(event_id: &str) -> String {
+    let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
+    for byte in event_id.bytes() {
+        hash ^= u64::from(byte);
+        hash = hash.wrapping_mul(0x0100_0000_01b3);
+    }
+    format!("id#{hash:016x}")
+}
+
 /// Delivered records as the ledger of deliveries records them.
 fn delivered_of(
     applier: &ddb_projector::apply::Applier,
@@ -1346,15 +1357,6 @@ async fn the_sweep_leaves_the_entries_a_later_delivery_rewrote() {
             assert_eq!(outcome.first_failure(), None, "{:?}", outcome.statuses);
         }
     };
-    // The ledger's entries, by the event id they are keyed by (FNV-1a).
-    let entry = |event_id: &str| {
-        let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
-        for byte in event_id.bytes() {
-            hash ^= u64::from(byte);
-            hash = hash.wrapping_mul(0x0100_0000_01b3);
-        }
-        format!("id#{hash:016x}")
-    };
     let ledger = || async {
         support::scan_all(&client, &table)
             .await
@@ -1382,7 +1384,7 @@ async fn the_sweep_leaves_the_entries_a_later_delivery_rewrote() {
     run(&[4], delivery(&records[4..])).await;
     let mut left = ledger().await;
     for _ in 0..50 {
-        if !left.contains(&entry("e4")) {
+        if !left.contains(&ledger_key("e4")) {
             break;
         }
         tokio::time::sleep(std::time::Duration::from_millis(100)).await;
@@ -1391,12 +1393,12 @@ async fn the_sweep_leaves_the_entries_a_later_delivery_rewrote() {
     tokio::time::sleep(std::time::Duration::from_millis(300)).await;
     let left = ledger().await;
     assert!(
-        !left.contains(&entry("e4")),
+        !left.contains(&ledger_key("e4")),
         "the other batch's entry is swept: {left:?}"
     );
     for id in ["e1", "e2", "e3"] {
         assert!(
-            left.contains(&entry(id)),
+            left.contains(&ledger_key(id)),
             "the sweep leaves the entry at {id}, which [follow, note] rewrote: {left:?}"
         );
     }
@@ -1563,14 +1565,6 @@ async fn a_restart_of_a_delivery_too_large_to_store_points_at_its_root() {
             assert_eq!(outcome.first_failure(), None, "{:?}", outcome.statuses);
         }
     };
-    let entry = |event_id: &str| {
-        let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
-        for byte in event_id.bytes() {
-            hash ^= u64::from(byte);
-            hash = hash.wrapping_mul(0x0100_0000_01b3);
-        }
-        format!("id#{hash:016x}")
-    };
     // D1: the first 200 items' records; it wrote its first record and
     // failed from the second on.
     let d1: Vec<_> = inserts[..fit]
@@ -1595,11 +1589,11 @@ async fn a_restart_of_a_delivery_too_large_to_store_points_at_its_root() {
     let pointer = support::scan_all(&client, &table)
         .await
         .into_iter()
-        .find(|item| text(item, "SK").as_deref() == Some(entry(restart).as_str()))
+        .find(|item| text(item, "SK").as_deref() == Some(ledger_key(restart).as_str()))
         .expect("the restart's pointer");
     assert_eq!(
         text(&pointer, "root"),
-        Some(entry("e1")),
+        Some(ledger_key("e1")),
         "the restart points at the root D2 planned by, not at its own key"
     );
     // D3, from the restart, applies the rest.
