@@ -1416,8 +1416,13 @@ async fn lambda_backfills_each_segment_in_slices_until_done_and_stream_events_st
         "each segment took several slices: {invocations:?}"
     );
     // The checkpoints live in the table, so a segment may also scan the
-    // other's; every source item is scanned at least once.
-    assert!(scanned >= 300, "{scanned}");
+    // other's; every source item is scanned at least once. An invocation
+    // that timed out answers no count, though the pages it finished before
+    // its deadline are checkpointed (a loaded machine times out more: 295
+    // of 300 reported with timeouts); the items are checked below.
+    if timeouts == 0 {
+        assert!(scanned >= 300, "{scanned}");
+    }
     for user in &users {
         check_user(&client, &table, user).await.unwrap();
     }
